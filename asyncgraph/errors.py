@@ -1,0 +1,133 @@
+"""Typed exceptions shared by every layer.
+
+Every error a server reports travels as ``(code, message)``; the client turns the code back
+into the matching class below, so callers can ``except OutOfRangeError`` whether they talk to a
+server or to the in-process standalone store.
+"""
+
+from __future__ import annotations
+
+
+class AsyncGraphError(Exception):
+    """Base class of every error raised by asyncgraph."""
+
+    code: str = "internal"
+
+
+class InvalidRequestError(AsyncGraphError, ValueError):
+    """The request is malformed or does not fit the stored data; nothing was changed."""
+
+    code = "invalid_request"
+
+
+class OutOfRangeError(InvalidRequestError, IndexError):
+    """An ID lies outside the range owned by the partition (or the graph)."""
+
+    code = "out_of_range"
+
+
+class DTypeMismatchError(InvalidRequestError, TypeError):
+    """Values or IDs have a dtype the tensor or op does not accept."""
+
+    code = "bad_dtype"
+
+
+class ShapeMismatchError(InvalidRequestError):
+    """Values have a row shape or length that does not match the tensor or the IDs."""
+
+    code = "bad_shape"
+
+
+class UnknownTensorError(InvalidRequestError, KeyError):
+    """No tensor of that name exists."""
+
+    code = "unknown_tensor"
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class TensorExistsError(InvalidRequestError):
+    """A tensor of that name exists with another shape, dtype or partition policy."""
+
+    code = "tensor_mismatch"
+
+
+class UnknownOpError(InvalidRequestError):
+    """The server does not know the requested operation."""
+
+    code = "unknown_op"
+
+
+class ProtocolError(AsyncGraphError):
+    """Bytes on the wire do not form a valid frame or message."""
+
+    code = "protocol"
+
+
+class FrameTooLargeError(ProtocolError):
+    """A frame's declared length exceeds the configured maximum."""
+
+    code = "frame_too_large"
+
+
+class AuthenticationError(AsyncGraphError, PermissionError):
+    """The handshake failed: wrong secret, protocol version or graph name."""
+
+    code = "auth"
+
+
+class RequestTimeoutError(AsyncGraphError, TimeoutError):
+    """A call did not complete within its timeout."""
+
+    code = "timeout"
+
+
+class BarrierTimeoutError(RequestTimeoutError):
+    """A barrier was not released in time; the message says how many clients arrived."""
+
+    code = "barrier_timeout"
+
+
+class ServerUnavailableError(AsyncGraphError, ConnectionError):
+    """A server is unreachable or went away; the message names the server."""
+
+    code = "unavailable"
+
+
+class OverloadedError(AsyncGraphError):
+    """The server refused the request because its bounded queues are full."""
+
+    code = "overloaded"
+
+
+_BY_CODE: dict[str, type[AsyncGraphError]] = {
+    cls.code: cls
+    for cls in (
+        AsyncGraphError,
+        InvalidRequestError,
+        OutOfRangeError,
+        DTypeMismatchError,
+        ShapeMismatchError,
+        UnknownTensorError,
+        TensorExistsError,
+        UnknownOpError,
+        ProtocolError,
+        FrameTooLargeError,
+        AuthenticationError,
+        RequestTimeoutError,
+        BarrierTimeoutError,
+        ServerUnavailableError,
+        OverloadedError,
+    )
+}
+
+
+def error_from_code(code: str, message: str) -> AsyncGraphError:
+    """Rebuild the typed exception a server reported as ``(code, message)``."""
+    return _BY_CODE.get(code, AsyncGraphError)(message)
+
+
+def error_code(exc: BaseException) -> str:
+    """The wire code for an exception (``internal`` for anything not ours)."""
+    return exc.code if isinstance(exc, AsyncGraphError) else "internal"
