@@ -141,9 +141,7 @@ class RangePartitionBook:
     # --- helpers --------------------------------------------------------------------------
     def _check_part(self, partid: int) -> None:
         if not 0 <= int(partid) < self.num_partitions():
-            raise OutOfRangeError(
-                f"partition id {partid} out of range [0, {self.num_partitions()})"
-            )
+            raise OutOfRangeError(f"partition id {partid} out of range [0, {self.num_partitions()})")
 
     @staticmethod
     def _owner(ids: IdArray, bounds: IdArray, kind: str) -> IdArray:

@@ -1,0 +1,122 @@
+"""asyncgraph: a distributed graph data server for GNN training.
+
+Partition offline (``partition_graph``), serve each partition with ``python -m asyncgraph.server``
+(or let ``python -m asyncgraph.launch`` do it), and train with the DGL-like API: ``initialize``,
+``DistGraph``, ``DistTensor``, ``node_split``, ``sample_neighbors``, ``DistNodeDataLoader``.
+
+Attributes are imported lazily so that a server process never pays for importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "Graph": "asyncgraph.graph",
+    "partition_graph": "asyncgraph.partition",
+    "load_partition": "asyncgraph.partition",
+    "Partition": "asyncgraph.partition",
+    "PartitionConfig": "asyncgraph.partition",
+    "RangePartitionBook": "asyncgraph.partition",
+    "initialize": "asyncgraph.dist",
+    "finalize": "asyncgraph.dist",
+    "barrier": "asyncgraph.dist",
+    "shutdown_servers": "asyncgraph.dist",
+    "is_standalone": "asyncgraph.dist",
+    "DistGraph": "asyncgraph.dist",
+    "DistTensor": "asyncgraph.dist",
+    "zeros_init": "asyncgraph.dist",
+    "uniform_init": "asyncgraph.dist",
+    "normal_init": "asyncgraph.dist",
+    "sample_neighbors": "asyncgraph.dist.sampling",
+    "node_split": "asyncgraph.split",
+    "edge_split": "asyncgraph.split",
+    "Block": "asyncgraph.dataloading",
+    "to_block": "asyncgraph.dataloading",
+    "NeighborSampler": "asyncgraph.dataloading",
+    "DistNodeDataLoader": "asyncgraph.dataloading",
+    "DistDataLoader": "asyncgraph.dataloading",
+    "MiniBatch": "asyncgraph.dataloading",
+    "Client": "asyncgraph.client",
+    "AsyncClient": "asyncgraph.client",
+}
+
+if TYPE_CHECKING:
+    from asyncgraph.client import AsyncClient, Client
+    from asyncgraph.dataloading import (
+        Block,
+        DistDataLoader,
+        DistNodeDataLoader,
+        MiniBatch,
+        NeighborSampler,
+        to_block,
+    )
+    from asyncgraph.dist import (
+        DistGraph,
+        DistTensor,
+        barrier,
+        finalize,
+        initialize,
+        is_standalone,
+        normal_init,
+        shutdown_servers,
+        uniform_init,
+        zeros_init,
+    )
+    from asyncgraph.dist.sampling import sample_neighbors
+    from asyncgraph.graph import Graph
+    from asyncgraph.partition import (
+        Partition,
+        PartitionConfig,
+        RangePartitionBook,
+        load_partition,
+        partition_graph,
+    )
+    from asyncgraph.split import edge_split, node_split
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'asyncgraph' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+__all__ = [
+    "AsyncClient",
+    "Block",
+    "Client",
+    "DistDataLoader",
+    "DistGraph",
+    "DistNodeDataLoader",
+    "DistTensor",
+    "Graph",
+    "MiniBatch",
+    "NeighborSampler",
+    "Partition",
+    "PartitionConfig",
+    "RangePartitionBook",
+    "barrier",
+    "edge_split",
+    "finalize",
+    "initialize",
+    "is_standalone",
+    "load_partition",
+    "node_split",
+    "normal_init",
+    "partition_graph",
+    "sample_neighbors",
+    "shutdown_servers",
+    "to_block",
+    "uniform_init",
+    "zeros_init",
+]

@@ -1,0 +1,154 @@
+"""A blocking facade over ``AsyncClient``: one event loop on a daemon thread.
+
+Plain scripts and Jupyter cells call ``client.pull(...)`` without touching asyncio; each call is
+submitted to the background loop with ``run_coroutine_threadsafe`` and waited for. The typed
+surface stays in two small classes (async and sync) instead of one class whose methods return
+"a value or an awaitable".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from asyncgraph.partition.book import RangePartitionBook
+from asyncgraph.storage.store import TensorMeta
+
+from .async_client import AsyncClient
+
+T = TypeVar("T")
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop where available (faster socket I/O), else the default loop."""
+    try:
+        import uvloop
+
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        return loop
+    except ImportError:  # pragma: no cover
+        return asyncio.new_event_loop()
+
+
+class EventLoopThread:
+    """An event loop running forever on a daemon thread."""
+
+    def __init__(self, name: str = "asyncgraph-loop") -> None:
+        self.loop = new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the loop and block until it finishes (or ``timeout`` passes)."""
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError(
+                "blocking call made from the client's own event loop thread; use the async API"
+            )
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
+        """Schedule ``coro`` and return a concurrent future for it (non-blocking)."""
+        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+class Client:
+    """Blocking client: the same operations as ``AsyncClient``."""
+
+    def __init__(self, aio: AsyncClient, loop: EventLoopThread) -> None:
+        self.aio = aio
+        self.loop = loop
+
+    @classmethod
+    def connect(cls, servers: Sequence[tuple[str, int]], **kwargs: Any) -> Client:
+        loop = EventLoopThread()
+        try:
+            aio = loop.run(AsyncClient.connect(servers, **kwargs))
+        except BaseException:
+            loop.stop()
+            raise
+        return cls(aio, loop)
+
+    @classmethod
+    def standalone(cls, part_config: str | Path) -> Client:
+        return cls(AsyncClient.standalone(part_config), EventLoopThread())
+
+    # --- metadata ---------------------------------------------------------------------------
+    @property
+    def graph_name(self) -> str:
+        return self.aio.graph_name
+
+    @property
+    def book(self) -> RangePartitionBook:
+        return self.aio.book
+
+    @property
+    def standalone_mode(self) -> bool:
+        return self.aio.is_standalone
+
+    def info(self, part_id: int = 0) -> dict[str, Any]:
+        return self.loop.run(self.aio.info(part_id))
+
+    def tensor_meta(self, name: str) -> TensorMeta:
+        meta = self.aio.cached_meta(name)
+        return meta if meta is not None else self.loop.run(self.aio.tensor_meta(name))
+
+    def refresh_tensors(self) -> list[TensorMeta]:
+        return self.loop.run(self.aio.refresh_tensors())
+
+    # --- data ---------------------------------------------------------------------------------
+    def pull(self, name: str, ids: Any) -> torch.Tensor:
+        return self.loop.run(self.aio.pull(name, ids))
+
+    def push(self, name: str, ids: Any, values: Any, op: str = "assign") -> None:
+        self.loop.run(self.aio.push(name, ids, values, op))
+
+    def create_tensor(
+        self, name: str, policy: str, shape: Sequence[int], dtype: str, init: Mapping[str, Any] | None = None
+    ) -> TensorMeta:
+        return self.loop.run(self.aio.create_tensor(name, policy, shape, dtype, init))
+
+    def delete_tensor(self, name: str) -> None:
+        self.loop.run(self.aio.delete_tensor(name))
+
+    def sample_neighbors(
+        self, seeds: Any, fanout: int, *, replace: bool = False, seed: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.loop.run(self.aio.sample_neighbors(seeds, fanout, replace=replace, seed=seed))
+
+    def barrier(self, name: str = "default", timeout: float = 300.0) -> None:
+        self.loop.run(self.aio.barrier(name, timeout))
+
+    def server_stats(self) -> list[dict[str, Any]]:
+        return self.loop.run(self.aio.server_stats())
+
+    def shutdown_servers(self) -> None:
+        self.loop.run(self.aio.shutdown_servers())
+
+    def close(self) -> None:
+        try:
+            self.loop.run(self.aio.close(), timeout=10)
+        finally:
+            self.loop.stop()

@@ -1,0 +1,324 @@
+"""Prefetching dataloaders: batch k+1..k+prefetch are prepared while the model trains on batch k.
+
+Batches are built as coroutines on the client's event-loop thread: sampling requests go to all
+servers concurrently, then input features and labels are pulled concurrently. The training loop
+only waits when the next batch is not ready yet; that wait is measured (``stats.wait``).
+
+Every batch's randomness is keyed by (seed, epoch, batch index), so a loader gives the same
+batches whatever its ``prefetch``. An exception raised while preparing a batch is re-raised in
+the training loop when that batch is reached; ``break`` or the end of an epoch cancels every
+batch still in flight, leaving no task or thread behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import inspect
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+import torch
+
+from asyncgraph.client.async_client import AsyncClient
+from asyncgraph.client.sync_client import Client, EventLoopThread
+from asyncgraph.dataloading.block import Block
+from asyncgraph.dataloading.sampler import NeighborSampler
+
+T = TypeVar("T")
+
+_SEED_STRIDE = 1_000_003
+
+
+@dataclass
+class LoaderStats:
+    """Seconds spent per phase over an epoch (sample and pull run in the background)."""
+
+    batches: int = 0
+    sample: float = 0.0
+    pull: float = 0.0
+    wait: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"batches": self.batches, "sample": self.sample, "pull": self.pull, "wait": self.wait}
+
+
+@dataclass
+class MiniBatch:
+    """One batch: unpacks to ``(input_nodes, seeds, blocks)`` like DGL's node dataloader."""
+
+    input_nodes: torch.Tensor
+    seeds: torch.Tensor
+    blocks: list[Block]
+    sample_time: float = 0.0
+    pull_time: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.input_nodes, self.seeds, self.blocks))
+
+
+class _Prefetcher(Generic[T]):
+    """Runs ``make(i)`` for batch indices on the loop thread, keeping ``depth`` ahead."""
+
+    def __init__(
+        self, loop: EventLoopThread, make: Callable[[int], Awaitable[T]], count: int, depth: int
+    ) -> None:
+        self._loop = loop
+        self._make = make
+        self._count = count
+        self._depth = max(0, depth)
+        self._next_submit = 0
+        self._pending: deque[concurrent.futures.Future[T]] = deque()
+
+    def _submit_until(self, upto: int) -> None:
+        while self._next_submit < min(upto, self._count):
+            index = self._next_submit
+
+            async def run(i: int = index) -> T:
+                return await self._make(i)
+
+            self._pending.append(asyncio.run_coroutine_threadsafe(run(), self._loop.loop))
+            self._next_submit += 1
+
+    def next_future(self, index: int) -> concurrent.futures.Future[T]:
+        """The future of batch ``index`` (the next one), with ``depth`` more submitted behind it."""
+        self._submit_until(index + 1 + self._depth)
+        return self._pending.popleft()
+
+    def cancel(self) -> None:
+        while self._pending:
+            future = self._pending.popleft()
+            future.cancel()
+            with contextlib.suppress(BaseException):  # let it unwind: no work outlives the epoch
+                future.result(timeout=10)
+
+
+class _PrefetchingLoader(Generic[T]):
+    """Shared epoch machinery for the loaders below."""
+
+    def __init__(
+        self,
+        loop: EventLoopThread,
+        num_items: int,
+        batch_size: int,
+        shuffle: bool,
+        drop_last: bool,
+        prefetch: int,
+        seed: int | None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        self._loop = loop
+        self._num_items = num_items
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.prefetch = prefetch
+        self.seed = int(np.random.default_rng().integers(1 << 31)) if seed is None else int(seed)
+        self.epoch = 0
+        self.stats = LoaderStats()
+        self._prefetcher: _Prefetcher[T] | None = None
+
+    def __len__(self) -> int:
+        if self.drop_last:
+            return self._num_items // self.batch_size
+        return -(-self._num_items // self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose order and sampling to reproduce (advanced automatically)."""
+        self.epoch = epoch
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if self.shuffle:
+            return np.random.default_rng([self.seed, epoch]).permutation(self._num_items)
+        return np.arange(self._num_items)
+
+    def _batch_seed(self, epoch: int, index: int) -> int:
+        return (self.seed * _SEED_STRIDE + epoch * 65_537 + index) % (1 << 62)
+
+    def _make_batch(self, positions: np.ndarray, epoch: int, index: int) -> Awaitable[T]:
+        raise NotImplementedError
+
+    def _epoch_maker(self) -> tuple[int, Callable[[int], Awaitable[T]]]:
+        epoch = self.epoch
+        self.epoch += 1
+        order = self._order(epoch)
+        count = len(self)
+        bs = self.batch_size
+
+        def make(i: int) -> Awaitable[T]:
+            return self._make_batch(order[i * bs : (i + 1) * bs], epoch, i)
+
+        return count, make
+
+    def __iter__(self) -> Iterator[T]:
+        self.stats = LoaderStats()
+        count, make = self._epoch_maker()
+        prefetcher = _Prefetcher(self._loop, make, count, self.prefetch)
+        try:
+            for i in range(count):
+                future = prefetcher.next_future(i)
+                t0 = time.perf_counter()
+                result = future.result()
+                self.stats.wait += time.perf_counter() - t0
+                self.stats.batches += 1
+                yield result
+        finally:
+            prefetcher.cancel()
+
+    async def __aiter__(self) -> AsyncIterator[T]:
+        self.stats = LoaderStats()
+        count, make = self._epoch_maker()
+        prefetcher = _Prefetcher(self._loop, make, count, self.prefetch)
+        try:
+            for i in range(count):
+                future = prefetcher.next_future(i)
+                t0 = time.perf_counter()
+                result = await asyncio.wrap_future(future)
+                self.stats.wait += time.perf_counter() - t0
+                self.stats.batches += 1
+                yield result
+        finally:
+            await asyncio.to_thread(prefetcher.cancel)
+
+
+def _client_of(graph: Any) -> Client:
+    client = getattr(graph, "client", graph)
+    if not isinstance(client, Client):
+        raise TypeError(f"expected a DistGraph or Client, got {type(graph).__name__}")
+    return client
+
+
+class DistNodeDataLoader(_PrefetchingLoader[MiniBatch]):
+    """Mini-batches of seed nodes with sampled blocks, input features and labels.
+
+    Yields ``MiniBatch`` objects that unpack to ``(input_nodes, seeds, blocks)``; features are in
+    ``blocks[0].srcdata[name]`` and labels in ``blocks[-1].dstdata["label"]``.
+    """
+
+    def __init__(
+        self,
+        g: Any,
+        nids: Any,
+        sampler: NeighborSampler,
+        batch_size: int,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        prefetch: int = 2,
+        node_feats: Sequence[str] = ("feat",),
+        labels: str | None = "label",
+        seed: int | None = None,
+    ) -> None:
+        client = _client_of(g)
+        ids = nids.detach().cpu().numpy() if isinstance(nids, torch.Tensor) else np.asarray(nids)
+        if ids.dtype == bool:
+            ids = np.flatnonzero(ids)
+        self.nids = ids.astype(np.int64, copy=False)
+        super().__init__(client.loop, self.nids.size, batch_size, shuffle, drop_last, prefetch, seed)
+        self.client = client
+        self.aio: AsyncClient = client.aio
+        self.sampler = sampler
+        self.node_feats = tuple(node_feats)
+        self.labels = labels
+
+    def _make_batch(self, positions: np.ndarray, epoch: int, index: int) -> Awaitable[MiniBatch]:
+        return self._build(self.nids[positions], self._batch_seed(epoch, index))
+
+    async def _build(self, seeds: np.ndarray, batch_seed: int) -> MiniBatch:
+        aio = self.aio
+        layer = 0
+        replace = self.sampler.replace
+
+        async def sample_fn(
+            layer_seeds: np.ndarray, fanout: int
+        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            nonlocal layer
+            layer += 1
+            return await aio.sample_neighbors(
+                layer_seeds, fanout, replace=replace, seed=batch_seed * 8 + layer
+            )
+
+        t0 = time.perf_counter()
+        input_nodes, output_nodes, blocks = await self.sampler.sample_blocks(sample_fn, seeds)
+        t1 = time.perf_counter()
+        names = [f"node:{name}" for name in self.node_feats]
+        pulls = [aio.pull(name, input_nodes) for name in names]
+        if self.labels is not None:
+            pulls.append(aio.pull(f"node:{self.labels}", output_nodes))
+        tensors = await asyncio.gather(*pulls)
+        t2 = time.perf_counter()
+        for name, tensor in zip(self.node_feats, tensors, strict=False):
+            blocks[0].srcdata[name] = tensor
+        if self.labels is not None:
+            blocks[-1].dstdata[self.labels] = tensors[-1]
+        self.stats.sample += t1 - t0
+        self.stats.pull += t2 - t1
+        return MiniBatch(
+            torch.from_numpy(np.asarray(input_nodes)),
+            torch.from_numpy(np.asarray(output_nodes)),
+            blocks,
+            sample_time=t1 - t0,
+            pull_time=t2 - t1,
+        )
+
+
+class DistDataLoader(_PrefetchingLoader[Any]):
+    """DGL's low-level loader: batches of dataset items through ``collate_fn``, prefetched.
+
+    A plain ``collate_fn`` runs on a worker thread (it may call the blocking client API); an
+    ``async def`` collate_fn runs on the client's event loop and may await the async client.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        collate_fn: Callable[[Any], Any] | None = None,
+        shuffle: bool = False,
+        drop_last: bool = False,
+        prefetch: int = 2,
+        seed: int | None = None,
+        loop: EventLoopThread | None = None,
+    ) -> None:
+        if loop is None:
+            from asyncgraph.dist.context import _STATE
+
+            loop = (
+                _STATE.client.loop if _STATE.client is not None else EventLoopThread("asyncgraph-dataloader")
+            )
+        super().__init__(loop, len(dataset), batch_size, shuffle, drop_last, prefetch, seed)
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(1, prefetch), thread_name_prefix="asyncgraph-collate"
+        )
+
+    def _items(self, positions: np.ndarray) -> Any:
+        data = self.dataset
+        if isinstance(data, torch.Tensor):
+            return data[torch.from_numpy(positions)]
+        if isinstance(data, np.ndarray):
+            return data[positions]
+        return [data[int(i)] for i in positions]
+
+    def _make_batch(self, positions: np.ndarray, epoch: int, index: int) -> Awaitable[Any]:
+        return self._collate(self._items(positions))
+
+    async def _collate(self, items: Any) -> Any:
+        fn = self.collate_fn
+        if fn is None:
+            return items
+        if inspect.iscoroutinefunction(fn):
+            return await fn(items)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, items)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)

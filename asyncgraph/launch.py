@@ -1,0 +1,308 @@
+"""``python -m asyncgraph.launch``: start servers and trainers, locally or over ssh.
+
+Locally it starts one server per partition on 127.0.0.1 (ephemeral ports, a fresh shared
+secret), waits until each has written its ready file, then starts ``num_trainers`` trainers per
+partition with everything ``asyncgraph.initialize`` and ``torch.distributed`` need in their
+environment. Every line a process prints is prefixed with its role and rank. When a process
+fails, on Ctrl-C, or when every trainer has finished, it stops every process it started and exits
+with the failing process's status (0 when all trainers succeeded).
+
+With ``--ip-config`` naming other hosts, servers and trainers are started there with ``ssh``
+(key-based, non-interactive), in the same working directory; the secret file must be reachable
+at the same path on every host (a shared file system, as DGL's launcher assumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from asyncgraph.client.ipconfig import IpConfig
+from asyncgraph.dist.context import ENV_IP_CONFIG, ENV_PART_CONFIG, ENV_SECRET_FILE
+from asyncgraph.partition.config import PartitionConfig
+
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", socket.gethostname()}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """An ephemeral port free right now (for torch.distributed's rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    """A process the launcher started."""
+
+    role: str
+    rank: int
+    popen: subprocess.Popen[bytes]
+    pumps: list[threading.Thread] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.role} {self.rank}"
+
+
+class Launcher:
+    """Owns every process it starts and stops them all on the way out."""
+
+    def __init__(self, *, ready_timeout: float = 60.0, grace: float = 5.0) -> None:
+        self.procs: list[Proc] = []
+        self.ready_timeout = ready_timeout
+        self.grace = grace
+        self._print_lock = threading.Lock()
+
+    # --- processes -------------------------------------------------------------------------
+    def spawn(self, role: str, rank: int, argv: Sequence[str], env: dict[str, str]) -> Proc:
+        popen = subprocess.Popen(
+            list(argv),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group, so we can stop its children too
+        )
+        proc = Proc(role, rank, popen)
+        for stream, sink in ((popen.stdout, sys.stdout), (popen.stderr, sys.stderr)):
+            assert stream is not None
+            pump = threading.Thread(target=self._pump, args=(proc.label, stream, sink), daemon=True)
+            pump.start()
+            proc.pumps.append(pump)
+        self.procs.append(proc)
+        return proc
+
+    def _pump(self, label: str, stream: IO[bytes], sink: IO[str]) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            with self._print_lock:
+                print(f"[{label}] {line}", file=sink, flush=True)
+        stream.close()
+
+    def stop_all(self) -> None:
+        """SIGTERM every live process group we started, then SIGKILL after a grace period."""
+        live = [p for p in self.procs if p.popen.poll() is None]
+        for proc in live:
+            _signal_group(proc.popen, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace
+        for proc in live:
+            try:
+                proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(proc.popen, signal.SIGKILL)
+                proc.popen.wait(timeout=5)
+        for proc in self.procs:
+            for pump in proc.pumps:
+                pump.join(timeout=2)
+
+    # --- waiting ---------------------------------------------------------------------------
+    def wait_ready(self, servers: list[Proc], ready_files: list[Path]) -> list[tuple[str, int]]:
+        deadline = time.monotonic() + self.ready_timeout
+        addresses: list[tuple[str, int] | None] = [None] * len(servers)
+        while any(a is None for a in addresses):
+            for i, (proc, path) in enumerate(zip(servers, ready_files, strict=True)):
+                if addresses[i] is None and path.exists():
+                    info = json.loads(path.read_text())
+                    addresses[i] = (str(info["host"]), int(info["port"]))
+                code = proc.popen.poll()
+                if code is not None and addresses[i] is None:
+                    raise LaunchError(
+                        f"{proc.label} exited with status {code} before it was ready", code or 1
+                    )
+            if time.monotonic() > deadline:
+                raise LaunchError(f"servers not ready after {self.ready_timeout:g} s", 1)
+            time.sleep(0.01)
+        return [a for a in addresses if a is not None]
+
+    def wait_trainers(self, trainers: list[Proc], servers: list[Proc]) -> int:
+        """Block until all trainers end (0) or one fails / a server dies (its status)."""
+        remaining = set(range(len(trainers)))
+        while remaining:
+            for i in sorted(remaining):
+                code = trainers[i].popen.poll()
+                if code is None:
+                    continue
+                remaining.discard(i)
+                if code != 0:
+                    self._say(f"{trainers[i].label} failed with status {code}; stopping every process")
+                    return code
+            for proc in servers:
+                code = proc.popen.poll()
+                if code is not None and remaining:
+                    self._say(f"{proc.label} exited with status {code} while trainers ran; stopping")
+                    return code or 1
+            time.sleep(0.05)
+        return 0
+
+    def _say(self, message: str) -> None:
+        with self._print_lock:
+            print(f"[launcher] {message}", file=sys.stderr, flush=True)
+
+
+class LaunchError(RuntimeError):
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _signal_group(popen: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(popen.pid, sig)
+
+
+def _remote(host: str, argv: Sequence[str], env: dict[str, str], cwd: str) -> list[str]:
+    """Wrap a command to run on ``host`` over ssh with the given environment."""
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    command = f"cd {shlex.quote(cwd)} && env {exports} {shlex.join(argv)}"
+    return ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", host, command]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m asyncgraph.launch", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--part-config", type=Path, required=True, help="partition JSON written by partition_graph"
+    )
+    parser.add_argument("--num-trainers", type=int, default=1, help="trainers per partition")
+    parser.add_argument(
+        "--ip-config", type=Path, help="servers' hosts (and ports) in partition order; default local"
+    )
+    parser.add_argument("--secret-file", type=Path, help="shared secret (default: a fresh random one)")
+    parser.add_argument("--ready-timeout", type=float, default=60.0)
+    parser.add_argument("--python", default=sys.executable, help="interpreter for the servers")
+    parser.add_argument("--server-arg", action="append", default=[], help="extra argument for every server")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the trainer command")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("launch: give the trainer command after --", file=sys.stderr)
+        return 2
+    if args.num_trainers < 1:
+        print("launch: --num-trainers must be at least 1", file=sys.stderr)
+        return 2
+    part_config = args.part_config.resolve()
+    config = PartitionConfig.load(part_config)
+    num_parts = config.num_parts
+    world_size = num_parts * args.num_trainers
+    hosts: list[tuple[str, int]]
+    if args.ip_config is not None:
+        hosts = IpConfig.load(args.ip_config).addresses()
+        if len(hosts) != num_parts:
+            print(
+                f"launch: {args.ip_config} lists {len(hosts)} servers for {num_parts} partitions",
+                file=sys.stderr,
+            )
+            return 2
+    else:
+        hosts = [("127.0.0.1", 0)] * num_parts
+
+    launcher = Launcher(ready_timeout=args.ready_timeout)
+    workdir = Path(tempfile.mkdtemp(prefix="asyncgraph-launch-"))
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        secret_file = args.secret_file
+        if secret_file is None:
+            secret_file = workdir / "secret"
+            secret_file.write_text(secrets.token_hex(32))
+            secret_file.chmod(0o600)
+        base_env = dict(os.environ)
+        cwd = os.getcwd()
+        servers: list[Proc] = []
+        ready_files: list[Path] = []
+        for part_id, (host, port) in enumerate(hosts):
+            ready = workdir / f"server{part_id}.ready"
+            ready_files.append(ready)
+            argv_server = [
+                args.python,
+                "-m",
+                "asyncgraph.server",
+                "--part-config",
+                str(part_config),
+                "--part-id",
+                str(part_id),
+                "--host",
+                host if host in LOCAL_HOSTS else "0.0.0.0",
+                "--port",
+                str(port),
+                "--num-clients",
+                str(world_size),
+                "--secret-file",
+                str(secret_file),
+                "--ready-file",
+                str(ready),
+                *args.server_arg,
+            ]
+            if host in LOCAL_HOSTS:
+                servers.append(launcher.spawn("server", part_id, argv_server, base_env))
+            else:
+                servers.append(
+                    launcher.spawn("server", part_id, _remote(host, argv_server, {}, cwd), base_env)
+                )
+        addresses = launcher.wait_ready(servers, ready_files)
+        if args.ip_config is not None:  # remote servers bind 0.0.0.0; trainers use the configured host
+            addresses = [(h, p) for (h, _), (_, p) in zip(hosts, addresses, strict=True)]
+        ip_config = workdir / "ip_config.txt"
+        ip_config.write_text(IpConfig.parse("\n".join(f"{h} {p}" for h, p in addresses)).dump())
+        master_addr = hosts[0][0] if hosts[0][0] not in LOCAL_HOSTS else "127.0.0.1"
+        master_port = free_port()
+        trainers: list[Proc] = []
+        for rank in range(world_size):
+            part_id = rank // args.num_trainers
+            env = {
+                ENV_IP_CONFIG: str(ip_config),
+                ENV_SECRET_FILE: str(secret_file),
+                ENV_PART_CONFIG: str(part_config),
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": str(master_port),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_RANK": str(rank % args.num_trainers),
+                "ASYNCGRAPH_ROLE": "trainer",
+                "ASYNCGRAPH_PART_ID": str(part_id),
+                "PYTHONUNBUFFERED": "1",
+            }
+            host = hosts[part_id][0]
+            if host in LOCAL_HOSTS:
+                trainers.append(launcher.spawn("trainer", rank, command, {**base_env, **env}))
+            else:
+                trainers.append(launcher.spawn("trainer", rank, _remote(host, command, env, cwd), base_env))
+        return launcher.wait_trainers(trainers, servers)
+    except LaunchError as exc:
+        print(f"[launcher] {exc}", file=sys.stderr, flush=True)
+        return exc.status
+    except KeyboardInterrupt:
+        print("[launcher] interrupted; stopping every process", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        launcher.stop_all()
+        signal.signal(signal.SIGTERM, previous)
+        for path in sorted(workdir.glob("*")):
+            path.unlink(missing_ok=True)
+        workdir.rmdir()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+"""GNN layers and models that consume ``Block``s."""
+
+from asyncgraph.nn.sage import GraphSAGE, SAGEConv
+
+__all__ = ["GraphSAGE", "SAGEConv"]

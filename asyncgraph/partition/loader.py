@@ -1,0 +1,163 @@
+"""Read one partition written by ``partition_graph`` (memory-mapped by default)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from asyncgraph.errors import InvalidRequestError, OutOfRangeError
+from asyncgraph.partition.book import RangePartitionBook
+from asyncgraph.partition.config import PartitionConfig, TensorSpec
+
+IdArray = npt.NDArray[np.int64]
+
+
+@dataclass
+class Partition:
+    """One partition: its in-edge CSC structure (global IDs) and owned node/edge tensors.
+
+    Owned node ``node_range[0] + i`` has in-edges from ``indices[indptr[i]:indptr[i+1]]`` with
+    global edge IDs ``eids[indptr[i]:indptr[i+1]]``.
+    """
+
+    config: PartitionConfig
+    part_id: int
+    book: RangePartitionBook
+    node_range: tuple[int, int]
+    edge_range: tuple[int, int]
+    indptr: IdArray
+    indices: IdArray
+    eids: IdArray
+    node_feats: dict[str, np.ndarray[Any, Any]]
+    edge_feats: dict[str, np.ndarray[Any, Any]]
+
+    @property
+    def num_owned_nodes(self) -> int:
+        """Number of nodes this partition owns."""
+        return self.node_range[1] - self.node_range[0]
+
+    @property
+    def num_owned_edges(self) -> int:
+        """Number of edges (in-edges of owned nodes) this partition owns."""
+        return self.edge_range[1] - self.edge_range[0]
+
+
+def _load(path: Path, mmap: bool) -> np.ndarray[Any, Any]:
+    """Load an ``.npy`` file (read-only memory map when ``mmap``), naming it when missing."""
+    if not path.is_file():
+        raise InvalidRequestError(f"partition file {path} is missing")
+    try:
+        arr: np.ndarray[Any, Any] = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except ValueError as exc:
+        raise InvalidRequestError(f"partition file {path} is not a valid .npy file: {exc}") from exc
+    return arr
+
+
+def _check(path: Path, arr: np.ndarray[Any, Any], dtype: str, shape: tuple[int, ...]) -> None:
+    """Raise if ``arr`` (loaded from ``path``) does not have the dtype and shape the config implies."""
+    if arr.dtype != np.dtype(dtype) or tuple(arr.shape) != shape:
+        raise InvalidRequestError(
+            f"{path} does not match the partition config: expected {dtype} {shape}, "
+            f"found {arr.dtype} {tuple(arr.shape)}"
+        )
+
+
+def _tensors(
+    folder: Path, specs: dict[str, TensorSpec], rows: int, mmap: bool
+) -> dict[str, np.ndarray[Any, Any]]:
+    """Load and check every tensor listed in ``specs`` from ``folder``."""
+    out: dict[str, np.ndarray[Any, Any]] = {}
+    for name, spec in specs.items():
+        path = folder / f"{name}.npy"
+        arr = _load(path, mmap)
+        _check(path, arr, spec.dtype, (rows, *spec.row_shape))
+        out[name] = arr
+    return out
+
+
+def load_partition(part_config: str | os.PathLike[str], part_id: int, mmap: bool = True) -> Partition:
+    """Load partition ``part_id`` of the graph described by the JSON file ``part_config``.
+
+    Arrays are read-only memory maps when ``mmap`` (the default), so several processes share
+    the page cache. Raises ``OutOfRangeError`` for a bad ``part_id`` and ``InvalidRequestError``
+    when a file is missing or disagrees with the config.
+    """
+    cfg_path = Path(part_config)
+    if not cfg_path.is_file():
+        raise InvalidRequestError(f"partition config {cfg_path} does not exist")
+    try:
+        config = PartitionConfig.load(cfg_path)
+    except ValueError as exc:  # pydantic.ValidationError is a ValueError
+        raise InvalidRequestError(f"partition config {cfg_path} is invalid: {exc}") from exc
+    if isinstance(part_id, bool) or not isinstance(part_id, (int, np.integer)):
+        raise InvalidRequestError(f"part_id must be an int, got {type(part_id).__name__}")
+    part_id = int(part_id)
+    if not 0 <= part_id < config.num_parts or len(config.parts) != config.num_parts:
+        raise OutOfRangeError(f"part_id {part_id} out of range [0, {config.num_parts}) for {cfg_path}")
+    spec = config.parts[part_id]
+    if spec.part_id != part_id:
+        raise InvalidRequestError(f"{cfg_path}: parts[{part_id}] describes partition {spec.part_id}")
+    book = config.book()
+    if book.num_nodes != config.num_nodes or book.num_edges != config.num_edges:
+        raise InvalidRequestError(
+            f"{cfg_path}: partition ranges cover {book.num_nodes} nodes / {book.num_edges} edges, "
+            f"config says {config.num_nodes} / {config.num_edges}"
+        )
+    folder = config.part_dir(cfg_path, part_id)
+    n0, n1 = book.node_range(part_id)
+    e0, e1 = book.edge_range(part_id)
+    indptr = _load(folder / "indptr.npy", mmap)
+    indices = _load(folder / "indices.npy", mmap)
+    eids = _load(folder / "eids.npy", mmap)
+    _check(folder / "indptr.npy", indptr, "int64", (n1 - n0 + 1,))
+    _check(folder / "indices.npy", indices, "int64", (e1 - e0,))
+    _check(folder / "eids.npy", eids, "int64", (e1 - e0,))
+    if int(indptr[0]) != 0 or int(indptr[-1]) != e1 - e0:
+        raise InvalidRequestError(
+            f"{folder / 'indptr.npy'} must run from 0 to {e1 - e0}, runs from {int(indptr[0])} "
+            f"to {int(indptr[-1])}"
+        )
+    if e1 > e0 and (int(eids[0]) != e0 or int(eids[-1]) != e1 - 1):
+        raise InvalidRequestError(f"{folder / 'eids.npy'} does not cover the edge range [{e0}, {e1})")
+    return Partition(
+        config=config,
+        part_id=part_id,
+        book=book,
+        node_range=(n0, n1),
+        edge_range=(e0, e1),
+        indptr=indptr,
+        indices=indices,
+        eids=eids,
+        node_feats=_tensors(folder / "node_feat", config.node_feats, n1 - n0, mmap),
+        edge_feats=_tensors(folder / "edge_feat", config.edge_feats, e1 - e0, mmap),
+    )
+
+
+def summarize_partitions(part_config: str | os.PathLike[str]) -> list[dict[str, int]]:
+    """Per-partition statistics: owned nodes, in-edges, train nodes and cut (remote-source) edges.
+
+    ``train_nodes`` counts the ``train_mask`` node tensor when the graph has one (else 0);
+    ``remote_src_edges`` counts owned edges whose source is owned by another partition.
+    """
+    config = PartitionConfig.load(Path(part_config))
+    rows: list[dict[str, int]] = []
+    for p in range(config.num_parts):
+        part = load_partition(part_config, p)
+        n0, n1 = part.node_range
+        remote = int(np.count_nonzero((part.indices < n0) | (part.indices >= n1)))
+        train = part.node_feats.get("train_mask")
+        rows.append(
+            {
+                "part_id": p,
+                "owned_nodes": part.num_owned_nodes,
+                "in_edges": part.num_owned_edges,
+                "train_nodes": int(np.count_nonzero(train)) if train is not None else 0,
+                "remote_src_edges": remote,
+            }
+        )
+    return rows

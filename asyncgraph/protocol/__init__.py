@@ -1,0 +1,65 @@
+"""Pure wire protocol: framing, zero-copy msgpack codec and typed messages (no I/O at all).
+
+Everything here is a function of bytes in and bytes out, so the asyncio server and client own
+the sockets and these pieces can be tested by feeding deliberately split byte strings.
+"""
+
+from asyncgraph.protocol.codec import (
+    ALIGNMENT,
+    ARRAY_EXT_CODE,
+    decode_frame,
+    encode_frame,
+    encode_frame_bytes,
+    frame_size,
+)
+from asyncgraph.protocol.framing import DEFAULT_MAX_FRAME_SIZE, LENGTH_PREFIX, FrameReader
+from asyncgraph.protocol.messages import (
+    NONCE_SIZE,
+    PROTOCOL_VERSION,
+    ClientHello,
+    ErrorResponse,
+    Handshake,
+    HelloResult,
+    Message,
+    Request,
+    Response,
+    ServerHello,
+    check_client_hello,
+    compute_mac,
+    decode_handshake,
+    decode_message,
+    encode_handshake,
+    encode_message,
+    new_nonce,
+    verify_mac,
+)
+
+__all__ = [
+    "ALIGNMENT",
+    "ARRAY_EXT_CODE",
+    "DEFAULT_MAX_FRAME_SIZE",
+    "LENGTH_PREFIX",
+    "NONCE_SIZE",
+    "PROTOCOL_VERSION",
+    "ClientHello",
+    "ErrorResponse",
+    "FrameReader",
+    "Handshake",
+    "HelloResult",
+    "Message",
+    "Request",
+    "Response",
+    "ServerHello",
+    "check_client_hello",
+    "compute_mac",
+    "decode_frame",
+    "decode_handshake",
+    "decode_message",
+    "encode_frame",
+    "encode_frame_bytes",
+    "encode_handshake",
+    "encode_message",
+    "frame_size",
+    "new_nonce",
+    "verify_mac",
+]

@@ -1,0 +1,1 @@
+"""The graph server: one asyncio process per partition (``python -m asyncgraph.server``)."""

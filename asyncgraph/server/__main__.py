@@ -1,0 +1,64 @@
+"""``python -m asyncgraph.server``: serve one partition of a partitioned graph."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
+from asyncgraph.server.app import ServerOptions, serve
+
+
+def parse_args(argv: list[str] | None = None) -> ServerOptions:
+    parser = argparse.ArgumentParser(prog="python -m asyncgraph.server", description=__doc__)
+    parser.add_argument("--part-config", type=Path, required=True, help="the partition JSON file")
+    parser.add_argument("--part-id", type=int, required=True, help="which partition to serve")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one")
+    parser.add_argument("--num-clients", type=int, default=1, help="trainer clients in barriers")
+    parser.add_argument("--secret-file", type=Path, help="shared secret clients must prove")
+    parser.add_argument("--ready-file", type=Path, help="write the bound address here (JSON)")
+    parser.add_argument("--max-frame-size", type=int, default=DEFAULT_MAX_FRAME_SIZE)
+    parser.add_argument("--max-inflight", type=int, default=64, help="async requests per connection")
+    parser.add_argument("--no-shared-memory", action="store_true", help="serve over TCP only")
+    parser.add_argument("--log-level", default="INFO")
+    ns = parser.parse_args(argv)
+    if ns.num_clients < 1:
+        parser.error("--num-clients must be at least 1")
+    secret = ns.secret_file.read_bytes().strip() if ns.secret_file else None
+    if secret is not None and not secret:
+        parser.error(f"--secret-file {ns.secret_file} is empty")
+    logging.basicConfig(
+        level=ns.log_level.upper(),
+        format=f"%(asctime)s server[{ns.part_id}] %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    return ServerOptions(
+        part_config=ns.part_config,
+        part_id=ns.part_id,
+        host=ns.host,
+        port=ns.port,
+        num_clients=ns.num_clients,
+        secret=secret,
+        ready_file=ns.ready_file,
+        max_frame_size=ns.max_frame_size,
+        max_inflight=ns.max_inflight,
+        shared_memory=not ns.no_shared_memory,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    options = parse_args(argv)
+    try:
+        import uvloop
+
+        uvloop.run(serve(options))
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
+        asyncio.run(serve(options))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""The graph server: load one partition into shared memory and serve it over TCP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from asyncgraph.partition import load_partition
+from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
+from asyncgraph.server.handlers import RequestHandlers
+from asyncgraph.server.transport import ServerConnection
+from asyncgraph.storage.fdpass import FdExporter
+from asyncgraph.storage.store import PartitionStore
+
+log = logging.getLogger("asyncgraph.server")
+
+
+@dataclass
+class ServerOptions:
+    """Everything ``python -m asyncgraph.server`` accepts."""
+
+    part_config: Path
+    part_id: int
+    host: str = "127.0.0.1"
+    port: int = 0
+    num_clients: int = 1
+    secret: bytes | None = None
+    ready_file: Path | None = None
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    max_inflight: int = 64
+    shared_memory: bool = True
+
+
+class GraphServer:
+    """One partition's server: store, fd exporter for co-located clients, TCP listener."""
+
+    def __init__(self, options: ServerOptions) -> None:
+        self.options = options
+        self.store: PartitionStore | None = None
+        self.exporter: FdExporter | None = None
+        self.handlers: RequestHandlers | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._stopped = asyncio.Event()
+        self.address: tuple[str, int] | None = None
+
+    async def start(self) -> tuple[str, int]:
+        opts = self.options
+        t0 = time.perf_counter()
+        part = load_partition(opts.part_config, opts.part_id)
+        self.store = PartitionStore.from_partition(part, shared=opts.shared_memory)
+        graph_name = self.store.graph_name
+        shm_address: str | None = None
+        shm_token: bytes | None = None
+        if opts.shared_memory:
+            self.exporter = FdExporter(self.store, label=f"{graph_name}.p{opts.part_id}")
+            await self.exporter.start()
+            shm_address, shm_token = self.exporter.address, self.exporter.token
+        self.handlers = RequestHandlers(
+            self.store,
+            num_clients=opts.num_clients,
+            shm_address=shm_address,
+            shm_token=shm_token,
+            on_shutdown=self.stop,
+        )
+        handlers = self.handlers
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: ServerConnection(
+                handlers,
+                graph_name=graph_name,
+                part_id=opts.part_id,
+                secret=opts.secret,
+                max_frame_size=opts.max_frame_size,
+                max_inflight=opts.max_inflight,
+            ),
+            host=opts.host,
+            port=opts.port,
+            reuse_address=True,
+        )
+        sockname = self._server.sockets[0].getsockname()
+        self.address = (str(sockname[0]), int(sockname[1]))
+        log.info(
+            "serving graph %r partition %d on %s:%d (loaded in %.2f s, %d clients expected)",
+            graph_name,
+            opts.part_id,
+            self.address[0],
+            self.address[1],
+            time.perf_counter() - t0,
+            opts.num_clients,
+        )
+        if opts.ready_file is not None:
+            write_ready_file(opts.ready_file, self.address[0], self.address[1], opts.part_id)
+        return self.address
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    async def serve_until_stopped(self) -> None:
+        await self._stopped.wait()
+        await self.close()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        if self.exporter is not None:
+            await self.exporter.close()
+            self.exporter = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        log.info("server stopped")
+
+
+def write_ready_file(path: Path, host: str, port: int, part_id: int) -> None:
+    """Atomically publish the bound address, for launchers and tests waiting on start-up."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"host": host, "port": port, "part_id": part_id, "pid": os.getpid()}))
+    os.replace(tmp, path)
+
+
+async def serve(options: ServerOptions) -> None:
+    """Run a server until SIGTERM, SIGINT or a ``shutdown`` request."""
+    server = GraphServer(options)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.stop)
+    await server.start()
+    await server.serve_until_stopped()

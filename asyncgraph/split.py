@@ -1,0 +1,169 @@
+"""Split masked node/edge IDs among trainers, preferring each trainer's own partition (DGL-style).
+
+Trainers map to partitions as in DGL: with ``world_size`` trainers and ``num_parts``
+partitions, trainer ``r`` belongs to partition ``r * num_parts // world_size``, so consecutive
+ranks form one contiguous group per partition. A partition no trainer belongs to (only when
+``world_size < num_parts``) is served by trainer ``p * world_size // num_parts``.
+
+Every rank computes the same global assignment from the same inputs, without communication or
+randomness, so the shares are disjoint and together cover the mask:
+
+* ``force_even=True``: trainer ``r`` gets exactly ``N // world_size`` IDs, plus one for
+  ``r < N % world_size``. Each partition's selected IDs are first split evenly among the
+  partition's trainers, up to their quotas (an even split never exceeds a quota); the IDs left
+  over in over-full partitions (in ascending order) then fill the under-full trainers in rank
+  order. This keeps the largest possible share of IDs local.
+* ``force_even=False``: each trainer gets the selected IDs of its partition, split evenly (in
+  ascending order) among the partition's trainers; sizes follow the mask.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, ShapeMismatchError
+from asyncgraph.partition.book import RangePartitionBook
+
+__all__ = ["edge_split", "node_split"]
+
+IdArray = npt.NDArray[np.int64]
+
+
+def _mask_array(mask: Any) -> npt.NDArray[np.bool_]:
+    """A 1-D numpy bool mask from a bool (or 0/1 integer) numpy array, tensor or list."""
+    if isinstance(mask, torch.Tensor):
+        mask = mask.detach().cpu().numpy()
+    arr = np.asarray(mask)
+    if arr.ndim != 1:
+        raise ShapeMismatchError(f"mask must be one-dimensional, got shape {arr.shape}")
+    if arr.dtype == np.bool_:
+        return arr.astype(np.bool_, copy=False)
+    if arr.dtype.kind in "iu":
+        return np.asarray(arr != 0, dtype=np.bool_)
+    raise DTypeMismatchError(f"mask must be boolean (or 0/1 integers), got dtype {arr.dtype}")
+
+
+def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Fill ``rank``/``world_size`` from torch.distributed, else env RANK/WORLD_SIZE, else 0/1."""
+    if rank is None or world_size is None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            env_rank, env_world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        else:
+            env_rank = int(os.environ.get("RANK", "0"))
+            env_world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = env_rank if rank is None else rank
+        world_size = env_world if world_size is None else world_size
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise InvalidRequestError(f"need 0 <= rank < world_size, got rank {rank}, world_size {world_size}")
+    return int(rank), int(world_size)
+
+
+def _even_cuts(total: IdArray, k: IdArray, j: IdArray) -> tuple[IdArray, IdArray]:
+    """Bounds ``[lo, hi)`` of part ``j`` when ``total`` items are split into ``k`` even parts."""
+    base, extra = total // k, total % k
+    lo = j * base + np.minimum(j, extra)
+    return lo, lo + base + (j < extra)
+
+
+def _split(
+    mask: Any,
+    bounds: IdArray | None,
+    rank: int | None,
+    world_size: int | None,
+    force_even: bool,
+    kind: str,
+) -> torch.Tensor:
+    """Shared implementation of ``node_split``/``edge_split`` over partition ``bounds``."""
+    sel = _mask_array(mask)
+    rank, world = _rank_world(rank, world_size)
+    if bounds is None:
+        bounds = np.array([0, sel.size], dtype=np.int64)
+    elif int(bounds[-1]) != sel.size:
+        raise ShapeMismatchError(
+            f"{kind} mask has {sel.size} entries but the partition book has {int(bounds[-1])} {kind}s"
+        )
+    ids = np.flatnonzero(sel).astype(np.int64)
+    num_parts = bounds.size - 1
+    ranks = np.arange(world, dtype=np.int64)
+    parts = np.arange(num_parts, dtype=np.int64)
+
+    # ids are sorted and partitions are ID ranges, so each partition is one slice of ids
+    part_off = np.searchsorted(ids, bounds).astype(np.int64)
+    part_count = np.diff(part_off)
+    trainer_part = ranks * num_parts // world
+    group_lo = np.searchsorted(trainer_part, parts, side="left")  # first trainer of each partition
+    group_size = np.searchsorted(trainer_part, parts, side="right") - group_lo
+    orphan = group_size == 0  # partitions without trainers (world < num_parts)
+    group_lo = np.where(orphan, parts * world // num_parts, group_lo)
+    group_size = np.where(orphan, 1, group_size)
+    own = trainer_part[rank]
+
+    if not force_even:
+        mine = np.flatnonzero((parts == own) | (orphan & (group_lo == rank)))
+        lo, hi = _even_cuts(part_count[mine], group_size[mine], rank - group_lo[mine])
+        pieces = [ids[part_off[p] + a : part_off[p] + b] for p, a, b in zip(mine, lo, hi, strict=True)]
+        return torch.from_numpy(np.sort(np.concatenate(pieces)) if pieces else np.empty(0, np.int64))
+
+    n = ids.size
+    quota = n // world + (ranks < n % world)
+    cum_quota = np.concatenate([[0], np.cumsum(quota)])
+    capacity = np.where(orphan, 0, cum_quota[group_lo + group_size] - cum_quota[group_lo])  # per partition
+    take = np.minimum(part_count, capacity)
+    # local share of every trainer: an even split of its partition's first ``take`` IDs
+    p_of = trainer_part
+    local_lo, local_hi = _even_cuts(take[p_of], group_size[p_of], ranks - group_lo[p_of])
+    local_count = local_hi - local_lo
+    # leftovers (IDs past ``take`` in each partition), ascending, fill the deficits in rank order
+    deficit = quota - local_count
+    fill_off = np.concatenate([[0], np.cumsum(deficit)])
+    rank_in_part = np.arange(n, dtype=np.int64) - np.repeat(part_off[:-1], part_count)
+    leftovers = ids[rank_in_part >= np.repeat(take, part_count)]
+    start = int(part_off[own])
+    share = np.concatenate(
+        [
+            ids[start + int(local_lo[rank]) : start + int(local_hi[rank])],
+            leftovers[int(fill_off[rank]) : int(fill_off[rank + 1])],
+        ]
+    )
+    return torch.from_numpy(np.sort(share))
+
+
+def node_split(
+    mask: Any,
+    partition_book: RangePartitionBook | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    force_even: bool = True,
+    seed: int = 0,
+) -> torch.Tensor:
+    """Sorted int64 global node IDs of this rank's share of the nodes selected by ``mask``.
+
+    ``mask`` is a bool array/tensor over all global node IDs. ``partition_book=None`` means one
+    partition. ``rank``/``world_size`` default to torch.distributed (if initialised), else the
+    RANK/WORLD_SIZE environment variables, else 0/1. See the module docstring for the
+    assignment; it is deterministic, so ``seed`` is accepted for DGL-style call sites only and
+    does not change the result.
+    """
+    bounds = None if partition_book is None else partition_book.bounds("node")
+    return _split(mask, bounds, rank, world_size, force_even, "node")
+
+
+def edge_split(
+    mask: Any,
+    partition_book: RangePartitionBook | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    force_even: bool = True,
+    seed: int = 0,
+) -> torch.Tensor:
+    """Sorted int64 global edge IDs of this rank's share of the edges selected by ``mask``.
+
+    Same rules as ``node_split``, over edge IDs and the book's edge ranges.
+    """
+    bounds = None if partition_book is None else partition_book.bounds("edge")
+    return _split(mask, bounds, rank, world_size, force_even, "edge")

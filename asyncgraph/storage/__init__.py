@@ -1,0 +1,21 @@
+"""Partition storage: memfd-backed shared arrays, a cross-process RW lock, the PartitionStore,
+and fd passing to co-located clients."""
+
+from asyncgraph.storage.fdpass import FdExporter, attach_store, fetch_tensors
+from asyncgraph.storage.shm import LocalRWLock, RWLock, SharedArray, SharedRWLock
+from asyncgraph.storage.store import InitSpec, PartitionStore, Policy, TensorMeta, validate_init
+
+__all__ = [
+    "FdExporter",
+    "InitSpec",
+    "LocalRWLock",
+    "PartitionStore",
+    "Policy",
+    "RWLock",
+    "SharedArray",
+    "SharedRWLock",
+    "TensorMeta",
+    "attach_store",
+    "fetch_tensors",
+    "validate_init",
+]

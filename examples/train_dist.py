@@ -1,0 +1,227 @@
+"""GraphSAGE node classification on a partitioned graph, standalone or launched.
+
+Standalone (one process, no server)::
+
+    python examples/train_dist.py --part-config data/pubmed1/pubmed.json
+
+Launched (2 partitions x 2 trainers, DDP over gloo)::
+
+    python -m asyncgraph.launch --part-config data/pubmed2/pubmed.json --num-trainers 2 -- \
+        python examples/train_dist.py
+
+Reports per-epoch loss and validation accuracy, the test accuracy of the best-validation epoch,
+and a timing breakdown (sample and pull run in the background; ``wait`` is time the training
+loop spent waiting for data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+import asyncgraph
+from asyncgraph.dataloading import DistNodeDataLoader, NeighborSampler
+from asyncgraph.nn import GraphSAGE
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--graph-name", default=None, help="default: the name in the partition config")
+    p.add_argument("--part-config", default=os.environ.get("ASYNCGRAPH_PART_CONFIG"))
+    p.add_argument("--ip-config", default=None)
+    p.add_argument("--epochs", type=int, default=60)
+    p.add_argument("--batch-size", type=int, default=1000)
+    p.add_argument("--eval-batch-size", type=int, default=2000)
+    p.add_argument("--fanouts", default="25,10")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--dropout", type=float, default=0.5)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--weight-decay", type=float, default=5e-4)
+    p.add_argument("--prefetch", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-threads", type=int, default=0, help="torch threads (0: leave the default)")
+    p.add_argument("--eval-every", type=int, default=1)
+    p.add_argument("--result-file", type=Path, default=None, help="rank 0 writes a JSON summary here")
+    p.add_argument("--no-progress", action="store_true")
+    return p.parse_args()
+
+
+def all_reduce_sum(values: list[float], distributed: bool) -> list[float]:
+    tensor = torch.tensor(values, dtype=torch.float64)
+    if distributed:
+        dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def evaluate(model: torch.nn.Module, loader: DistNodeDataLoader, distributed: bool) -> tuple[float, float]:
+    """Accuracy over this rank's share, summed over ranks: (correct, total)."""
+    model.eval()
+    correct = total = 0
+    with torch.no_grad():
+        for batch in loader:
+            x = batch.blocks[0].srcdata["feat"]
+            y = batch.blocks[-1].dstdata["label"]
+            pred = model(batch.blocks, x).argmax(1)
+            correct += int((pred == y).sum())
+            total += int(y.numel())
+    model.train()
+    c, t = all_reduce_sum([correct, total], distributed)
+    return c, t
+
+
+def main() -> None:
+    args = parse_args()
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    torch.manual_seed(args.seed)
+    asyncgraph.initialize(args.ip_config)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    distributed = world_size > 1
+    if distributed:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    graph_name = args.graph_name
+    if graph_name is None:
+        if args.part_config is None:
+            sys.exit("give --part-config (standalone) or launch with asyncgraph.launch")
+        graph_name = asyncgraph.PartitionConfig.load(args.part_config).graph_name
+    g = asyncgraph.DistGraph(graph_name, part_config=args.part_config)
+    book = g.get_partition_book()
+    n = g.num_nodes()
+
+    def split(mask_name: str) -> torch.Tensor:
+        mask = g.ndata[mask_name][0:n]
+        return asyncgraph.node_split(mask, book, rank=rank, world_size=world_size, force_even=True)
+
+    train_nids, val_nids, test_nids = split("train_mask"), split("val_mask"), split("test_mask")
+    feat = g.ndata["feat"]
+    labels = g.ndata["label"][0:n]
+    num_classes = int(labels.max()) + 1
+    in_feats = int(feat.shape[1])
+    fanouts = [int(f) for f in args.fanouts.split(",")]
+    sampler = NeighborSampler(fanouts)
+    model: torch.nn.Module = GraphSAGE(in_feats, args.hidden, num_classes, len(fanouts), dropout=args.dropout)
+    if distributed:
+        model = DistributedDataParallel(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    train_loader = DistNodeDataLoader(
+        g,
+        train_nids,
+        sampler,
+        args.batch_size,
+        shuffle=True,
+        prefetch=args.prefetch,
+        seed=args.seed * 1000 + rank,
+    )
+    val_loader = DistNodeDataLoader(
+        g, val_nids, sampler, args.eval_batch_size, shuffle=False, prefetch=args.prefetch, seed=7 + rank
+    )
+    test_loader = DistNodeDataLoader(
+        g, test_nids, sampler, args.eval_batch_size, shuffle=False, prefetch=args.prefetch, seed=11 + rank
+    )
+    if rank == 0:
+        print(
+            f"{g!r}: {len(train_nids)} train / {len(val_nids)} val / {len(test_nids)} test nodes on rank 0, "
+            f"{world_size} trainer(s), fanouts {fanouts}, prefetch {args.prefetch}",
+            flush=True,
+        )
+    progress = None
+    if rank == 0 and not args.no_progress:
+        from tqdm import tqdm
+
+        progress = tqdm(total=args.epochs, desc="epochs", unit="ep", file=sys.stdout, mininterval=1.0)
+
+    totals = {"sample": 0.0, "pull": 0.0, "compute": 0.0, "wait": 0.0, "epoch": 0.0}
+    best_val = -1.0
+    best = {"epoch": -1, "val_acc": 0.0, "test_acc": 0.0}
+    history = []
+    asyncgraph.barrier("start")
+    for epoch in range(args.epochs):
+        t_epoch = time.perf_counter()
+        compute = 0.0
+        loss_sum = 0.0
+        count = 0
+        for batch in train_loader:
+            t0 = time.perf_counter()
+            x = batch.blocks[0].srcdata["feat"]
+            y = batch.blocks[-1].dstdata["label"]
+            logits = model(batch.blocks, x)
+            loss = F.cross_entropy(logits, y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            compute += time.perf_counter() - t0
+            loss_sum += float(loss) * int(y.numel())
+            count += int(y.numel())
+        if len(train_loader) == 0 and distributed:  # keep DDP's collective calls in step
+            raise RuntimeError(f"rank {rank} got no training nodes")
+        epoch_time = time.perf_counter() - t_epoch
+        stats = train_loader.stats
+        totals["sample"] += stats.sample
+        totals["pull"] += stats.pull
+        totals["wait"] += stats.wait
+        totals["compute"] += compute
+        totals["epoch"] += epoch_time
+        loss_total, n_total = all_reduce_sum([loss_sum, count], distributed)
+        record = {"epoch": epoch, "loss": loss_total / max(n_total, 1), "time": epoch_time}
+        if (epoch + 1) % args.eval_every == 0 or epoch == args.epochs - 1:
+            vc, vt = evaluate(model, val_loader, distributed)
+            record["val_acc"] = vc / max(vt, 1)
+            if record["val_acc"] > best_val:
+                best_val = record["val_acc"]
+                tc, tt = evaluate(model, test_loader, distributed)
+                best = {"epoch": epoch, "val_acc": record["val_acc"], "test_acc": tc / max(tt, 1)}
+        history.append(record)
+        if progress is not None:
+            progress.set_postfix(
+                loss=f"{record['loss']:.3f}", val=f"{record.get('val_acc', float('nan')):.3f}"
+            )
+            progress.update(1)
+        elif rank == 0:
+            print(
+                f"epoch {epoch:3d} loss {record['loss']:.4f} val {record.get('val_acc', float('nan')):.4f} "
+                f"({epoch_time * 1000:.0f} ms)",
+                flush=True,
+            )
+    if progress is not None:
+        progress.close()
+    asyncgraph.barrier("end")
+    summary = {
+        "graph": graph_name,
+        "world_size": world_size,
+        "epochs": args.epochs,
+        "best_epoch": best["epoch"],
+        "val_acc": best["val_acc"],
+        "test_acc": best["test_acc"],
+        "final_loss": history[-1]["loss"] if history else None,
+        "time": {k: round(v, 4) for k, v in totals.items()},
+    }
+    if rank == 0:
+        t = totals
+        print(
+            f"best epoch {best['epoch']}: val acc {best['val_acc']:.4f}, test acc {best['test_acc']:.4f}\n"
+            f"time over {args.epochs} epochs: {t['epoch']:.2f} s total; "
+            f"background sample {t['sample']:.2f} s, "
+            f"pull {t['pull']:.2f} s; compute {t['compute']:.2f} s; waiting for data {t['wait']:.2f} s "
+            f"({100 * t['wait'] / max(t['epoch'], 1e-9):.1f}% of the epochs)",
+            flush=True,
+        )
+        print("RESULT " + json.dumps(summary), flush=True)
+        if args.result_file is not None:
+            args.result_file.write_text(json.dumps(summary, indent=2))
+    if distributed:
+        dist.destroy_process_group()
+    asyncgraph.finalize()
+
+
+if __name__ == "__main__":
+    main()

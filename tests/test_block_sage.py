@@ -1,0 +1,174 @@
+"""Tests of to_block, NeighborSampler and SAGEConv/GraphSAGE."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from asyncgraph.dataloading import Block, NeighborSampler, SampleFn, to_block
+from asyncgraph.errors import DTypeMismatchError, InvalidRequestError
+from asyncgraph.nn import GraphSAGE, SAGEConv
+from asyncgraph.sampling import sample_csc
+
+
+def random_edges(num_nodes: int, num_edges: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, num_nodes, num_edges), rng.integers(0, num_nodes, num_edges)
+
+
+def test_to_block_relabel() -> None:
+    src = np.array([7, 3, 9, 7, 5, 9, 2, 8])
+    dst = np.array([3, 5, 5, 2, 3, 3, 5, 2])
+    dst_nodes = np.array([5, 3, 2])
+    block = to_block(src, dst, dst_nodes, eids=np.arange(8) + 100)
+    assert block.srcnodes.tolist() == [5, 3, 2, 7, 9, 8]  # dst prefix, then first appearance
+    assert block.dstnodes.tolist() == [5, 3, 2]
+    assert (block.num_src_nodes, block.num_dst_nodes, block.num_edges) == (6, 3, 8)
+    assert block.srcnodes[block.edge_index[0]].tolist() == src.tolist()
+    assert block.dstnodes[block.edge_index[1]].tolist() == dst.tolist()
+    assert block.eids.tolist() == list(range(100, 108))
+    assert block.edge_index.dtype == block.srcnodes.dtype == torch.int64
+    moved = block.to("cpu")
+    assert isinstance(moved, Block) and torch.equal(moved.edge_index, block.edge_index)
+
+
+def test_to_block_random_and_torch_inputs() -> None:
+    src, dst = random_edges(500, 3000, 1)
+    dst_nodes = np.unique(dst)[np.random.default_rng(2).permutation(np.unique(dst).size)]
+    block = to_block(torch.from_numpy(src), torch.from_numpy(dst), torch.from_numpy(dst_nodes))
+    assert block.eids.numel() == 0
+    assert torch.equal(block.srcnodes[: block.num_dst_nodes], block.dstnodes)
+    assert torch.equal(block.srcnodes[block.edge_index[0]], torch.from_numpy(src))
+    assert torch.equal(block.dstnodes[block.edge_index[1]], torch.from_numpy(dst))
+    assert torch.unique(block.srcnodes).numel() == block.num_src_nodes
+    new = block.srcnodes[block.num_dst_nodes :].numpy()
+    not_dst = src[~np.isin(src, dst_nodes)]
+    _, first = np.unique(not_dst, return_index=True)
+    np.testing.assert_array_equal(new, not_dst[np.sort(first)])
+
+
+def test_to_block_validation() -> None:
+    with pytest.raises(ValueError, match="unique"):
+        to_block([1], [2], [2, 2])
+    with pytest.raises(ValueError, match="not among"):
+        to_block([1, 2], [2, 4], [2, 3])
+    with pytest.raises(InvalidRequestError):
+        to_block([1, 2], [2], [2])
+    with pytest.raises(DTypeMismatchError):
+        to_block(np.array([1.0]), [2], [2])
+    empty = to_block([], [], [4, 1])
+    assert empty.srcnodes.tolist() == [4, 1] and empty.edge_index.shape == (2, 0)
+
+
+def dense_reference(block: Block, h: torch.Tensor, conv: SAGEConv) -> torch.Tensor:
+    """SAGEConv computed through a dense [num_dst, num_src] adjacency (multi-edges counted)."""
+    adj = torch.zeros(block.num_dst_nodes, block.num_src_nodes, dtype=h.dtype)
+    adj.index_put_(
+        (block.edge_index[1], block.edge_index[0]),
+        torch.ones(block.num_edges, dtype=h.dtype),
+        accumulate=True,
+    )
+    deg = adj.sum(1, keepdim=True)
+    if conv.aggregator == "sum":
+        neigh = adj @ h
+    elif conv.aggregator == "mean":
+        neigh = (adj @ h) / deg.clamp(min=1)
+    elif conv.aggregator == "gcn":
+        neigh = (adj @ h + h[: block.num_dst_nodes]) / (deg + 1)
+    else:
+        feat = torch.relu(conv.fc_pool(h)) if conv.fc_pool is not None else h
+        masked = torch.where(adj.unsqueeze(2) > 0, feat.unsqueeze(0), torch.tensor(-torch.inf, dtype=h.dtype))
+        neigh = torch.where(deg > 0, masked.max(1).values, torch.zeros((), dtype=h.dtype))
+    out: torch.Tensor = conv.fc_neigh(neigh)
+    if conv.fc_self is not None:
+        out = out + conv.fc_self(h[: block.num_dst_nodes])
+    return out + conv.bias if conv.bias is not None else out
+
+
+@pytest.mark.parametrize("aggregator", ["mean", "sum", "max", "pool", "gcn"])
+@pytest.mark.parametrize(("in_feats", "out_feats"), [(6, 4), (3, 5)])
+def test_sageconv_matches_dense(aggregator: str, in_feats: int, out_feats: int) -> None:
+    torch.manual_seed(0)
+    src, dst = random_edges(40, 150, 3)
+    dst_nodes = np.concatenate([np.unique(dst), [1000]])  # node 1000 has no in-edges
+    block = to_block(src, dst, dst_nodes)
+    conv = SAGEConv(in_feats, out_feats, aggregator=aggregator).double()
+    with torch.no_grad():
+        if conv.bias is not None:
+            conv.bias.uniform_(-1, 1)
+    h = torch.randn(block.num_src_nodes, in_feats, dtype=torch.float64, requires_grad=True)
+    out = conv(block, h)
+    assert out.shape == (block.num_dst_nodes, out_feats)
+    torch.testing.assert_close(out, dense_reference(block, h, conv))
+    out.square().sum().backward()
+    assert h.grad is not None and torch.isfinite(h.grad).all() and h.grad.abs().sum() > 0
+    assert all(p.grad is not None for p in conv.parameters())
+    if aggregator != "gcn":  # an isolated destination only sees fc_self(h_dst) + bias
+        expected = conv.fc_self(h[block.num_dst_nodes - 1]) + conv.bias  # type: ignore[misc]
+        torch.testing.assert_close(out[-1], expected)
+
+
+def test_sageconv_options_and_errors() -> None:
+    block = to_block([1, 2], [0, 0], [0])
+    conv = SAGEConv(3, 2, bias=False, activation=torch.relu, norm=torch.nn.LayerNorm(2))
+    out = conv(block, torch.randn(3, 3))
+    assert out.shape == (1, 2) and conv.bias is None
+    with pytest.raises(ValueError):
+        SAGEConv(3, 2, aggregator="lstm")
+    with pytest.raises(ValueError):
+        conv(block, torch.randn(4, 3))
+
+
+def whole_graph_sample_fn(
+    num_nodes: int, num_edges: int, replace: bool, seed: int
+) -> tuple[SampleFn, np.ndarray, np.ndarray]:
+    """A SampleFn over one whole-graph CSC, as a single server would serve it."""
+    src, dst = random_edges(num_nodes, num_edges, seed)
+    order = np.argsort(dst, kind="stable")
+    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=num_nodes), out=indptr[1:])
+    indices, eids = src[order].astype(np.int64), order.astype(np.int64)
+    rng = np.random.default_rng(seed)
+
+    async def sample_fn(seeds: np.ndarray, fanout: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        await asyncio.sleep(0)
+        s, pos, e = sample_csc(indptr, indices, eids, seeds, fanout, replace, rng)
+        return s, seeds[pos], e
+
+    return sample_fn, src, dst
+
+
+@pytest.mark.parametrize("replace", [False, True])
+async def test_sampler_blocks_chain(replace: bool) -> None:
+    sample_fn, src, dst = whole_graph_sample_fn(300, 3000, replace, 4)
+    sampler = NeighborSampler([5, 3], replace=replace)
+    assert sampler.fanouts == [5, 3] and sampler.replace is replace
+    seeds = np.array([10, 3, 250, 77], dtype=np.int64)
+    input_nodes, output_nodes, blocks = await sampler.sample_blocks(sample_fn, seeds)
+    assert len(blocks) == 2
+    np.testing.assert_array_equal(output_nodes, seeds)
+    assert blocks[-1].dstnodes.tolist() == seeds.tolist()
+    assert torch.equal(blocks[0].dstnodes, blocks[1].srcnodes)
+    np.testing.assert_array_equal(blocks[0].srcnodes.numpy(), input_nodes)
+    counts = torch.bincount(blocks[1].edge_index[1], minlength=4)
+    assert int(counts.max()) <= 3 and int(blocks[0].edge_index[1].bincount().max()) <= 5
+    for block in blocks:  # every block edge is a graph edge with the matching edge ID
+        gsrc, gdst = block.srcnodes[block.edge_index[0]].numpy(), block.dstnodes[block.edge_index[1]].numpy()
+        np.testing.assert_array_equal(src[block.eids.numpy()], gsrc)
+        np.testing.assert_array_equal(dst[block.eids.numpy()], gdst)
+    model = GraphSAGE(8, 16, 3, n_layers=2)
+    logits = model(blocks, torch.randn(input_nodes.size, 8))
+    assert logits.shape == (4, 3)
+    logits.sum().backward()
+
+
+def test_sampler_validation() -> None:
+    with pytest.raises(ValueError):
+        NeighborSampler([])
+    with pytest.raises(ValueError):
+        NeighborSampler([5, -3])
+    with pytest.raises(TypeError):
+        NeighborSampler([2.5])  # type: ignore[list-item]
