@@ -75,12 +75,17 @@ class _Prefetcher(Generic[T]):
         self._depth = max(0, depth)
         self._next_submit = 0
         self._pending: deque[concurrent.futures.Future[T]] = deque()
+        self._tasks: set[asyncio.Task[Any]] = set()  # touched on the loop thread only
 
     def _submit_until(self, upto: int) -> None:
         while self._next_submit < min(upto, self._count):
             index = self._next_submit
 
             async def run(i: int = index) -> T:
+                task = asyncio.current_task()
+                if task is not None:
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
                 return await self._make(i)
 
             self._pending.append(asyncio.run_coroutine_threadsafe(run(), self._loop.loop))
@@ -92,11 +97,20 @@ class _Prefetcher(Generic[T]):
         return self._pending.popleft()
 
     def cancel(self) -> None:
+        """Cancel every batch in flight and wait until their tasks have unwound."""
+        if not self._pending:
+            return
         while self._pending:
-            future = self._pending.popleft()
-            future.cancel()
-            with contextlib.suppress(BaseException):  # let it unwind: no work outlives the epoch
-                future.result(timeout=10)
+            self._pending.popleft().cancel()
+
+        async def drain() -> None:
+            # cancellations were queued on the loop before this coroutine, so every task of
+            # ours has either finished or received its CancelledError by now
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+        if not self._loop.loop.is_closed():
+            with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
+                asyncio.run_coroutine_threadsafe(drain(), self._loop.loop).result(timeout=30)
 
 
 class _PrefetchingLoader(Generic[T]):

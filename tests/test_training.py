@@ -1,0 +1,120 @@
+"""End-to-end: the launcher, seed coverage across trainers, and training accuracy (real processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from servers import ROOT, shm_entries
+
+LAUNCH = [sys.executable, "-m", "asyncgraph.launch"]
+TRAIN = [sys.executable, str(ROOT / "examples" / "train_dist.py")]
+
+
+def run(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+def result_of(proc: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if "RESULT " in line]
+    assert lines, proc.stdout[-3000:]
+    return json.loads(lines[-1].split("RESULT ", 1)[1])  # type: ignore[no-any-return]
+
+
+def test_every_training_seed_is_visited_exactly_once_per_epoch(cora2, tmp_path: Path) -> None:
+    proc = run(
+        [
+            *LAUNCH,
+            "--part-config",
+            str(cora2.part_config),
+            "--num-trainers",
+            "2",
+            "--",
+            sys.executable,
+            str(ROOT / "tests" / "workers" / "visit_seeds.py"),
+            str(tmp_path),
+        ]
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[trainer 3]" in proc.stdout + proc.stderr or len(list(tmp_path.glob("nids_r*.npy"))) == 4
+    train = np.flatnonzero(cora2.raw["train_mask"][cora2.orig_nids])
+    shares = [np.load(tmp_path / f"nids_r{r}.npy") for r in range(4)]
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1  # force_even
+    for epoch in range(2):
+        visited = np.concatenate([np.load(tmp_path / f"seeds_r{r}_e{epoch}.npy") for r in range(4)])
+        assert len(visited) == len(train)
+        np.testing.assert_array_equal(np.sort(visited), train)
+    assert shm_entries() == set()
+
+
+def test_launcher_stops_everything_when_a_trainer_fails(cora2, tmp_path: Path) -> None:
+    script = (
+        "import os, sys, time, pathlib\n"
+        f"pathlib.Path({str(tmp_path)!r}, 'pid' + os.environ['RANK']).write_text(str(os.getpid()))\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    time.sleep(1.0); sys.exit(3)\n"
+        "time.sleep(120)\n"
+    )
+    t0 = time.monotonic()
+    proc = run(
+        [
+            *LAUNCH,
+            "--part-config",
+            str(cora2.part_config),
+            "--num-trainers",
+            "2",
+            "--",
+            sys.executable,
+            "-c",
+            script,
+        ],
+        timeout=60,
+    )
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert elapsed < 30
+    assert "trainer 1 failed with status 3" in proc.stderr
+    pids = [int(p.read_text()) for p in tmp_path.glob("pid*")]
+    assert len(pids) == 4
+    time.sleep(0.2)
+    assert not any(
+        psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids
+    )
+    assert "server 0" in proc.stdout + proc.stderr  # output prefixed by role and rank
+
+
+@pytest.mark.parametrize(
+    ("dataset", "fixture", "threshold", "epochs"),
+    [
+        ("pubmed", "pubmed2", 0.74, 40),
+        ("cora", "cora2", 0.76, 40),
+    ],
+)
+def test_launched_training_accuracy_matches_standalone(
+    dataset: str, fixture: str, threshold: float, epochs: int, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """2 partitions x 2 trainers vs one standalone process, same hyper-parameters and seed."""
+    from asyncgraph.graph import Graph
+    from asyncgraph.partition import partition_graph
+
+    parted = request.getfixturevalue(fixture)
+    one = tmp_path / "one"
+    partition_graph(Graph.from_npz(ROOT / "examples" / "data" / f"{dataset}.npz"), dataset, 1, one)
+    common = ["--epochs", str(epochs), "--no-progress", "--seed", "0", "--num-threads", "1"]
+    alone = result_of(run([*TRAIN, "--part-config", str(one / f"{dataset}.json"), *common]))
+    launched = result_of(
+        run([*LAUNCH, "--part-config", str(parted.part_config), "--num-trainers", "2", "--", *TRAIN, *common])
+    )
+    assert launched["world_size"] == 4
+    assert float(launched["test_acc"]) >= threshold, launched  # type: ignore[arg-type]
+    assert float(alone["test_acc"]) >= threshold, alone  # type: ignore[arg-type]
+    assert abs(float(launched["test_acc"]) - float(alone["test_acc"])) <= 0.03, (alone, launched)  # type: ignore[arg-type]
