@@ -79,6 +79,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
+    if name == "aio":  # the async API module
+        return importlib.import_module("asyncgraph.aio")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'asyncgraph' has no attribute {name!r}")
