@@ -152,3 +152,7 @@ class Client:
             self.loop.run(self.aio.close(), timeout=10)
         finally:
             self.loop.stop()
+
+    def sparse_update(self, name: str, ids: Any, grads: Any, spec: Mapping[str, Any]) -> None:
+        """One sparse Adagrad/Adam step run on the owners of ``ids`` (see ``AsyncClient.sparse_update``)."""
+        self.loop.run(self.aio.sparse_update(name, ids, grads, spec))

@@ -25,6 +25,7 @@ from asyncgraph.errors import (
     InvalidRequestError,
     UnknownOpError,
 )
+from asyncgraph.optim.kernels import apply_sparse_update
 from asyncgraph.protocol import PROTOCOL_VERSION
 from asyncgraph.sampling.partition_sampler import sample_partition
 from asyncgraph.storage.store import PartitionStore
@@ -132,6 +133,7 @@ class RequestHandlers:
             "stats": self.stats,
             "ping": self.ping,
             "shutdown": self.shutdown,
+            "sparse_update": self.sparse_update,
         }
 
     def lookup(self, op: str) -> Callable[[Mapping[str, Any]], Any]:
@@ -236,3 +238,13 @@ class RequestHandlers:
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise InvalidRequestError("sample: seed must be an int or nil")
         return sample_partition(self.store, seeds, fanout, replace, seed)
+
+    # --- sparse optimizers --------------------------------------------------------------
+    def sparse_update(self, args: Mapping[str, Any]) -> None:
+        """One Adagrad/Adam step on owned rows, applied here under the store's write lock."""
+        name = _get(args, "sparse_update", "name", str)
+        ids = _ids(args, "sparse_update")
+        grads = _get(args, "sparse_update", "grads", np.ndarray)
+        spec = _get(args, "sparse_update", "spec", dict)
+        apply_sparse_update(self.store, name, ids, grads, spec)
+        return None

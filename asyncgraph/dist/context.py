@@ -1,0 +1,121 @@
+"""Process-wide client state: ``initialize`` picks distributed or standalone mode.
+
+``initialize(ip_config)`` connects to the servers listed in the file (or in the environment a
+launcher sets); with neither, the process runs standalone and ``DistGraph(name, part_config)``
+loads the partitions in-process. Either way later calls find the client here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from asyncgraph.client.ipconfig import IpConfig
+from asyncgraph.client.sync_client import Client
+from asyncgraph.errors import AsyncGraphError
+
+#: Environment variables a launcher sets (see ``asyncgraph.launch``).
+ENV_IP_CONFIG = "ASYNCGRAPH_IP_CONFIG"
+ENV_SERVERS = "ASYNCGRAPH_SERVERS"  # "host:port,host:port" in partition order
+ENV_SECRET_FILE = "ASYNCGRAPH_SECRET_FILE"
+ENV_PART_CONFIG = "ASYNCGRAPH_PART_CONFIG"
+
+
+@dataclass
+class _State:
+    client: Client | None = None
+    servers: list[tuple[str, int]] | None = None
+    secret: bytes | None = None
+    standalone: bool = True
+    options: dict[str, object] | None = None
+
+
+_STATE = _State()
+
+
+def initialize(
+    ip_config: str | Path | None = None,
+    *,
+    secret: bytes | None = None,
+    secret_file: str | Path | None = None,
+    call_timeout: float = 60.0,
+    connect_timeout: float = 30.0,
+    use_shared_memory: bool = True,
+) -> None:
+    """Set up this trainer process: connect to the servers, or choose standalone mode.
+
+    Servers come from ``ip_config`` (DGL's ``host [port]`` per line, one line per partition in
+    partition order), else ``$ASYNCGRAPH_IP_CONFIG`` or ``$ASYNCGRAPH_SERVERS``; with none of
+    them the process is standalone.
+    """
+    if _STATE.client is not None:
+        raise AsyncGraphError("asyncgraph is already initialised in this process; call finalize() first")
+    servers: list[tuple[str, int]] | None = None
+    if ip_config is None:
+        ip_config = os.environ.get(ENV_IP_CONFIG) or None
+    if ip_config is not None:
+        servers = IpConfig.load(ip_config).addresses()
+    elif os.environ.get(ENV_SERVERS):
+        servers = IpConfig.parse(
+            os.environ[ENV_SERVERS].replace(",", "\n").replace(":", " "), source=f"${ENV_SERVERS}"
+        ).addresses()
+    if secret is None:
+        secret_file = secret_file or os.environ.get(ENV_SECRET_FILE) or None
+        if secret_file is not None:
+            secret = Path(secret_file).read_bytes().strip()
+    _STATE.servers = servers
+    _STATE.secret = secret
+    _STATE.standalone = servers is None
+    _STATE.options = {
+        "call_timeout": call_timeout,
+        "connect_timeout": connect_timeout,
+        "use_shared_memory": use_shared_memory,
+    }
+    if servers is not None:
+        _STATE.client = Client.connect(
+            servers,
+            secret=secret,
+            call_timeout=call_timeout,
+            connect_timeout=connect_timeout,
+            use_shared_memory=use_shared_memory,
+        )
+
+
+def is_standalone() -> bool:
+    return _STATE.client is None or _STATE.client.standalone_mode
+
+
+def get_client(graph_name: str | None = None, part_config: str | Path | None = None) -> Client:
+    """The process's client; in standalone mode the first call loads ``part_config``."""
+    if _STATE.client is None:
+        part_config = part_config or os.environ.get(ENV_PART_CONFIG) or None
+        if part_config is None:
+            raise AsyncGraphError(
+                "asyncgraph is in standalone mode and no part_config was given: "
+                "pass DistGraph(name, part_config=...) or call initialize(ip_config) first"
+            )
+        _STATE.client = Client.standalone(part_config)
+    client = _STATE.client
+    if graph_name is not None and client.graph_name != graph_name:
+        raise AsyncGraphError(f"this process serves graph {client.graph_name!r}, not {graph_name!r}")
+    return client
+
+
+def barrier(name: str = "default", timeout: float = 300.0) -> None:
+    """Block until every trainer of the job reaches this barrier (no-op when standalone)."""
+    if _STATE.client is not None:
+        _STATE.client.barrier(name, timeout)
+
+
+def shutdown_servers() -> None:
+    """Ask every server to stop; call from one trainer after a final barrier."""
+    if _STATE.client is not None and not _STATE.client.standalone_mode:
+        _STATE.client.shutdown_servers()
+
+
+def finalize() -> None:
+    """Close this process's client (connections, loop thread, shared-memory maps)."""
+    client, _STATE.client = _STATE.client, None
+    if client is not None:
+        client.close()

@@ -1,0 +1,128 @@
+"""``DistEmbedding``: a learnable embedding table sharded over partitions, DGL-like.
+
+Rows live on the servers as a float32 ``DistTensor``. ``emb(ids)`` pulls the rows; with autograd
+enabled the result is a fresh leaf tensor with ``requires_grad=True`` and ``(ids, tensor)`` is
+recorded in the embedding's trace. A sparse optimizer (``SparseAdagrad`` / ``SparseAdam`` in
+``asyncgraph.dist.optim``) then sends each traced row's gradient to the row's owner, which
+applies the update in place: the table never travels to the trainer whole, and no dense gradient
+is ever built.
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from asyncgraph.client.sync_client import Client
+from asyncgraph.errors import InvalidRequestError
+from asyncgraph.partition.book import as_id_array
+
+from .tensor import DistTensor, uniform_init
+
+_ANON = itertools.count()
+
+
+def default_embedding_init(name: str) -> dict[str, Any]:
+    """The default initialiser of ``DistEmbedding(name=...)``: uniform(-1, 1), seeded by the name.
+
+    DGL's own ``DistEmbedding`` default is zeros, but its examples initialise embeddings with
+    ``uniform_(-1, 1)``; that is the default here. The seed is ``crc32(name)``, so every
+    trainer (and every run) draws the same table, and two embeddings with different names differ.
+    """
+    return dict(uniform_init(-1.0, 1.0, seed=zlib.crc32(name.encode())))
+
+
+class DistEmbedding:
+    """A ``[num_embeddings, embedding_dim]`` float32 table sharded by the partition policy.
+
+    ``init_func`` is a named initialiser (``asyncgraph.zeros_init()``, ``uniform_init(...)``,
+    ``normal_init(...)``): servers run it, so no code crosses the wire. The default is
+    ``default_embedding_init(name)``. Creating a ``DistEmbedding`` with the same name in several
+    trainers gives all of them the same rows (the first creation initialises them).
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        name: str | None = None,
+        init_func: Mapping[str, Any] | None = None,
+        part_policy: str | None = None,
+        *,
+        client: Client | None = None,
+    ) -> None:
+        for what, value in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
+            if not isinstance(value, int | np.integer) or isinstance(value, bool) or int(value) < 0:
+                raise InvalidRequestError(
+                    f"DistEmbedding: {what} must be a non-negative integer, got {value!r}"
+                )
+        self.num_embeddings = int(num_embeddings)
+        self.embedding_dim = int(embedding_dim)
+        self.name = name if name is not None else f"_emb{next(_ANON)}"
+        init = init_func if init_func is not None else default_embedding_init(self.name)
+        self._tensor = DistTensor(
+            (self.num_embeddings, self.embedding_dim),
+            torch.float32,
+            self.name,
+            init=init,
+            part_policy=part_policy,
+            client=client,
+        )
+        self._trace: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    # --- properties -----------------------------------------------------------------------
+    @property
+    def weight(self) -> DistTensor:
+        """The rows, as a ``DistTensor`` (``emb.weight[ids]`` reads without tracing)."""
+        return self._tensor
+
+    @property
+    def key(self) -> str:
+        """The stored tensor's name on the servers (``"node:<name>"`` or ``"edge:<name>"``)."""
+        return self._tensor.key
+
+    @property
+    def client(self) -> Client:
+        return self._tensor._client
+
+    @property
+    def policy(self) -> str:
+        return self._tensor.policy
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._tensor.shape
+
+    @property
+    def trace(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``(ids, rows)`` of every traced lookup since the last ``step()``/``zero_grad()``."""
+        return self._trace
+
+    def reset_trace(self) -> None:
+        self._trace = []
+
+    def __len__(self) -> int:
+        return self.num_embeddings
+
+    def __repr__(self) -> str:
+        return (
+            f"DistEmbedding(name={self.name!r}, num_embeddings={self.num_embeddings}, "
+            f"embedding_dim={self.embedding_dim}, policy={self.policy!r})"
+        )
+
+    # --- lookup -----------------------------------------------------------------------------
+    def __call__(self, ids: Any, device: torch.device | str | None = None) -> torch.Tensor:
+        """Rows ``ids`` (any order, duplicates allowed); traced for the optimizer under autograd."""
+        idx = torch.from_numpy(np.array(as_id_array(ids), dtype=np.int64))
+        rows = self._tensor[idx].detach()
+        if device is not None:
+            rows = rows.to(device)
+        if torch.is_grad_enabled():
+            rows.requires_grad_(True)
+            self._trace.append((idx, rows))
+        return rows

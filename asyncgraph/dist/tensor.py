@@ -1,0 +1,183 @@
+"""``DistTensor``: a tensor whose rows are sharded over partitions by node or edge ranges."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from asyncgraph.client.sync_client import Client
+from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, OutOfRangeError
+from asyncgraph.storage.store import TensorMeta
+
+from .context import get_client
+
+_ANON = itertools.count()
+
+_TORCH_TO_NUMPY: dict[torch.dtype, str] = {
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.float16: "float16",
+    torch.int64: "int64",
+    torch.int32: "int32",
+    torch.int16: "int16",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.bool: "bool",
+}
+
+
+def numpy_dtype(dtype: torch.dtype | np.dtype[Any] | str | type) -> str:
+    """Numpy dtype name for a torch or numpy dtype."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _TORCH_TO_NUMPY:
+            raise DTypeMismatchError(f"dtype {dtype} is not supported by DistTensor")
+        return _TORCH_TO_NUMPY[dtype]
+    return np.dtype(dtype).name
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=name)).dtype
+
+
+class Initializer(dict[str, Any]):
+    """A named, seeded initialiser that servers run themselves (no code crosses the wire)."""
+
+
+def zeros_init() -> Initializer:
+    return Initializer(kind="zeros")
+
+
+def uniform_init(low: float = -1.0, high: float = 1.0, seed: int = 0) -> Initializer:
+    return Initializer(kind="uniform", low=float(low), high=float(high), seed=int(seed))
+
+
+def normal_init(mean: float = 0.0, std: float = 1.0, seed: int = 0) -> Initializer:
+    return Initializer(kind="normal", mean=float(mean), std=float(std), seed=int(seed))
+
+
+class DistTensor:
+    """Rows sharded by the partition book; ``t[ids]`` pulls, ``t[ids] = v`` pushes.
+
+    Creating a DistTensor with the same name, shape and dtype in several trainers gives all of
+    them the same server tensor; a different shape or dtype under that name is an error.
+    """
+
+    def __init__(
+        self,
+        shape: Sequence[int],
+        dtype: torch.dtype | str | np.dtype[Any],
+        name: str | None = None,
+        init: Mapping[str, Any] | None = None,
+        persistent: bool = False,
+        part_policy: str | None = None,
+        *,
+        client: Client | None = None,
+        attach: bool = False,
+    ) -> None:
+        self._client = client if client is not None else get_client()
+        shape = tuple(int(d) for d in shape)
+        book = self._client.book
+        if part_policy is None:
+            if shape and shape[0] == book.num_nodes:
+                part_policy = "node"
+            elif shape and shape[0] == book.num_edges:
+                part_policy = "edge"
+            else:
+                raise InvalidRequestError(
+                    f"cannot infer the partition policy of shape {shape}: the first dimension must be "
+                    f"num_nodes ({book.num_nodes}) or num_edges ({book.num_edges}); pass part_policy"
+                )
+        if part_policy not in ("node", "edge"):
+            raise InvalidRequestError(f"part_policy must be 'node' or 'edge', got {part_policy!r}")
+        if init is not None and callable(init) and not isinstance(init, Mapping):
+            raise TypeError(
+                "init must be a named initialiser (zeros_init(), uniform_init(...), normal_init(...)): "
+                "servers run it, no code crosses the wire"
+            )
+        self.name = name if name is not None else f"_anon{next(_ANON)}"
+        self.persistent = persistent
+        self.policy = part_policy
+        self.key = f"{part_policy}:{self.name}"
+        if attach:
+            self._meta = self._client.tensor_meta(self.key)
+        else:
+            self._meta = self._client.create_tensor(self.key, part_policy, shape, numpy_dtype(dtype), init)
+
+    @classmethod
+    def _attach(cls, client: Client, meta: TensorMeta) -> DistTensor:
+        policy, _, name = meta.name.partition(":")
+        return cls(meta.shape, meta.dtype, name, part_policy=policy, client=client, attach=True)
+
+    # --- properties -----------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._meta.shape)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch_dtype(self._meta.dtype)
+
+    def __len__(self) -> int:
+        return self._meta.shape[0]
+
+    def __repr__(self) -> str:
+        return (
+            f"DistTensor(name={self.name!r}, shape={self.shape}, dtype={self.dtype}, policy={self.policy!r})"
+        )
+
+    # --- access ----------------------------------------------------------------------------
+    def _ids(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            return np.arange(start, stop, step, dtype=np.int64)
+        if isinstance(index, int | np.integer):
+            if not -len(self) <= int(index) < len(self):
+                raise OutOfRangeError(
+                    f"index {int(index)} out of range for {self.name!r} of length {len(self)}"
+                )
+            return np.array([int(index) % len(self)], dtype=np.int64)
+        return index
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        rows = self._client.pull(self.key, self._ids(index))
+        if isinstance(index, int | np.integer):
+            return rows[0]
+        return rows
+
+    def __setitem__(self, index: Any, values: Any) -> None:
+        ids = self._ids(index)
+        n = len(ids) if not isinstance(ids, torch.Tensor) else int(ids.numel())
+        self.push(ids, self._broadcast(values, n), op="assign")
+
+    def push(self, ids: Any, values: Any, op: str = "assign") -> None:
+        """Write rows; ``op="add"`` accumulates (duplicate IDs add up) atomically on the owners."""
+        self._client.push(self.key, ids, self._cast(values), op)
+
+    def _cast(self, values: Any) -> np.ndarray:
+        arr = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
+        want = np.dtype(self._meta.dtype)
+        if arr.dtype != want:
+            if arr.dtype.kind != want.kind and not (arr.dtype.kind in "iu" and want.kind in "iu"):
+                raise DTypeMismatchError(
+                    f"values of dtype {arr.dtype} cannot be stored in {self.name!r} ({want})"
+                )
+            arr = arr.astype(want)
+        return arr
+
+    def _broadcast(self, values: Any, n: int) -> Any:
+        arr = values if isinstance(values, torch.Tensor) else np.asarray(values)
+        row_shape = tuple(self.shape[1:])
+        if tuple(arr.shape) == row_shape or arr.ndim == 0:
+            target = (n, *row_shape)
+            if isinstance(arr, torch.Tensor):
+                return arr.expand(target).contiguous()
+            return np.broadcast_to(arr, target).copy()
+        return arr
+
+    def delete(self) -> None:
+        """Remove the tensor from every server."""
+        self._client.delete_tensor(self.key)

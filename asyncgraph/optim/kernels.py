@@ -1,0 +1,249 @@
+"""Sparse optimizer updates applied where the rows live: pure numpy over a ``PartitionStore``.
+
+``apply_sparse_update`` is what the server's ``sparse_update`` op (and a standalone client, in
+process) runs: it validates the whole request, sums the gradients of duplicate IDs, then, holding
+the store's write lock, reads the rows and their optimizer state, updates both and writes them
+back. Because the read-modify-write happens on the owner under one lock, concurrent trainers
+updating the same tensor never lose an update (no pull-modify-push race).
+
+Optimizer state lives in the same store as ordinary tensors, next to the parameter rows, so it is
+sharded exactly like them and can be pulled (e.g. for a checkpoint) like any tensor:
+
+- Adagrad: ``f"{name}#adagrad_state"``: the running sum of squared gradients, same shape.
+- Adam: ``f"{name}#adam_m"``, ``f"{name}#adam_v"`` (same shape) and ``f"{name}#adam_step"``
+  (int64 ``[num_rows]``: each row's own step count, used for its bias correction, as DGL's
+  ``SparseAdam`` does).
+
+State tensors are float32 for float16/float32 parameters and float64 for float64 ones; they are
+created with zeros (idempotently) by the first update that needs them. Update rules, per touched
+row, with ``g`` the summed gradient of that row in this request:
+
+- Adagrad: ``state += g**2; w -= lr * g / (sqrt(state) + eps)`` (``torch.optim.Adagrad``).
+- Adam: ``step += 1; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g**2;
+  w -= lr * (m / (1 - b1**step)) / (sqrt(v / (1 - b2**step)) + eps)``.
+
+Every rejection is a typed ``InvalidRequestError`` raised before anything is created or written.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from asyncgraph.errors import (
+    DTypeMismatchError,
+    InvalidRequestError,
+    OutOfRangeError,
+    ShapeMismatchError,
+    TensorExistsError,
+)
+from asyncgraph.storage.store import PartitionStore, TensorMeta
+
+__all__ = [
+    "ADAGRAD_STATE_SUFFIX",
+    "ADAM_M_SUFFIX",
+    "ADAM_STEP_SUFFIX",
+    "ADAM_V_SUFFIX",
+    "apply_sparse_update",
+    "state_tensor_metas",
+    "validate_spec",
+]
+
+ADAGRAD_STATE_SUFFIX = "#adagrad_state"
+ADAM_M_SUFFIX = "#adam_m"
+ADAM_V_SUFFIX = "#adam_v"
+ADAM_STEP_SUFFIX = "#adam_step"
+
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "adagrad": {"lr": None, "eps": 1e-10},
+    "adam": {"lr": None, "eps": 1e-8, "betas": (0.9, 0.999)},
+}
+
+
+def _real(value: Any, what: str) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(float(value)):
+        raise InvalidRequestError(f"sparse_update spec: {what} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def validate_spec(spec: Any) -> dict[str, Any]:
+    """Check an optimizer spec and fill defaults; ``InvalidRequestError`` on anything bad.
+
+    ``{"kind": "adagrad", "lr": 0.1, "eps": 1e-10}`` or
+    ``{"kind": "adam", "lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8}``; ``lr`` is required,
+    ``eps`` and ``betas`` default as shown. The result is msgpack-able (``betas`` a list).
+    """
+    if not isinstance(spec, Mapping):
+        raise InvalidRequestError(
+            f"sparse_update spec must be a mapping like {{'kind': 'adam', 'lr': 0.01}}, got {spec!r}"
+        )
+    kind = spec.get("kind")
+    if kind not in _DEFAULTS:
+        raise InvalidRequestError(
+            f"sparse_update spec: unknown kind {kind!r}; expected one of {sorted(_DEFAULTS)}"
+        )
+    allowed = _DEFAULTS[kind]
+    extra = sorted(str(k) for k in set(spec) - {"kind"} - set(allowed))
+    if extra:
+        raise InvalidRequestError(
+            f"sparse_update spec: kind {kind!r} does not take {extra}; it takes {sorted(allowed)}"
+        )
+    if "lr" not in spec:
+        raise InvalidRequestError(f"sparse_update spec: kind {kind!r} needs a learning rate 'lr'")
+    lr = _real(spec["lr"], "lr")
+    eps = _real(spec.get("eps", allowed["eps"]), "eps")
+    if not lr > 0:
+        raise InvalidRequestError(f"sparse_update spec: lr must be > 0, got {lr}")
+    if not eps > 0:
+        raise InvalidRequestError(f"sparse_update spec: eps must be > 0, got {eps}")
+    out: dict[str, Any] = {"kind": kind, "lr": lr, "eps": eps}
+    if kind == "adam":
+        betas = spec.get("betas", allowed["betas"])
+        if isinstance(betas, (str, bytes)) or not isinstance(betas, (list, tuple)) or len(betas) != 2:
+            raise InvalidRequestError(f"sparse_update spec: betas must be a pair of numbers, got {betas!r}")
+        b1, b2 = (_real(b, "betas") for b in betas)
+        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+            raise InvalidRequestError(f"sparse_update spec: betas must lie in [0, 1), got {[b1, b2]}")
+        out["betas"] = [b1, b2]
+    return out
+
+
+def _state_dtype(dtype: str) -> str:
+    return "float64" if np.dtype(dtype).itemsize > 4 else "float32"
+
+
+def state_tensor_metas(meta: TensorMeta, kind: str) -> list[TensorMeta]:
+    """The optimizer state tensors ``kind`` keeps for parameter tensor ``meta``."""
+    sdt = _state_dtype(meta.dtype)
+    if kind == "adagrad":
+        return [TensorMeta(meta.name + ADAGRAD_STATE_SUFFIX, meta.policy, meta.shape, sdt)]
+    if kind == "adam":
+        return [
+            TensorMeta(meta.name + ADAM_M_SUFFIX, meta.policy, meta.shape, sdt),
+            TensorMeta(meta.name + ADAM_V_SUFFIX, meta.policy, meta.shape, sdt),
+            TensorMeta(meta.name + ADAM_STEP_SUFFIX, meta.policy, meta.shape[:1], "int64"),
+        ]
+    raise InvalidRequestError(f"sparse_update spec: unknown kind {kind!r}")
+
+
+def _as_numpy(x: Any) -> np.ndarray:
+    if hasattr(x, "detach") and hasattr(x, "numpy"):  # torch tensor, without importing torch
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def _owned_local_ids(store: PartitionStore, meta: TensorMeta, ids: Any) -> np.ndarray:
+    arr = _as_numpy(ids)
+    if arr.ndim != 1:
+        raise ShapeMismatchError(
+            f"sparse_update {meta.name!r}: ids must be a 1-D array, got shape {arr.shape}"
+        )
+    if arr.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if arr.dtype.kind not in "iu":
+        raise DTypeMismatchError(f"sparse_update {meta.name!r}: ids must be integers, got dtype {arr.dtype}")
+    lo, hi = store.node_range if meta.policy == "node" else store.edge_range
+    mn, mx = int(arr.min()), int(arr.max())
+    if mn < lo or mx >= hi:
+        bad = mn if mn < lo else mx
+        raise OutOfRangeError(
+            f"sparse_update {meta.name!r}: {meta.policy} ID {bad} is not owned by graph "
+            f"{store.graph_name!r} partition {store.part_id} (owns [{lo}, {hi}))"
+        )
+    local: np.ndarray = np.subtract(arr, lo, dtype=np.int64)
+    return local
+
+
+def _dedup(local: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unique local rows (sorted) and the sum of each one's gradients (sort-based, vectorised)."""
+    order = np.argsort(local, kind="stable")
+    ordered = local[order]
+    first = np.empty(ordered.size, dtype=bool)
+    first[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    g = grads[order]
+    if starts.size == ordered.size:
+        return ordered, g
+    if g[0].size == 0:  # zero-sized rows: nothing to sum
+        return ordered[starts], g[starts]
+    summed: np.ndarray = np.add.reduceat(g, starts, axis=0)
+    return ordered[starts], summed
+
+
+def apply_sparse_update(
+    store: PartitionStore, name: str, ids: np.ndarray, grads: np.ndarray, spec: Mapping[str, Any]
+) -> None:
+    """Apply one Adagrad/Adam step to rows ``ids`` (global, owned by ``store``) of tensor ``name``.
+
+    ``grads`` must have the tensor's dtype and shape ``(len(ids), *row_shape)``; gradients of
+    duplicate IDs are summed first (as autograd does for a dense embedding). Validation happens
+    before anything is created or written; the update itself runs under ``store.lock.write()``.
+    """
+    opts = validate_spec(spec)
+    meta = store.tensor_meta(name)
+    dtype = np.dtype(meta.dtype)
+    if dtype.kind != "f":
+        raise DTypeMismatchError(
+            f"sparse_update {name!r}: the tensor is {meta.dtype}; optimizers need a floating-point tensor"
+        )
+    local = _owned_local_ids(store, meta, ids)
+    g = _as_numpy(grads)
+    if g.dtype != dtype:
+        raise DTypeMismatchError(
+            f"sparse_update {name!r}: grads have dtype {g.dtype}, the tensor is {meta.dtype}"
+        )
+    want = (local.size, *meta.row_shape)
+    if tuple(g.shape) != want:
+        raise ShapeMismatchError(
+            f"sparse_update {name!r}: grads have shape {tuple(g.shape)}; {local.size} ids need {want}"
+        )
+    states = state_tensor_metas(meta, opts["kind"])
+    for s in states:
+        if store.has_tensor(s.name):
+            have = store.tensor_meta(s.name)
+            if have != s:
+                raise TensorExistsError(
+                    f"sparse_update {name!r}: state tensor {s.name!r} exists as shape {list(have.shape)} "
+                    f"{have.dtype} ({have.policy}); the optimizer needs shape {list(s.shape)} "
+                    f"{s.dtype} ({s.policy})"
+                )
+        elif store.attached:
+            raise InvalidRequestError(
+                f"sparse_update {name!r}: state tensor {s.name!r} does not exist and an attached store "
+                "cannot create it; send the update through the server"
+            )
+    if local.size == 0:
+        return
+    cdt = np.dtype(_state_dtype(meta.dtype))
+    uniq, gsum = _dedup(local, g.astype(cdt, copy=False))
+    for s in states:  # zeros, idempotent: only the first update creates them
+        store.create_tensor(s.name, s.policy, s.shape, s.dtype)
+    rows = store.local_rows(name)
+    lr, eps = opts["lr"], opts["eps"]
+    with store.lock.write():
+        w = rows[uniq].astype(cdt, copy=False)
+        if opts["kind"] == "adagrad":
+            acc = store.local_rows(states[0].name)
+            st = acc[uniq]
+            st += gsum * gsum
+            w -= lr * (gsum / (np.sqrt(st) + eps))
+            acc[uniq] = st
+        else:
+            b1, b2 = opts["betas"]
+            m_rows, v_rows, step_rows = (store.local_rows(s.name) for s in states)
+            step = step_rows[uniq] + 1
+            m = b1 * m_rows[uniq] + (1.0 - b1) * gsum
+            v = b2 * v_rows[uniq] + (1.0 - b2) * (gsum * gsum)
+            bshape = (uniq.size,) + (1,) * (gsum.ndim - 1)
+            bc1 = (1.0 - np.power(b1, step.astype(np.float64))).astype(cdt).reshape(bshape)
+            bc2 = (1.0 - np.power(b2, step.astype(np.float64))).astype(cdt).reshape(bshape)
+            w -= lr * (m / bc1) / (np.sqrt(v / bc2) + eps)
+            m_rows[uniq] = m
+            v_rows[uniq] = v
+            step_rows[uniq] = step
+        rows[uniq] = w
