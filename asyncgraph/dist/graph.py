@@ -27,8 +27,13 @@ class TensorView(MutableMapping[str, DistTensor]):
         self._aliases: dict[str, DistTensor] = {}
 
     def _names(self) -> list[str]:
+        """User tensors of this policy; optimizer state (``name#state``) stays hidden."""
         metas = self._client.refresh_tensors()
-        names = [m.name[len(self._prefix) :] for m in metas if m.name.startswith(self._prefix)]
+        names = [
+            m.name[len(self._prefix) :]
+            for m in metas
+            if m.name.startswith(self._prefix) and "#" not in m.name
+        ]
         return sorted(set(names) | set(self._aliases))
 
     def __getitem__(self, name: str) -> DistTensor:
