@@ -13,6 +13,7 @@ from pathlib import Path
 
 from asyncgraph.partition import load_partition
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
+from asyncgraph.protocol.framing import retain_large_allocations
 from asyncgraph.server.handlers import RequestHandlers
 from asyncgraph.server.transport import ServerConnection
 from asyncgraph.storage.fdpass import FdExporter
@@ -52,6 +53,9 @@ class GraphServer:
     async def start(self) -> tuple[str, int]:
         opts = self.options
         t0 = time.perf_counter()
+        # Request bodies and gathered replies are large and short-lived: recycle their memory
+        # instead of page-faulting fresh mmaps for every request.
+        retain_large_allocations()
         part = load_partition(opts.part_config, opts.part_id)
         self.store = PartitionStore.from_partition(part, shared=opts.shared_memory)
         graph_name = self.store.graph_name

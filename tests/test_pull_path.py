@@ -1,0 +1,73 @@
+"""The pull/push path: explicit local partitions, big multi-owner pulls and acknowledged pushes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from servers import ServerGroup, start_servers
+
+from asyncgraph.client import AsyncClient, Client
+from asyncgraph.errors import InvalidRequestError
+
+
+@pytest.fixture(scope="module")
+def servers(pubmed2, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerGroup]:
+    group = start_servers(pubmed2.part_config, tmp_path_factory.mktemp("pull_path"), num_parts=2)
+    yield group
+    group.stop()
+    assert all(p.returncode == 0 for p in group.procs), [group.log_text(i) for i in range(2)]
+
+
+@pytest.mark.parametrize("local", [[0], [1], [], None])
+async def test_local_partitions_restricts_shared_memory(servers: ServerGroup, pubmed2, local) -> None:
+    client = await AsyncClient.connect(servers.addresses, local_partitions=local)
+    try:
+        assert client.local_partitions() == ([0, 1] if local is None else local)
+        n = client.book.num_nodes
+        ids = np.random.default_rng(1).integers(0, n, 3000)
+        got = await client.pull_numpy("node:feat", ids)
+        np.testing.assert_array_equal(got, pubmed2.original_rows("feat", ids))
+    finally:
+        await client.close()
+
+
+async def test_local_partitions_rejects_bad_ids(servers: ServerGroup) -> None:
+    for bad in ([2], [-1], "0", [True]):
+        with pytest.raises(InvalidRequestError):
+            await AsyncClient.connect(servers.addresses, local_partitions=bad)  # type: ignore[arg-type]
+
+
+def test_sync_client_passes_local_partitions(servers: ServerGroup) -> None:
+    client = Client.connect(servers.addresses, local_partitions=[1])
+    try:
+        assert client.aio.local_partitions() == [1]
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("local", [[0], []])
+async def test_large_pull_and_push_roundtrip(servers: ServerGroup, local) -> None:
+    """Pulls and pushes big enough to be split into chunks, with duplicates, both owners."""
+    client = await AsyncClient.connect(servers.addresses, local_partitions=local)
+    try:
+        n = client.book.num_nodes
+        name = f"node:big_{len(local)}"
+        await client.create_tensor(name, "node", [n, 16], "float32")
+        rng = np.random.default_rng(2)
+        ids = rng.permutation(n)[:60000]
+        values = rng.standard_normal((ids.size, 16)).astype(np.float32)
+        await client.push(name, ids, values)
+        got = await client.pull_numpy(name, ids)
+        np.testing.assert_array_equal(got, values)
+        dup = np.concatenate([ids[:5000], ids[:5000], ids[-7:]])
+        got = await client.pull_numpy(name, dup)
+        np.testing.assert_array_equal(got[:5000], values[:5000])
+        np.testing.assert_array_equal(got[5000:10000], values[:5000])
+        np.testing.assert_array_equal(got[10000:], values[-7:])
+        await client.push(name, ids[:100], np.ones((100, 16), np.float32), op="add")
+        got = await client.pull_numpy(name, ids[:100])
+        np.testing.assert_array_equal(got, values[:100] + 1)
+    finally:
+        await client.close()
