@@ -49,8 +49,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--prefetch", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=0, help="torch threads (0: leave the default)")
-    p.add_argument("--eval-every", type=int, default=1)
-    p.add_argument("--result-file", type=Path, default=None, help="rank 0 writes a JSON summary here")
+    p.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs (0: never)")
+    p.add_argument("--max-batches", type=int, default=0, help="stop each epoch after N batches (0: all)")
+    p.add_argument(
+        "--result-file",
+        type=Path,
+        default=None,
+        help="rank 0 writes a JSON summary here; with '{rank}' in the name, every rank writes its own",
+    )
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args()
 
@@ -141,6 +147,7 @@ def main() -> None:
         progress = tqdm(total=args.epochs, desc="epochs", unit="ep", file=sys.stdout, mininterval=1.0)
 
     totals = {"sample": 0.0, "pull": 0.0, "compute": 0.0, "wait": 0.0, "epoch": 0.0}
+    epoch_stats: list[dict[str, float]] = []
     best_val = -1.0
     best = {"epoch": -1, "val_acc": 0.0, "test_acc": 0.0}
     history = []
@@ -150,7 +157,7 @@ def main() -> None:
         compute = 0.0
         loss_sum = 0.0
         count = 0
-        for batch in train_loader:
+        for index, batch in enumerate(train_loader):
             t0 = time.perf_counter()
             x = batch.blocks[0].srcdata["feat"]
             y = batch.blocks[-1].dstdata["label"]
@@ -162,6 +169,8 @@ def main() -> None:
             compute += time.perf_counter() - t0
             loss_sum += float(loss) * int(y.numel())
             count += int(y.numel())
+            if args.max_batches and index + 1 >= args.max_batches:
+                break
         if len(train_loader) == 0 and distributed:  # keep DDP's collective calls in step
             raise RuntimeError(f"rank {rank} got no training nodes")
         epoch_time = time.perf_counter() - t_epoch
@@ -171,9 +180,20 @@ def main() -> None:
         totals["wait"] += stats.wait
         totals["compute"] += compute
         totals["epoch"] += epoch_time
+        epoch_stats.append(
+            {
+                "epoch": epoch,
+                "batches": stats.batches,
+                "time": round(epoch_time, 4),
+                "sample": round(stats.sample, 4),
+                "pull": round(stats.pull, 4),
+                "compute": round(compute, 4),
+                "wait": round(stats.wait, 4),
+            }
+        )
         loss_total, n_total = all_reduce_sum([loss_sum, count], distributed)
         record = {"epoch": epoch, "loss": loss_total / max(n_total, 1), "time": epoch_time}
-        if (epoch + 1) % args.eval_every == 0 or epoch == args.epochs - 1:
+        if args.eval_every > 0 and ((epoch + 1) % args.eval_every == 0 or epoch == args.epochs - 1):
             vc, vt = evaluate(model, val_loader, distributed)
             record["val_acc"] = vc / max(vt, 1)
             if record["val_acc"] > best_val:
@@ -204,7 +224,11 @@ def main() -> None:
         "test_acc": best["test_acc"],
         "final_loss": history[-1]["loss"] if history else None,
         "time": {k: round(v, 4) for k, v in totals.items()},
+        "rank": rank,
+        "epoch_stats": epoch_stats,
     }
+    if args.result_file is not None and "{rank}" in str(args.result_file):
+        Path(str(args.result_file).replace("{rank}", str(rank))).write_text(json.dumps(summary, indent=2))
     if rank == 0:
         t = totals
         print(
@@ -216,7 +240,7 @@ def main() -> None:
             flush=True,
         )
         print("RESULT " + json.dumps(summary), flush=True)
-        if args.result_file is not None:
+        if args.result_file is not None and "{rank}" not in str(args.result_file):
             args.result_file.write_text(json.dumps(summary, indent=2))
     if distributed:
         dist.destroy_process_group()

@@ -3,12 +3,21 @@
 A block maps a layer's input nodes (``srcnodes``) to its output nodes (``dstnodes``). Following
 DGL, the destination nodes are the prefix of the source nodes (``srcnodes[:num_dst_nodes] ==
 dstnodes``), so a layer finds ``h_dst`` as ``h_src[:num_dst_nodes]``; the other sources follow
-in order of first appearance among the edges. Relabelling is vectorised (sort + searchsorted for
-destinations, ``unique`` + first-occurrence ``scatter_reduce`` for new sources).
+in order of first appearance among the edges.
+
+Relabelling is vectorised and sort-free for CPU inputs: a per-thread scratch table indexed by
+global ID (``-1`` = absent) maps destinations to their local index, every source is looked up
+with one gather, and new sources get their first position with ``np.minimum.at``; the table is
+reset after use, so a call costs ``O(edges + dst_nodes)`` whatever the graph size. IDs beyond
+``_TABLE_LIMIT`` (or negative) and tensors on other devices use a sort-based torch path. Only
+numpy runs on the CPU path: this is called on the client's event-loop thread while the training
+loop computes, and torch's intra-op thread pool would compete with the trainer's (on a loaded
+machine a few small OpenMP-parallel torch ops cost more than the whole numpy relabel).
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +27,10 @@ import torch
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, ShapeMismatchError
 
 __all__ = ["Block", "to_block"]
+
+# Largest global ID + 1 relabelled through the scratch table (int64: 8 bytes per ID, per thread).
+_TABLE_LIMIT = 1 << 26
+_scratch = threading.local()
 
 
 @dataclass
@@ -30,6 +43,7 @@ class Block:
     eids: torch.Tensor  # int64 [E] global edge IDs, or empty if unknown
     srcdata: dict[str, torch.Tensor] = field(default_factory=dict)
     dstdata: dict[str, torch.Tensor] = field(default_factory=dict)
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_src_nodes(self) -> int:
@@ -45,6 +59,27 @@ class Block:
     def num_edges(self) -> int:
         """Number of edges."""
         return int(self.edge_index.shape[1])
+
+    def csr(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(crow, col, in_degree)``: the edges as a ``[num_dst, num_src]`` CSR (int64, cached).
+
+        Row ``d`` holds the local sources of destination ``d``'s in-edges, in edge order. Built
+        in numpy on first use (loaders call it while preparing a batch, off the training loop);
+        sampled edges come grouped by destination per partition, so the stable sort is a merge.
+        """
+        cached: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = self._cache.get("csr")
+        if cached is None:
+            src = self.edge_index[0].cpu().numpy()
+            dst = self.edge_index[1].cpu().numpy()
+            deg = np.bincount(dst, minlength=self.num_dst_nodes).astype(np.int64, copy=False)
+            crow = np.zeros(self.num_dst_nodes + 1, dtype=np.int64)
+            np.cumsum(deg, out=crow[1:])
+            col = src[np.argsort(dst, kind="stable")]
+            device = self.edge_index.device
+            cached = tuple(torch.from_numpy(a).to(device) for a in (crow, col, deg))  # type: ignore[assignment]
+            self._cache["csr"] = cached
+        assert cached is not None
+        return cached
 
     def to(self, device: torch.device | str) -> Block:
         """A copy with every tensor (IDs, edges, features) on ``device``."""
@@ -82,13 +117,141 @@ def _as_id_tensor(x: Any, name: str) -> torch.Tensor:
     return t.to(torch.int64)
 
 
+def _as_id_numpy(x: Any, name: str) -> np.ndarray:
+    """1-D int64 numpy array from a CPU tensor, numpy array or list of integers (no copy if int64)."""
+    a = x.detach().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    if a.ndim == 0:
+        a = a.reshape(1)
+    if a.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if a.dtype.kind not in "iu":
+        raise DTypeMismatchError(f"{name} must be integers, got dtype {a.dtype}")
+    if a.ndim != 1:
+        raise ShapeMismatchError(f"{name} must be one-dimensional, got shape {a.shape}")
+    return a.astype(np.int64, copy=False)
+
+
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    """Zero-copy tensor of a numpy array (copied first if read-only, which torch warns about)."""
+    return torch.from_numpy(a if a.flags.writeable else a.copy())
+
+
+def _table(size: int) -> np.ndarray:
+    """This thread's scratch table of at least ``size`` entries, all ``-1``."""
+    table: np.ndarray | None = getattr(_scratch, "table", None)
+    if table is None or table.size < size:
+        table = np.full(max(size, 2 * (0 if table is None else table.size)), -1, dtype=np.int64)
+        _scratch.table = table
+    return table
+
+
+def _relabel_table(
+    src: np.ndarray, dst: np.ndarray, dst_nodes: np.ndarray, table: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(src_local, dst_local, new sources in first-appearance order); leaves ``table`` all -1."""
+    num_dst = dst_nodes.size
+    local = np.arange(num_dst, dtype=np.int64)
+    table[dst_nodes] = local
+    new_src = np.empty(0, dtype=np.int64)
+    try:
+        if num_dst and not np.array_equal(table[dst_nodes], local):
+            raise InvalidRequestError("dst_nodes must be unique")
+        dst_local = table[dst]
+        if dst_local.size and int(dst_local.min()) < 0:
+            missing = int(dst[np.flatnonzero(dst_local < 0)[0]])
+            raise InvalidRequestError(f"edge destination {missing} is not among dst_nodes")
+        src_local = table[src]
+        new_pos = np.flatnonzero(src_local < 0)  # edges whose source is not a destination
+        new_src = src[new_pos]
+        if new_src.size:
+            order = np.arange(new_src.size, dtype=np.int64)
+            table[new_src] = new_src.size
+            np.minimum.at(table, new_src, order)  # first position of each new source
+            first = table[new_src]
+            is_first = first == order
+            rank = np.cumsum(is_first) - 1  # rank of a first occurrence among first occurrences
+            src_local[new_pos] = num_dst + rank[first]
+            new_src = new_src[is_first]
+    finally:
+        table[dst_nodes] = -1
+        table[new_src] = -1  # (all of them if we got that far; the unique ones suffice)
+    return src_local, dst_local, new_src
+
+
+def _relabel_sort(
+    src: np.ndarray, dst: np.ndarray, dst_nodes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Same as ``_relabel_table`` for any int64 IDs: sort + searchsorted + stable argsort."""
+    num_dst = dst_nodes.size
+    perm = np.argsort(dst_nodes)
+    sorted_dst = dst_nodes[perm]
+    if num_dst > 1 and bool((sorted_dst[1:] == sorted_dst[:-1]).any()):
+        raise InvalidRequestError("dst_nodes must be unique")
+
+    def lookup(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if num_dst == 0:
+            return np.zeros(ids.size, dtype=bool), np.zeros(ids.size, dtype=np.int64)
+        where = np.minimum(np.searchsorted(sorted_dst, ids), num_dst - 1)
+        return sorted_dst[where] == ids, perm[where]
+
+    found, dst_local = lookup(dst)
+    if not bool(found.all()):
+        raise InvalidRequestError(f"edge destination {int(dst[~found][0])} is not among dst_nodes")
+    is_dst, src_local = lookup(src)
+    new_pos = np.flatnonzero(~is_dst)
+    new_src = src[new_pos]
+    order = np.argsort(new_src, kind="stable")  # equal IDs keep their order: first one leads
+    sorted_src = new_src[order]
+    head = np.ones(sorted_src.size, dtype=bool)
+    head[1:] = sorted_src[1:] != sorted_src[:-1]
+    group = np.cumsum(head) - 1  # group (unique ID) of each sorted position
+    first = order[head]  # first position of each unique ID, in ID order
+    by_appearance = np.argsort(first)
+    rank = np.empty_like(by_appearance)
+    rank[by_appearance] = np.arange(by_appearance.size, dtype=np.int64)
+    src_local = src_local.copy()
+    src_local[new_pos[order]] = num_dst + rank[group]
+    return src_local, dst_local, new_src[first[by_appearance]]
+
+
 def to_block(src: Any, dst: Any, dst_nodes: Any, eids: Any = None) -> Block:
     """Build a ``Block`` from global edges ``src -> dst`` whose destinations are ``dst_nodes``.
 
     ``dst_nodes`` must be unique and contain every ``dst`` (``InvalidRequestError``, a
     ``ValueError``, otherwise). Sources that are not destinations are appended to ``srcnodes`` in
     order of first appearance in ``src``. ``eids`` (global edge IDs) is stored as given, or empty.
+    Accepts numpy arrays, lists and tensors; the result holds tensors (on the inputs' device).
     """
+    inputs = (src, dst, dst_nodes, eids)
+    if any(isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in inputs):
+        return _to_block_torch(src, dst, dst_nodes, eids)
+    src_a = _as_id_numpy(src, "src")
+    dst_a = _as_id_numpy(dst, "dst")
+    dst_nodes_a = _as_id_numpy(dst_nodes, "dst_nodes")
+    if src_a.size != dst_a.size:
+        raise ShapeMismatchError(f"src ({src_a.size}) and dst ({dst_a.size}) differ in length")
+    eids_a = np.empty(0, dtype=np.int64) if eids is None else _as_id_numpy(eids, "eids")
+    if eids_a.size not in (0, src_a.size):
+        raise ShapeMismatchError(f"eids ({eids_a.size}) and edges ({src_a.size}) differ in length")
+    lo = hi = 0
+    for a in (src_a, dst_a, dst_nodes_a):
+        if a.size:
+            lo, hi = min(lo, int(a.min())), max(hi, int(a.max()))
+    if lo >= 0 and hi < _TABLE_LIMIT:
+        src_local, dst_local, new_src = _relabel_table(src_a, dst_a, dst_nodes_a, _table(hi + 1))
+    else:
+        src_local, dst_local, new_src = _relabel_sort(src_a, dst_a, dst_nodes_a)
+    dst_nodes_t = _tensor(dst_nodes_a)
+    return Block(
+        srcnodes=torch.from_numpy(np.concatenate([dst_nodes_a, new_src])),
+        dstnodes=dst_nodes_t,
+        edge_index=torch.from_numpy(np.stack([src_local, dst_local])),
+        eids=_tensor(eids_a),
+    )
+
+
+def _to_block_torch(src: Any, dst: Any, dst_nodes: Any, eids: Any = None) -> Block:
+    """``to_block`` in torch ops, for tensors on an accelerator."""
     src_t = _as_id_tensor(src, "src")
     dst_t = _as_id_tensor(dst, "dst")
     dst_nodes_t = _as_id_tensor(dst_nodes, "dst_nodes")

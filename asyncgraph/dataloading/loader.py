@@ -262,6 +262,8 @@ class DistNodeDataLoader(_PrefetchingLoader[MiniBatch]):
 
         t0 = time.perf_counter()
         input_nodes, output_nodes, blocks = await self.sampler.sample_blocks(sample_fn, seeds)
+        for block in blocks:  # the CSR aggregation layers use, built here rather than in training
+            block.csr()
         t1 = time.perf_counter()
         names = [f"node:{name}" for name in self.node_feats]
         pulls = [aio.pull(name, input_nodes) for name in names]

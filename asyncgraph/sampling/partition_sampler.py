@@ -6,10 +6,51 @@ partition, sampled in-process through shared memory), so both give identical res
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from asyncgraph.sampling.kernel import sample_csc
 from asyncgraph.storage.store import PartitionStore
+
+_MASK64 = (1 << 64) - 1
+_local = threading.local()
+
+
+def _splitmix64(x: int) -> int:
+    """SplitMix64's output function: a well-mixed 64-bit word from any 64-bit word."""
+    z = (x + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def keyed_rng(seed: int | None, part_id: int) -> np.random.Generator:
+    """A generator keyed by ``(seed, part_id)``: the same key gives the same stream anywhere.
+
+    ``default_rng([seed, part])`` hashes its key through ``SeedSequence`` (tens of microseconds,
+    a sizeable share of a small sampling request), so the PCG64 state and stream are derived
+    from the key with SplitMix64 instead and set on a per-thread bit generator. The generator is
+    only valid until the next call on the same thread. ``seed=None`` gives fresh entropy.
+    """
+    if seed is None:
+        return np.random.default_rng()
+    h = 0
+    for word in (seed & _MASK64, (seed >> 64) & _MASK64, part_id & _MASK64):
+        h = _splitmix64(h ^ word)
+    lo = _splitmix64(h ^ 0x5851F42D4C957F2D)
+    inc = (_splitmix64(lo) << 65 | _splitmix64(h ^ lo) << 1 | 1) & ((1 << 128) - 1)
+    bit_generator: np.random.PCG64 | None = getattr(_local, "bit_generator", None)
+    if bit_generator is None:
+        bit_generator = np.random.PCG64(0)
+        _local.bit_generator = bit_generator
+    bit_generator.state = {
+        "bit_generator": "PCG64",
+        "state": {"state": h << 64 | lo, "inc": inc},
+        "has_uint32": 0,
+        "uinteger": 0,
+    }
+    return np.random.Generator(bit_generator)
 
 
 def sample_partition(
@@ -17,7 +58,7 @@ def sample_partition(
 ) -> dict[str, np.ndarray]:
     """Sample in-edges of global ``seeds`` owned by ``store``; the RNG is keyed by (seed, part)."""
     local = store.book.nid2localnid(seeds, store.part_id)
-    rng = np.random.default_rng(None if seed is None else [seed, store.part_id])
+    rng = keyed_rng(seed, store.part_id)
     src, pos, eids = sample_csc(store.indptr, store.indices, store.eids, local, fanout, replace, rng)
     dst = np.asarray(seeds, dtype=np.int64)[pos]
     return {"src": src, "dst": dst, "eids": eids}

@@ -1,0 +1,360 @@
+"""End-to-end training benchmark: one GraphSAGE epoch on the synthetic graph, 2 servers.
+
+Set-up (issue 4 §9, DGL's reference set-up): the scale-20 synthetic graph (2**20 nodes, ~10.6M
+edges, 10% train nodes) partitioned with METIS into 2 parts, one server per part, fanouts
+``[10, 25]``, batch 1000, hidden 256, Adam, DDP over gloo. Cases:
+
+* ``2 trainers, prefetch 0`` and ``prefetch 2``: per-batch breakdown (sample, pull, compute,
+  waiting for data) of a steady-state epoch (the last of ``--epochs``; the first also warms up).
+  With 2 trainers on a 2-core machine every trainer uses one torch thread.
+* ``1 trainer, torch.set_num_threads(1), prefetch 2``: epoch time against
+  ``max(data time, compute time)`` of the same run (data = sample + pull, done on the client's
+  loop thread while the training loop computes).
+* ``sample_neighbors`` for 1,024 uniformly random seeds, fanout 10, one request in flight:
+  requests/s and sampled edges/s, distributed (servers started here; co-located partitions
+  through shared memory, and everything over the socket) and standalone (in-process stores).
+
+Trainers are ``examples/train_dist.py`` processes started here (``tests/servers.py`` starts the
+servers), so what is measured is what a user runs. Writes ``benchmarks/results/train_bench.json``
+and ``benchmarks/results/train_bench.png`` (stacked per-batch bars, prefetch 0 vs 2).
+
+Run: ``.venv/bin/python -m benchmarks.train_bench`` (about 2-3 minutes; ``--quick`` for a
+smoke run of a few batches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.servers import start_servers  # noqa: E402
+
+DATA = ROOT / "benchmarks" / "data"
+RESULTS = ROOT / "benchmarks" / "results"
+SHARED_PARTITION = DATA / "synth20_metis2" / "synth20.json"
+OWN_PARTITION = DATA / "synth20_metis2_train" / "synth20.json"
+
+DGL = {
+    "epoch_s": 3.53,
+    "batches": 106,  # per epoch, over both trainers: 53 per trainer, 66.5 ms each, one after another
+    "batches_per_trainer": 53,
+    "per_batch_ms": {"sample": 12.5, "pull": 13.1, "compute": 40.9},
+    "overlap": False,
+    "sample_neighbors": {
+        "distributed": {"requests_per_s": 1141, "edges_per_s": 4.39e6},
+        "standalone": {"requests_per_s": 1792, "edges_per_s": 6.9e6},
+    },
+}
+TARGETS = {"epoch_vs_dgl": 0.8, "sampling_vs_dgl": 1.5, "wait_fraction": 0.15, "single_thread_ratio": 1.2}
+
+
+def partition_config() -> Path:
+    """The shared metis-2 partition if complete, else our own (made on demand)."""
+    for config in (SHARED_PARTITION, OWN_PARTITION):
+        if config.exists() and all((config.parent / f"part{p}" / "indptr.npy").exists() for p in range(2)):
+            return config
+    npz = DATA / "synth20.npz"
+    if not npz.exists():
+        subprocess.run(
+            [sys.executable, "-m", "benchmarks.synthetic", "--scale", "20", "--out", str(npz)],
+            cwd=ROOT,
+            check=True,
+        )
+    subprocess.run(
+        [sys.executable, "-m", "asyncgraph.partition", "--input", str(npz), "--graph-name", "synth20",
+         "--num-parts", "2", "--method", "metis", "--balance-train", "--balance-edges",
+         "--out", str(OWN_PARTITION.parent)],
+        cwd=ROOT, check=True,
+    )  # fmt: skip
+    return OWN_PARTITION
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# --- training runs ------------------------------------------------------------------------------
+def run_training(
+    part_config: Path,
+    *,
+    trainers: int,
+    prefetch: int,
+    threads: int,
+    epochs: int,
+    max_batches: int,
+    timeout: float,
+) -> list[dict[str, Any]]:
+    """Start 2 servers and ``trainers`` train_dist.py processes; every rank's summary."""
+    with tempfile.TemporaryDirectory(prefix="train-bench-") as tmp:
+        workdir = Path(tmp)
+        group = start_servers(part_config, workdir, num_parts=2, num_clients=trainers)
+        try:
+            ip_config = group.ip_config()
+            port = free_port()
+            procs = []
+            for rank in range(trainers):
+                env = {
+                    **os.environ,
+                    "PYTHONPATH": str(ROOT),
+                    "ASYNCGRAPH_IP_CONFIG": str(ip_config),
+                    "ASYNCGRAPH_PART_CONFIG": str(part_config),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port),
+                    "RANK": str(rank),
+                    "WORLD_SIZE": str(trainers),
+                    "LOCAL_RANK": "0",
+                }
+                cmd = [
+                    sys.executable, str(ROOT / "examples" / "train_dist.py"),
+                    "--part-config", str(part_config),
+                    "--epochs", str(epochs), "--eval-every", "0", "--no-progress",
+                    "--fanouts", "10,25", "--batch-size", "1000", "--hidden", "256",
+                    "--prefetch", str(prefetch), "--num-threads", str(threads),
+                    "--max-batches", str(max_batches),
+                    "--result-file", str(workdir / "result{rank}.json"),
+                ]  # fmt: skip
+                log = open(workdir / f"trainer{rank}.log", "wb")  # noqa: SIM115 (closed below)
+                procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+            deadline = time.monotonic() + timeout
+            failed = None
+            for rank, (proc, _log) in enumerate(procs):
+                try:
+                    code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    code = None
+                if code != 0 and failed is None:
+                    failed = rank
+            for proc, log in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(timeout=10)
+                log.close()
+            if failed is not None:
+                text = (workdir / f"trainer{failed}.log").read_text(errors="replace")
+                raise RuntimeError(f"trainer {failed} failed or timed out:\n{text[-4000:]}")
+            return [json.loads((workdir / f"result{r}.json").read_text()) for r in range(trainers)]
+        finally:
+            group.stop()
+
+
+def breakdown(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-batch milliseconds of the last epoch, averaged over ranks; epoch time = slowest rank."""
+    last = [s["epoch_stats"][-1] for s in summaries]
+    batches = int(np.mean([e["batches"] for e in last]))
+    per_batch = {
+        k: round(1000 * float(np.mean([e[k] / max(e["batches"], 1) for e in last])), 2)
+        for k in ("sample", "pull", "compute", "wait")
+    }
+    epoch = max(e["time"] for e in last)
+    data = float(np.mean([e["sample"] + e["pull"] for e in last]))
+    compute = float(np.mean([e["compute"] for e in last]))
+    return {
+        "batches_per_trainer": batches,
+        "epoch_s": round(epoch, 3),
+        "per_batch_ms": per_batch,
+        "wait_fraction": round(float(np.mean([e["wait"] / e["time"] for e in last])), 4),
+        "data_s": round(data, 3),
+        "compute_s": round(compute, 3),
+        "epoch_over_max_data_compute": round(epoch / max(data, compute, 1e-9), 3),
+        "first_epoch_s": round(max(s["epoch_stats"][0]["time"] for s in summaries), 3),
+        "per_rank": [s["epoch_stats"] for s in summaries],
+    }
+
+
+# --- sample_neighbors ---------------------------------------------------------------------------
+async def _sample_rate(aio: Any, num_nodes: int, seconds: float, max_requests: int) -> dict[str, float]:
+    rng = np.random.default_rng(0)
+    seed_sets = [rng.choice(num_nodes, 1024, replace=False) for _ in range(64)]
+    for i in range(5):  # warm-up
+        await aio.sample_neighbors(seed_sets[i], 10, seed=i)
+    edges = 0
+    count = 0
+    t0 = time.perf_counter()
+    while count < max_requests and time.perf_counter() - t0 < seconds:
+        src, _, _ = await aio.sample_neighbors(seed_sets[count % 64], 10, seed=count)
+        edges += src.size
+        count += 1
+    dt = time.perf_counter() - t0
+    return {
+        "requests": count,
+        "requests_per_s": round(count / dt, 1),
+        "edges_per_s": round(edges / dt, 1),
+        "edges_per_request": round(edges / count, 1),
+    }
+
+
+def sample_bench(part_config: Path, seconds: float, max_requests: int) -> dict[str, Any]:
+    from asyncgraph.client.async_client import AsyncClient
+    from asyncgraph.client.sync_client import Client
+
+    out: dict[str, Any] = {}
+    standalone = AsyncClient.standalone(part_config)
+    num_nodes = standalone.book.num_nodes
+    out["standalone"] = asyncio.run(_sample_rate(standalone, num_nodes, seconds, max_requests))
+    del standalone
+    with tempfile.TemporaryDirectory(prefix="sample-bench-") as tmp:
+        group = start_servers(part_config, Path(tmp), num_parts=2, num_clients=1)
+        try:
+            modes: dict[str, dict[str, Any]] = {
+                "distributed_shm": {},
+                "distributed_socket": {"use_shared_memory": False},
+            }
+            for mode, kwargs in modes.items():
+                client = Client.connect(group.addresses, **kwargs)
+                try:
+                    out[mode] = client.loop.run(_sample_rate(client.aio, num_nodes, seconds, max_requests))
+                finally:
+                    client.loop.run(client.aio.close())
+                    client.loop.stop()
+        finally:
+            group.stop()
+    return out
+
+
+# --- report -------------------------------------------------------------------------------------
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = [("DGL 2.1\n(no overlap)", DGL["per_batch_ms"], 0.0)]
+    for key, label in (("prefetch0", "prefetch 0"), ("prefetch2", "prefetch 2")):
+        if key in results["training"]:
+            r = results["training"][key]
+            epoch_per_batch = 1000 * r["epoch_s"] / max(r["batches_per_trainer"], 1)
+            cases.append((f"{label}\n2 trainers", r["per_batch_ms"], epoch_per_batch))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    ax = axes[0]
+    colors = {"sample": "#4c72b0", "pull": "#55a868", "compute": "#c44e52", "wait": "#8172b2"}
+    for i, (_label, ms, _) in enumerate(cases):
+        bottom = 0.0
+        for part in ("sample", "pull", "compute"):
+            value = float(ms.get(part, 0.0))
+            ax.bar(i, value, bottom=bottom, color=colors[part], label=part if i == 0 else None)
+            bottom += value
+    ax.set_xticks(range(len(cases)), [c[0] for c in cases])
+    ax.set_ylabel("ms per batch (work done, background or not)")
+    ax.set_title("Work per mini-batch")
+    ax.legend()
+    ax = axes[1]
+    for i, (_label, ms, per_batch) in enumerate(cases):
+        if i == 0:
+            total = sum(ms.values())
+            ax.bar(i, total, color="#999999", label="epoch / batches")
+            continue
+        compute_label = "compute" if i == 1 else None
+        ax.bar(i - 0.2, float(ms["compute"]), width=0.4, color=colors["compute"], label=compute_label)
+        ax.bar(i - 0.2, float(ms["wait"]), width=0.4, bottom=float(ms["compute"]), color=colors["wait"],
+               label="waiting for data" if i == 1 else None)  # fmt: skip
+        ax.bar(i + 0.2, per_batch, width=0.4, color="#999999")
+    ax.set_xticks(range(len(cases)), [c[0] for c in cases])
+    ax.set_ylabel("ms per batch on the training loop")
+    ax.set_title("Training loop: compute + waiting vs epoch time / batch")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--epochs", type=int, default=2, help="epochs per run; the last one is reported")
+    p.add_argument("--max-batches", type=int, default=0, help="batches per epoch (0: all)")
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 epoch of 5 batches, short sampling")
+    p.add_argument("--skip", default="", help="comma list of cases to skip: p0,p2,single,sample")
+    p.add_argument("--out", type=Path, default=RESULTS / "train_bench.json")
+    p.add_argument("--png", type=Path, default=RESULTS / "train_bench.png")
+    args = p.parse_args()
+    if args.quick:
+        args.epochs, args.max_batches = 1, 5
+    skip = set(filter(None, args.skip.split(",")))
+    part_config = partition_config()
+    t_start = time.perf_counter()
+    results: dict[str, Any] = {
+        "setup": {
+            "graph": "synth20 (2**20 nodes, ~10.6M edges, 10% train)",
+            "partition": str(part_config.relative_to(ROOT)),
+            "servers": 2,
+            "fanouts": [10, 25],
+            "batch_size": 1000,
+            "hidden": 256,
+            "optimizer": "Adam",
+            "ddp": "gloo",
+            "epochs_run": args.epochs,
+            "reported": "last epoch",
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        },
+        "dgl_reference": DGL,
+        "targets": TARGETS,
+        "training": {},
+    }
+    timeout = 600.0
+    runs = {
+        "prefetch0": {"trainers": 2, "prefetch": 0, "threads": 1},
+        "prefetch2": {"trainers": 2, "prefetch": 2, "threads": 1},
+        "single_trainer_1thread": {"trainers": 1, "prefetch": 2, "threads": 1},
+    }
+    short = {"prefetch0": "p0", "prefetch2": "p2", "single_trainer_1thread": "single"}
+    for name, cfg in runs.items():
+        if short[name] in skip:
+            continue
+        t0 = time.perf_counter()
+        summaries = run_training(
+            part_config, epochs=args.epochs, max_batches=args.max_batches, timeout=timeout, **cfg
+        )
+        r = {**cfg, **breakdown(summaries)}
+        results["training"][name] = r
+        print(
+            f"{name:24s} {r['batches_per_trainer']:4d} batches/trainer  epoch {r['epoch_s']:7.3f} s  "
+            f"per batch {r['per_batch_ms']}  wait {100 * r['wait_fraction']:.1f}%  "
+            f"epoch/max(data,compute) {r['epoch_over_max_data_compute']:.2f}  "
+            f"({time.perf_counter() - t0:.0f} s)",
+            flush=True,
+        )
+    if "sample" not in skip:
+        seconds, max_requests = (1.0, 200) if args.quick else (3.0, 5000)
+        results["sample_neighbors"] = sample_bench(part_config, seconds, max_requests)
+        for mode, r in results["sample_neighbors"].items():
+            dgl = DGL["sample_neighbors"]["standalone" if mode == "standalone" else "distributed"]
+            ratio = r["requests_per_s"] / dgl["requests_per_s"]
+            print(
+                f"sample_neighbors {mode:20s} {r['requests_per_s']:8.1f} req/s  "
+                f"{r['edges_per_s'] / 1e6:6.2f} M edges/s  ({ratio:.2f}x DGL)",
+                flush=True,
+            )
+    training = results["training"]
+    vs: dict[str, Any] = {}
+    if "prefetch2" in training:
+        vs["epoch_vs_dgl"] = round(training["prefetch2"]["epoch_s"] / DGL["epoch_s"], 3)
+    if "sample_neighbors" in results:
+        for mode, r in results["sample_neighbors"].items():
+            dgl = DGL["sample_neighbors"]["standalone" if mode == "standalone" else "distributed"]
+            vs[f"sample_{mode}_vs_dgl"] = round(r["requests_per_s"] / dgl["requests_per_s"], 3)
+    results["vs_dgl"] = vs
+    results["wall_s"] = round(time.perf_counter() - t_start, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    if training:
+        plot(results, args.png)
+    print(f"vs DGL: {vs}; wrote {args.out} and {args.png} in {results['wall_s']} s")
+
+
+if __name__ == "__main__":
+    main()
