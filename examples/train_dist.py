@@ -239,7 +239,9 @@ def main() -> None:
             f"({100 * t['wait'] / max(t['epoch'], 1e-9):.1f}% of the epochs)",
             flush=True,
         )
-        brief = {k: v for k, v in summary.items() if k != "epoch_stats"}  # the full record goes to --result-file
+        brief = {
+            k: v for k, v in summary.items() if k != "epoch_stats"
+        }  # the full record goes to --result-file
         print("RESULT " + json.dumps(brief), flush=True)
         if args.result_file is not None and "{rank}" not in str(args.result_file):
             args.result_file.write_text(json.dumps(summary, indent=2))
