@@ -28,8 +28,9 @@ from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, ShapeMism
 
 __all__ = ["Block", "to_block"]
 
-# Largest global ID + 1 relabelled through the scratch table (int64: 8 bytes per ID, per thread).
-_TABLE_LIMIT = 1 << 26
+# Largest global ID + 1 relabelled through the scratch table (int64: 8 bytes per ID, per thread,
+# so at most 256 MiB per thread); larger graphs take the sort-based path.
+_TABLE_LIMIT = 1 << 25
 _scratch = threading.local()
 
 
@@ -140,7 +141,8 @@ def _table(size: int) -> np.ndarray:
     """This thread's scratch table of at least ``size`` entries, all ``-1``."""
     table: np.ndarray | None = getattr(_scratch, "table", None)
     if table is None or table.size < size:
-        table = np.full(max(size, 2 * (0 if table is None else table.size)), -1, dtype=np.int64)
+        grown = min(max(size, 2 * (0 if table is None else table.size)), max(size, _TABLE_LIMIT))
+        table = np.full(grown, -1, dtype=np.int64)
         _scratch.table = table
     return table
 
@@ -257,7 +259,11 @@ def _to_block_torch(src: Any, dst: Any, dst_nodes: Any, eids: Any = None) -> Blo
     dst_nodes_t = _as_id_tensor(dst_nodes, "dst_nodes")
     if src_t.numel() != dst_t.numel():
         raise ShapeMismatchError(f"src ({src_t.numel()}) and dst ({dst_t.numel()}) differ in length")
-    eids_t = torch.empty(0, dtype=torch.int64) if eids is None else _as_id_tensor(eids, "eids")
+    eids_t = (
+        torch.empty(0, dtype=torch.int64, device=src_t.device)
+        if eids is None
+        else _as_id_tensor(eids, "eids")
+    )
     if eids_t.numel() not in (0, src_t.numel()):
         raise ShapeMismatchError(f"eids ({eids_t.numel()}) and edges ({src_t.numel()}) differ in length")
 

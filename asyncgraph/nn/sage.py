@@ -27,6 +27,8 @@ from asyncgraph.errors import InvalidRequestError, ShapeMismatchError
 __all__ = ["Dropout", "GraphSAGE", "SAGEConv"]
 
 _AGGREGATORS = ("mean", "sum", "max", "pool", "gcn")
+# dtypes with a CPU sparse CSR x dense kernel (torch has none for float16/bfloat16)
+_SPMM_DTYPES = (torch.float32, torch.float64)
 
 
 class SAGEConv(nn.Module):
@@ -84,7 +86,7 @@ class SAGEConv(nn.Module):
 
         if agg in ("mean", "sum", "gcn"):
             feat = self.fc_neigh(h_src) if lin_first else h_src
-            if not feat.requires_grad and feat.device.type == "cpu" and feat.is_floating_point():
+            if not feat.requires_grad and feat.device.type == "cpu" and feat.dtype in _SPMM_DTYPES:
                 h_neigh = _spmm_aggregate(block, feat, agg)
             else:
                 summed = feat.new_zeros((num_dst, feat.shape[1])).index_add(0, dst, feat[src])
