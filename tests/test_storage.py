@@ -80,8 +80,21 @@ def snapshot(store: PartitionStore) -> tuple[list[TensorMeta], dict[str, bytes]]
     return metas, {m.name: store.local_rows(m.name).tobytes() for m in metas}
 
 
-def fd_count() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def fd_count(settle: float = 2.0) -> int:
+    """Open fds of this process, once the exporter thread's sockets have settled.
+
+    The exporter serves each fetch on a worker thread of this same process and closes its
+    sockets just after the client has its reply, so an immediate count can include them.
+    """
+    deadline = time.monotonic() + settle
+    count = len(os.listdir("/proc/self/fd"))
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        again = len(os.listdir("/proc/self/fd"))
+        if again == count:
+            return count
+        count = again
+    return count
 
 
 def run_child(code: str, *args: str, **kw: Any) -> subprocess.Popen[str]:
