@@ -57,6 +57,21 @@ def _nbytes(shape: tuple[int, ...], dtype: np.dtype[Any]) -> int:
     return math.prod(shape) * dtype.itemsize
 
 
+_HUGE_PAGE = 2 << 20
+
+
+def _advise_huge_pages(mm: mmap.mmap, nbytes: int) -> None:
+    """Ask for transparent huge pages on a large mapping: random row gathers then miss the TLB
+    far less. Honoured only where the kernel allows huge pages for shared memory
+    (``/sys/kernel/mm/transparent_hugepage/shmem_enabled`` = ``advise``, ``within_size`` or
+    ``always``); elsewhere it is a harmless no-op."""
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is None or nbytes < _HUGE_PAGE:
+        return
+    with contextlib.suppress(OSError):
+        mm.madvise(advice)
+
+
 class SharedArray:
     """A numpy array in an anonymous memfd: shareable by fd, unlinkable by construction.
 
@@ -114,6 +129,7 @@ class SharedArray:
         except BaseException:
             os.close(fd)
             raise
+        _advise_huge_pages(mm, nbytes)
         # frombuffer keeps a memoryview (a buffer export) as the base, so mmap.close() refuses
         # while any view is alive instead of unmapping under it; np.ndarray(buffer=mm) would not.
         # A read-only mapping gives a read-only array.
