@@ -447,6 +447,17 @@ def test_sage_half_precision_without_grad(agg: str, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("agg", ["mean", "sum", "gcn"])
+def test_sage_under_cpu_autocast(agg: str) -> None:
+    """Under bf16 autocast the sparse product (no bf16 CPU kernel) stays in float32."""
+    block = make_block(3)
+    conv = make_conv(5, 7, agg, torch.float32, 3)
+    x = torch.randn(block.num_src_nodes, 5)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = conv(block, x)
+    torch.testing.assert_close(got.double(), reference_sage(conv, block, x.double()), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("agg", ["mean", "sum", "gcn"])
 def test_sparse_aggregate_edge_cases(agg: str) -> None:
     """No edges at all, and non-contiguous input features."""
     empty = to_block([], [], [4, 2, 9])

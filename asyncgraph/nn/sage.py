@@ -142,7 +142,8 @@ def _spmm_aggregate(block: Block, feat: torch.Tensor, agg: str) -> torch.Tensor:
                 crow, col, values, size=(block.num_dst_nodes, block.num_src_nodes), check_invariants=False
             )
         block._cache[key] = adj
-    out: torch.Tensor = torch.sparse.mm(adj, feat)
+    with torch.autocast("cpu", enabled=False):  # no bf16/fp16 sparse kernels on CPU: stay in feat's dtype
+        out: torch.Tensor = torch.sparse.mm(adj, feat)
     if agg == "gcn":  # the node itself counts as one more neighbour
         out = (out + feat[: block.num_dst_nodes]) / (deg.to(feat.dtype) + 1).unsqueeze(1)
     return out
