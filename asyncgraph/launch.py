@@ -220,7 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         hosts = [("127.0.0.1", 0)] * num_parts
 
     launcher = Launcher(ready_timeout=args.ready_timeout)
-    workdir = Path(tempfile.mkdtemp(prefix="asyncgraph-launch-"))
+    # Remote hosts read the secret and write their ready files here, so with ssh it must be on
+    # the shared file system (the working directory), not this host's /tmp.
+    remote = any(host not in LOCAL_HOSTS for host, _ in hosts)
+    workdir = Path(tempfile.mkdtemp(prefix=".asyncgraph-launch-", dir=os.getcwd() if remote else None))
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         secret_file = args.secret_file
