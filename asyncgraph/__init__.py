@@ -41,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     "to_block": "asyncgraph.dataloading",
     "NeighborSampler": "asyncgraph.dataloading",
     "DistNodeDataLoader": "asyncgraph.dataloading",
+    "DistEdgeDataLoader": "asyncgraph.dataloading",
     "DistDataLoader": "asyncgraph.dataloading",
     "MiniBatch": "asyncgraph.dataloading",
     "Client": "asyncgraph.client",
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from asyncgraph.dataloading import (
         Block,
         DistDataLoader,
+        DistEdgeDataLoader,
         DistNodeDataLoader,
         MiniBatch,
         NeighborSampler,
@@ -104,6 +106,7 @@ __all__ = [
     "Block",
     "Client",
     "DistDataLoader",
+    "DistEdgeDataLoader",
     "DistEmbedding",
     "DistGraph",
     "DistNodeDataLoader",

@@ -32,6 +32,7 @@ from asyncgraph.optim.kernels import apply_sparse_update, validate_spec
 from asyncgraph.partition.book import RangePartitionBook, as_id_array
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.protocol.framing import retain_large_allocations
+from asyncgraph.sampling.edges import find_edges_partition
 from asyncgraph.sampling.partition_sampler import sample_partition
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
@@ -594,6 +595,43 @@ class AsyncClient:
             apply_sparse_update(store, name, part_ids, part_grads, opts)
         if calls:
             await _gather_all(calls)
+
+    # --- edges --------------------------------------------------------------------------------
+    async def find_edges(self, eids: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Global int64 ``(src, dst)`` of global edge IDs, in the caller's order.
+
+        IDs are split by owning partition; remote owners answer concurrently while local ones
+        are read in-process. Duplicates are allowed; an ID outside ``[0, num_edges)`` raises
+        ``OutOfRangeError`` before any request is sent.
+        """
+        gids = as_id_array(eids, "eids")
+        owner = self.book.owner(gids, "edge")
+        src = np.empty(gids.size, dtype=np.int64)
+        dst = np.empty(gids.size, dtype=np.int64)
+        if gids.size == 0:
+            return src, dst
+        parts = split_by_owner(owner, self.num_partitions)
+        remote: list[tuple[np.ndarray, asyncio.Future[Any]]] = []
+        try:
+            for endpoint, pos in zip(self.endpoints, parts, strict=True):
+                if pos.size and endpoint.store is None:
+                    assert endpoint.conn is not None
+                    call = endpoint.conn.call("find_edges", {"eids": gids[pos]}, self.call_timeout)
+                    remote.append((pos, asyncio.ensure_future(call)))
+            for endpoint, pos in zip(self.endpoints, parts, strict=True):
+                if pos.size and endpoint.store is not None:
+                    _check_alive(endpoint)
+                    src[pos], dst[pos] = find_edges_partition(endpoint.store, gids[pos])
+            results = await _gather_all([task for _, task in remote]) if remote else []
+        finally:
+            for _, task in remote:
+                if not task.done():
+                    task.cancel()
+        for (pos, _), result in zip(remote, results, strict=True):
+            src[pos] = result["src"]
+            dst[pos] = result["dst"]
+        return src, dst
+
 
 def _check_alive(endpoint: PartitionEndpoint) -> None:
     """A co-located partition whose server died is not served any more, even from shared memory."""

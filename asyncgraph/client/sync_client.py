@@ -156,3 +156,7 @@ class Client:
     def sparse_update(self, name: str, ids: Any, grads: Any, spec: Mapping[str, Any]) -> None:
         """One sparse Adagrad/Adam step run on the owners of ``ids`` (see ``AsyncClient.sparse_update``)."""
         self.loop.run(self.aio.sparse_update(name, ids, grads, spec))
+
+    def find_edges(self, eids: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Global ``(src, dst)`` of edge IDs ``eids`` (see ``AsyncClient.find_edges``)."""
+        return self.loop.run(self.aio.find_edges(eids))

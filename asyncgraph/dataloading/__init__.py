@@ -10,23 +10,45 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from asyncgraph.dataloading import negative
 from asyncgraph.dataloading.block import Block, to_block
 from asyncgraph.dataloading.sampler import NeighborSampler, SampleFn
 
 if TYPE_CHECKING:
-    from asyncgraph.dataloading.loader import DistDataLoader, DistNodeDataLoader, MiniBatch
+    from asyncgraph.dataloading.loader import (
+        DistDataLoader,
+        DistEdgeDataLoader,
+        DistNodeDataLoader,
+        EdgeMiniBatch,
+        MiniBatch,
+        PairGraph,
+    )
 
 __all__ = [
     "Block",
     "DistDataLoader",
+    "DistEdgeDataLoader",
     "DistNodeDataLoader",
+    "EdgeMiniBatch",
     "MiniBatch",
     "NeighborSampler",
+    "PairGraph",
     "SampleFn",
+    "negative",
+    "negative_sampler",
     "to_block",
 ]
 
-_LAZY = {"DistDataLoader", "DistNodeDataLoader", "MiniBatch"}
+negative_sampler = negative  # DGL's module name: ``negative_sampler.Uniform(k)``
+
+_LAZY = {
+    "DistDataLoader",
+    "DistEdgeDataLoader",
+    "DistNodeDataLoader",
+    "EdgeMiniBatch",
+    "MiniBatch",
+    "PairGraph",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from asyncgraph.client.sync_client import Client
 from asyncgraph.errors import InvalidRequestError, UnknownTensorError
@@ -127,6 +128,11 @@ class DistGraph:
 
     def barrier(self, name: str = "default", timeout: float = 300.0) -> None:
         self._client.barrier(name, timeout)
+
+    def find_edges(self, eids: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Global int64 ``(src, dst)`` endpoints of edge IDs ``eids`` (DGL's ``find_edges``)."""
+        src, dst = self._client.find_edges(eids)
+        return torch.from_numpy(src), torch.from_numpy(dst)
 
     def __repr__(self) -> str:
         mode = "standalone" if self._client.standalone_mode else "distributed"

@@ -27,6 +27,7 @@ from asyncgraph.errors import (
 )
 from asyncgraph.optim.kernels import apply_sparse_update
 from asyncgraph.protocol import PROTOCOL_VERSION
+from asyncgraph.sampling.edges import find_edges_partition
 from asyncgraph.sampling.partition_sampler import sample_partition
 from asyncgraph.storage.store import PartitionStore
 
@@ -130,6 +131,7 @@ class RequestHandlers:
             "list_tensors": self.list_tensors,
             "barrier": self.barrier,
             "sample": self.sample,
+            "find_edges": self.find_edges,
             "stats": self.stats,
             "ping": self.ping,
             "shutdown": self.shutdown,
@@ -238,6 +240,12 @@ class RequestHandlers:
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise InvalidRequestError("sample: seed must be an int or nil")
         return sample_partition(self.store, seeds, fanout, replace, seed)
+
+    def find_edges(self, args: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Global ``src``/``dst`` of edge IDs this partition owns (OutOfRangeError otherwise)."""
+        eids = _ids(args, "find_edges", "eids")
+        src, dst = find_edges_partition(self.store, eids)
+        return {"src": src, "dst": dst}
 
     # --- sparse optimizers --------------------------------------------------------------
     def sparse_update(self, args: Mapping[str, Any]) -> None:
