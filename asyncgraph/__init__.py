@@ -21,22 +21,22 @@ _EXPORTS: dict[str, str] = {
     "Partition": "asyncgraph.partition",
     "PartitionConfig": "asyncgraph.partition",
     "RangePartitionBook": "asyncgraph.partition",
-    "initialize": "asyncgraph.dist",
-    "finalize": "asyncgraph.dist",
-    "barrier": "asyncgraph.dist",
-    "shutdown_servers": "asyncgraph.dist",
-    "is_standalone": "asyncgraph.dist",
-    "DistGraph": "asyncgraph.dist",
-    "DistTensor": "asyncgraph.dist",
-    "DistEmbedding": "asyncgraph.dist",
-    "SparseAdagrad": "asyncgraph.dist",
-    "SparseAdam": "asyncgraph.dist",
-    "zeros_init": "asyncgraph.dist",
-    "uniform_init": "asyncgraph.dist",
-    "normal_init": "asyncgraph.dist",
-    "sample_neighbors": "asyncgraph.dist.sampling",
-    "node_split": "asyncgraph.split",
-    "edge_split": "asyncgraph.split",
+    "initialize": "asyncgraph.distributed",
+    "finalize": "asyncgraph.distributed",
+    "barrier": "asyncgraph.distributed",
+    "shutdown_servers": "asyncgraph.distributed",
+    "is_standalone": "asyncgraph.distributed",
+    "DistGraph": "asyncgraph.distributed",
+    "DistTensor": "asyncgraph.distributed",
+    "DistEmbedding": "asyncgraph.distributed",
+    "SparseAdagrad": "asyncgraph.distributed",
+    "SparseAdam": "asyncgraph.distributed",
+    "zeros_init": "asyncgraph.distributed",
+    "uniform_init": "asyncgraph.distributed",
+    "normal_init": "asyncgraph.distributed",
+    "sample_neighbors": "asyncgraph.distributed.sampling",
+    "node_split": "asyncgraph.distributed.split",
+    "edge_split": "asyncgraph.distributed.split",
     "Block": "asyncgraph.dataloading",
     "to_block": "asyncgraph.dataloading",
     "NeighborSampler": "asyncgraph.dataloading",
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
         NeighborSampler,
         to_block,
     )
-    from asyncgraph.dist import (
+    from asyncgraph.distributed import (
         DistEmbedding,
         DistGraph,
         DistTensor,
@@ -74,7 +74,8 @@ if TYPE_CHECKING:
         uniform_init,
         zeros_init,
     )
-    from asyncgraph.dist.sampling import sample_neighbors
+    from asyncgraph.distributed.sampling import sample_neighbors
+    from asyncgraph.distributed.split import edge_split, node_split
     from asyncgraph.graph import Graph
     from asyncgraph.partition import (
         Partition,
@@ -83,7 +84,6 @@ if TYPE_CHECKING:
         load_partition,
         partition_graph,
     )
-    from asyncgraph.split import edge_split, node_split
 
 
 def __getattr__(name: str) -> Any:

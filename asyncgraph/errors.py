@@ -50,7 +50,7 @@ class UnknownTensorError(InvalidRequestError, KeyError):
 class TensorExistsError(InvalidRequestError):
     """A tensor of that name exists with another shape, dtype or partition policy."""
 
-    code = "tensor_mismatch"
+    code = "tensor_exists"
 
 
 class UnknownOpError(InvalidRequestError):
@@ -95,12 +95,6 @@ class ServerUnavailableError(AsyncGraphError, ConnectionError):
     code = "unavailable"
 
 
-class OverloadedError(AsyncGraphError):
-    """The server refused the request because its bounded queues are full."""
-
-    code = "overloaded"
-
-
 _BY_CODE: dict[str, type[AsyncGraphError]] = {
     cls.code: cls
     for cls in (
@@ -118,7 +112,6 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         RequestTimeoutError,
         BarrierTimeoutError,
         ServerUnavailableError,
-        OverloadedError,
     )
 }
 

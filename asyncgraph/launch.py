@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import IO
 
 from asyncgraph.client.ipconfig import IpConfig
-from asyncgraph.dist.context import ENV_IP_CONFIG, ENV_PART_CONFIG, ENV_SECRET_FILE
+from asyncgraph.env import ENV_IP_CONFIG, ENV_PART_CONFIG, ENV_SECRET_FILE
 from asyncgraph.partition.config import PartitionConfig
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", socket.gethostname()}

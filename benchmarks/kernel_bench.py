@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from asyncgraph.sampling.kernel import sample_csc
+from asyncgraph.kernels.sampling import sample_csc
 
 NUM_NODES = 1_000_000
 TARGET_EDGES = 10_000_000

@@ -275,8 +275,8 @@ def gather_ceiling(part_config: Path, rows: int) -> dict[str, float]:
 
 def sample_ceiling(part_config: Path, rows: int, fanout: int) -> dict[str, float]:
     """``sample_csc`` on partition 0 with ``rows`` random seeds, in this process."""
+    from asyncgraph.kernels.sampling import sample_csc
     from asyncgraph.partition import load_partition
-    from asyncgraph.sampling.kernel import sample_csc
 
     part = load_partition(part_config, 0, mmap=False)
     rng = np.random.default_rng(0)

@@ -10,8 +10,8 @@ import torch
 
 from asyncgraph.dataloading import Block, NeighborSampler, SampleFn, to_block
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError
+from asyncgraph.kernels import sample_csc
 from asyncgraph.nn import GraphSAGE, SAGEConv
-from asyncgraph.sampling import sample_csc
 
 
 def random_edges(num_nodes: int, num_edges: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -14,7 +14,7 @@ from servers import ServerGroup, start_servers
 from asyncgraph.client import Client
 from asyncgraph.dataloading import DistDataLoader, DistNodeDataLoader, NeighborSampler
 from asyncgraph.dataloading.block import Block
-from asyncgraph.dist import DistGraph
+from asyncgraph.distributed import DistGraph
 
 
 @pytest.fixture(scope="module")

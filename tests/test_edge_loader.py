@@ -12,7 +12,7 @@ from servers import ServerGroup, start_servers
 
 from asyncgraph.client import Client
 from asyncgraph.dataloading import DistEdgeDataLoader, EdgeMiniBatch, NeighborSampler, negative
-from asyncgraph.dist import DistGraph
+from asyncgraph.distributed import DistGraph
 from asyncgraph.errors import InvalidRequestError, OutOfRangeError
 
 

@@ -30,7 +30,7 @@ from asyncgraph.errors import (
     TensorExistsError,
     UnknownTensorError,
 )
-from asyncgraph.optim import apply_sparse_update, validate_spec
+from asyncgraph.kernels import apply_sparse_update, validate_spec
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.storage.store import PartitionStore
 

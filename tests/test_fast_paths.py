@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 from asyncgraph.dataloading import block as block_mod
 from asyncgraph.dataloading.block import Block, to_block
 from asyncgraph.errors import InvalidRequestError
+from asyncgraph.kernels.partition_sampling import keyed_rng, sample_partition
 from asyncgraph.nn import sage as sage_mod
 from asyncgraph.nn.sage import Dropout, SAGEConv
 from asyncgraph.partition.book import RangePartitionBook
-from asyncgraph.sampling.partition_sampler import keyed_rng, sample_partition
 from asyncgraph.storage import PartitionStore
 
 # ------------------------------------------------------------------------------------------------

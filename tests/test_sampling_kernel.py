@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, OutOfRangeError
-from asyncgraph.sampling import in_degrees, sample_csc
-from asyncgraph.sampling import kernel as K
+from asyncgraph.kernels import in_degrees, sample_csc
+from asyncgraph.kernels import kernel as K
 
 
 def chi2_critical(df: int, p: float = 0.001) -> float:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from asyncgraph.distributed.split import edge_split, node_split
 from asyncgraph.errors import DTypeMismatchError, ShapeMismatchError
 from asyncgraph.partition.book import RangePartitionBook
-from asyncgraph.split import edge_split, node_split
 
 NODE_BOUNDS = [0, 1000, 2100, 2900, 4000]
 EDGE_BOUNDS = [0, 5000, 9000, 15000, 20000]

@@ -161,7 +161,7 @@ def test_shared_array_visible_and_writable_from_another_process() -> None:
         """
         import sys
         import numpy as np
-        from asyncgraph.storage.shm import SharedArray
+        from asyncgraph.storage.memfd import SharedArray
         sa = SharedArray.from_fd(int(sys.argv[1]), (5, 4), "float32")
         print(float(sa.array.sum()))
         sa.array[2] += 1000

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from asyncgraph.env import ENV_MALLOC_TUNING
 from asyncgraph.errors import (
     AsyncGraphError,
     DTypeMismatchError,
@@ -28,12 +29,12 @@ from asyncgraph.errors import (
     ShapeMismatchError,
     UnknownTensorError,
 )
-from asyncgraph.optim.kernels import apply_sparse_update, validate_spec
+from asyncgraph.kernels.edges import find_edges_partition
+from asyncgraph.kernels.partition_sampling import sample_partition
+from asyncgraph.kernels.sparse_optim import apply_sparse_update, validate_spec
 from asyncgraph.partition.book import RangePartitionBook, as_id_array
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.protocol.framing import retain_large_allocations
-from asyncgraph.sampling.edges import find_edges_partition
-from asyncgraph.sampling.partition_sampler import sample_partition
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
 from .connection import Connection
@@ -133,7 +134,7 @@ class AsyncClient:
         big pulls otherwise pay a page fault per 4 KiB of every result); set the environment
         variable ``ASYNCGRAPH_MALLOC_TUNING=0`` to leave malloc alone.
         """
-        if os.environ.get("ASYNCGRAPH_MALLOC_TUNING", "1") != "0":
+        if os.environ.get(ENV_MALLOC_TUNING, "1") != "0":
             retain_large_allocations()
         if not servers:
             raise InvalidRequestError("no servers given")
@@ -548,7 +549,7 @@ class AsyncClient:
         """One sparse optimizer step on rows ``ids`` of float tensor ``name``, run on the owners.
 
         ``spec`` is ``{"kind": "adagrad", "lr": ..., "eps": ...}`` or ``{"kind": "adam", "lr": ...,
-        "betas": [b1, b2], "eps": ...}`` (see ``asyncgraph.optim.kernels``); ``grads`` has the
+        "betas": [b1, b2], "eps": ...}`` (see ``asyncgraph.kernels.sparse_optim``); ``grads`` has the
         tensor's dtype and shape ``(len(ids), *row_shape)``; duplicate IDs' gradients are summed.
         Each owner reads, updates and writes its rows and their optimizer state under its write
         lock: one round trip per server, and concurrent trainers never lose an update. A

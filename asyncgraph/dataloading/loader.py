@@ -308,7 +308,7 @@ class DistDataLoader(_PrefetchingLoader[Any]):
         loop: EventLoopThread | None = None,
     ) -> None:
         if loop is None:
-            from asyncgraph.dist.context import _STATE
+            from asyncgraph.distributed.context import _STATE
 
             loop = (
                 _STATE.client.loop if _STATE.client is not None else EventLoopThread("asyncgraph-dataloader")

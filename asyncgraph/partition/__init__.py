@@ -2,8 +2,8 @@
 
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.partition.config import PartitionConfig, PartSpec, TensorSpec
-from asyncgraph.partition.loader import Partition, load_partition, summarize_partitions
 from asyncgraph.partition.partitioner import partition_graph
+from asyncgraph.partition.reader import Partition, load_partition, summarize_partitions
 
 __all__ = [
     "PartSpec",

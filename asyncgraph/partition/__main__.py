@@ -15,8 +15,8 @@ import numpy as np
 import numpy.typing as npt
 
 from asyncgraph.graph import Graph
-from asyncgraph.partition.loader import summarize_partitions
 from asyncgraph.partition.partitioner import METHODS, partition_graph
+from asyncgraph.partition.reader import summarize_partitions
 
 MASKS = ("train_mask", "val_mask", "test_mask")
 

@@ -25,10 +25,10 @@ from asyncgraph.errors import (
     InvalidRequestError,
     UnknownOpError,
 )
-from asyncgraph.optim.kernels import apply_sparse_update
+from asyncgraph.kernels.edges import find_edges_partition
+from asyncgraph.kernels.partition_sampling import sample_partition
+from asyncgraph.kernels.sparse_optim import apply_sparse_update
 from asyncgraph.protocol import PROTOCOL_VERSION
-from asyncgraph.sampling.edges import find_edges_partition
-from asyncgraph.sampling.partition_sampler import sample_partition
 from asyncgraph.storage.store import PartitionStore
 
 Handler = Callable[[Mapping[str, Any]], Any]

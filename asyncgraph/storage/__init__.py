@@ -2,7 +2,8 @@
 and fd passing to co-located clients."""
 
 from asyncgraph.storage.fdpass import FdExporter, attach_store, fetch_tensors
-from asyncgraph.storage.shm import LocalRWLock, RWLock, SharedArray, SharedRWLock
+from asyncgraph.storage.memfd import SharedArray
+from asyncgraph.storage.rwlock import LocalRWLock, RWLock, SharedRWLock
 from asyncgraph.storage.store import InitSpec, PartitionStore, Policy, TensorMeta, validate_init
 
 __all__ = [

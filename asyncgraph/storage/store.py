@@ -32,10 +32,11 @@ from asyncgraph.errors import (
     UnknownTensorError,
 )
 from asyncgraph.partition.book import RangePartitionBook
-from asyncgraph.storage.shm import LocalRWLock, RWLock, SharedArray, SharedRWLock
+from asyncgraph.storage.memfd import SharedArray
+from asyncgraph.storage.rwlock import LocalRWLock, RWLock, SharedRWLock
 
 if TYPE_CHECKING:
-    from asyncgraph.partition.loader import Partition
+    from asyncgraph.partition.reader import Partition
 
 __all__ = ["INIT_BLOCK_ROWS", "InitSpec", "PartitionStore", "Policy", "TensorMeta", "validate_init"]
 
@@ -324,7 +325,7 @@ class PartitionStore:
 
     @classmethod
     def from_partition(cls, part: Partition, *, shared: bool = True) -> PartitionStore:
-        """A store holding a loaded ``Partition`` (see ``asyncgraph.partition.loader``)."""
+        """A store holding a loaded ``Partition`` (see ``asyncgraph.partition.reader``)."""
         return cls.create(
             part.config.graph_name,
             part.part_id,

@@ -3,7 +3,7 @@
 ``step()`` gathers, per embedding, the IDs and gradients of every lookup traced since the last
 step, and sends ONE ``sparse_update`` per embedding: the client splits it by owner, and each
 owner applies the update to its rows and their optimizer state under its write lock (see
-``asyncgraph.optim.kernels``). That is one round trip per server per step, and trainers sharing
+``asyncgraph.kernels.sparse_optim``). That is one round trip per server per step, and trainers sharing
 an embedding never race (no pull-modify-push). Duplicate IDs within a step add up, as autograd
 does for a dense ``torch.nn.Embedding``.
 
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from asyncgraph.errors import InvalidRequestError
-from asyncgraph.optim.kernels import state_tensor_metas, validate_spec
+from asyncgraph.kernels.sparse_optim import state_tensor_metas, validate_spec
 
 from .embedding import DistEmbedding
 

@@ -13,13 +13,8 @@ from pathlib import Path
 
 from asyncgraph.client.ipconfig import IpConfig
 from asyncgraph.client.sync_client import Client
+from asyncgraph.env import ENV_IP_CONFIG, ENV_PART_CONFIG, ENV_SECRET_FILE, ENV_SERVERS
 from asyncgraph.errors import AsyncGraphError
-
-#: Environment variables a launcher sets (see ``asyncgraph.launch``).
-ENV_IP_CONFIG = "ASYNCGRAPH_IP_CONFIG"
-ENV_SERVERS = "ASYNCGRAPH_SERVERS"  # "host:port,host:port" in partition order
-ENV_SECRET_FILE = "ASYNCGRAPH_SECRET_FILE"
-ENV_PART_CONFIG = "ASYNCGRAPH_PART_CONFIG"
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Rows live on the servers as a float32 ``DistTensor``. ``emb(ids)`` pulls the rows; with autograd
 enabled the result is a fresh leaf tensor with ``requires_grad=True`` and ``(ids, tensor)`` is
 recorded in the embedding's trace. A sparse optimizer (``SparseAdagrad`` / ``SparseAdam`` in
-``asyncgraph.dist.optim``) then sends each traced row's gradient to the row's owner, which
+``asyncgraph.distributed.optim``) then sends each traced row's gradient to the row's owner, which
 applies the update in place: the table never travels to the trainer whole, and no dense gradient
 is ever built.
 """

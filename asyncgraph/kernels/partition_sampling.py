@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 
-from asyncgraph.sampling.kernel import sample_csc
+from asyncgraph.kernels.sampling import sample_csc
 from asyncgraph.storage.store import PartitionStore
 
 _MASK64 = (1 << 64) - 1
