@@ -18,6 +18,7 @@ __all__ = ["WIRE_DTYPE_KINDS", "IdArray", "as_id_array", "check_rows", "to_numpy
 
 IdArray = npt.NDArray[np.int64]
 
+
 class SupportsNumpy(Protocol):
     """A torch tensor, as far as conversion needs."""
 

@@ -294,4 +294,3 @@ class AsyncClient:
     async def close(self) -> None:
         for part in self.partitions:
             part.close()
-
