@@ -115,4 +115,4 @@ async def broadcast(targets: Sequence[P], call: Callable[[P], Awaitable[T]]) -> 
     for result in results:
         if isinstance(result, BaseException):
             raise result
-    return list(results)  # type: ignore[arg-type]
+    return [r for r in results if not isinstance(r, BaseException)]

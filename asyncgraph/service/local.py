@@ -134,26 +134,23 @@ class LocalPartition:
         if server is not None and server.closed:
             raise ServerUnavailableError(f"server {server.name} of partition {self.part_id} is gone")
 
-    async def _map(self, name: str) -> None:
+    async def _map(self, shm: Mapping[str, Any], name: str) -> None:
         """Map tensor ``name``, created on the server after this store was attached."""
         from asyncgraph.storage.fdpass import fetch_tensors
 
-        assert self.shm is not None
-        descriptor, fds = await asyncio.to_thread(
-            fetch_tensors, self.shm["address"], self.shm["token"], [name], 10.0
-        )
+        descriptor, fds = await asyncio.to_thread(fetch_tensors, shm["address"], shm["token"], [name], 10.0)
         self.service.store.add_attached(descriptor, fds)
 
     async def pull(self, name: str, ids: np.ndarray) -> np.ndarray:
         self._check_alive()
         if self.shm is not None and not self.service.store.has_tensor(name):
-            await self._map(name)
+            await self._map(self.shm, name)
         return self.service.pull(name, ids)
 
     async def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str) -> None:
         self._check_alive()
         if self.shm is not None and not self.service.store.has_tensor(name):
-            await self._map(name)
+            await self._map(self.shm, name)
         self.service.push(name, ids, values, op)
 
     async def sample(
