@@ -48,6 +48,8 @@ _EXPORTS: dict[str, str] = {
     "AsyncClient": "asyncgraph.client",
 }
 
+_SUBMODULES = frozenset({"aio", "nn"})  # the async API, the GNN layers
+
 if TYPE_CHECKING:
     from asyncgraph.client import AsyncClient, Client
     from asyncgraph.dataloading import (
@@ -87,8 +89,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "aio":  # the async API module
-        return importlib.import_module("asyncgraph.aio")
+    if name in _SUBMODULES:
+        return importlib.import_module(f"asyncgraph.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'asyncgraph' has no attribute {name!r}")
@@ -98,7 +100,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+    return sorted([*globals(), *_EXPORTS, *_SUBMODULES])
 
 
 __all__ = [

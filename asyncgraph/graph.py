@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from asyncgraph.arrays import to_numpy as as_numpy
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, OutOfRangeError, ShapeMismatchError
 
 IdArray = npt.NDArray[np.int64]
@@ -22,10 +23,8 @@ IdArray = npt.NDArray[np.int64]
 
 def to_numpy(value: Any, name: str) -> np.ndarray[Any, Any]:
     """Convert a numpy array, torch tensor or sequence to a numpy array (no copy when possible)."""
-    if hasattr(value, "detach") and hasattr(value, "numpy"):  # torch tensor, without importing torch
-        value = value.detach().cpu().numpy()
     try:
-        arr = np.asarray(value)
+        arr = as_numpy(value)
     except (TypeError, ValueError) as exc:
         raise InvalidRequestError(f"{name} cannot be converted to an array: {exc}") from exc
     if arr.dtype == object:

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "AsyncClient": "asyncgraph.client.async_client",
-    "PartitionEndpoint": "asyncgraph.client.async_client",
-    "split_by_owner": "asyncgraph.client.async_client",
+    "RemotePartition": "asyncgraph.client.remote",
+    "scatter": "asyncgraph.client.scatter",
+    "split_by_owner": "asyncgraph.client.scatter",
     "Connection": "asyncgraph.client.connection",
     "IpConfig": "asyncgraph.client.ipconfig",
     "ServerEntry": "asyncgraph.client.ipconfig",
@@ -20,9 +21,11 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:
-    from .async_client import AsyncClient, PartitionEndpoint, split_by_owner
+    from .async_client import AsyncClient
     from .connection import Connection
     from .ipconfig import IpConfig, ServerEntry
+    from .remote import RemotePartition
+    from .scatter import scatter, split_by_owner
     from .sync_client import Client, EventLoopThread
 
 
@@ -39,7 +42,8 @@ __all__ = [
     "Connection",
     "EventLoopThread",
     "IpConfig",
-    "PartitionEndpoint",
+    "RemotePartition",
     "ServerEntry",
+    "scatter",
     "split_by_owner",
 ]

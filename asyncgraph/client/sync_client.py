@@ -105,7 +105,8 @@ class Client:
         return self.aio.book
 
     @property
-    def standalone_mode(self) -> bool:
+    def is_standalone(self) -> bool:
+        """True when every partition is held in this process (no server)."""
         return self.aio.is_standalone
 
     def info(self, part_id: int = 0) -> dict[str, Any]:

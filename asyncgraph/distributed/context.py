@@ -78,7 +78,7 @@ def initialize(
 
 
 def is_standalone() -> bool:
-    return _STATE.client is None or _STATE.client.standalone_mode
+    return _STATE.client is None or _STATE.client.is_standalone
 
 
 def get_client(graph_name: str | None = None, part_config: str | Path | None = None) -> Client:
@@ -105,7 +105,7 @@ def barrier(name: str = "default", timeout: float = 300.0) -> None:
 
 def shutdown_servers() -> None:
     """Ask every server to stop; call from one trainer after a final barrier."""
-    if _STATE.client is not None and not _STATE.client.standalone_mode:
+    if _STATE.client is not None and not _STATE.client.is_standalone:
         _STATE.client.shutdown_servers()
 
 

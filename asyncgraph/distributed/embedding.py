@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from asyncgraph.arrays import as_id_array
 from asyncgraph.client.sync_client import Client
 from asyncgraph.errors import InvalidRequestError
-from asyncgraph.partition.book import as_id_array
 
 from .tensor import DistTensor, uniform_init
 

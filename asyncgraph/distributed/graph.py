@@ -6,11 +6,11 @@ from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from asyncgraph.client.sync_client import Client
 from asyncgraph.errors import InvalidRequestError, UnknownTensorError
+from asyncgraph.names import is_state_key, tensor_prefix
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.storage.store import PartitionStore
 
@@ -24,7 +24,7 @@ class TensorView(MutableMapping[str, DistTensor]):
     def __init__(self, client: Client, policy: str) -> None:
         self._client = client
         self._policy = policy
-        self._prefix = f"{policy}:"
+        self._prefix = tensor_prefix(policy)
         self._aliases: dict[str, DistTensor] = {}
 
     def _names(self) -> list[str]:
@@ -33,7 +33,7 @@ class TensorView(MutableMapping[str, DistTensor]):
         names = [
             m.name[len(self._prefix) :]
             for m in metas
-            if m.name.startswith(self._prefix) and "#" not in m.name
+            if m.name.startswith(self._prefix) and not is_state_key(m.name)
         ]
         return sorted(set(names) | set(self._aliases))
 
@@ -112,9 +112,9 @@ class DistGraph:
     @property
     def local_partition(self) -> PartitionStore | None:
         """The store of a partition this process reads through shared memory (or in-process)."""
-        for endpoint in self._client.aio.endpoints:
-            if endpoint.store is not None:
-                return endpoint.store
+        for part in self._client.aio.partitions:
+            if part.store is not None:
+                return part.store
         return None
 
     @property
@@ -123,8 +123,10 @@ class DistGraph:
 
     def sample_neighbors(
         self, seeds: Any, fanout: int, *, replace: bool = False, seed: int | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return self._client.sample_neighbors(seeds, fanout, replace=replace, seed=seed)
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Global ``(src, dst, eid)`` of sampled in-edges, as ``asyncgraph.sample_neighbors`` returns."""
+        src, dst, eids = self._client.sample_neighbors(seeds, fanout, replace=replace, seed=seed)
+        return torch.from_numpy(src), torch.from_numpy(dst), torch.from_numpy(eids)
 
     def barrier(self, name: str = "default", timeout: float = 300.0) -> None:
         self._client.barrier(name, timeout)
@@ -135,7 +137,7 @@ class DistGraph:
         return torch.from_numpy(src), torch.from_numpy(dst)
 
     def __repr__(self) -> str:
-        mode = "standalone" if self._client.standalone_mode else "distributed"
+        mode = "standalone" if self._client.is_standalone else "distributed"
         return (
             f"DistGraph({self.graph_name!r}, num_nodes={self.num_nodes()}, num_edges={self.num_edges()}, "
             f"num_parts={self._client.book.num_partitions()}, {mode})"

@@ -30,5 +30,4 @@ def sample_neighbors(
         raise InvalidRequestError(
             f"edge_dir={edge_dir!r} is not supported: partitions store in-edges; sample on the reversed graph"
         )
-    src, dst, eids = g.client.sample_neighbors(seeds, fanout, replace=replace, seed=seed)
-    return torch.from_numpy(src), torch.from_numpy(dst), torch.from_numpy(eids)
+    return g.sample_neighbors(seeds, fanout, replace=replace, seed=seed)

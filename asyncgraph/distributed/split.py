@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from asyncgraph.arrays import to_numpy
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, ShapeMismatchError
 from asyncgraph.partition.book import RangePartitionBook
 
@@ -36,9 +37,7 @@ IdArray = npt.NDArray[np.int64]
 
 def _mask_array(mask: Any) -> npt.NDArray[np.bool_]:
     """A 1-D numpy bool mask from a bool (or 0/1 integer) numpy array, tensor or list."""
-    if isinstance(mask, torch.Tensor):
-        mask = mask.detach().cpu().numpy()
-    arr = np.asarray(mask)
+    arr = to_numpy(mask)
     if arr.ndim != 1:
         raise ShapeMismatchError(f"mask must be one-dimensional, got shape {arr.shape}")
     if arr.dtype == np.bool_:

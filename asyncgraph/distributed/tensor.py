@@ -9,8 +9,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from asyncgraph.arrays import to_numpy
 from asyncgraph.client.sync_client import Client
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, OutOfRangeError
+from asyncgraph.names import tensor_key
 from asyncgraph.storage.store import TensorMeta
 
 from .context import get_client
@@ -101,7 +103,7 @@ class DistTensor:
         self.name = name if name is not None else f"_anon{next(_ANON)}"
         self.persistent = persistent
         self.policy = part_policy
-        self.key = f"{part_policy}:{self.name}"
+        self.key = tensor_key(part_policy, self.name)
         if attach:
             self._meta = self._client.tensor_meta(self.key)
         else:
@@ -158,7 +160,7 @@ class DistTensor:
         self._client.push(self.key, ids, self._cast(values), op)
 
     def _cast(self, values: Any) -> np.ndarray:
-        arr = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
+        arr = to_numpy(values)
         want = np.dtype(self._meta.dtype)
         if arr.dtype != want:
             if arr.dtype.kind != want.kind and not (arr.dtype.kind in "iu" and want.kind in "iu"):

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from asyncgraph.partition.book import as_id_array
+from asyncgraph.arrays import as_id_array
 from asyncgraph.storage.store import PartitionStore
 
 __all__ = ["find_edges_partition"]

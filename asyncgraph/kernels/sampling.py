@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from asyncgraph.arrays import as_id_array
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, OutOfRangeError, ShapeMismatchError
-from asyncgraph.partition.book import as_id_array
 
 __all__ = ["in_degrees", "sample_csc"]
 

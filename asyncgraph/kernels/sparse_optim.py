@@ -34,13 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from asyncgraph.errors import (
-    DTypeMismatchError,
-    InvalidRequestError,
-    OutOfRangeError,
-    ShapeMismatchError,
-    TensorExistsError,
-)
+from asyncgraph.arrays import check_rows
+from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, TensorExistsError
+from asyncgraph.names import ADAGRAD_STATE_SUFFIX, ADAM_M_SUFFIX, ADAM_STEP_SUFFIX, ADAM_V_SUFFIX
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
 __all__ = [
@@ -53,10 +49,6 @@ __all__ = [
     "validate_spec",
 ]
 
-ADAGRAD_STATE_SUFFIX = "#adagrad_state"
-ADAM_M_SUFFIX = "#adam_m"
-ADAM_V_SUFFIX = "#adam_v"
-ADAM_STEP_SUFFIX = "#adam_step"
 
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "adagrad": {"lr": None, "eps": 1e-10},
@@ -130,34 +122,6 @@ def state_tensor_metas(meta: TensorMeta, kind: str) -> list[TensorMeta]:
     raise InvalidRequestError(f"sparse_update spec: unknown kind {kind!r}")
 
 
-def _as_numpy(x: Any) -> np.ndarray:
-    if hasattr(x, "detach") and hasattr(x, "numpy"):  # torch tensor, without importing torch
-        x = x.detach().cpu().numpy()
-    return np.asarray(x)
-
-
-def _owned_local_ids(store: PartitionStore, meta: TensorMeta, ids: Any) -> np.ndarray:
-    arr = _as_numpy(ids)
-    if arr.ndim != 1:
-        raise ShapeMismatchError(
-            f"sparse_update {meta.name!r}: ids must be a 1-D array, got shape {arr.shape}"
-        )
-    if arr.size == 0:
-        return np.empty(0, dtype=np.int64)
-    if arr.dtype.kind not in "iu":
-        raise DTypeMismatchError(f"sparse_update {meta.name!r}: ids must be integers, got dtype {arr.dtype}")
-    lo, hi = store.node_range if meta.policy == "node" else store.edge_range
-    mn, mx = int(arr.min()), int(arr.max())
-    if mn < lo or mx >= hi:
-        bad = mn if mn < lo else mx
-        raise OutOfRangeError(
-            f"sparse_update {meta.name!r}: {meta.policy} ID {bad} is not owned by graph "
-            f"{store.graph_name!r} partition {store.part_id} (owns [{lo}, {hi}))"
-        )
-    local: np.ndarray = np.subtract(arr, lo, dtype=np.int64)
-    return local
-
-
 def _dedup(local: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Unique local rows (sorted) and the sum of each one's gradients (sort-based, vectorised)."""
     order = np.argsort(local, kind="stable")
@@ -191,17 +155,17 @@ def apply_sparse_update(
         raise DTypeMismatchError(
             f"sparse_update {name!r}: the tensor is {meta.dtype}; optimizers need a floating-point tensor"
         )
-    local = _owned_local_ids(store, meta, ids)
-    g = _as_numpy(grads)
-    if g.dtype != dtype:
-        raise DTypeMismatchError(
-            f"sparse_update {name!r}: grads have dtype {g.dtype}, the tensor is {meta.dtype}"
-        )
-    want = (local.size, *meta.row_shape)
-    if tuple(g.shape) != want:
-        raise ShapeMismatchError(
-            f"sparse_update {name!r}: grads have shape {tuple(g.shape)}; {local.size} ids need {want}"
-        )
+    local, g = check_rows(
+        f"sparse_update {name!r}",
+        ids,
+        grads,
+        dtype=meta.dtype,
+        row_shape=meta.row_shape,
+        owned=store.node_range if meta.policy == "node" else store.edge_range,
+        owner=f"graph {store.graph_name!r} partition {store.part_id}",
+        policy=meta.policy,
+        values_name="grads",
+    )
     states = state_tensor_metas(meta, opts["kind"])
     for s in states:
         if store.has_tensor(s.name):

@@ -11,32 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
+from asyncgraph.arrays import IdArray, as_id_array
 from asyncgraph.errors import OutOfRangeError
 
-IdArray = npt.NDArray[np.int64]
-
-
-def as_id_array(ids: Any, name: str = "ids") -> IdArray:
-    """Turn numpy/torch/list IDs (any integer dtype) into a 1-D int64 numpy array.
-
-    Raises ``DTypeMismatchError`` for non-integer IDs.
-    """
-    from asyncgraph.errors import DTypeMismatchError
-
-    if hasattr(ids, "detach") and hasattr(ids, "numpy"):  # torch tensor, without importing torch
-        ids = ids.detach().cpu().numpy()
-    arr = np.asarray(ids)
-    if arr.ndim == 0:
-        arr = arr.reshape(1)
-    if arr.size == 0:
-        return np.empty(0, dtype=np.int64)
-    if arr.dtype.kind not in "iu":
-        raise DTypeMismatchError(f"{name} must be integers, got dtype {arr.dtype}")
-    if arr.ndim != 1:
-        raise DTypeMismatchError(f"{name} must be one-dimensional, got shape {arr.shape}")
-    return arr.astype(np.int64, copy=False)
+__all__ = ["IdArray", "RangePartitionBook", "as_id_array"]
 
 
 class RangePartitionBook:

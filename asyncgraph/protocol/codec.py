@@ -21,6 +21,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from asyncgraph.arrays import WIRE_DTYPE_KINDS as _ARRAY_KINDS
 from asyncgraph.errors import FrameTooLargeError, ProtocolError
 from asyncgraph.protocol.framing import LENGTH_PREFIX
 
@@ -43,7 +44,6 @@ _HEADER_LEN = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _MAX_BODY = (1 << 32) - 1  # what a 4-byte length prefix can declare
 _MAX_NDIM = 32
-_ARRAY_KINDS = "biuf"
 # Canonical ``dtype.str`` of bool/int/uint/float dtypes only: no object, void, structured,
 # string, datetime or subarray dtypes can even reach np.dtype() on the decode side.
 _DTYPE_RE = re.compile(r"[<>|][biuf][0-9]{1,2}\Z")

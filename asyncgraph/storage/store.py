@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
+from asyncgraph.arrays import WIRE_DTYPE_KINDS, check_rows
 from asyncgraph.errors import (
     DTypeMismatchError,
     InvalidRequestError,
-    OutOfRangeError,
     ShapeMismatchError,
     TensorExistsError,
     UnknownTensorError,
@@ -49,7 +49,7 @@ DESCRIPTOR_VERSION = 1
 INIT_BLOCK_ROWS = 4096
 _ADD_CHUNK_ELEMS = 1 << 20  # elements per np.add.at call in push(op="add"): bounds temp memory
 _STRUCTURE = ("indptr", "indices", "eids")
-_ALLOWED_DTYPE_KINDS = "biufc"  # bool, signed, unsigned, float, complex
+_ALLOWED_DTYPE_KINDS = WIRE_DTYPE_KINDS
 
 _INIT_PARAMS: dict[str, dict[str, float | int]] = {
     "zeros": {},
@@ -445,27 +445,20 @@ class PartitionStore:
     # --- data access ------------------------------------------------------------------------
     def _local_ids(self, t: _Tensor, ids: Any) -> np.ndarray:
         """Validate global IDs for tensor ``t`` and return int64 local row indices."""
-        arr = _as_numpy(ids)
-        if arr.ndim != 1:
-            raise ShapeMismatchError(
-                f"ids for tensor {t.meta.name!r} must be a 1-D array of global IDs, got shape {arr.shape}"
-            )
-        if arr.size == 0:
-            return np.empty(0, dtype=np.int64)
-        if arr.dtype.kind not in "iu":
-            raise DTypeMismatchError(
-                f"ids for tensor {t.meta.name!r} must be integers, got dtype {arr.dtype}"
-            )
-        lo, hi = self._owned(t.meta.policy)
-        mn, mx = int(arr.min()), int(arr.max())
-        if mn < lo or mx >= hi:
-            bad = mn if mn < lo else mx
-            raise OutOfRangeError(
-                f"{t.meta.policy} ID {bad} is not owned by graph {self.graph_name!r} partition "
-                f"{self.part_id} (owns [{lo}, {hi})); tensor {t.meta.name!r}"
-            )
-        local: np.ndarray = np.subtract(arr, lo, dtype=np.int64)
-        return local
+        return self._check_rows(t, ids)[0]
+
+    def _check_rows(self, t: _Tensor, ids: Any, values: Any = None) -> tuple[np.ndarray, Any]:
+        meta = t.meta
+        return check_rows(
+            f"tensor {meta.name!r}",
+            ids,
+            values,
+            dtype=meta.dtype,
+            row_shape=meta.row_shape,
+            owned=self._owned(meta.policy),
+            owner=f"graph {self.graph_name!r} partition {self.part_id}",
+            policy=meta.policy,
+        )
 
     def pull(self, name: str, ids: np.ndarray) -> np.ndarray:
         """Rows for global ``ids`` (owned by this partition) as a NEW array ``[len(ids), *row_shape]``."""
@@ -486,21 +479,9 @@ class PartitionStore:
             raise InvalidRequestError(
                 f"unknown push op {op!r} for tensor {name!r}; expected 'assign' or 'add'"
             )
-        local = self._local_ids(t, ids)
-        vals = _as_numpy(values)
-        if vals.dtype.name != t.meta.dtype:
-            raise DTypeMismatchError(
-                f"values for tensor {name!r} have dtype {vals.dtype.name}; the tensor is {t.meta.dtype}"
-            )
-        want = (local.size, *t.meta.row_shape)
-        if vals.shape != want:
-            raise ShapeMismatchError(
-                f"values for tensor {name!r} have shape {vals.shape}; {local.size} ids need {want}"
-            )
+        local, vals = self._check_rows(t, ids, values)
         if local.size == 0:
             return
-        if not vals.dtype.isnative:
-            vals = vals.astype(vals.dtype.newbyteorder("="))
         rows = t.rows
         with self._lock.write():
             if op == "assign":

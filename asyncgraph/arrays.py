@@ -1,0 +1,137 @@
+"""Array helpers shared by every layer: torch-to-numpy, ID coercion, row validation, wire dtypes.
+
+Torch tensors are recognised by duck typing, so servers (which never import torch) use the same
+functions as trainers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, overload
+
+import numpy as np
+import numpy.typing as npt
+
+from asyncgraph.errors import DTypeMismatchError, OutOfRangeError, ShapeMismatchError
+
+__all__ = ["WIRE_DTYPE_KINDS", "IdArray", "as_id_array", "check_rows", "to_numpy"]
+
+IdArray = npt.NDArray[np.int64]
+
+
+class SupportsNumpy(Protocol):
+    """A torch tensor, as far as conversion needs."""
+
+    def detach(self) -> Any: ...
+
+
+# numpy dtype kinds a tensor may have: the codec can carry exactly these (bool, int, uint, float).
+WIRE_DTYPE_KINDS = "biuf"
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """numpy view of a torch tensor (no copy on CPU) or ``np.asarray`` of anything else."""
+    if hasattr(x, "detach") and hasattr(x, "numpy"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def as_id_array(ids: Any, name: str = "ids") -> IdArray:
+    """Turn numpy/torch/list IDs (any integer dtype, scalar or 1-D) into a 1-D int64 array.
+
+    Raises ``DTypeMismatchError`` for non-integer or multi-dimensional IDs.
+    """
+    arr = to_numpy(ids)
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if arr.dtype.kind not in "iu":
+        raise DTypeMismatchError(f"{name} must be integers, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise DTypeMismatchError(f"{name} must be one-dimensional, got shape {arr.shape}")
+    return arr.astype(np.int64, copy=False)
+
+
+@overload
+def check_rows(
+    what: str,
+    ids: Any,
+    values: None = None,
+    *,
+    dtype: str,
+    row_shape: Sequence[int],
+    owned: tuple[int, int] | None = None,
+    owner: str = "",
+    policy: str = "node",
+    values_name: str = "values",
+) -> tuple[IdArray, None]: ...
+
+
+@overload
+def check_rows(
+    what: str,
+    ids: Any,
+    values: np.ndarray | Sequence[Any] | SupportsNumpy,
+    *,
+    dtype: str,
+    row_shape: Sequence[int],
+    owned: tuple[int, int] | None = None,
+    owner: str = "",
+    policy: str = "node",
+    values_name: str = "values",
+) -> tuple[IdArray, np.ndarray]: ...
+
+
+def check_rows(
+    what: str,
+    ids: Any,
+    values: Any = None,
+    *,
+    dtype: str,
+    row_shape: Sequence[int],
+    owned: tuple[int, int] | None = None,
+    owner: str = "",
+    policy: str = "node",
+    values_name: str = "values",
+) -> tuple[IdArray, np.ndarray | None]:
+    """Validate a row request; return ``(ids - owned[0] as int64, values as an array)``.
+
+    IDs must be 1-D integers (``ShapeMismatchError`` / ``DTypeMismatchError``) inside ``owned``
+    when given (``OutOfRangeError`` naming ``owner``); ``values``, when given, must have exactly
+    ``dtype`` and shape ``(len(ids), *row_shape)``. ``what`` starts every message.
+    """
+    arr = to_numpy(ids)
+    if arr.ndim != 1:
+        raise ShapeMismatchError(f"{what}: ids must be a 1-D array of global IDs, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise DTypeMismatchError(f"{what}: ids must be integers, got dtype {arr.dtype}")
+    lo = 0
+    if owned is not None and arr.size:
+        lo, hi = owned
+        mn, mx = int(arr.min()), int(arr.max())
+        if mn < lo or mx >= hi:
+            bad = mn if mn < lo else mx
+            raise OutOfRangeError(f"{what}: {policy} ID {bad} is not owned by {owner} (owns [{lo}, {hi}))")
+    local: IdArray
+    if not arr.size:
+        local = np.empty(0, dtype=np.int64)
+    elif owned is None:
+        local = arr.astype(np.int64, copy=False)
+    else:
+        local = np.subtract(arr, lo, dtype=np.int64)
+    if values is None:
+        return local, None
+    vals = to_numpy(values)
+    if vals.dtype.name != np.dtype(dtype).name:
+        raise DTypeMismatchError(
+            f"{what}: {values_name} have dtype {vals.dtype.name}; the tensor is {np.dtype(dtype).name}"
+        )
+    want = (local.size, *row_shape)
+    if vals.shape != want:
+        raise ShapeMismatchError(
+            f"{what}: {values_name} have shape {vals.shape}; {local.size} ids need {want}"
+        )
+    if not vals.dtype.isnative:
+        vals = vals.astype(vals.dtype.newbyteorder("="))
+    return local, vals

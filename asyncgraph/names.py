@@ -1,0 +1,41 @@
+"""How stored tensors are named: the policy prefix and the optimizer-state suffixes.
+
+A tensor of policy ``"node"`` is stored as ``"node:<name>"`` (``"edge:<name>"`` likewise); the
+sparse optimizers keep their state beside the rows as ``"<key>#adagrad_state"`` or
+``"<key>#adam_m"``, ``"<key>#adam_v"`` and ``"<key>#adam_step"``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ADAGRAD_STATE_SUFFIX",
+    "ADAM_M_SUFFIX",
+    "ADAM_STEP_SUFFIX",
+    "ADAM_V_SUFFIX",
+    "POLICIES",
+    "is_state_key",
+    "tensor_key",
+    "tensor_prefix",
+]
+
+POLICIES = ("node", "edge")
+
+ADAGRAD_STATE_SUFFIX = "#adagrad_state"
+ADAM_M_SUFFIX = "#adam_m"
+ADAM_V_SUFFIX = "#adam_v"
+ADAM_STEP_SUFFIX = "#adam_step"
+
+
+def tensor_prefix(policy: str) -> str:
+    """``"node:"`` or ``"edge:"``: what every stored key of that policy starts with."""
+    return f"{policy}:"
+
+
+def tensor_key(policy: str, name: str) -> str:
+    """The stored key of user-facing tensor ``name`` of ``policy`` (``"node:feat"``)."""
+    return f"{policy}:{name}"
+
+
+def is_state_key(key: str) -> bool:
+    """Whether ``key`` names optimizer state rather than a user tensor."""
+    return "#" in key

@@ -1,0 +1,219 @@
+"""Operation names and their argument schemas, defined once for client and server.
+
+``Op`` members are plain ``str`` on the wire. Each op with arguments has a small record:
+``Record.decode(args)`` checks a request's argument map (``InvalidRequestError`` /
+``DTypeMismatchError`` naming the op and the argument) and ``record.encode()`` builds it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from asyncgraph.errors import DTypeMismatchError, InvalidRequestError
+
+__all__ = [
+    "BarrierArgs",
+    "CreateTensorArgs",
+    "DeleteTensorArgs",
+    "FindEdgesArgs",
+    "Op",
+    "PullArgs",
+    "PushArgs",
+    "SampleArgs",
+    "SparseUpdateArgs",
+]
+
+
+class Op(enum.StrEnum):
+    """Every request a server answers."""
+
+    INFO = "info"
+    PULL = "pull"
+    PUSH = "push"
+    CREATE_TENSOR = "create_tensor"
+    DELETE_TENSOR = "delete_tensor"
+    LIST_TENSORS = "list_tensors"
+    BARRIER = "barrier"
+    SAMPLE = "sample"
+    FIND_EDGES = "find_edges"
+    STATS = "stats"
+    PING = "ping"
+    SHUTDOWN = "shutdown"
+    SPARSE_UPDATE = "sparse_update"
+
+
+def _get(args: Mapping[str, Any], op: str, key: str, kind: type | tuple[type, ...]) -> Any:
+    if key not in args:
+        raise InvalidRequestError(f"{op}: missing argument {key!r}")
+    value = args[key]
+    if kind is int and isinstance(value, bool):
+        raise InvalidRequestError(f"{op}: argument {key!r} must be int, got bool")
+    if not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise InvalidRequestError(f"{op}: argument {key!r} must be {names}, got {type(value).__name__}")
+    return value
+
+
+def _ids(args: Mapping[str, Any], op: str, key: str = "ids") -> np.ndarray:
+    ids: np.ndarray = _get(args, op, key, np.ndarray)
+    if ids.dtype.kind not in "iu":
+        raise DTypeMismatchError(f"{op}: {key} must be an integer array, got dtype {ids.dtype}")
+    if ids.ndim != 1:
+        raise DTypeMismatchError(f"{op}: {key} must be one-dimensional, got shape {ids.shape}")
+    return ids
+
+
+@dataclass(frozen=True, slots=True)
+class PullArgs:
+    name: str
+    ids: np.ndarray
+
+    @classmethod
+    def decode(cls, args: Mapping[str, Any]) -> PullArgs:
+        return cls(_get(args, Op.PULL, "name", str), _ids(args, Op.PULL))
+
+    def encode(self) -> dict[str, Any]:
+        return {"name": self.name, "ids": self.ids}
+
+
+@dataclass(frozen=True, slots=True)
+class PushArgs:
+    name: str
+    ids: np.ndarray
+    values: np.ndarray
+    op: str = "assign"
+
+    @classmethod
+    def decode(cls, args: Mapping[str, Any]) -> PushArgs:
+        return cls(
+            _get(args, Op.PUSH, "name", str),
+            _ids(args, Op.PUSH),
+            _get(args, Op.PUSH, "values", np.ndarray),
+            _get(args, Op.PUSH, "op", str) if "op" in args else "assign",
+        )
+
+    def encode(self) -> dict[str, Any]:
+        return {"name": self.name, "ids": self.ids, "values": self.values, "op": self.op}
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTensorArgs:
+    name: str
+    policy: str
+    shape: list[int]
+    dtype: str
+    init: dict[str, Any] | None = None
+
+    @classmethod
+    def decode(cls, args: Mapping[str, Any]) -> CreateTensorArgs:
+        op = Op.CREATE_TENSOR
+        name = _get(args, op, "name", str)
+        policy = _get(args, op, "policy", str)
+        shape = _get(args, op, "shape", list)
+        dtype = _get(args, op, "dtype", str)
+        init = args.get("init")
+        if init is not None and not isinstance(init, dict):
+            raise InvalidRequestError("create_tensor: argument 'init' must be a map or nil")
+        if policy not in ("node", "edge"):
+            raise InvalidRequestError(f"create_tensor: policy must be 'node' or 'edge', got {policy!r}")
+        if not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+            raise InvalidRequestError(f"create_tensor: shape must be a list of ints, got {shape!r}")
+        return cls(name, policy, shape, dtype, init)
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "policy": self.policy,
+            "shape": self.shape,
+            "dtype": self.dtype,
+            "init": self.init,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTensorArgs:
+    name: str
+
+    @classmethod
+    def decode(cls, args: Mapping[str, Any]) -> DeleteTensorArgs:
+        return cls(_get(args, Op.DELETE_TENSOR, "name", str))
+
+    def encode(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+
+@dataclass(frozen=True, slots=True)
+class BarrierArgs:
+    name: str
+    timeout: float
+
+    @classmethod
+    def decode(cls, args: Mapping[str, Any]) -> BarrierArgs:
+        name = _get(args, Op.BARRIER, "name", str)
+        timeout = float(_get(args, Op.BARRIER, "timeout", (int, float)))
+        if not timeout > 0:
+            raise InvalidRequestError(f"barrier: timeout must be positive, got {timeout}")
+        return cls(name, timeout)
+
+    def encode(self) -> dict[str, Any]:
+        return {"name": self.name, "timeout": float(self.timeout)}
+
+
+@dataclass(frozen=True, slots=True)
+class SampleArgs:
+    seeds: np.ndarray
+    fanout: int
+    replace: bool = False
+    seed: int | None = None
+
+    @classmethod
+    def decode(cls, args: Mapping[str, Any]) -> SampleArgs:
+        op = Op.SAMPLE
+        seeds = _ids(args, op, "seeds")
+        fanout = _get(args, op, "fanout", int)
+        replace = bool(_get(args, op, "replace", bool)) if "replace" in args else False
+        seed = args.get("seed")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise InvalidRequestError("sample: seed must be an int or nil")
+        return cls(seeds, fanout, replace, seed)
+
+    def encode(self) -> dict[str, Any]:
+        return {"seeds": self.seeds, "fanout": self.fanout, "replace": self.replace, "seed": self.seed}
+
+
+@dataclass(frozen=True, slots=True)
+class FindEdgesArgs:
+    eids: np.ndarray
+
+    @classmethod
+    def decode(cls, args: Mapping[str, Any]) -> FindEdgesArgs:
+        return cls(_ids(args, Op.FIND_EDGES, "eids"))
+
+    def encode(self) -> dict[str, Any]:
+        return {"eids": self.eids}
+
+
+@dataclass(frozen=True, slots=True)
+class SparseUpdateArgs:
+    name: str
+    ids: np.ndarray
+    grads: np.ndarray
+    spec: dict[str, Any]
+
+    @classmethod
+    def decode(cls, args: Mapping[str, Any]) -> SparseUpdateArgs:
+        op = Op.SPARSE_UPDATE
+        return cls(
+            _get(args, op, "name", str),
+            _ids(args, op),
+            _get(args, op, "grads", np.ndarray),
+            _get(args, op, "spec", dict),
+        )
+
+    def encode(self) -> dict[str, Any]:
+        return {"name": self.name, "ids": self.ids, "grads": self.grads, "spec": self.spec}

@@ -1,0 +1,60 @@
+"""The interface of one partition, whether held in this process or reached over a connection."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+from asyncgraph.protocol.ops import Op
+from asyncgraph.storage.store import PartitionStore, TensorMeta
+
+
+class Partition(Protocol):
+    """What the client can ask of one partition; every method validates before it changes anything."""
+
+    part_id: int
+
+    @property
+    def name(self) -> str:
+        """Who serves it, for messages (a server address, or ``local partition 0``)."""
+        ...
+
+    @property
+    def store(self) -> PartitionStore | None:
+        """The in-process store, if the partition's memory is mapped here."""
+        ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def runs_here(self, op: Op) -> bool:
+        """Whether ``op`` runs in this process (no round trip): such calls are awaited inline."""
+        ...
+
+    async def pull(self, name: str, ids: np.ndarray) -> np.ndarray: ...
+
+    async def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str) -> None: ...
+
+    async def sample(
+        self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+    async def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+    async def sparse_update(
+        self, name: str, ids: np.ndarray, grads: np.ndarray, spec: Mapping[str, Any]
+    ) -> None: ...
+
+    async def create_tensor(
+        self, name: str, policy: str, shape: list[int], dtype: str, init: dict[str, Any] | None
+    ) -> TensorMeta: ...
+
+    async def delete_tensor(self, name: str) -> None: ...
+
+    async def list_tensors(self) -> list[TensorMeta]: ...
+
+    async def info(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...

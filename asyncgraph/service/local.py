@@ -1,0 +1,202 @@
+"""A partition held in this process: the server's request handlers and the client's local
+partitions run the same code, so standalone and served results are equal by construction."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Mapping
+from typing import Any, cast
+
+import numpy as np
+
+from asyncgraph.errors import ServerUnavailableError
+from asyncgraph.kernels.edges import find_edges_partition
+from asyncgraph.kernels.partition_sampling import sample_partition
+from asyncgraph.kernels.sparse_optim import apply_sparse_update
+from asyncgraph.protocol.messages import PROTOCOL_VERSION
+from asyncgraph.protocol.ops import Op
+from asyncgraph.service.base import Partition
+from asyncgraph.storage.store import PartitionStore, Policy, TensorMeta
+
+__all__ = ["LocalPartition", "PartitionService", "boot_id"]
+
+# What an attached (co-located) partition does through shared memory; the rest goes to its server.
+_ATTACHED_OPS = frozenset({Op.PULL, Op.PUSH, Op.SAMPLE, Op.FIND_EDGES})
+
+
+def boot_id() -> str:
+    """An identifier of this host's running kernel: equal boot IDs mean 'same machine'."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+class PartitionService:
+    """The ops of one partition over its store, synchronous: a server runs each request with it."""
+
+    def __init__(
+        self, store: PartitionStore, *, num_clients: int = 1, shm: Mapping[str, Any] | None = None
+    ) -> None:
+        self.store = store
+        self.num_clients = num_clients
+        self.shm = dict(shm) if shm is not None else None
+
+    def info(self) -> dict[str, Any]:
+        """The partition's identity, book and tensors, and how to reach its memory."""
+        store = self.store
+        return {
+            "protocol_version": PROTOCOL_VERSION,
+            "graph_name": store.graph_name,
+            "part_id": store.part_id,
+            "num_parts": store.book.num_partitions(),
+            "num_nodes": store.book.num_nodes,
+            "num_edges": store.book.num_edges,
+            "book": store.book.to_dict(),
+            "tensors": [meta.to_dict() for meta in store.list_tensors()],
+            "num_clients": self.num_clients,
+            "pid": os.getpid(),
+            "boot_id": boot_id(),
+            "shm": self.shm,
+        }
+
+    def list_tensors(self) -> list[TensorMeta]:
+        return self.store.list_tensors()
+
+    def pull(self, name: str, ids: np.ndarray) -> np.ndarray:
+        return self.store.pull(name, ids)
+
+    def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str = "assign") -> None:
+        self.store.push(name, ids, values, op)
+
+    def create_tensor(
+        self, name: str, policy: str, shape: list[int], dtype: str, init: dict[str, Any] | None = None
+    ) -> TensorMeta:
+        return self.store.create_tensor(name, cast(Policy, policy), shape, dtype, init)
+
+    def delete_tensor(self, name: str) -> None:
+        self.store.delete_tensor(name)
+
+    def sample(
+        self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        out = sample_partition(self.store, seeds, fanout, replace, seed)
+        return out["src"], out["dst"], out["eids"]
+
+    def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return find_edges_partition(self.store, eids)
+
+    def sparse_update(self, name: str, ids: np.ndarray, grads: np.ndarray, spec: Mapping[str, Any]) -> None:
+        apply_sparse_update(self.store, name, ids, grads, spec)
+
+
+class LocalPartition:
+    """``Partition`` over a ``PartitionService`` in this process.
+
+    Standalone, it does everything here. Attached to a co-located server's memory (``server``
+    given), it reads and writes rows, samples and finds edges here, maps tensors created later
+    on first use, sends everything else to ``server``, and refuses service once that server's
+    connection is closed.
+    """
+
+    def __init__(
+        self,
+        service: PartitionService,
+        *,
+        server: Partition | None = None,
+        shm: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.service = service
+        self.part_id = service.store.part_id
+        self.server = server
+        self.shm = shm
+
+    @property
+    def name(self) -> str:
+        return f"local partition {self.part_id}" if self.server is None else self.server.name
+
+    @property
+    def store(self) -> PartitionStore:
+        return self.service.store
+
+    @property
+    def closed(self) -> bool:
+        return self.service.store.closed
+
+    def runs_here(self, op: Op) -> bool:
+        return self.server is None or op in _ATTACHED_OPS
+
+    def _check_alive(self) -> None:
+        server = self.server
+        if server is not None and server.closed:
+            raise ServerUnavailableError(f"server {server.name} of partition {self.part_id} is gone")
+
+    async def _map(self, shm: Mapping[str, Any], name: str) -> None:
+        """Map tensor ``name``, created on the server after this store was attached."""
+        from asyncgraph.storage.fdpass import fetch_tensors
+
+        descriptor, fds = await asyncio.to_thread(fetch_tensors, shm["address"], shm["token"], [name], 10.0)
+        self.service.store.add_attached(descriptor, fds)
+
+    async def pull(self, name: str, ids: np.ndarray) -> np.ndarray:
+        self._check_alive()
+        if self.shm is not None and not self.service.store.has_tensor(name):
+            await self._map(self.shm, name)
+        return self.service.pull(name, ids)
+
+    async def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str) -> None:
+        self._check_alive()
+        if self.shm is not None and not self.service.store.has_tensor(name):
+            await self._map(self.shm, name)
+        self.service.push(name, ids, values, op)
+
+    async def sample(
+        self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        self._check_alive()
+        return self.service.sample(seeds, fanout, replace, seed)
+
+    async def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self._check_alive()
+        return self.service.find_edges(eids)
+
+    async def sparse_update(
+        self, name: str, ids: np.ndarray, grads: np.ndarray, spec: Mapping[str, Any]
+    ) -> None:
+        if self.server is not None:  # an attached store cannot create the optimizer state
+            return await self.server.sparse_update(name, ids, grads, spec)
+        self.service.sparse_update(name, ids, grads, spec)
+        return None
+
+    async def create_tensor(
+        self, name: str, policy: str, shape: list[int], dtype: str, init: dict[str, Any] | None
+    ) -> TensorMeta:
+        if self.server is not None:
+            return await self.server.create_tensor(name, policy, shape, dtype, init)
+        return self.service.create_tensor(name, policy, shape, dtype, init)
+
+    async def delete_tensor(self, name: str) -> None:
+        if self.server is None:
+            self.service.delete_tensor(name)
+            return
+        await self.server.delete_tensor(name)
+        self.service.store.forget_tensor(name)
+
+    async def list_tensors(self) -> list[TensorMeta]:
+        if self.server is not None:
+            return await self.server.list_tensors()
+        return self.service.list_tensors()
+
+    async def info(self) -> dict[str, Any]:
+        if self.server is not None:
+            return await self.server.info()
+        return self.service.info()
+
+    def close(self) -> None:
+        """Unmap an attached store and close its server's connection (a standalone store stays)."""
+        if self.server is not None:
+            self.server.close()
+            self.service.store.close()
