@@ -32,9 +32,9 @@ from asyncgraph.errors import (
 from asyncgraph.kernels.edges import find_edges_partition
 from asyncgraph.kernels.partition_sampling import sample_partition
 from asyncgraph.kernels.sparse_optim import apply_sparse_update, validate_spec
+from asyncgraph.malloc import retain_large_allocations
 from asyncgraph.partition.book import RangePartitionBook, as_id_array
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
-from asyncgraph.protocol.framing import retain_large_allocations
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
 from .connection import Connection
