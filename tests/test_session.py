@@ -236,3 +236,24 @@ def test_server_refuses_to_send_before_the_handshake() -> None:
     pair_events = feed(client, join(server.data_to_send()))
     assert pair_events == [] and client.server_hello is not None
     assert [type(e) for e in feed(server, join(client.data_to_send()))] == [HandshakeComplete]
+
+
+def test_frame_reader_needed_never_reads_past_one_frame() -> None:
+    """``needed`` is what lets the fd-passing socket read one reply and not the fd bytes after it."""
+    from asyncgraph.protocol import FrameReader, encode_frame_bytes
+
+    frame = encode_frame_bytes({"descriptor": {"x": 1}, "num_fds": 3})
+    reader = FrameReader(1 << 16)
+    got: list[memoryview] = []
+    pos = 0
+    reads = 0
+    while not got:
+        want = reader.needed
+        buf = reader.get_buffer(-1)
+        n = min(want, 3, len(frame) - pos)  # a stingy socket: at most 3 bytes a read
+        buf[:n] = frame[pos : pos + n]
+        pos += n
+        reads += 1
+        got = reader.buffer_updated(n)
+    assert pos == len(frame) and reader.needed == 4 and reads > 1
+    assert bytes(got[0]) == frame[4:]

@@ -82,6 +82,21 @@ class FrameReader:
             return _PREFIX + self._filled
         return self._end - self._start
 
+    @property
+    def needed(self) -> int:
+        """Bytes still missing from the frame in progress, its length prefix included.
+
+        A reader that must not consume past one frame (the fd-passing socket, where the bytes
+        after a reply carry file descriptors) receives at most this many at a time.
+        """
+        if self._body is not None:
+            return len(self._body) - self._filled
+        pending = self._end - self._start
+        if pending < _PREFIX:
+            return _PREFIX - pending
+        length: int = LENGTH_PREFIX.unpack_from(self._scratch, self._start)[0]
+        return _PREFIX + length - pending
+
     def get_buffer(self, sizehint: int) -> memoryview:
         """A writable, non-empty region to receive into; ``sizehint`` is advisory and ignored."""
         self._check_usable()
