@@ -22,9 +22,9 @@ from asyncgraph.arrays import as_id_array, check_rows
 from asyncgraph.env import ENV_MALLOC_TUNING
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, UnknownTensorError
 from asyncgraph.kernels.sparse_optim import validate_spec
+from asyncgraph.malloc import retain_large_allocations
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
-from asyncgraph.protocol.framing import retain_large_allocations
 from asyncgraph.protocol.ops import BarrierArgs, Op
 from asyncgraph.service import LocalPartition, Partition, PartitionService
 from asyncgraph.storage.store import PartitionStore, TensorMeta
