@@ -10,7 +10,7 @@ import torch
 
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, OutOfRangeError
 from asyncgraph.kernels import in_degrees, sample_csc
-from asyncgraph.kernels import kernel as K
+from asyncgraph.kernels import sampling as K
 
 
 def chi2_critical(df: int, p: float = 0.001) -> float:
