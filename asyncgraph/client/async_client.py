@@ -29,11 +29,17 @@ from asyncgraph.protocol.ops import BarrierArgs, Op
 from asyncgraph.service import LocalPartition, Partition, PartitionService
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
+from .cache import FeatureCache, Traffic
 from .connection import Connection
 from .partitions import open_partitions
 from .scatter import broadcast, gather_rows, scatter, split_by_owner, take
 
 DEFAULT_CALL_TIMEOUT = 60.0
+
+
+def meta_row_bytes(meta: TensorMeta) -> int:
+    """Bytes of one row of ``meta``'s tensor."""
+    return int(np.dtype(meta.dtype).itemsize * int(np.prod(meta.row_shape, dtype=np.int64)))
 
 
 class AsyncClient:
@@ -56,6 +62,7 @@ class AsyncClient:
         self.call_timeout = call_timeout
         self.num_clients = num_clients
         self._metas: dict[str, TensorMeta] = {}
+        self._caches: dict[str, FeatureCache] = {}
 
     # --- construction -----------------------------------------------------------------------
     @classmethod
@@ -169,12 +176,82 @@ class AsyncClient:
         """Rows ``ids`` (global, any order, duplicates allowed) of tensor ``name``."""
         return torch.from_numpy(await self.pull_numpy(name, ids))
 
-    async def pull_numpy(self, name: str, ids: Any) -> np.ndarray:
+    async def pull_numpy(self, name: str, ids: Any, traffic: Traffic | None = None) -> np.ndarray:
+        """Rows ``ids`` of ``name`` as numpy; served from the tensor's feature cache where it holds
+        them. ``traffic`` (optional) accumulates remote rows/bytes/requests and cache hits/misses."""
         meta = await self.tensor_meta(name)
         gids = as_id_array(ids)
+        cache = self._caches.get(name)
+        if cache is None:
+            return await self._pull_uncached(name, meta, gids, traffic)
+        hit, slot = cache.lookup(gids)
+        hits = int(np.count_nonzero(hit))
+        before = traffic.remote_rows if traffic is not None else 0
+        if hits == 0:
+            out = await self._pull_uncached(name, meta, gids, traffic)
+        else:
+            out = np.empty((gids.size, *meta.row_shape), dtype=meta.dtype)
+            out[hit] = cache.rows[slot[hit]]
+            if hits < gids.size:
+                miss = np.flatnonzero(~hit)
+                out[miss] = await self._pull_uncached(name, meta, gids[miss], traffic)
+        if traffic is not None:
+            traffic.cache_hits += hits
+            traffic.cache_misses += traffic.remote_rows - before
+        return out
+
+    async def _pull_uncached(
+        self, name: str, meta: TensorMeta, gids: np.ndarray, traffic: Traffic | None
+    ) -> np.ndarray:
         parts = split_by_owner(self.book.owner(gids, meta.policy), self.num_partitions)
-        rows = await scatter(self.partitions, parts, Op.PULL, lambda p, pos: p.pull(name, take(gids, pos)))
-        return gather_rows(rows, gids.size, meta.row_shape, meta.dtype)
+        if traffic is not None:
+            rows = self._count_remote(parts, Op.PULL, traffic)
+            traffic.remote_rows += rows
+            traffic.remote_bytes += rows * meta_row_bytes(meta)
+        rows_by_part = await scatter(
+            self.partitions, parts, Op.PULL, lambda p, pos: p.pull(name, take(gids, pos))
+        )
+        return gather_rows(rows_by_part, gids.size, meta.row_shape, meta.dtype)
+
+    def _count_remote(self, parts: Sequence[np.ndarray], op: Op, traffic: Traffic) -> int:
+        """Count the requests of ``parts`` that go over a socket in ``traffic``; their rows."""
+        rows = 0
+        for part, pos in zip(self.partitions, parts, strict=True):
+            if pos.size and not part.runs_here(op):
+                rows += int(pos.size)
+                traffic.remote_requests += 1
+        return rows
+
+    def remote_ids(self, policy: str = "node") -> np.ndarray:
+        """Global IDs owned by partitions reached over a socket (candidates for a feature cache)."""
+        book = self.book
+        ranges = []
+        for part in self.partitions:
+            if not part.runs_here(Op.PULL):
+                lo, hi = book.node_range(part.part_id) if policy == "node" else book.edge_range(part.part_id)
+                ranges.append(np.arange(lo, hi, dtype=np.int64))
+        return np.concatenate(ranges) if ranges else np.empty(0, np.int64)
+
+    # --- feature cache ------------------------------------------------------------------------
+    async def build_cache(self, name: str, ids: Any) -> FeatureCache:
+        """Cache rows ``ids`` of read-only tensor ``name`` in this process (replacing its cache).
+
+        Later pulls of ``name`` read cached rows here; this client's own writes to ``name`` drop
+        the cache. Only cache tensors no other process writes while the cache is in use.
+        """
+        meta = await self.tensor_meta(name)
+        gids = np.unique(as_id_array(ids))
+        self._caches.pop(name, None)
+        rows = await self._pull_uncached(name, meta, gids, None)
+        cache = FeatureCache(name, gids, np.ascontiguousarray(rows))
+        self._caches[name] = cache
+        return cache
+
+    def feature_cache(self, name: str) -> FeatureCache | None:
+        return self._caches.get(name)
+
+    def drop_cache(self, name: str) -> None:
+        self._caches.pop(name, None)
 
     async def push(self, name: str, ids: Any, values: Any, op: str = "assign") -> None:
         """Write rows: ``op="assign"`` replaces, ``"add"`` accumulates (duplicates add up).
@@ -183,6 +260,7 @@ class AsyncClient:
         """
         if op not in ("assign", "add"):
             raise InvalidRequestError(f"push: op must be 'assign' or 'add', got {op!r}")
+        self._caches.pop(name, None)
         meta = await self.tensor_meta(name)
         gids = as_id_array(ids)
         _, vals = check_rows(f"push to {name!r}", gids, values, dtype=meta.dtype, row_shape=meta.row_shape)
@@ -200,6 +278,7 @@ class AsyncClient:
         init: Mapping[str, Any] | None = None,
     ) -> TensorMeta:
         """Create (or get, if identical) a tensor sharded by node or edge ranges on every partition."""
+        self._caches.pop(name, None)
         dims = [int(d) for d in shape]
         dt = np.dtype(dtype).name
         spec = dict(init) if init else None
@@ -208,19 +287,29 @@ class AsyncClient:
         return metas[0]
 
     async def delete_tensor(self, name: str) -> None:
+        self._caches.pop(name, None)
         await broadcast(self.partitions, lambda p: p.delete_tensor(name))
         self._metas.pop(name, None)
 
     # --- structure ----------------------------------------------------------------------------
     async def sample_neighbors(
-        self, seeds: Any, fanout: int, *, replace: bool = False, seed: int | None = None
+        self,
+        seeds: Any,
+        fanout: int,
+        *,
+        replace: bool = False,
+        seed: int | None = None,
+        traffic: Traffic | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Sample in-edges of global ``seeds``: each owner samples its seeds, all concurrently.
 
         Returns global ``(src, dst, eids)``, grouped by owning partition in partition order.
+        ``traffic`` (optional) counts the requests sent over a socket.
         """
         gids = as_id_array(seeds, "seeds")
         parts = split_by_owner(self.book.owner(gids, "node"), self.num_partitions)
+        if traffic is not None:
+            self._count_remote(parts, Op.SAMPLE, traffic)
         fan, rep = int(fanout), bool(replace)
         results = await scatter(
             self.partitions, parts, Op.SAMPLE, lambda p, pos: p.sample(take(gids, pos), fan, rep, seed)
@@ -259,6 +348,7 @@ class AsyncClient:
         co-located partition is updated through its server (an attached store cannot create the
         state tensors). Everything is validated before any partition is touched.
         """
+        self._caches.pop(name, None)
         opts = validate_spec(spec)
         meta = await self.tensor_meta(name)
         if np.dtype(meta.dtype).kind != "f":

@@ -12,13 +12,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from asyncgraph.client.async_client import AsyncClient
+from asyncgraph.client.async_client import AsyncClient, meta_row_bytes
+from asyncgraph.client.cache import Traffic, pick_cached_ids
 from asyncgraph.client.sync_client import Client
 from asyncgraph.dataloading.block import Block
 from asyncgraph.dataloading.prefetch import LoaderStats
 from asyncgraph.dataloading.sampler import NeighborSampler
 
-__all__ = ["Sampled", "client_of", "mask_or_ids", "sample_and_pull"]
+__all__ = ["Sampled", "build_feature_cache", "client_of", "mask_or_ids", "sample_and_pull"]
 
 
 def client_of(graph: Any) -> Client:
@@ -69,13 +70,16 @@ async def sample_and_pull(
     t0 = time.perf_counter() if started is None else started
     layer = 0
     replace = sampler.replace
+    traffic = Traffic()
 
     async def sample_fn(layer_seeds: np.ndarray, fanout: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         nonlocal layer
         layer += 1
+        before = traffic.remote_requests
         src, dst, sampled = await aio.sample_neighbors(
-            layer_seeds, fanout, replace=replace, seed=batch_seed * 8 + layer
+            layer_seeds, fanout, replace=replace, seed=batch_seed * 8 + layer, traffic=traffic
         )
+        traffic.waves += traffic.remote_requests > before
         if exclude is not None and sampled.size:
             keep = ~np.isin(sampled, exclude)
             src, dst, sampled = src[keep], dst[keep], sampled[keep]
@@ -85,10 +89,12 @@ async def sample_and_pull(
     for block in blocks:  # the CSR aggregation layers use, built here rather than in training
         block.csr()
     t1 = time.perf_counter()
-    pulls = [aio.pull(f"node:{name}", input_nodes) for name in node_feats]
+    before = traffic.remote_requests
+    pulls = [aio.pull_numpy(f"node:{name}", input_nodes, traffic) for name in node_feats]
     if labels is not None:
-        pulls.append(aio.pull(f"node:{labels}", output_nodes))
-    tensors = await asyncio.gather(*pulls)
+        pulls.append(aio.pull_numpy(f"node:{labels}", output_nodes, traffic))
+    tensors = [torch.from_numpy(t) for t in await asyncio.gather(*pulls)]
+    traffic.waves += traffic.remote_requests > before
     t2 = time.perf_counter()
     for name, tensor in zip(node_feats, tensors[: len(node_feats)], strict=True):
         blocks[0].srcdata[name] = tensor
@@ -96,4 +102,59 @@ async def sample_and_pull(
         blocks[-1].dstdata[labels] = tensors[-1]
     stats.sample += t1 - t0
     stats.pull += t2 - t1
+    stats.traffic.add(traffic)
     return Sampled(input_nodes, output_nodes, blocks, sample_time=t1 - t0, pull_time=t2 - t1)
+
+
+async def build_feature_cache(
+    aio: AsyncClient,
+    sampler: NeighborSampler,
+    nids: np.ndarray,
+    node_feats: Sequence[str],
+    budget_bytes: int,
+    *,
+    batch_size: int,
+    presample_batches: int = 8,
+    seed: int = 0,
+) -> dict[str, int]:
+    """Cache the remote input rows of ``node_feats`` most likely to be needed, within ``budget_bytes``.
+
+    Likelihood: how often a node is an input node in ``presample_batches`` batches sampled here
+    from ``nids`` (the loader's own seeds and sampler); ties and never-sampled nodes are ranked by
+    their in-edges into the partitions held in this process (the edges seeds sampled here follow).
+    Every name in ``node_feats`` caches the same IDs. Returns what was cached (rows, bytes).
+    """
+    candidates = aio.remote_ids("node")
+    metas = [await aio.tensor_meta(f"node:{name}") for name in node_feats]
+    row_bytes = sum(meta_row_bytes(m) for m in metas)
+    max_rows = min(int(budget_bytes) // max(row_bytes, 1), candidates.size)
+    if max_rows <= 0 or not node_feats:
+        return {"rows": 0, "bytes": 0, "candidates": int(candidates.size)}
+    num_nodes = aio.book.num_nodes
+    scores = np.zeros(num_nodes, dtype=np.float64)
+    for part in aio.partitions:
+        if part.store is not None and part.store.indices.size:
+            fan_in = np.bincount(part.store.indices, minlength=num_nodes)[:num_nodes]
+            scores += fan_in / (float(fan_in.max()) + 1.0)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(nids.size)
+    for b in range(min(presample_batches, -(-nids.size // max(batch_size, 1)))):
+        batch = np.sort(nids[order[b * batch_size : (b + 1) * batch_size]])
+        layer = 0
+
+        async def sample_fn(
+            layer_seeds: np.ndarray, fanout: int, b: int = b
+        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            nonlocal layer
+            layer += 1
+            return await aio.sample_neighbors(
+                layer_seeds, fanout, replace=sampler.replace, seed=(seed + b) * 8 + layer
+            )
+
+        input_nodes, _, _ = await sampler.sample_blocks(sample_fn, batch)
+        scores += np.bincount(input_nodes, minlength=num_nodes)[:num_nodes]
+    ids = pick_cached_ids(scores, candidates, max_rows)
+    total = 0
+    for name in node_feats:
+        total += (await aio.build_cache(f"node:{name}", ids)).nbytes
+    return {"rows": int(ids.size), "bytes": total, "candidates": int(candidates.size)}

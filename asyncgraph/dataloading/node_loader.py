@@ -11,7 +11,7 @@ import torch
 
 from asyncgraph.client.async_client import AsyncClient
 from asyncgraph.dataloading.block import Block
-from asyncgraph.dataloading.fetch import client_of, mask_or_ids, sample_and_pull
+from asyncgraph.dataloading.fetch import build_feature_cache, client_of, mask_or_ids, sample_and_pull
 from asyncgraph.dataloading.prefetch import PrefetchingLoader
 from asyncgraph.dataloading.sampler import NeighborSampler
 
@@ -38,6 +38,11 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
 
     Yields ``MiniBatch`` objects that unpack to ``(input_nodes, seeds, blocks)``; features are in
     ``blocks[0].srcdata[name]`` and labels in ``blocks[-1].dstdata["label"]``.
+
+    ``feature_cache_bytes > 0`` caches, in this process, the remote rows of ``node_feats`` most
+    likely to be needed (ranked by ``cache_presample_batches`` batches sampled up front; see
+    ``build_feature_cache``): only for tensors no process writes during training. ``cache_info``
+    says what was cached; hits and misses are counted in ``stats.traffic``.
     """
 
     def __init__(
@@ -52,6 +57,8 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
         node_feats: Sequence[str] = ("feat",),
         labels: str | None = "label",
         seed: int | None = None,
+        feature_cache_bytes: int = 0,
+        cache_presample_batches: int = 8,
     ) -> None:
         client = client_of(g)
         self.nids = mask_or_ids(nids).astype(np.int64, copy=False)
@@ -61,6 +68,20 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
         self.sampler = sampler
         self.node_feats = tuple(node_feats)
         self.labels = labels
+        self.cache_info: dict[str, int] = {}
+        if feature_cache_bytes > 0:
+            self.cache_info = client.loop.run(
+                build_feature_cache(
+                    self.aio,
+                    sampler,
+                    self.nids,
+                    self.node_feats,
+                    feature_cache_bytes,
+                    batch_size=batch_size,
+                    presample_batches=cache_presample_batches,
+                    seed=self.seed,
+                )
+            )
 
     def _make_batch(self, positions: np.ndarray, epoch: int, index: int) -> Awaitable[MiniBatch]:
         return self._build(self.nids[positions], self._batch_seed(epoch, index))

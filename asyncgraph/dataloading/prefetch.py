@@ -20,12 +20,13 @@ import inspect
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
 
+from asyncgraph.client.cache import Traffic
 from asyncgraph.client.sync_client import EventLoopThread
 
 __all__ = ["DistDataLoader", "LoaderStats", "Prefetcher", "PrefetchingLoader"]
@@ -37,15 +38,25 @@ _SEED_STRIDE = 1_000_003
 
 @dataclass
 class LoaderStats:
-    """Seconds spent per phase over an epoch (sample and pull run in the background)."""
+    """Seconds spent per phase over an epoch (sample and pull run in the background), and what
+    the graph loaders' requests cost (``traffic``: remote rows/bytes, request waves, cache hits)."""
 
     batches: int = 0
     sample: float = 0.0
     pull: float = 0.0
     wait: float = 0.0
+    traffic: Traffic = field(default_factory=Traffic)
 
     def as_dict(self) -> dict[str, float]:
-        return {"batches": self.batches, "sample": self.sample, "pull": self.pull, "wait": self.wait}
+        out: dict[str, float] = {
+            "batches": self.batches,
+            "sample": self.sample,
+            "pull": self.pull,
+            "wait": self.wait,
+        }
+        out.update(self.traffic.as_dict())
+        out["cache_hit_rate"] = self.traffic.hit_rate
+        return out
 
 
 class Prefetcher(Generic[T]):

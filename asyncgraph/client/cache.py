@@ -1,0 +1,91 @@
+"""A trainer-side cache of remote rows of read-only tensors, and the traffic counters of pulls.
+
+Each process builds its own cache (version 1: not shared between the trainers of a host). A
+cache holds the sorted global IDs it covers and their rows; a lookup is one vectorised
+``searchsorted``, so its memory is proportional to the cache, not to the graph. The client drops
+a tensor's cache whenever it writes that tensor (push, sparse_update, create, delete), so its own
+writes are never answered from stale rows; writes made by *other* processes are not seen, which
+is why only tensors nobody writes during training (partition features) should be cached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from asyncgraph.errors import InvalidRequestError
+
+__all__ = ["FeatureCache", "Traffic", "pick_cached_ids"]
+
+
+@dataclass
+class Traffic:
+    """What requests cost: rows/bytes pulled over a socket, requests sent over a socket (pulls and
+    samples), cache hits/misses.
+
+    ``cache_hits``/``cache_misses`` count remote-owned rows looked up in a cache; ``waves`` counts
+    sequential rounds that sent at least one request over a socket (filled in by the loaders).
+    """
+
+    remote_rows: int = 0
+    remote_bytes: int = 0
+    remote_requests: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    waves: int = 0
+
+    def add(self, other: Traffic) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: int(getattr(self, f.name)) for f in fields(self)}
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.cache_hits + self.cache_misses
+        return self.cache_hits / total if total else 0.0
+
+
+class FeatureCache:
+    """Rows ``rows[i]`` of global IDs ``ids[i]`` (sorted, unique) of one tensor."""
+
+    def __init__(self, name: str, ids: np.ndarray, rows: np.ndarray) -> None:
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.ndim != 1 or rows.shape[:1] != ids.shape:
+            raise InvalidRequestError(f"cache of {name!r}: {ids.shape[0]} IDs but rows of shape {rows.shape}")
+        if ids.size > 1 and not bool(np.all(ids[1:] > ids[:-1])):
+            raise InvalidRequestError(f"cache of {name!r}: IDs must be sorted and unique")
+        self.name = name
+        self.ids = ids
+        self.rows = rows
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.rows.nbytes + self.ids.nbytes)
+
+    def __len__(self) -> int:
+        return int(self.ids.size)
+
+    def lookup(self, gids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(hit, slot)``: a boolean mask of the cached IDs and, where hit, their row in ``rows``."""
+        if not self.ids.size:
+            return np.zeros(gids.shape, dtype=bool), np.zeros(gids.shape, dtype=np.int64)
+        slot = np.searchsorted(self.ids, gids)
+        np.minimum(slot, self.ids.size - 1, out=slot)
+        hit = self.ids[slot] == gids
+        return hit, slot
+
+
+def pick_cached_ids(scores: np.ndarray, candidates: np.ndarray, max_rows: int) -> np.ndarray:
+    """The (sorted) ``max_rows`` candidates with the highest positive scores."""
+    if max_rows <= 0 or not candidates.size:
+        return np.empty(0, dtype=np.int64)
+    s = scores[candidates]
+    keep = s > 0
+    cand, s = candidates[keep], s[keep]
+    if cand.size > max_rows:
+        top = np.argpartition(-s, max_rows - 1)[:max_rows]
+        cand = cand[top]
+    return np.sort(cand.astype(np.int64, copy=False))
