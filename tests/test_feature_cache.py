@@ -102,14 +102,15 @@ def test_loader_with_a_cache_gives_the_same_batches(served: ServerGroup, pubmed2
             lo, hi = c.book.node_range(0)  # the seeds of a trainer of partition 0
             nids = np.arange(lo, hi, 7)
             loader = DistNodeDataLoader(
-                g, nids, NeighborSampler([5, 3]), 128, prefetch=2, seed=5, feature_cache_bytes=cache_bytes
-            )
+                g, nids, NeighborSampler([5, 3]), 128, prefetch=2, seed=5,
+                feature_cache_bytes=cache_bytes, carry_features=False,
+            )  # fmt: skip
             batches = [(i.numpy(), b[0].srcdata["feat"].numpy()) for i, _, b in loader]
             runs.append((batches, loader.stats.traffic, loader.cache_info))
         finally:
             c.close()
     (b0, t0, info0), (b1, t1, info1) = runs
-    assert info0 == {} and info1["rows"] == 2_000_000 // 2000
+    assert info0 == {} and 0 < info1["rows"] <= 2_000_000 // 2000  # 1,000 rows of 2,000 bytes fit
     for (i0, f0), (i1, f1) in zip(b0, b1, strict=True):
         np.testing.assert_array_equal(i0, i1)
         np.testing.assert_array_equal(f0, f1)
@@ -118,3 +119,55 @@ def test_loader_with_a_cache_gives_the_same_batches(served: ServerGroup, pubmed2
     assert t1.cache_hits + t1.cache_misses == t0.remote_rows  # the same remote lookups
     assert t1.remote_bytes < t0.remote_bytes
     assert t0.waves >= len(b0)  # at least the feature wave of every batch went to a server
+
+
+@pytest.mark.parametrize("local", [[0], []])
+def test_features_carried_by_sampling_equal_the_two_wave_path(served: ServerGroup, pubmed2, local) -> None:
+    runs = []
+    cases = [(False, 0), (True, 0), (True, 50_000_000)]  # (carry, cache bytes): 50 MB holds all remote rows
+    for carry, cache_bytes in cases:
+        c = Client.connect(served.addresses, local_partitions=local)
+        try:
+            g = DistGraph("pubmed", client=c)
+            lo, hi = c.book.node_range(0)
+            loader = DistNodeDataLoader(
+                g, np.arange(lo, hi, 11), NeighborSampler([4, 3]), 100, seed=9, carry_features=carry,
+                feature_cache_bytes=cache_bytes,
+            )  # fmt: skip
+            batches = [(b.input_nodes.numpy(), b.blocks[0].srcdata["feat"].numpy(),
+                        b.blocks[-1].dstdata["label"].numpy()) for b in loader]  # fmt: skip
+            runs.append((batches, loader.stats.traffic))
+        finally:
+            c.close()
+    (two_wave, t_two), (carried, t_carried), (cached, t_cached) = runs
+    for (i0, f0, l0), (i1, f1, l1), (i2, f2, l2) in zip(two_wave, carried, cached, strict=True):
+        np.testing.assert_array_equal(i0, i1)
+        np.testing.assert_array_equal(i0, i2)
+        np.testing.assert_array_equal(f0, f1)
+        np.testing.assert_array_equal(f0, f2)
+        np.testing.assert_array_equal(l0, l1)
+        np.testing.assert_array_equal(l0, l2)
+        np.testing.assert_array_equal(f1, pubmed2.original_rows("feat", i1))
+    n = len(two_wave)
+    if local:  # seeds local: layer 1 is sampled here; layer 2 and the features each take a wave
+        assert t_two.waves == 2 * n
+        assert t_carried.waves <= 2 * n
+        assert t_cached.waves == n  # the rows no answer carried were all cached
+        assert t_cached.cache_misses == 0
+    else:  # everything over sockets: labels and the rows other owners sampled keep the last wave
+        assert t_two.waves == 3 * n
+        assert t_carried.waves <= 3 * n
+    assert t_carried.remote_rows > 0
+
+
+def test_sample_args_features_are_checked() -> None:
+    from asyncgraph.protocol.ops import SampleArgs
+
+    seeds = np.arange(3)
+    a = SampleArgs.decode(SampleArgs(seeds, 2, features=("node:feat",)).encode())
+    assert a.features == ("node:feat",)
+    assert "features" not in SampleArgs(seeds, 2).encode()  # old peers see the old request
+    with pytest.raises(InvalidRequestError, match="features"):
+        SampleArgs.decode({"seeds": seeds, "fanout": 2, "features": [1]})
+    with pytest.raises(InvalidRequestError, match="features"):
+        SampleArgs.decode({"seeds": seeds, "fanout": 2, "features": "node:feat"})

@@ -27,6 +27,7 @@ from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.protocol.ops import BarrierArgs, Op
 from asyncgraph.service import LocalPartition, Partition, PartitionService
+from asyncgraph.service.base import SampledRows
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
 from .cache import FeatureCache, Traffic
@@ -320,6 +321,57 @@ class AsyncClient:
             return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
         src, dst, eids = (np.concatenate([r[1][k] for r in results]) for k in range(3))
         return src, dst, eids
+
+    async def sample_with_features(
+        self,
+        seeds: Any,
+        fanout: int,
+        features: Sequence[str],
+        *,
+        replace: bool = False,
+        seed: int | None = None,
+        traffic: Traffic | None = None,
+    ) -> SampledRows:
+        """``sample_neighbors`` whose answers also carry the rows of ``features`` (tensor keys) of
+        the sampled nodes each owner holds (its seeds and the sources in its range).
+
+        ``ids`` (sorted) and ``rows[k]`` cover those nodes of every owner together; the rows are
+        what ``pull_numpy`` would return (caches are not consulted). ``traffic`` counts the
+        requests, and the rows and bytes that crossed a socket.
+        """
+        gids = as_id_array(seeds, "seeds")
+        names = list(features)
+        metas = [await self.tensor_meta(name) for name in names]
+        for meta in metas:
+            if meta.policy != "node":
+                raise InvalidRequestError(f"sample_with_features: {meta.name!r} is not a node tensor")
+        parts = split_by_owner(self.book.owner(gids, "node"), self.num_partitions)
+        fan, rep = int(fanout), bool(replace)
+        if traffic is not None:
+            self._count_remote(parts, Op.SAMPLE, traffic)
+        results = await scatter(
+            self.partitions,
+            parts,
+            Op.SAMPLE,
+            lambda p, pos: p.sample_with_features(take(gids, pos), fan, rep, seed, names),
+        )
+        if traffic is not None:  # scatter answers the owners in partition order
+            owners = [self.partitions[i] for i, pos in enumerate(parts) if pos.size]
+            row_bytes = sum(meta_row_bytes(m) for m in metas)
+            for part, (_, r) in zip(owners, results, strict=True):
+                if not part.runs_here(Op.SAMPLE):
+                    traffic.remote_rows += int(r.ids.size)
+                    traffic.remote_bytes += int(r.ids.size) * row_bytes
+        if len(results) == 1:
+            return results[0][1]
+        if not results:
+            empty = np.empty(0, np.int64)
+            rows = [np.empty((0, *m.row_shape), m.dtype) for m in metas]
+            return SampledRows(empty, empty, empty, empty, rows)
+        src, dst, eids, ids = (np.concatenate([r[1][k] for r in results]) for k in range(4))
+        order = np.argsort(ids, kind="stable")
+        rows = [np.concatenate([r[1].rows[k] for r in results])[order] for k in range(len(names))]
+        return SampledRows(src, dst, eids, ids[order], rows)
 
     async def find_edges(self, eids: Any) -> tuple[np.ndarray, np.ndarray]:
         """Global int64 ``(src, dst)`` of global edge IDs, in the caller's order.

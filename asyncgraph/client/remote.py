@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,6 +17,7 @@ from asyncgraph.protocol.ops import (
     SampleArgs,
     SparseUpdateArgs,
 )
+from asyncgraph.service.base import SampledRows
 from asyncgraph.storage.store import TensorMeta
 
 from .connection import Connection
@@ -56,6 +57,15 @@ class RemotePartition:
         args = SampleArgs(seeds, fanout, replace, seed).encode()
         out = await self.conn.call(Op.SAMPLE, args, self.timeout)
         return np.asarray(out["src"]), np.asarray(out["dst"]), np.asarray(out["eids"])
+
+    async def sample_with_features(
+        self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None, features: Sequence[str]
+    ) -> SampledRows:
+        args = SampleArgs(seeds, fanout, replace, seed, tuple(features)).encode()
+        out = await self.conn.call(Op.SAMPLE, args, self.timeout)
+        rows = [np.asarray(r) for r in out["rows"]]
+        src, dst, eids, ids = (np.asarray(out[k]) for k in ("src", "dst", "eids", "ids"))
+        return SampledRows(src, dst, eids, ids, rows)
 
     async def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         out = await self.conn.call(Op.FIND_EDGES, FindEdgesArgs(eids).encode(), self.timeout)

@@ -18,6 +18,7 @@ from asyncgraph.client.sync_client import Client
 from asyncgraph.dataloading.block import Block
 from asyncgraph.dataloading.prefetch import LoaderStats
 from asyncgraph.dataloading.sampler import NeighborSampler
+from asyncgraph.service.base import SampledRows
 
 __all__ = ["Sampled", "build_feature_cache", "client_of", "mask_or_ids", "sample_and_pull"]
 
@@ -60,25 +61,41 @@ async def sample_and_pull(
     labels: str | None = None,
     exclude: np.ndarray | None = None,
     started: float | None = None,
+    carry_features: bool = True,
 ) -> Sampled:
     """Sample blocks for ``seeds`` then pull ``node_feats`` of the inputs (and ``labels`` of the seeds).
 
     Layer ``l`` samples with seed ``batch_seed * 8 + l``; edges whose IDs are in ``exclude`` are
     dropped from every block. ``sample_time`` runs from ``started`` (default: now) to the end of
-    sampling, and both times are added to ``stats``.
+    sampling, and both times are added to ``stats``. With ``carry_features`` the answers to the
+    last sampling layer carry the rows of ``node_feats`` of the sampled nodes each owner holds,
+    and only the rest are pulled afterwards (through the feature cache, if any): with a
+    locality-aware partition most feature rows need no request wave of their own, and with a
+    cache of the remaining remote nodes often none at all.
     """
     t0 = time.perf_counter() if started is None else started
     layer = 0
     replace = sampler.replace
     traffic = Traffic()
+    # tensors whose rows the last layer's answers carry; rows they lack go through the pull path
+    # (and its feature cache, which then best holds remote nodes sampled by other owners)
+    carried = [f"node:{n}" for n in node_feats] if carry_features else []
+    carry: SampledRows | None = None
 
     async def sample_fn(layer_seeds: np.ndarray, fanout: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        nonlocal layer
+        nonlocal layer, carry
         layer += 1
         before = traffic.remote_requests
-        src, dst, sampled = await aio.sample_neighbors(
-            layer_seeds, fanout, replace=replace, seed=batch_seed * 8 + layer, traffic=traffic
-        )
+        seed = batch_seed * 8 + layer
+        if carried and layer == len(sampler.fanouts):
+            carry = await aio.sample_with_features(
+                layer_seeds, fanout, carried, replace=replace, seed=seed, traffic=traffic
+            )
+            src, dst, sampled = carry.src, carry.dst, carry.eids
+        else:
+            src, dst, sampled = await aio.sample_neighbors(
+                layer_seeds, fanout, replace=replace, seed=seed, traffic=traffic
+            )
         traffic.waves += traffic.remote_requests > before
         if exclude is not None and sampled.size:
             keep = ~np.isin(sampled, exclude)
@@ -90,7 +107,14 @@ async def sample_and_pull(
         block.csr()
     t1 = time.perf_counter()
     before = traffic.remote_requests
-    pulls = [aio.pull_numpy(f"node:{name}", input_nodes, traffic) for name in node_feats]
+    pulls = [
+        _pull_rest(
+            aio, f"node:{name}", input_nodes, carry.ids, carry.rows[carried.index(f"node:{name}")], traffic
+        )
+        if carry is not None and f"node:{name}" in carried
+        else aio.pull_numpy(f"node:{name}", input_nodes, traffic)
+        for name in node_feats
+    ]
     if labels is not None:
         pulls.append(aio.pull_numpy(f"node:{labels}", output_nodes, traffic))
     tensors = [torch.from_numpy(t) for t in await asyncio.gather(*pulls)]
@@ -106,6 +130,24 @@ async def sample_and_pull(
     return Sampled(input_nodes, output_nodes, blocks, sample_time=t1 - t0, pull_time=t2 - t1)
 
 
+async def _pull_rest(
+    aio: AsyncClient, name: str, ids: np.ndarray, known: np.ndarray, rows: np.ndarray, traffic: Traffic
+) -> np.ndarray:
+    """Rows ``ids`` of ``name``: those of ``known`` (sorted IDs, their ``rows``) copied, the rest
+    pulled (through the client's one pull path)."""
+    if not known.size:
+        return await aio.pull_numpy(name, ids, traffic)
+    slot = np.minimum(np.searchsorted(known, ids), known.size - 1)
+    hit = known[slot] == ids
+    if bool(hit.all()):
+        return rows[slot]
+    out = np.empty((ids.size, *rows.shape[1:]), dtype=rows.dtype)
+    out[hit] = rows[slot[hit]]
+    miss = np.flatnonzero(~hit)
+    out[miss] = await aio.pull_numpy(name, ids[miss], traffic)
+    return out
+
+
 async def build_feature_cache(
     aio: AsyncClient,
     sampler: NeighborSampler,
@@ -116,13 +158,16 @@ async def build_feature_cache(
     batch_size: int,
     presample_batches: int = 8,
     seed: int = 0,
+    carry_features: bool = True,
 ) -> dict[str, int]:
     """Cache the remote input rows of ``node_feats`` most likely to be needed, within ``budget_bytes``.
 
-    Likelihood: how often a node is an input node in ``presample_batches`` batches sampled here
-    from ``nids`` (the loader's own seeds and sampler); ties and never-sampled nodes are ranked by
-    their in-edges into the partitions held in this process (the edges seeds sampled here follow).
-    Every name in ``node_feats`` caches the same IDs. Returns what was cached (rows, bytes).
+    Likelihood: how often a node has to be pulled in ``presample_batches`` batches sampled here
+    from ``nids`` (the loader's own seeds and sampler): as an input node, or, with
+    ``carry_features``, as a source sampled by an owner other than its own (no sample answer
+    carries it). Ties and never-sampled nodes are ranked by their in-edges into the partitions
+    held in this process. Every name in ``node_feats`` caches the same IDs. Returns what was
+    cached (rows, bytes, candidates).
     """
     candidates = aio.remote_ids("node")
     metas = [await aio.tensor_meta(f"node:{name}") for name in node_feats]
@@ -151,8 +196,14 @@ async def build_feature_cache(
                 layer_seeds, fanout, replace=sampler.replace, seed=(seed + b) * 8 + layer
             )
 
-        input_nodes, _, _ = await sampler.sample_blocks(sample_fn, batch)
-        scores += np.bincount(input_nodes, minlength=num_nodes)[:num_nodes]
+        input_nodes, _, blocks = await sampler.sample_blocks(sample_fn, batch)
+        if carry_features:  # only inputs that no owner's answer carries need the cache
+            src = blocks[0].srcnodes.numpy()[blocks[0].edge_index[0].numpy()]
+            dst = blocks[0].dstnodes.numpy()[blocks[0].edge_index[1].numpy()]
+            cross = aio.book.owner(src, "node") != aio.book.owner(dst, "node")
+            scores += np.bincount(src[cross], minlength=num_nodes)[:num_nodes]
+        else:
+            scores += np.bincount(input_nodes, minlength=num_nodes)[:num_nodes]
     ids = pick_cached_ids(scores, candidates, max_rows)
     total = 0
     for name in node_feats:

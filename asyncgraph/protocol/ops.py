@@ -166,10 +166,14 @@ class BarrierArgs:
 
 @dataclass(frozen=True, slots=True)
 class SampleArgs:
+    """Sample in-edges of ``seeds``; ``features`` (tensor keys) asks the owner to answer with the
+    rows of the sampled nodes it owns (the seeds and the sources in its range) as well."""
+
     seeds: np.ndarray
     fanout: int
     replace: bool = False
     seed: int | None = None
+    features: tuple[str, ...] = ()
 
     @classmethod
     def decode(cls, args: Mapping[str, Any]) -> SampleArgs:
@@ -180,10 +184,19 @@ class SampleArgs:
         seed = args.get("seed")
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise InvalidRequestError("sample: seed must be an int or nil")
-        return cls(seeds, fanout, replace, seed)
+        features: tuple[str, ...] = ()
+        if "features" in args:
+            names = _get(args, op, "features", list)
+            if not all(isinstance(n, str) for n in names):
+                raise InvalidRequestError(f"sample: features must be a list of tensor names, got {names!r}")
+            features = tuple(names)
+        return cls(seeds, fanout, replace, seed, features)
 
     def encode(self) -> dict[str, Any]:
-        return {"seeds": self.seeds, "fanout": self.fanout, "replace": self.replace, "seed": self.seed}
+        out = {"seeds": self.seeds, "fanout": self.fanout, "replace": self.replace, "seed": self.seed}
+        if self.features:
+            out["features"] = list(self.features)
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -171,8 +171,11 @@ class RequestHandlers:
             asyncio.get_running_loop().call_soon(self.on_shutdown)
 
     # --- structure ----------------------------------------------------------------------
-    def sample(self, args: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def sample(self, args: Mapping[str, Any]) -> dict[str, Any]:
         a = SampleArgs.decode(args)
+        if a.features:
+            r = self.partition.sample_with_features(a.seeds, a.fanout, a.replace, a.seed, a.features)
+            return {"src": r.src, "dst": r.dst, "eids": r.eids, "ids": r.ids, "rows": r.rows}
         src, dst, eids = self.partition.sample(a.seeds, a.fanout, a.replace, a.seed)
         return {"src": src, "dst": dst, "eids": eids}
 

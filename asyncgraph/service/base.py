@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from asyncgraph.protocol.ops import Op
 from asyncgraph.storage.store import PartitionStore, TensorMeta
+
+
+class SampledRows(NamedTuple):
+    """A sample's global ``(src, dst, eids)`` and, for each requested feature, the rows
+    (``rows[k]``) of the sampled nodes the answering partition owns (``ids``, sorted)."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    eids: np.ndarray
+    ids: np.ndarray
+    rows: list[np.ndarray]
 
 
 class Partition(Protocol):
@@ -40,6 +51,10 @@ class Partition(Protocol):
     async def sample(
         self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+    async def sample_with_features(
+        self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None, features: Sequence[str]
+    ) -> SampledRows: ...
 
     async def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 

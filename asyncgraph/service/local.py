@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -17,7 +17,7 @@ from asyncgraph.kernels.partition_sampling import sample_partition
 from asyncgraph.kernels.sparse_optim import apply_sparse_update
 from asyncgraph.protocol.messages import PROTOCOL_VERSION
 from asyncgraph.protocol.ops import Op
-from asyncgraph.service.base import Partition
+from asyncgraph.service.base import Partition, SampledRows
 from asyncgraph.storage.store import PartitionStore, Policy, TensorMeta
 
 __all__ = ["LocalPartition", "PartitionService", "boot_id"]
@@ -85,6 +85,18 @@ class PartitionService:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         out = sample_partition(self.store, seeds, fanout, replace, seed)
         return out["src"], out["dst"], out["eids"]
+
+    def sample_with_features(
+        self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None, features: Sequence[str]
+    ) -> SampledRows:
+        """``sample`` plus the rows of ``features`` of the sampled nodes this partition owns
+        (its seeds and the sources in its range), so they need no pull of their own."""
+        src, dst, eids = self.sample(seeds, fanout, replace, seed)
+        lo, hi = self.store.node_range
+        owned_src = src[(src >= lo) & (src < hi)]
+        ids = np.unique(np.concatenate([np.asarray(seeds, dtype=np.int64), owned_src]))
+        rows = [self.store.pull(name, ids) for name in features]
+        return SampledRows(src, dst, eids, ids, rows)
 
     def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return find_edges_partition(self.store, eids)
@@ -158,6 +170,12 @@ class LocalPartition:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         self._check_alive()
         return self.service.sample(seeds, fanout, replace, seed)
+
+    async def sample_with_features(
+        self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None, features: Sequence[str]
+    ) -> SampledRows:
+        self._check_alive()
+        return self.service.sample_with_features(seeds, fanout, replace, seed, features)
 
     async def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         self._check_alive()
