@@ -67,6 +67,7 @@ def run_training(
     epochs: int,
     max_batches: int,
     timeout: float,
+    extra: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """Start 2 servers and ``trainers`` train_dist.py processes; every rank's summary."""
     with tempfile.TemporaryDirectory(prefix="train-bench-") as tmp:
@@ -95,7 +96,7 @@ def run_training(
                     "--fanouts", "10,25", "--batch-size", "1000", "--hidden", "256",
                     "--prefetch", str(prefetch), "--num-threads", str(threads),
                     "--max-batches", str(max_batches),
-                    "--result-file", str(workdir / "result{rank}.json"),
+                    "--result-file", str(workdir / "result{rank}.json"), *extra,
                 ]  # fmt: skip
                 log = open(workdir / f"trainer{rank}.log", "wb")  # noqa: SIM115 (closed below)
                 procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
@@ -141,8 +142,94 @@ def breakdown(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         "compute_s": round(compute, 3),
         "epoch_over_max_data_compute": round(epoch / max(data, compute, 1e-9), 3),
         "first_epoch_s": round(max(s["epoch_stats"][0]["time"] for s in summaries), 3),
+        "per_batch_traffic": per_batch_traffic(last),
         "per_rank": [s["epoch_stats"] for s in summaries],
     }
+
+
+def per_batch_traffic(last: list[dict[str, Any]]) -> dict[str, float]:
+    """Request waves, remote feature rows/bytes and requests per batch (mean over ranks), and the
+    feature cache's hit rate: load-independent figures."""
+    if not all("traffic" in e for e in last):
+        return {}
+    out: dict[str, float] = {}
+    for key in ("waves", "remote_requests", "remote_rows", "remote_bytes"):
+        out[key] = round(float(np.mean([e["traffic"][key] / max(e["batches"], 1) for e in last])), 2)
+    hits = sum(e["traffic"]["cache_hits"] for e in last)
+    lookups = hits + sum(e["traffic"]["cache_misses"] for e in last)
+    out["cache_hit_rate"] = round(hits / lookups, 4) if lookups else 0.0
+    out["cache_rows"] = float(np.mean([e.get("cache", {}).get("rows", 0) for e in last]))
+    return out
+
+
+TRAFFIC_CASES = {  # name: (carry features with the last sampling layer, cache fraction of remote nodes)
+    "two_waves_no_cache": (False, 0.0),
+    "carried_no_cache": (True, 0.0),
+    "two_waves_cache5": (False, 0.05),
+    "two_waves_cache10": (False, 0.10),
+    "two_waves_cache20": (False, 0.20),
+    "carried_cache5": (True, 0.05),
+    "carried_cache10": (True, 0.10),
+    "carried_cache20": (True, 0.20),
+}
+
+
+def traffic_cases(part_config: Path, max_batches: int, timeout: float) -> dict[str, Any]:
+    """Per-batch waves, remote bytes and cache hit rates of 2 trainers (2 servers) with the
+    training step replaced by a 1 ms sleep: what requests a batch needs, independent of load.
+    Each trainer maps only its own partition (as on a host of its own); the other is remote."""
+    out: dict[str, Any] = {}
+    for name, (carry, fraction) in TRAFFIC_CASES.items():
+        extra = ("--sim-ms", "1", "--cache-fraction", str(fraction), "--attach", "own")
+        if not carry:
+            extra += ("--no-carry-features",)
+        summaries = run_training(
+            part_config, trainers=2, prefetch=2, threads=1, epochs=1, max_batches=max_batches,
+            timeout=timeout, extra=extra,
+        )  # fmt: skip
+        t = per_batch_traffic([s["epoch_stats"][-1] for s in summaries])
+        out[name] = {"carry_features": carry, "cache_fraction": fraction, **t}
+        print(
+            f"traffic {name:20s} waves/batch {t['waves']:5.2f}  "
+            f"remote KiB/batch {t['remote_bytes'] / 1024:9.1f}  "
+            f"requests/batch {t['remote_requests']:5.2f}  cache hit rate {100 * t['cache_hit_rate']:5.1f}% "
+            f"({t['cache_rows']:.0f} rows)",
+            flush=True,
+        )
+    base = out["two_waves_no_cache"]["remote_bytes"]
+    for r in out.values():
+        r["remote_bytes_vs_no_cache"] = round(r["remote_bytes"] / base, 3) if base else None
+    return out
+
+
+def sim_cases(part_config: Path, epochs: int, max_batches: int, timeout: float) -> dict[str, Any]:
+    """The accelerator-like epoch: forward/backward replaced by a sleep of S ms (CPU free), 2
+    trainers, prefetch 2; the limit is batches x S."""
+    out: dict[str, Any] = {}
+    for sim_ms in (10, 40):
+        summaries = run_training(
+            part_config, trainers=2, prefetch=2, threads=1, epochs=epochs, max_batches=max_batches,
+            timeout=timeout, extra=("--sim-ms", str(sim_ms)),
+        )  # fmt: skip
+        r = breakdown(summaries)
+        limit = r["batches_per_trainer"] * sim_ms / 1000
+        out[f"sim{sim_ms}"] = {
+            "sim_ms": sim_ms,
+            "batches_per_trainer": r["batches_per_trainer"],
+            "epoch_s": r["epoch_s"],
+            "limit_s": round(limit, 3),
+            "epoch_over_limit": round(r["epoch_s"] / limit, 3) if limit else None,
+            "wait_fraction": r["wait_fraction"],
+            "per_batch_ms": r["per_batch_ms"],
+            "per_batch_traffic": r["per_batch_traffic"],
+        }
+        print(
+            f"sim {sim_ms:3d} ms  {r['batches_per_trainer']:4d} batches/trainer  "
+            f"epoch {r['epoch_s']:7.3f} s  "
+            f"limit {limit:7.3f} s  epoch/limit {out[f'sim{sim_ms}']['epoch_over_limit']}",
+            flush=True,
+        )
+    return out
 
 
 # --- sample_neighbors ---------------------------------------------------------------------------
@@ -264,7 +351,8 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2, help="epochs per run; the last one is reported")
     p.add_argument("--max-batches", type=int, default=0, help="batches per epoch (0: all)")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 epoch of 5 batches, short sampling")
-    p.add_argument("--skip", default="", help="comma list of cases to skip: p0,p2,single,sample")
+    p.add_argument("--skip", default="", help="comma list of cases to skip: p0,p2,single,sample,traffic,sim")
+    p.add_argument("--traffic-batches", type=int, default=20, help="batches per trainer in each traffic case")
     p.add_argument("--out", type=Path, default=RESULTS / "train_bench.json")
     p.add_argument("--png", type=Path, default=RESULTS / "train_bench.png")
     args = p.parse_args()
@@ -316,6 +404,11 @@ def main() -> None:
             f"({time.perf_counter() - t0:.0f} s)",
             flush=True,
         )
+    if "traffic" not in skip:
+        batches = 3 if args.quick else args.traffic_batches
+        results["traffic"] = traffic_cases(part_config, batches, timeout)
+    if "sim" not in skip:
+        results["accelerator_like"] = sim_cases(part_config, args.epochs, args.max_batches, timeout)
     if "sample" not in skip:
         seconds, max_requests = (1.0, 200) if args.quick else (3.0, 5000)
         results["sample_neighbors"] = sample_bench(part_config, seconds, max_requests)

@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -58,6 +59,29 @@ def parse_args() -> argparse.Namespace:
         help="rank 0 writes a JSON summary here; with '{rank}' in the name, every rank writes its own",
     )
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--cache-fraction",
+        type=float,
+        default=0.0,
+        help="feature cache of this fraction of the remote nodes' rows (0: none)",
+    )
+    p.add_argument(
+        "--no-carry-features",
+        action="store_true",
+        help="pull every feature row in a wave of its own instead of with the last sampling layer",
+    )
+    p.add_argument(
+        "--attach",
+        choices=("all", "own"),
+        default="all",
+        help="shared memory for every co-located partition, or only this rank's own (the rest over sockets)",
+    )
+    p.add_argument(
+        "--sim-ms",
+        type=float,
+        default=0.0,
+        help="replace forward/backward/step with a sleep of this many ms (an accelerator-like step)",
+    )
     return p.parse_args()
 
 
@@ -89,9 +113,13 @@ def main() -> None:
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     torch.manual_seed(args.seed)
-    asyncgraph.initialize(args.ip_config)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
+    local_parts = None
+    if args.attach == "own" and args.part_config is not None:  # as on a host of its own
+        num_parts = asyncgraph.PartitionConfig.load(args.part_config).num_parts
+        local_parts = [rank * num_parts // world_size]
+    asyncgraph.initialize(args.ip_config, local_partitions=local_parts)
     distributed = world_size > 1
     if distributed:
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
@@ -119,6 +147,10 @@ def main() -> None:
     if distributed:
         model = DistributedDataParallel(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    cache_bytes = 0
+    if args.cache_fraction > 0:
+        remote_nodes = int(g.client.aio.remote_ids("node").size)
+        cache_bytes = int(args.cache_fraction * remote_nodes * feat.dtype.itemsize * in_feats)
     train_loader = DistNodeDataLoader(
         g,
         train_nids,
@@ -127,6 +159,8 @@ def main() -> None:
         shuffle=True,
         prefetch=args.prefetch,
         seed=args.seed * 1000 + rank,
+        feature_cache_bytes=cache_bytes,
+        carry_features=not args.no_carry_features,
     )
     val_loader = DistNodeDataLoader(
         g, val_nids, sampler, args.eval_batch_size, shuffle=False, prefetch=args.prefetch, seed=7 + rank
@@ -147,7 +181,7 @@ def main() -> None:
         progress = tqdm(total=args.epochs, desc="epochs", unit="ep", file=sys.stdout, mininterval=1.0)
 
     totals = {"sample": 0.0, "pull": 0.0, "compute": 0.0, "wait": 0.0, "epoch": 0.0}
-    epoch_stats: list[dict[str, float]] = []
+    epoch_stats: list[dict[str, Any]] = []
     best_val = -1.0
     best = {"epoch": -1, "val_acc": 0.0, "test_acc": 0.0}
     history = []
@@ -161,14 +195,18 @@ def main() -> None:
             t0 = time.perf_counter()
             x = batch.blocks[0].srcdata["feat"]
             y = batch.blocks[-1].dstdata["label"]
-            logits = model(batch.blocks, x)
-            loss = F.cross_entropy(logits, y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            compute += time.perf_counter() - t0
-            loss_sum += float(loss) * int(y.numel())
-            count += int(y.numel())
+            if args.sim_ms > 0:  # the CPU is free while an accelerator would compute
+                time.sleep(args.sim_ms / 1000)
+                compute += time.perf_counter() - t0
+            else:
+                logits = model(batch.blocks, x)
+                loss = F.cross_entropy(logits, y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                compute += time.perf_counter() - t0
+                loss_sum += float(loss) * int(y.numel())
+                count += int(y.numel())
             if args.max_batches and index + 1 >= args.max_batches:
                 break
         if len(train_loader) == 0 and distributed:  # keep DDP's collective calls in step
@@ -189,6 +227,8 @@ def main() -> None:
                 "pull": round(stats.pull, 4),
                 "compute": round(compute, 4),
                 "wait": round(stats.wait, 4),
+                "traffic": stats.traffic.as_dict(),
+                "cache": train_loader.cache_info,
             }
         )
         loss_total, n_total = all_reduce_sum([loss_sum, count], distributed)

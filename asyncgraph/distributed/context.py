@@ -8,6 +8,7 @@ loads the partitions in-process. Either way later calls find the client here.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,12 +38,14 @@ def initialize(
     call_timeout: float = 60.0,
     connect_timeout: float = 30.0,
     use_shared_memory: bool = True,
+    local_partitions: Sequence[int] | None = None,
 ) -> None:
     """Set up this trainer process: connect to the servers, or choose standalone mode.
 
     Servers come from ``ip_config`` (DGL's ``host [port]`` per line, one line per partition in
     partition order), else ``$ASYNCGRAPH_IP_CONFIG`` or ``$ASYNCGRAPH_SERVERS``; with none of
-    them the process is standalone.
+    them the process is standalone. ``local_partitions`` restricts shared memory to those
+    co-located partitions (``None``: every co-located one; see ``AsyncClient.connect``).
     """
     if _STATE.client is not None:
         raise AsyncGraphError("asyncgraph is already initialised in this process; call finalize() first")
@@ -74,6 +77,7 @@ def initialize(
             call_timeout=call_timeout,
             connect_timeout=connect_timeout,
             use_shared_memory=use_shared_memory,
+            local_partitions=local_partitions,
         )
 
 

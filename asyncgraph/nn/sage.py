@@ -2,8 +2,8 @@
 
 Messages are aggregated with ``index_add`` / ``scatter_reduce`` over the block's edges, so a
 layer is a handful of vectorised kernels and works with autograd. When the features being
-aggregated need no gradient (the input layer's raw features), ``mean``/``sum``/``gcn`` use one
-sparse CSR matrix product instead (no ``[edges, feats]`` gather, several times faster on CPU).
+aggregated are float32/64 on the CPU, ``mean``/``sum``/``gcn`` use sparse CSR matrix products
+instead (forward ``A @ x``, backward ``A^T @ g``; no ``[edges, feats]`` gather).
 A destination with no in-edges aggregates to zeros (for every aggregator, as DGL does).
 
 ``Dropout`` is ``nn.Dropout`` with masks drawn by numpy's PCG64 (16-bit uniform thresholds,
@@ -13,8 +13,10 @@ seeded from torch's generator, so ``torch.manual_seed`` still fixes them): torch
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,6 +31,9 @@ __all__ = ["Dropout", "GraphSAGE", "SAGEConv"]
 _AGGREGATORS = ("mean", "sum", "max", "pool", "gcn")
 # dtypes with a CPU sparse CSR x dense kernel (torch has none for float16/bfloat16)
 _SPMM_DTYPES = (torch.float32, torch.float64)
+# Aggregate features that need a gradient with CSR products too (forward A @ x, backward A^T @ g);
+# False falls back to gather + index_add (kept for A/B measurement: benchmarks/sage_ab.py).
+SPMM_GRAD = True
 
 
 class SAGEConv(nn.Module):
@@ -86,7 +91,11 @@ class SAGEConv(nn.Module):
 
         if agg in ("mean", "sum", "gcn"):
             feat = self.fc_neigh(h_src) if lin_first else h_src
-            if not feat.requires_grad and feat.device.type == "cpu" and feat.dtype in _SPMM_DTYPES:
+            if (
+                feat.device.type == "cpu"
+                and feat.dtype in _SPMM_DTYPES
+                and (SPMM_GRAD or not feat.requires_grad)
+            ):
                 h_neigh = _spmm_aggregate(block, feat, agg)
             else:
                 summed = feat.new_zeros((num_dst, feat.shape[1])).index_add(0, dst, feat[src])
@@ -126,25 +135,70 @@ class SAGEConv(nn.Module):
         return f"in_feats={self.in_feats}, out_feats={self.out_feats}, aggregator={self.aggregator!r}"
 
 
-def _spmm_aggregate(block: Block, feat: torch.Tensor, agg: str) -> torch.Tensor:
-    """``sum``/``mean``/``gcn`` aggregation of ``feat`` (no grad, CPU) as one CSR product."""
-    crow, col, deg = block.csr()
-    key = f"spmm:{agg}:{feat.dtype}"
+def _csr_matrix(
+    crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, size: tuple[int, int]
+) -> torch.Tensor:
+    with warnings.catch_warnings():  # "sparse CSR support is in beta" (once per process)
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, col, values, size=size, check_invariants=False)
+
+
+def _adjacency(block: Block, agg: str, dtype: torch.dtype, transposed: bool) -> torch.Tensor:
+    """The block's ``[num_dst, num_src]`` aggregation matrix (or its transpose) as CSR, cached."""
+    key = f"spmm:{agg}:{dtype}:{transposed}"
     adj: torch.Tensor | None = block._cache.get(key)
-    if adj is None:
-        if agg == "mean":
-            values = (1.0 / deg.clamp(min=1).to(feat.dtype)).repeat_interleave(deg)
-        else:
-            values = torch.ones(col.numel(), dtype=feat.dtype)
-        with warnings.catch_warnings():  # "sparse CSR support is in beta" (once per process)
-            warnings.simplefilter("ignore", UserWarning)
-            adj = torch.sparse_csr_tensor(
-                crow, col, values, size=(block.num_dst_nodes, block.num_src_nodes), check_invariants=False
-            )
-        block._cache[key] = adj
+    if adj is not None:
+        return adj
+    crow, col, deg = block.csr()
+    if agg == "mean":
+        values = (1.0 / deg.clamp(min=1).to(dtype)).repeat_interleave(deg)
+    else:
+        values = torch.ones(col.numel(), dtype=dtype)
+    n_dst, n_src = block.num_dst_nodes, block.num_src_nodes
+    if not transposed:
+        adj = _csr_matrix(crow, col, values, (n_dst, n_src))
+    else:  # rows = sources: entries sorted by source (stable), row index = their destination
+        col_np = col.cpu().numpy()
+        order = np.argsort(col_np, kind="stable")
+        crow_t = np.zeros(n_src + 1, dtype=np.int64)
+        np.cumsum(np.bincount(col_np, minlength=n_src), out=crow_t[1:])
+        row = np.repeat(np.arange(n_dst, dtype=np.int64), deg.cpu().numpy())
+        order_t = torch.from_numpy(order)
+        adj = _csr_matrix(
+            torch.from_numpy(crow_t), torch.from_numpy(row[order]), values[order_t], (n_src, n_dst)
+        )
+    block._cache[key] = adj
+    return adj
+
+
+class _SpMM(torch.autograd.Function):
+    """``adj @ x`` with ``x``'s gradient ``adj_t() @ g`` (CSR x dense products, no gather); the
+    transpose is built on first backward and cached on the block."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, adj: torch.Tensor, adj_t: Callable[[], torch.Tensor], x: torch.Tensor
+    ) -> torch.Tensor:
+        ctx.adj_t = adj_t
+        out: torch.Tensor = torch.sparse.mm(adj, x)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, torch.Tensor]:
+        return None, None, torch.sparse.mm(ctx.adj_t(), grad.contiguous())
+
+
+def _spmm_aggregate(block: Block, feat: torch.Tensor, agg: str) -> torch.Tensor:
+    """``sum``/``mean``/``gcn`` aggregation of ``feat`` (CPU) as CSR products, forward and backward."""
+    adj = _adjacency(block, agg, feat.dtype, transposed=False)
     with torch.autocast("cpu", enabled=False):  # no bf16/fp16 sparse kernels on CPU: stay in feat's dtype
-        out: torch.Tensor = torch.sparse.mm(adj, feat)
+        if feat.requires_grad:
+            adj_t = functools.partial(_adjacency, block, agg, feat.dtype, True)
+            out: torch.Tensor = _SpMM.apply(adj, adj_t, feat)  # type: ignore[no-untyped-call]
+        else:
+            out = torch.sparse.mm(adj, feat)
     if agg == "gcn":  # the node itself counts as one more neighbour
+        _, _, deg = block.csr()
         out = (out + feat[: block.num_dst_nodes]) / (deg.to(feat.dtype) + 1).unsqueeze(1)
     return out
 
