@@ -174,12 +174,16 @@ TRAFFIC_CASES = {  # name: (carry features with the last sampling layer, cache f
 }
 
 
-def traffic_cases(part_config: Path, max_batches: int, timeout: float) -> dict[str, Any]:
+def traffic_cases(
+    part_config: Path, max_batches: int, timeout: float, only: set[str] | None = None
+) -> dict[str, Any]:
     """Per-batch waves, remote bytes and cache hit rates of 2 trainers (2 servers) with the
     training step replaced by a 1 ms sleep: what requests a batch needs, independent of load.
     Each trainer maps only its own partition (as on a host of its own); the other is remote."""
     out: dict[str, Any] = {}
     for name, (carry, fraction) in TRAFFIC_CASES.items():
+        if only and name not in only:
+            continue
         extra = ("--sim-ms", "1", "--cache-fraction", str(fraction), "--attach", "own")
         if not carry:
             extra += ("--no-carry-features",)
@@ -196,7 +200,7 @@ def traffic_cases(part_config: Path, max_batches: int, timeout: float) -> dict[s
             f"({t['cache_rows']:.0f} rows)",
             flush=True,
         )
-    base = out["two_waves_no_cache"]["remote_bytes"]
+    base = out.get("two_waves_no_cache", {}).get("remote_bytes")
     for r in out.values():
         r["remote_bytes_vs_no_cache"] = round(r["remote_bytes"] / base, 3) if base else None
     return out
@@ -353,6 +357,9 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="smoke run: 1 epoch of 5 batches, short sampling")
     p.add_argument("--skip", default="", help="comma list of cases to skip: p0,p2,single,sample,traffic,sim")
     p.add_argument("--traffic-batches", type=int, default=20, help="batches per trainer in each traffic case")
+    p.add_argument(
+        "--traffic-cases", default="", help=f"comma list of {', '.join(TRAFFIC_CASES)} (default: all)"
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "train_bench.json")
     p.add_argument("--png", type=Path, default=RESULTS / "train_bench.png")
     args = p.parse_args()
@@ -406,7 +413,8 @@ def main() -> None:
         )
     if "traffic" not in skip:
         batches = 3 if args.quick else args.traffic_batches
-        results["traffic"] = traffic_cases(part_config, batches, timeout)
+        only = set(filter(None, args.traffic_cases.split(",")))
+        results["traffic"] = traffic_cases(part_config, batches, timeout, only)
     if "sim" not in skip:
         results["accelerator_like"] = sim_cases(part_config, args.epochs, args.max_batches, timeout)
     if "sample" not in skip:

@@ -151,13 +151,26 @@ def test_features_carried_by_sampling_equal_the_two_wave_path(served: ServerGrou
     n = len(two_wave)
     if local:  # seeds local: layer 1 is sampled here; layer 2 and the features each take a wave
         assert t_two.waves == 2 * n
-        assert t_carried.waves <= 2 * n
-        assert t_cached.waves == n  # the rows no answer carried were all cached
-        assert t_cached.cache_misses == 0
+        # carried: the sources sampled here that partition 1 owns ride in its layer-2 answer
+        assert t_carried.waves == n
+        assert t_cached.waves == n
+        assert t_carried.remote_rows == t_two.remote_rows  # the same rows, one wave fewer
     else:  # everything over sockets: labels and the rows other owners sampled keep the last wave
         assert t_two.waves == 3 * n
         assert t_carried.waves <= 3 * n
     assert t_carried.remote_rows > 0
+
+
+def test_carried_ids_must_be_owned(client: Client, served: ServerGroup) -> None:
+    part1 = client.aio.partitions[1]
+    lo, hi = client.book.node_range(1)
+    seeds = np.arange(lo, lo + 20)
+    r = client.loop.run(part1.sample_with_features(seeds, 3, False, 1, ["node:feat"], np.array([hi - 1])))
+    assert hi - 1 in r.ids and set(seeds) <= set(r.ids.tolist())
+    with pytest.raises(InvalidRequestError):  # node 0 belongs to partition 0
+        client.loop.run(part1.sample_with_features(seeds, 3, False, 1, ["node:feat"], np.array([0])))
+    again = client.loop.run(part1.sample_with_features(seeds, 3, False, 1, ["node:feat"]))
+    np.testing.assert_array_equal(again.src, r.src)  # still serving, same sample
 
 
 def test_sample_args_features_are_checked() -> None:

@@ -336,7 +336,9 @@ class AsyncClient:
         the sampled nodes each owner holds (its seeds and the sources in its range).
 
         ``ids`` (sorted) and ``rows[k]`` cover those nodes of every owner together; the rows are
-        what ``pull_numpy`` would return (caches are not consulted). ``traffic`` counts the
+        what ``pull_numpy`` would return (caches are not consulted). When some owners are held in
+        this process, they sample first and the sources they sample that a remote owner holds are
+        added to that owner's request, so its answer carries their rows too. ``traffic`` counts the
         requests, and the rows and bytes that crossed a socket.
         """
         gids = as_id_array(seeds, "seeds")
@@ -349,17 +351,44 @@ class AsyncClient:
         fan, rep = int(fanout), bool(replace)
         if traffic is not None:
             self._count_remote(parts, Op.SAMPLE, traffic)
-        results = await scatter(
-            self.partitions,
-            parts,
-            Op.SAMPLE,
-            lambda p, pos: p.sample_with_features(take(gids, pos), fan, rep, seed, names),
-        )
-        if traffic is not None:  # scatter answers the owners in partition order
-            owners = [self.partitions[i] for i, pos in enumerate(parts) if pos.size]
+        owners = [i for i, pos in enumerate(parts) if pos.size]
+        local = [i for i in owners if self.partitions[i].runs_here(Op.SAMPLE)]
+        done: dict[int, SampledRows] = {}
+        extra: dict[int, np.ndarray] = {}
+        results: list[tuple[np.ndarray | None, SampledRows]]
+        if local and len(local) < len(owners):
+            # sample here first: the sources we sample that a remote owner holds ride in its answer
+            for i in local:
+                done[i] = await self.partitions[i].sample_with_features(gids[parts[i]], fan, rep, seed, names)
+            src_here = np.concatenate([done[i].src for i in local])
+            owner_here = self.book.owner(src_here, "node")
+            for i in owners:
+                if i not in done:
+                    extra[i] = np.unique(src_here[owner_here == i])
+            todo = [pos if i not in done else pos[:0] for i, pos in enumerate(parts)]
+            answered = await scatter(
+                self.partitions,
+                todo,
+                Op.SAMPLE,
+                lambda p, _: p.sample_with_features(
+                    gids[parts[p.part_id]], fan, rep, seed, names, extra[p.part_id]
+                ),
+            )
+            remote = [i for i in owners if i not in done]
+            for i, (_, r) in zip(remote, answered, strict=True):
+                done[i] = r
+            results = [(parts[i], done[i]) for i in owners]
+        else:
+            results = await scatter(
+                self.partitions,
+                parts,
+                Op.SAMPLE,
+                lambda p, pos: p.sample_with_features(take(gids, pos), fan, rep, seed, names),
+            )
+        if traffic is not None:  # results are in partition order
             row_bytes = sum(meta_row_bytes(m) for m in metas)
-            for part, (_, r) in zip(owners, results, strict=True):
-                if not part.runs_here(Op.SAMPLE):
+            for i, (_, r) in zip(owners, results, strict=True):
+                if not self.partitions[i].runs_here(Op.SAMPLE):
                     traffic.remote_rows += int(r.ids.size)
                     traffic.remote_bytes += int(r.ids.size) * row_bytes
         if len(results) == 1:

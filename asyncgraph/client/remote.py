@@ -59,9 +59,15 @@ class RemotePartition:
         return np.asarray(out["src"]), np.asarray(out["dst"]), np.asarray(out["eids"])
 
     async def sample_with_features(
-        self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None, features: Sequence[str]
+        self,
+        seeds: np.ndarray,
+        fanout: int,
+        replace: bool,
+        seed: int | None,
+        features: Sequence[str],
+        extra: np.ndarray | None = None,
     ) -> SampledRows:
-        args = SampleArgs(seeds, fanout, replace, seed, tuple(features)).encode()
+        args = SampleArgs(seeds, fanout, replace, seed, tuple(features), extra).encode()
         out = await self.conn.call(Op.SAMPLE, args, self.timeout)
         rows = [np.asarray(r) for r in out["rows"]]
         src, dst, eids, ids = (np.asarray(out[k]) for k in ("src", "dst", "eids", "ids"))

@@ -167,13 +167,15 @@ class BarrierArgs:
 @dataclass(frozen=True, slots=True)
 class SampleArgs:
     """Sample in-edges of ``seeds``; ``features`` (tensor keys) asks the owner to answer with the
-    rows of the sampled nodes it owns (the seeds and the sources in its range) as well."""
+    rows of the sampled nodes it owns (the seeds and the sources in its range) as well, and of
+    ``feature_ids`` (more IDs it owns, e.g. sources other owners sampled)."""
 
     seeds: np.ndarray
     fanout: int
     replace: bool = False
     seed: int | None = None
     features: tuple[str, ...] = ()
+    feature_ids: np.ndarray | None = None  # more owned IDs whose rows the answer carries
 
     @classmethod
     def decode(cls, args: Mapping[str, Any]) -> SampleArgs:
@@ -190,12 +192,15 @@ class SampleArgs:
             if not all(isinstance(n, str) for n in names):
                 raise InvalidRequestError(f"sample: features must be a list of tensor names, got {names!r}")
             features = tuple(names)
-        return cls(seeds, fanout, replace, seed, features)
+        feature_ids = _ids(args, op, "feature_ids") if "feature_ids" in args else None
+        return cls(seeds, fanout, replace, seed, features, feature_ids)
 
     def encode(self) -> dict[str, Any]:
         out = {"seeds": self.seeds, "fanout": self.fanout, "replace": self.replace, "seed": self.seed}
         if self.features:
             out["features"] = list(self.features)
+            if self.feature_ids is not None:
+                out["feature_ids"] = self.feature_ids
         return out
 
 

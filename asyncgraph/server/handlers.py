@@ -174,7 +174,9 @@ class RequestHandlers:
     def sample(self, args: Mapping[str, Any]) -> dict[str, Any]:
         a = SampleArgs.decode(args)
         if a.features:
-            r = self.partition.sample_with_features(a.seeds, a.fanout, a.replace, a.seed, a.features)
+            r = self.partition.sample_with_features(
+                a.seeds, a.fanout, a.replace, a.seed, a.features, a.feature_ids
+            )
             return {"src": r.src, "dst": r.dst, "eids": r.eids, "ids": r.ids, "rows": r.rows}
         src, dst, eids = self.partition.sample(a.seeds, a.fanout, a.replace, a.seed)
         return {"src": src, "dst": dst, "eids": eids}

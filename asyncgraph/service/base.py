@@ -53,7 +53,13 @@ class Partition(Protocol):
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
     async def sample_with_features(
-        self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None, features: Sequence[str]
+        self,
+        seeds: np.ndarray,
+        fanout: int,
+        replace: bool,
+        seed: int | None,
+        features: Sequence[str],
+        extra: np.ndarray | None = None,
     ) -> SampledRows: ...
 
     async def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...

@@ -87,14 +87,24 @@ class PartitionService:
         return out["src"], out["dst"], out["eids"]
 
     def sample_with_features(
-        self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None, features: Sequence[str]
+        self,
+        seeds: np.ndarray,
+        fanout: int,
+        replace: bool,
+        seed: int | None,
+        features: Sequence[str],
+        extra: np.ndarray | None = None,
     ) -> SampledRows:
         """``sample`` plus the rows of ``features`` of the sampled nodes this partition owns
-        (its seeds and the sources in its range), so they need no pull of their own."""
+        (its seeds and the sources in its range) and of ``extra`` owned IDs, so they need no
+        pull of their own. An ``extra`` ID this partition does not own is rejected."""
         src, dst, eids = self.sample(seeds, fanout, replace, seed)
         lo, hi = self.store.node_range
         owned_src = src[(src >= lo) & (src < hi)]
-        ids = np.unique(np.concatenate([np.asarray(seeds, dtype=np.int64), owned_src]))
+        parts = [np.asarray(seeds, dtype=np.int64), owned_src]
+        if extra is not None:
+            parts.append(np.asarray(extra, dtype=np.int64))
+        ids = np.unique(np.concatenate(parts))
         rows = [self.store.pull(name, ids) for name in features]
         return SampledRows(src, dst, eids, ids, rows)
 
@@ -172,10 +182,16 @@ class LocalPartition:
         return self.service.sample(seeds, fanout, replace, seed)
 
     async def sample_with_features(
-        self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None, features: Sequence[str]
+        self,
+        seeds: np.ndarray,
+        fanout: int,
+        replace: bool,
+        seed: int | None,
+        features: Sequence[str],
+        extra: np.ndarray | None = None,
     ) -> SampledRows:
         self._check_alive()
-        return self.service.sample_with_features(seeds, fanout, replace, seed, features)
+        return self.service.sample_with_features(seeds, fanout, replace, seed, features, extra)
 
     async def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         self._check_alive()
