@@ -155,6 +155,9 @@ def test_features_carried_by_sampling_equal_the_two_wave_path(served: ServerGrou
         assert t_carried.waves == n
         assert t_cached.waves == n
         assert t_carried.remote_rows == t_two.remote_rows  # the same rows, one wave fewer
+        # with a cache, cached rows sampled here are not asked for: fewer rows, still one wave
+        assert t_cached.cache_hits > 0 and t_cached.cache_misses == 0
+        assert t_cached.remote_rows == t_two.remote_rows - t_cached.cache_hits
     else:  # everything over sockets: labels and the rows other owners sampled keep the last wave
         assert t_two.waves == 3 * n
         assert t_carried.waves <= 3 * n

@@ -338,8 +338,9 @@ class AsyncClient:
         ``ids`` (sorted) and ``rows[k]`` cover those nodes of every owner together; the rows are
         what ``pull_numpy`` would return (caches are not consulted). When some owners are held in
         this process, they sample first and the sources they sample that a remote owner holds are
-        added to that owner's request, so its answer carries their rows too. ``traffic`` counts the
-        requests, and the rows and bytes that crossed a socket.
+        added to that owner's request, so its answer carries their rows too (except rows every
+        named tensor's feature cache holds: those are read here by the pull that follows).
+        ``traffic`` counts the requests, and the rows and bytes that crossed a socket.
         """
         gids = as_id_array(seeds, "seeds")
         names = list(features)
@@ -362,9 +363,17 @@ class AsyncClient:
                 done[i] = await self.partitions[i].sample_with_features(gids[parts[i]], fan, rep, seed, names)
             src_here = np.concatenate([done[i].src for i in local])
             owner_here = self.book.owner(src_here, "node")
+            caches = [self._caches.get(name) for name in names]
             for i in owners:
                 if i not in done:
-                    extra[i] = np.unique(src_here[owner_here == i])
+                    ids_i = np.unique(src_here[owner_here == i])
+                    if ids_i.size and all(c is not None for c in caches):  # cached rows stay here
+                        cached = np.ones(ids_i.size, dtype=bool)
+                        for c in caches:
+                            assert c is not None
+                            cached &= c.lookup(ids_i)[0]
+                        ids_i = ids_i[~cached]
+                    extra[i] = ids_i
             todo = [pos if i not in done else pos[:0] for i, pos in enumerate(parts)]
             answered = await scatter(
                 self.partitions,
