@@ -155,8 +155,10 @@ def per_batch_traffic(last: list[dict[str, Any]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for key in ("waves", "remote_requests", "remote_rows", "remote_bytes"):
         out[key] = round(float(np.mean([e["traffic"][key] / max(e["batches"], 1) for e in last])), 2)
+    # share of the remote rows a batch needs that the cache served (misses: rows that crossed a
+    # socket, whether pulled or carried by a sample answer)
     hits = sum(e["traffic"]["cache_hits"] for e in last)
-    lookups = hits + sum(e["traffic"]["cache_misses"] for e in last)
+    lookups = hits + sum(e["traffic"]["remote_rows"] for e in last)
     out["cache_hit_rate"] = round(hits / lookups, 4) if lookups else 0.0
     out["cache_rows"] = float(np.mean([e.get("cache", {}).get("rows", 0) for e in last]))
     return out
