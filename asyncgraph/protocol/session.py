@@ -48,7 +48,10 @@ from asyncgraph.protocol.messages import (
     new_nonce,
 )
 
-__all__ = ["ClientSession", "ServerSession", "SessionState"]
+__all__ = ["HANDSHAKE_MAX_FRAME_SIZE", "ClientSession", "ServerSession", "SessionState"]
+
+HANDSHAKE_MAX_FRAME_SIZE: int = 16 * 1024
+"""Largest frame a server accepts before the hello succeeded (a client hello is ~100 bytes)."""
 
 Pieces = list[bytes | memoryview]
 
@@ -151,7 +154,7 @@ class _Session:
 class ServerSession(_Session):
     """The server's side: sends its hello first, checks the client's, then yields requests."""
 
-    __slots__ = ("_secret", "client_hello", "graph_name", "nonce", "part_id")
+    __slots__ = ("_full_max_frame_size", "_secret", "client_hello", "graph_name", "nonce", "part_id")
 
     def __init__(
         self,
@@ -162,8 +165,14 @@ class ServerSession(_Session):
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         nonce: bytes | None = None,
     ) -> None:
-        """The server hello is queued at once: write ``data_to_send()`` when the client connects."""
-        super().__init__(max_frame_size, SessionState.AWAIT_CLIENT_HELLO)
+        """The server hello is queued at once: write ``data_to_send()`` when the client connects.
+
+        Until the client hello is accepted frames are limited to ``HANDSHAKE_MAX_FRAME_SIZE``
+        (an unauthenticated peer cannot make the server allocate more); ``max_frame_size``
+        applies from then on.
+        """
+        super().__init__(min(max_frame_size, HANDSHAKE_MAX_FRAME_SIZE), SessionState.AWAIT_CLIENT_HELLO)
+        self._full_max_frame_size = max_frame_size
         self.graph_name = graph_name
         self.part_id = part_id
         self.nonce = new_nonce() if nonce is None else nonce
@@ -221,6 +230,7 @@ class ServerSession(_Session):
             self.state = _CLOSED
             return ConnectionFailed(error_from_code(result.code, result.message))
         self.client_hello = hello
+        self._reader.max_frame_size = self._full_max_frame_size
         self.state = _READY
         return HandshakeComplete(hello)
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
+from asyncgraph.server.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_PENDING
 from asyncgraph.server.app import ServerOptions, serve
 
 
@@ -23,11 +24,27 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
     parser.add_argument("--ready-file", type=Path, help="write the bound address here (JSON)")
     parser.add_argument("--max-frame-size", type=int, default=DEFAULT_MAX_FRAME_SIZE)
     parser.add_argument("--max-inflight", type=int, default=64, help="async requests per connection")
+    parser.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=DEFAULT_HANDSHAKE_TIMEOUT,
+        help="seconds a new connection has to complete its hello",
+    )
+    parser.add_argument(
+        "--max-pending-connections",
+        type=int,
+        default=DEFAULT_MAX_PENDING,
+        help="connections still in their handshake; new ones beyond this are closed at once",
+    )
     parser.add_argument("--no-shared-memory", action="store_true", help="serve over TCP only")
     parser.add_argument("--log-level", default="INFO")
     ns = parser.parse_args(argv)
     if ns.num_clients < 1:
         parser.error("--num-clients must be at least 1")
+    if not ns.handshake_timeout > 0:
+        parser.error("--handshake-timeout must be positive")
+    if ns.max_pending_connections < 1:
+        parser.error("--max-pending-connections must be at least 1")
     secret = ns.secret_file.read_bytes().strip() if ns.secret_file else None
     if secret is not None and not secret:
         parser.error(f"--secret-file {ns.secret_file} is empty")
@@ -47,6 +64,8 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         max_frame_size=ns.max_frame_size,
         max_inflight=ns.max_inflight,
         shared_memory=not ns.no_shared_memory,
+        handshake_timeout=ns.handshake_timeout,
+        max_pending_connections=ns.max_pending_connections,
     )
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from asyncgraph.malloc import retain_large_allocations
 from asyncgraph.partition import load_partition
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
+from asyncgraph.server.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_PENDING, Admission
 from asyncgraph.server.handlers import RequestHandlers
 from asyncgraph.server.transport import ServerConnection
 from asyncgraph.storage.fdpass import FdExporter
@@ -36,6 +37,8 @@ class ServerOptions:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_inflight: int = 64
     shared_memory: bool = True
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
+    max_pending_connections: int = DEFAULT_MAX_PENDING
 
 
 class GraphServer:
@@ -73,6 +76,9 @@ class GraphServer:
             on_shutdown=self.stop,
         )
         handlers = self.handlers
+        admission = Admission(
+            handshake_timeout=opts.handshake_timeout, max_pending=opts.max_pending_connections
+        )
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: ServerConnection(
@@ -82,6 +88,7 @@ class GraphServer:
                 secret=opts.secret,
                 max_frame_size=opts.max_frame_size,
                 max_inflight=opts.max_inflight,
+                admission=admission,
             ),
             host=opts.host,
             port=opts.port,

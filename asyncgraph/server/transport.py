@@ -21,7 +21,14 @@ from collections.abc import Awaitable
 from typing import Any, cast
 
 from asyncgraph.errors import AsyncGraphError
-from asyncgraph.protocol import CONNECTION_ERROR_ID, ConnectionFailed, Request, ServerSession
+from asyncgraph.protocol import (
+    CONNECTION_ERROR_ID,
+    ConnectionFailed,
+    HandshakeComplete,
+    Request,
+    ServerSession,
+)
+from asyncgraph.server.admission import Admission
 from asyncgraph.server.handlers import RequestHandlers
 
 __all__ = ["CONNECTION_ERROR_ID", "ServerConnection"]
@@ -42,8 +49,11 @@ class ServerConnection(asyncio.BufferedProtocol):
         max_frame_size: int,
         max_inflight: int = 64,
         write_high_water: int = 64 << 20,
+        admission: Admission | None = None,
     ) -> None:
         self._handlers = handlers
+        self._admission = admission
+        self._handshake_timer: asyncio.TimerHandle | None = None
         self._session = ServerSession(
             graph_name=graph_name, part_id=part_id, secret=secret, max_frame_size=max_frame_size
         )
@@ -61,6 +71,11 @@ class ServerConnection(asyncio.BufferedProtocol):
         self._transport = tr = cast(asyncio.Transport, transport)
         peer = tr.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        if self._admission is not None:
+            self._handshake_timer = self._admission.admit(self.peer, self._handshake_expired)
+            if self._handshake_timer is None:
+                self._close()
+                return
         tr.set_write_buffer_limits(high=self._write_high_water)
         tr.writelines(self._session.data_to_send())  # the server hello
 
@@ -79,6 +94,8 @@ class ServerConnection(asyncio.BufferedProtocol):
                 self._write(session.data_to_send())
                 self._close()
                 return
+            elif type(event) is HandshakeComplete:
+                self._end_handshake()
         out = session.data_to_send()
         if out:
             self._write(out)  # the hello result
@@ -89,6 +106,7 @@ class ServerConnection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self._session.close()
+        self._end_handshake()
         for task in self._inflight:
             task.cancel()
 
@@ -99,6 +117,24 @@ class ServerConnection(asyncio.BufferedProtocol):
     def resume_writing(self) -> None:
         self._write_paused = False
         self._update_reading()
+
+    # --- handshake deadline ---------------------------------------------------------------
+    def _end_handshake(self) -> None:
+        timer = self._handshake_timer
+        if timer is not None and self._admission is not None:
+            self._handshake_timer = None
+            self._admission.release(timer)
+
+    def _handshake_expired(self) -> None:
+        if self._handshake_timer is None or self._closed:
+            return
+        assert self._admission is not None
+        self._admission.timed_out += 1
+        log.warning(
+            "closing connection from %s: no hello within %g s", self.peer, self._admission.handshake_timeout
+        )
+        self._end_handshake()
+        self._close()
 
     # --- requests ---------------------------------------------------------------------------
     def _dispatch(self, request: Request) -> None:
