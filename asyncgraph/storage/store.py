@@ -29,11 +29,11 @@ from asyncgraph.errors import (
 )
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.storage import sharing
+from asyncgraph.storage.accumulate import scatter_add as _scatter_add
 from asyncgraph.storage.init import InitSpec, fill_init, validate_init
 from asyncgraph.storage.memfd import SharedArray
 from asyncgraph.storage.meta import Policy, TensorMeta, check_policy
 from asyncgraph.storage.rwlock import LocalRWLock, RWLock, SharedRWLock
-from asyncgraph.storage.scatter import scatter_add as _scatter_add
 
 if TYPE_CHECKING:
     from asyncgraph.partition.reader import Partition
