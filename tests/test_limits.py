@@ -1,4 +1,4 @@
-"""Bounded work and memory before and after the handshake, against real servers (PubMed, 2 parts)."""
+"""Bounded work and memory before and after the handshake, against real servers (Cora, 2 parts)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,18 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from servers import ServerGroup, start_servers
 
 from asyncgraph.client import AsyncClient
-from asyncgraph.errors import InvalidRequestError
+from asyncgraph.testing import ServerGroup, start_servers
 
 SECRET = b"limits-secret"
 MAX_PENDING = 4
 
 
 @pytest.fixture(scope="module")
-def servers(pubmed2, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerGroup]:
+def servers(cora2, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerGroup]:
     group = start_servers(
-        pubmed2.part_config,
+        cora2.part_config,
         tmp_path_factory.mktemp("limits"),
         num_parts=2,
         secret=SECRET,
