@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from asyncgraph.client import AsyncClient
+from asyncgraph.errors import InvalidRequestError
 from asyncgraph.testing import ServerGroup, start_servers
 
 SECRET = b"limits-secret"
@@ -89,3 +90,92 @@ async def test_pending_cap_while_authenticated_client_served(servers: ServerGrou
     await asyncio.sleep(0.1)  # the closed sockets leave the pending count; new clients get in
     again = await AsyncClient.connect(servers.addresses, secret=SECRET, use_shared_memory=False)
     await again.close()
+
+
+# --- after the handshake: work limits and split replies ------------------------------------------
+FRAME = 1 << 20  # 1 MiB frames: a pull of every Cora feature row (15.5 MB) needs ~16 of them
+MAX_EDGES = 5000
+
+
+@pytest.fixture(scope="module")
+def small_frames(cora2, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerGroup]:
+    group = start_servers(
+        cora2.part_config,
+        tmp_path_factory.mktemp("frames"),
+        num_parts=2,
+        extra_args=[
+            "--log-level",
+            "WARNING",
+            "--max-frame-size",
+            str(FRAME),
+            "--max-sampled-edges",
+            str(MAX_EDGES),
+            "--max-tensor-bytes",
+            str(50_000_000),
+        ],
+    )
+    yield group
+    group.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_pull_and_push_larger_than_a_frame_are_split(small_frames: ServerGroup, cora2) -> None:
+    client = await AsyncClient.connect(small_frames.addresses, use_shared_memory=False, max_frame_size=FRAME)
+    try:
+        n = client.book.num_nodes
+        ids = np.random.default_rng(0).permutation(n)
+        rows = await client.pull_numpy("node:feat", ids)
+        assert rows.nbytes > 10 * FRAME
+        np.testing.assert_array_equal(rows, cora2.original_rows("feat", ids))
+        await client.create_tensor("node:wide", "node", [n, 1433], "float32")
+        values = np.random.default_rng(1).standard_normal((n, 1433)).astype(np.float32)
+        await client.push("node:wide", ids, values)
+        back = await client.pull_numpy("node:wide", ids)
+        np.testing.assert_array_equal(back, values)
+        small = await client.pull_numpy("node:feat", ids[:3])  # the connection is still in sync
+        np.testing.assert_array_equal(small, cora2.original_rows("feat", ids[:3]))
+    finally:
+        await client.close()
+
+
+@pytest.mark.timeout(120)
+async def test_oversized_requests_refused_before_allocation(small_frames: ServerGroup) -> None:
+    from asyncgraph.client.connection import Connection
+    from asyncgraph.protocol.ops import CreateTensorArgs, Op, PullArgs, SampleArgs
+
+    host, port = small_frames.addresses[0]
+    conn = await Connection.open(host, port, graph_name=None, max_frame_size=FRAME)
+    client = await AsyncClient.connect(small_frames.addresses, use_shared_memory=False, max_frame_size=FRAME)
+    try:
+        lo, hi = client.book.node_range(0)
+        owned = np.arange(lo, hi, dtype=np.int64)
+        # a raw pull over the reply limit: a typed error for that request, the connection lives on
+        with pytest.raises(
+            InvalidRequestError, match=r"per-request limit of \d+ bytes \(set by --max-frame-size\)"
+        ):
+            await conn.call(Op.PULL, PullArgs("node:feat", owned).encode(), 30)
+        rows = await conn.call(Op.PULL, PullArgs("node:feat", owned[:2]).encode(), 30)
+        assert np.asarray(rows).shape == (2, 1433)
+        # a sample that could return fanout x seeds edges
+        args = SampleArgs(owned[:50], 400000, True, 0).encode()
+        with pytest.raises(InvalidRequestError, match=r"can return 20000000 edges.*--max-sampled-edges"):
+            await conn.call(Op.SAMPLE, args, 30)
+        with pytest.raises(InvalidRequestError, match="--max-sampled-edges"):
+            await client.sample_neighbors(owned, -1)  # every in-edge of many seeds: over 5000
+        src, _, _ = await client.sample_neighbors(owned[:10], 5)  # small samples still work
+        assert 0 < src.size <= 50
+        # a (N, 10**9) tensor: one row is 4 GB
+        n = client.book.num_nodes
+        with pytest.raises(InvalidRequestError, match="one row of shape"):
+            await client.create_tensor("node:huge", "node", [n, 10**9], "float32")
+        big = CreateTensorArgs("node:huge2", "node", [n, 100_000], "float32", None).encode()
+        with pytest.raises(
+            InvalidRequestError, match=r"limit of 50000000 bytes per tensor \(--max-tensor-bytes\)"
+        ):
+            await conn.call(Op.CREATE_TENSOR, big, 30)  # 400 KB rows fit a frame; 500 MB here do not
+        names = {m["name"] for m in await conn.call(Op.LIST_TENSORS, {}, 30)}
+        assert not {"node:huge", "node:huge2"} & names
+        assert await conn.call(Op.PING, {}, 30) > 0
+    finally:
+        conn.close()
+        await client.close()

@@ -10,6 +10,7 @@ is simply "every partition is local", so standalone results equal served results
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -173,7 +174,10 @@ class AsyncClient:
         meta = await self.tensor_meta(name)
         gids = as_id_array(ids)
         parts = split_by_owner(self.book.owner(gids, meta.policy), self.num_partitions)
-        rows = await scatter(self.partitions, parts, Op.PULL, lambda p, pos: p.pull(name, take(gids, pos)))
+        row_bytes = math.prod(meta.row_shape) * np.dtype(meta.dtype).itemsize
+        rows = await scatter(
+            self.partitions, parts, Op.PULL, lambda p, pos: p.pull(name, take(gids, pos), row_bytes)
+        )
         return gather_rows(rows, gids.size, meta.row_shape, meta.dtype)
 
     async def push(self, name: str, ids: Any, values: Any, op: str = "assign") -> None:

@@ -126,7 +126,8 @@ async def _from_infos(
     here = boot_id()
     partitions: list[Partition] = []
     for conn, info in zip(conns, infos, strict=True):
-        part: Partition = RemotePartition(info["part_id"], conn, call_timeout)
+        frame = min(conn.max_frame_size, int(info.get("max_frame_size", conn.max_frame_size)))
+        part: Partition = RemotePartition(info["part_id"], conn, call_timeout, max_frame_size=frame)
         shm = info.get("shm")
         if (
             use_shared_memory

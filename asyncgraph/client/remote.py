@@ -1,12 +1,15 @@
-"""``Partition`` over a connection to the partition's server: each method is one request."""
+"""``Partition`` over a connection to the partition's server: each method is one request,
+except pulls and pushes too large for one frame, which go as several (pipelined) requests."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from asyncgraph.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.protocol.ops import (
     CreateTensorArgs,
     DeleteTensorArgs,
@@ -17,20 +20,35 @@ from asyncgraph.protocol.ops import (
     SampleArgs,
     SparseUpdateArgs,
 )
+from asyncgraph.service.limits import REPLY_OVERHEAD
 from asyncgraph.storage.store import TensorMeta
 
 from .connection import Connection
 
 
+def row_chunks(num_rows: int, row_bytes: int, budget: int) -> list[slice]:
+    """Slices of ``range(num_rows)`` whose rows take at most ``budget`` bytes (one row at least)."""
+    per = max(1, budget // max(row_bytes, 1))
+    return [slice(i, min(i + per, num_rows)) for i in range(0, num_rows, per)]
+
+
 class RemotePartition:
-    """One partition served over ``conn``; every call waits at most ``timeout`` seconds."""
+    """One partition served over ``conn``; every call waits at most ``timeout`` seconds.
+
+    ``max_frame_size`` is the smaller of both sides' frame limits: a pull whose rows, or a push
+    whose IDs and values, exceed it (less ``REPLY_OVERHEAD`` for the envelope) is sent as several
+    requests, all written before the first reply is awaited.
+    """
 
     store = None
 
-    def __init__(self, part_id: int, conn: Connection, timeout: float) -> None:
+    def __init__(
+        self, part_id: int, conn: Connection, timeout: float, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    ) -> None:
         self.part_id = part_id
         self.conn = conn
         self.timeout = timeout
+        self.budget = max(1, max_frame_size - REPLY_OVERHEAD)
 
     @property
     def name(self) -> str:
@@ -43,12 +61,28 @@ class RemotePartition:
     def runs_here(self, op: Op) -> bool:
         return False
 
-    async def pull(self, name: str, ids: np.ndarray) -> np.ndarray:
+    async def pull(self, name: str, ids: np.ndarray, row_bytes: int = 0) -> np.ndarray:
+        n = int(ids.shape[0]) if ids.ndim else 0
+        if n * max(row_bytes, ids.itemsize) <= self.budget:
+            return await self._pull(name, ids)
+        parts = row_chunks(n, max(row_bytes, ids.itemsize), self.budget)
+        return np.concatenate(await asyncio.gather(*(self._pull(name, ids[s]) for s in parts)))
+
+    async def _pull(self, name: str, ids: np.ndarray) -> np.ndarray:
         rows = await self.conn.call(Op.PULL, PullArgs(name, ids).encode(), self.timeout)
         return np.asarray(rows)
 
     async def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str) -> None:
-        await self.conn.call(Op.PUSH, PushArgs(name, ids, values, op).encode(), self.timeout)
+        n = int(ids.shape[0]) if ids.ndim else 0
+        if n < 2 or ids.nbytes + values.nbytes <= self.budget:
+            await self.conn.call(Op.PUSH, PushArgs(name, ids, values, op).encode(), self.timeout)
+            return
+        per_row = (ids.nbytes + values.nbytes) // n
+        calls = (
+            self.conn.call(Op.PUSH, PushArgs(name, ids[s], values[s], op).encode(), self.timeout)
+            for s in row_chunks(n, per_row, self.budget)
+        )
+        await asyncio.gather(*calls)
 
     async def sample(
         self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None

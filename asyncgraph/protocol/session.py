@@ -243,10 +243,22 @@ class ServerSession(_Session):
         return super()._fail(exc)
 
     def send_response(self, request_id: int, result: Any) -> Pieces:
-        """Pieces answering ``request_id`` with ``result``; TypeError/OverflowError if unencodable."""
+        """Pieces answering ``request_id`` with ``result``; TypeError/OverflowError if unencodable.
+
+        A reply over ``max_frame_size`` raises FrameTooLargeError instead of being sent (the
+        peer's reader would refuse it and lose its place in the stream): answer that request
+        with ``send_error`` and the connection stays usable.
+        """
         if self.state is not _READY:
             raise ProtocolError(f"cannot answer request {request_id}: session is {self.state.value}")
-        return encode_message(Response(request_id, result))
+        pieces = encode_message(Response(request_id, result))
+        size = frame_size(pieces) - LENGTH_PREFIX.size
+        if size > self._full_max_frame_size:
+            raise FrameTooLargeError(
+                f"the reply to request {request_id} is {size} bytes, over the maximum frame size "
+                f"{self._full_max_frame_size}; ask for less per call"
+            )
+        return pieces
 
     def send_error(self, request_id: int, exc: BaseException) -> Pieces:
         """Pieces reporting ``exc`` for ``request_id`` as ``(code, message)``."""

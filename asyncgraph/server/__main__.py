@@ -11,6 +11,7 @@ from pathlib import Path
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.server.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_PENDING
 from asyncgraph.server.app import ServerOptions, serve
+from asyncgraph.service.limits import DEFAULT_MAX_SAMPLED_EDGES
 
 
 def parse_args(argv: list[str] | None = None) -> ServerOptions:
@@ -36,6 +37,18 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         default=DEFAULT_MAX_PENDING,
         help="connections still in their handshake; new ones beyond this are closed at once",
     )
+    parser.add_argument(
+        "--max-sampled-edges",
+        type=int,
+        default=DEFAULT_MAX_SAMPLED_EDGES,
+        help="most edges one sample request may return",
+    )
+    parser.add_argument(
+        "--max-tensor-bytes",
+        type=int,
+        default=0,
+        help="most bytes of one tensor's rows on this server (0: physical memory)",
+    )
     parser.add_argument("--no-shared-memory", action="store_true", help="serve over TCP only")
     parser.add_argument("--log-level", default="INFO")
     ns = parser.parse_args(argv)
@@ -43,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         parser.error("--num-clients must be at least 1")
     if not ns.handshake_timeout > 0:
         parser.error("--handshake-timeout must be positive")
+    if ns.max_sampled_edges < 0 or ns.max_tensor_bytes < 0:
+        parser.error("--max-sampled-edges and --max-tensor-bytes must be >= 0")
     if ns.max_pending_connections < 1:
         parser.error("--max-pending-connections must be at least 1")
     secret = ns.secret_file.read_bytes().strip() if ns.secret_file else None
@@ -66,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         shared_memory=not ns.no_shared_memory,
         handshake_timeout=ns.handshake_timeout,
         max_pending_connections=ns.max_pending_connections,
+        max_sampled_edges=ns.max_sampled_edges,
+        max_tensor_bytes=ns.max_tensor_bytes,
     )
 
 

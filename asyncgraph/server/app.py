@@ -17,6 +17,7 @@ from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.server.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_PENDING, Admission
 from asyncgraph.server.handlers import RequestHandlers
 from asyncgraph.server.transport import ServerConnection
+from asyncgraph.service.limits import DEFAULT_MAX_SAMPLED_EDGES, WorkLimits
 from asyncgraph.storage.fdpass import FdExporter
 from asyncgraph.storage.store import PartitionStore
 
@@ -39,6 +40,8 @@ class ServerOptions:
     shared_memory: bool = True
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
     max_pending_connections: int = DEFAULT_MAX_PENDING
+    max_sampled_edges: int = DEFAULT_MAX_SAMPLED_EDGES
+    max_tensor_bytes: int = 0  # 0: the machine's physical memory
 
 
 class GraphServer:
@@ -74,6 +77,12 @@ class GraphServer:
             shm_address=shm_address,
             shm_token=shm_token,
             on_shutdown=self.stop,
+            limits=WorkLimits.for_frame_size(
+                opts.max_frame_size,
+                max_sampled_edges=opts.max_sampled_edges,
+                max_tensor_bytes=opts.max_tensor_bytes,
+            ),
+            max_frame_size=opts.max_frame_size,
         )
         handlers = self.handlers
         admission = Admission(

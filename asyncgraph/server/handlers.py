@@ -30,6 +30,7 @@ from asyncgraph.protocol.ops import (
     SampleArgs,
     SparseUpdateArgs,
 )
+from asyncgraph.service.limits import WorkLimits
 from asyncgraph.service.local import PartitionService
 from asyncgraph.storage.store import PartitionStore
 
@@ -88,14 +89,17 @@ class RequestHandlers:
         shm_address: str | None = None,
         shm_token: bytes | None = None,
         on_shutdown: Callable[[], None] | None = None,
+        limits: WorkLimits | None = None,
+        max_frame_size: int | None = None,
     ) -> None:
         self.store = store
+        self.max_frame_size = max_frame_size
         shm = (
             {"address": shm_address, "token": shm_token}
             if shm_address is not None and shm_token is not None
             else None
         )
-        self.partition = PartitionService(store, num_clients=num_clients, shm=shm)
+        self.partition = PartitionService(store, num_clients=num_clients, shm=shm, limits=limits)
         self.barriers = Barriers(num_clients)
         self.on_shutdown = on_shutdown
         self.started = time.time()
@@ -124,7 +128,11 @@ class RequestHandlers:
 
     # --- metadata -----------------------------------------------------------------------
     def info(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        return self.partition.info()
+        """The partition's description, plus this server's frame limit (clients split calls to fit)."""
+        out = self.partition.info()
+        if self.max_frame_size is not None:
+            out["max_frame_size"] = self.max_frame_size
+        return out
 
     def list_tensors(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         return [meta.to_dict() for meta in self.partition.list_tensors()]

@@ -4,6 +4,8 @@ partitions run the same code, so standalone and served results are equal by cons
 from __future__ import annotations
 
 import asyncio
+import math
+import operator
 import os
 import socket
 from collections.abc import Mapping
@@ -18,6 +20,7 @@ from asyncgraph.kernels.sparse_optim import apply_sparse_update
 from asyncgraph.protocol.messages import PROTOCOL_VERSION
 from asyncgraph.protocol.ops import Op
 from asyncgraph.service.base import Partition
+from asyncgraph.service.limits import WorkLimits, sample_bound
 from asyncgraph.storage.store import PartitionStore, Policy, TensorMeta
 
 __all__ = ["LocalPartition", "PartitionService", "boot_id"]
@@ -36,14 +39,24 @@ def boot_id() -> str:
 
 
 class PartitionService:
-    """The ops of one partition over its store, synchronous: a server runs each request with it."""
+    """The ops of one partition over its store, synchronous: a server runs each request with it.
+
+    ``limits`` (a server's) bounds what one request may ask for, checked before anything is
+    allocated; ``None`` (in-process callers, who own the memory they ask for) checks nothing.
+    """
 
     def __init__(
-        self, store: PartitionStore, *, num_clients: int = 1, shm: Mapping[str, Any] | None = None
+        self,
+        store: PartitionStore,
+        *,
+        num_clients: int = 1,
+        shm: Mapping[str, Any] | None = None,
+        limits: WorkLimits | None = None,
     ) -> None:
         self.store = store
         self.num_clients = num_clients
         self.shm = dict(shm) if shm is not None else None
+        self.limits = limits
 
     def info(self) -> dict[str, Any]:
         """The partition's identity, book and tensors, and how to reach its memory."""
@@ -67,6 +80,11 @@ class PartitionService:
         return self.store.list_tensors()
 
     def pull(self, name: str, ids: np.ndarray) -> np.ndarray:
+        limits = self.limits
+        if limits is not None:
+            meta = self.store.tensor_meta(name)
+            row_bytes = math.prod(meta.row_shape) * np.dtype(meta.dtype).itemsize
+            limits.check_rows(f"pull from {name!r}", int(np.size(ids)), row_bytes)
         return self.store.pull(name, ids)
 
     def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str = "assign") -> None:
@@ -75,7 +93,23 @@ class PartitionService:
     def create_tensor(
         self, name: str, policy: str, shape: list[int], dtype: str, init: dict[str, Any] | None = None
     ) -> TensorMeta:
+        if self.limits is not None:
+            self._check_tensor_size(name, policy, shape, dtype)
         return self.store.create_tensor(name, cast(Policy, policy), shape, dtype, init)
+
+    def _check_tensor_size(self, name: str, policy: str, shape: list[int], dtype: str) -> None:
+        """Refuse a tensor over the limits before the store allocates it (bad shapes: the store says)."""
+        assert self.limits is not None
+        try:
+            dims = tuple(operator.index(d) for d in shape)
+            dt = np.dtype(dtype)
+        except (TypeError, ValueError):
+            return
+        if not dims or any(d < 0 for d in dims) or policy not in ("node", "edge"):
+            return
+        book, part = self.store.book, self.store.part_id
+        lo, hi = book.node_range(part) if policy == "node" else book.edge_range(part)
+        self.limits.check_tensor(name, (hi - lo, *dims[1:]), dt)
 
     def delete_tensor(self, name: str) -> None:
         self.store.delete_tensor(name)
@@ -83,6 +117,15 @@ class PartitionService:
     def sample(
         self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        limits = self.limits
+        if (
+            limits is not None
+            and isinstance(fanout, int)
+            and (fanout == -1 or seeds.size * fanout > limits.max_sampled_edges)
+        ):
+            # over the cheap bound: count what the seeds' degrees allow (invalid seeds raise here)
+            local = self.store.book.nid2localnid(seeds, self.store.part_id)
+            limits.check_sample(local.size, fanout, sample_bound(self.store.indptr, local, fanout, replace))
         out = sample_partition(self.store, seeds, fanout, replace, seed)
         return out["src"], out["dst"], out["eids"]
 
@@ -141,7 +184,7 @@ class LocalPartition:
         descriptor, fds = await asyncio.to_thread(fetch_tensors, shm["address"], shm["token"], [name], 10.0)
         self.service.store.add_attached(descriptor, fds)
 
-    async def pull(self, name: str, ids: np.ndarray) -> np.ndarray:
+    async def pull(self, name: str, ids: np.ndarray, row_bytes: int = 0) -> np.ndarray:
         self._check_alive()
         if self.shm is not None and not self.service.store.has_tensor(name):
             await self._map(self.shm, name)
