@@ -5,7 +5,14 @@ secret), waits until each has written its ready file, then starts ``num_trainers
 partition with everything ``asyncgraph.initialize`` and ``torch.distributed`` need in their
 environment. Every line a process prints is prefixed with its role and rank. When a process
 fails, on Ctrl-C, or when every trainer has finished, it stops every process it started and exits
-with the failing process's status (0 when all trainers succeeded).
+with the failing process's status in the shell's convention (128 + N for a process killed by
+signal N; 0 when all trainers succeeded); SIGINT, SIGTERM and SIGHUP of the launcher stop
+everything and exit 130, 143 and 129.
+
+No orphans (``asyncgraph.lifeline``): every child gets a parent-death signal (SIGTERM) and a
+watchdog process holds a pipe from the launcher, so even a SIGKILLed launcher takes its servers,
+trainers and their children down within the grace period, and the launch directory (secret,
+ready files, ip_config) is removed when the job ends however it ends.
 
 With ``--ip-config`` naming other hosts, servers and trainers are started there with ``ssh``
 (key-based, non-interactive), in the same working directory; the secret file must be reachable
@@ -20,6 +27,7 @@ import json
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -34,6 +42,7 @@ from typing import IO
 
 from asyncgraph.client.ipconfig import IpConfig
 from asyncgraph.env import ENV_IP_CONFIG, ENV_PART_CONFIG, ENV_SECRET_FILE
+from asyncgraph.lifeline import die_with_parent, exit_status
 from asyncgraph.partition.config import PartitionConfig
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", socket.gethostname()}
@@ -128,6 +137,48 @@ class Launcher:
         self.ready_timeout = ready_timeout
         self.grace = grace
         self._print_lock = threading.Lock()
+        self._watchdog: subprocess.Popen[bytes] | None = None
+
+    # --- the watchdog ----------------------------------------------------------------------
+    def start_watchdog(self, launch_dir: Path) -> None:
+        """Start the process that cleans up after us if we die (see ``asyncgraph.lifeline``)."""
+        self._watchdog = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "asyncgraph.lifeline",
+                "--dir",
+                str(launch_dir),
+                "--grace",
+                str(self.grace),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C or hang-up of our group must not take it first
+        )
+
+    def _tell_watchdog(self, line: str) -> None:
+        dog = self._watchdog
+        if dog is not None and dog.stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                dog.stdin.write(line.encode() + b"\n")
+                dog.stdin.flush()
+
+    def stop_watchdog(self) -> None:
+        """We cleaned up ourselves: tell the watchdog so and let it go."""
+        dog = self._watchdog
+        if dog is None:
+            return
+        self._tell_watchdog("done")
+        with contextlib.suppress(OSError, ValueError):
+            assert dog.stdin is not None
+            dog.stdin.close()
+        try:
+            dog.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            dog.kill()
+            dog.wait(timeout=5)
+        self._watchdog = None
 
     # --- processes -------------------------------------------------------------------------
     def spawn(self, role: str, rank: int, argv: Sequence[str], env: dict[str, str]) -> Proc:
@@ -138,7 +189,9 @@ class Launcher:
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # its own process group, so we can stop its children too
+            preexec_fn=die_with_parent(signal.SIGTERM),
         )
+        self._tell_watchdog(f"pgid {popen.pid}")
         proc = Proc(role, rank, popen)
         for stream, sink in ((popen.stdout, sys.stdout), (popen.stderr, sys.stderr)):
             assert stream is not None
@@ -176,9 +229,9 @@ class Launcher:
         try:
             return wait_ready_files([p.popen for p in servers], ready_files, self.ready_timeout)
         except ServerExitedError as exc:
+            status = exit_status(exc.status)
             raise LaunchError(
-                f"{servers[exc.index].label} exited with status {exc.status} before it was ready",
-                exc.status or 1,
+                f"{servers[exc.index].label} exited with status {status} before it was ready", status or 1
             ) from None
         except TimeoutError as exc:
             raise LaunchError(str(exc), 1) from None
@@ -193,11 +246,13 @@ class Launcher:
                     continue
                 remaining.discard(i)
                 if code != 0:
+                    code = exit_status(code)
                     self._say(f"{trainers[i].label} failed with status {code}; stopping every process")
                     return code
             for proc in servers:
                 code = proc.popen.poll()
                 if code is not None and remaining:
+                    code = exit_status(code)
                     self._say(f"{proc.label} exited with status {code} while trainers ran; stopping")
                     return code or 1
             time.sleep(0.05)
@@ -214,8 +269,16 @@ class LaunchError(RuntimeError):
         self.status = status
 
 
+class _Signalled(BaseException):
+    """The launcher received a terminating signal (SIGTERM, SIGHUP)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    raise _Signalled(signum)
 
 
 def _signal_group(popen: subprocess.Popen[bytes], sig: int) -> None:
@@ -277,8 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     # the shared file system (the working directory), not this host's /tmp.
     remote = any(host not in LOCAL_HOSTS for host, _ in hosts)
     workdir = Path(tempfile.mkdtemp(prefix=".asyncgraph-launch-", dir=os.getcwd() if remote else None))
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
+        launcher.start_watchdog(workdir)
         secret_file = args.secret_file
         if secret_file is None:
             secret_file = workdir / "secret"
@@ -342,13 +406,17 @@ def main(argv: list[str] | None = None) -> int:
         return exc.status
     except KeyboardInterrupt:
         print("[launcher] interrupted; stopping every process", file=sys.stderr, flush=True)
-        return 130
+        return 128 + signal.SIGINT
+    except _Signalled as exc:
+        name = signal.Signals(exc.signum).name
+        print(f"[launcher] got {name}; stopping every process", file=sys.stderr, flush=True)
+        return 128 + exc.signum
     finally:
         launcher.stop_all()
-        signal.signal(signal.SIGTERM, previous)
-        for path in sorted(workdir.glob("*")):
-            path.unlink(missing_ok=True)
-        workdir.rmdir()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        shutil.rmtree(workdir, ignore_errors=True)
+        launcher.stop_watchdog()
 
 
 if __name__ == "__main__":

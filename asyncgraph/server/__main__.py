@@ -1,4 +1,15 @@
-"""``python -m asyncgraph.server``: serve one partition of a partitioned graph."""
+"""``python -m asyncgraph.server``: serve one partition of a partitioned graph.
+
+Exit status: 0 after SIGTERM, SIGINT or a ``shutdown`` request (a requested, clean stop: the
+listener, shared memory and store are closed first); 2 for bad options; 1 for a start-up
+error; a server killed by any other signal dies of it (the launcher reports 128 + N).
+
+Limits (see ``asyncgraph.server.admission`` and ``asyncgraph.service.limits``):
+``--handshake-timeout`` (5 s), a 16 KiB frame limit until the hello succeeds,
+``--max-pending-connections`` (128 still in their handshake), ``--max-frame-size`` (1 GiB,
+which also bounds a pull's rows x row bytes), ``--max-sampled-edges`` (8 Mi per request),
+``--max-tensor-bytes`` (one tensor's rows here; default physical memory).
+"""
 
 from __future__ import annotations
 
