@@ -8,6 +8,8 @@ the partitioner can work on it with vectorised numpy.
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -113,8 +115,17 @@ class Graph:
         path = Path(path)
         if not path.is_file():
             raise InvalidRequestError(f"graph file {path} does not exist")
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
+        try:
+            data = np.load(path, allow_pickle=False)
+            if not isinstance(data, np.lib.npyio.NpzFile):
+                raise ValueError("it holds a single array, not an npz archive")
+            with data:
+                arrays = {k: data[k] for k in data.files}
+        except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error) as exc:
+            reason = "it is empty" if path.stat().st_size == 0 else str(exc) or type(exc).__name__
+            raise InvalidRequestError(
+                f"graph file {path} is not a readable .npz archive ({reason}); truncated or not an npz?"
+            ) from None
         for key in ("src", "dst"):
             if key not in arrays:
                 raise InvalidRequestError(f"{path}: missing array {key!r} (have {sorted(arrays)})")

@@ -1,11 +1,15 @@
 """CLI: ``python -m asyncgraph.partition --input g.npz --graph-name g --num-parts 2 --out dir``.
 
 Prints stage timings to stderr while it works and a per-partition summary table at the end.
+Bad input (a missing, empty, truncated or malformed npz; bad options) is one ``error:`` line and
+exit status 2. SIGTERM removes the temporary output folder and exits 143; temporary folders of
+earlier killed runs are removed at the next run.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -59,6 +63,11 @@ def format_summary(rows: list[dict[str, int]]) -> str:
     return "\n".join(lines)
 
 
+def _terminate(signum: int, frame: object) -> None:
+    """SIGTERM unwinds like an exception, so the partitioner removes its temporary folder."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments, partition the npz graph, print the summary; returns the exit code."""
     ap = argparse.ArgumentParser(prog="python -m asyncgraph.partition", description=__doc__)
@@ -76,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--overwrite", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
 
     t0 = time.perf_counter()
     try:

@@ -11,13 +11,18 @@ Pipeline (all vectorised numpy, no Python loop over nodes or edges):
    ``eids`` are ``edge_start + arange``;
 4. write ``<graph_name>.json`` plus ``part<p>/`` folders (``asyncgraph.partition.layout``)
    into a temporary sibling folder that is renamed into place only when everything is written.
+   The folder's name carries the writer's pid and host; a run removes the temporary folders
+   that killed runs on this host left behind (their pid is gone), and the CLI turns SIGTERM
+   into an exception so its own temporary folder is removed on the way out.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
+import socket
 import sys
 import time
 import uuid
@@ -246,7 +251,8 @@ def partition_graph(
 
     # ---- 4. write into a temporary sibling, then rename into place ----
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:12]}"
+    remove_stale_temp(out)
+    tmp = out.parent / _temp_name(out, "tmp")
     try:
         tmp.mkdir()
         specs: list[PartSpec] = []
@@ -287,12 +293,53 @@ def partition_graph(
     return None
 
 
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)@(?P<host>.+)-[0-9a-f]{12}$")
+
+
+def _temp_name(out: Path, kind: str) -> str:
+    """A sibling folder name for ``out`` that says who wrote it (pid@host), so leftovers are known."""
+    return f".{out.name}.{kind}-{os.getpid()}@{socket.gethostname()}-{uuid.uuid4().hex[:12]}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temp(out: Path) -> list[Path]:
+    """Remove temporary siblings of ``out`` left by killed runs on this host; returns them."""
+    removed: list[Path] = []
+    if not out.parent.is_dir():
+        return removed
+    host = socket.gethostname()
+    for path in out.parent.glob(f".{glob_escape(out.name)}.*-*@*-*"):
+        m = _TEMP.match(path.name)
+        if m is None or m["name"] != out.name or m["host"] != host or not path.is_dir():
+            continue
+        if _pid_alive(int(m["pid"])):
+            continue  # a run in progress (or a live process that reused the pid: leave it)
+        shutil.rmtree(path, ignore_errors=True)
+        logger.info("removed %s left by a killed run", path)
+        removed.append(path)
+    return removed
+
+
+def glob_escape(name: str) -> str:
+    """``name`` with glob metacharacters escaped."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
 def _commit(tmp: Path, out: Path) -> None:
     """Move the finished ``tmp`` folder to ``out``, replacing an existing (empty or old) one."""
     if not (out.exists() or out.is_symlink()):
         os.rename(tmp, out)
         return
-    trash = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
+    trash = out.parent / _temp_name(out, "old")
     os.rename(out, trash)
     try:
         os.rename(tmp, out)
