@@ -61,11 +61,45 @@ def normal_init(mean: float = 0.0, std: float = 1.0, seed: int = 0) -> Initializ
     return Initializer(kind="normal", mean=float(mean), std=float(std), seed=int(seed))
 
 
+def _checked_cast(arr: np.ndarray, want: np.dtype[Any], name: str) -> np.ndarray:
+    """``arr.astype(want)`` within a kind, refusing values the cast would wrap or turn into inf."""
+    if want.kind in "iu" and arr.size:
+        info = np.iinfo(want)
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < info.min or hi > info.max:
+            bad = lo if lo < info.min else hi
+            raise DTypeMismatchError(
+                f"value {bad} cannot be stored in {name!r} ({want}): outside [{info.min}, {info.max}], "
+                "it would wrap around"
+            )
+        return arr.astype(want)
+    with np.errstate(over="ignore"):
+        out = arr.astype(want)
+    if want.kind == "f" and arr.size:
+        overflowed = np.isinf(out) & np.isfinite(arr)
+        if overflowed.any():
+            bad = arr[overflowed].flat[0].item()
+            raise DTypeMismatchError(
+                f"value {bad!r} cannot be stored in {name!r} ({want}): beyond its largest finite value "
+                f"{np.finfo(want).max}, it would become inf"
+            )
+    return out
+
+
 class DistTensor:
     """Rows sharded by the partition book; ``t[ids]`` pulls, ``t[ids] = v`` pushes.
 
     Creating a DistTensor with the same name, shape and dtype in several trainers gives all of
     them the same server tensor; a different shape or dtype under that name is an error.
+
+    Indexing: a plain integer follows Python (``t[-1]`` is the last row, ``t[-N - 1]`` raises
+    ``OutOfRangeError``), as for a list or a torch tensor; an array, list or tensor of IDs holds
+    global node/edge IDs, which must lie in ``[0, N)`` (a negative ID is ``OutOfRangeError``,
+    as in DGL). Writing: values are cast to the tensor's dtype within a kind (int to int, float
+    to float); a cast that would change a value's magnitude is ``DTypeMismatchError`` and writes
+    nothing: integers outside the target's range (they would wrap) and finite floats beyond the
+    target's largest finite value (they would become inf). Rounding to the nearest representable
+    float is the usual float semantics; inf and nan are stored as given.
     """
 
     def __init__(
@@ -167,7 +201,7 @@ class DistTensor:
                 raise DTypeMismatchError(
                     f"values of dtype {arr.dtype} cannot be stored in {self.name!r} ({want})"
                 )
-            arr = arr.astype(want)
+            arr = _checked_cast(arr, want, self.name)
         return arr
 
     def _broadcast(self, values: Any, n: int) -> Any:
