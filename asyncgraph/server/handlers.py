@@ -6,11 +6,18 @@ code a client runs for its local partitions, so a bad request raises a typed err
 nothing, and served results equal standalone ones. Synchronous handlers run to completion on the
 event loop, which makes every request atomic with respect to every other request of this server;
 the store's lock extends that to co-located clients writing through shared memory.
+
+Two kinds of request may be long and run in a worker thread instead, so other clients keep being
+served: filling a new tensor's initial values (over ``OFFLOAD_INIT_BYTES``; the tensor is
+published only once filled, and a second create of the same name waits for the first) and
+samples that can return more than ``OFFLOAD_SAMPLE_EDGES`` edges (they only read the immutable
+graph structure).
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,9 +39,14 @@ from asyncgraph.protocol.ops import (
 )
 from asyncgraph.service.limits import WorkLimits
 from asyncgraph.service.local import PartitionService
-from asyncgraph.storage.store import PartitionStore
+from asyncgraph.storage.store import PartitionStore, PendingTensor, TensorMeta
 
 Handler = Callable[[Mapping[str, Any]], Any]
+
+OFFLOAD_INIT_BYTES = 8 << 20
+"""A new tensor whose initial values take more bytes than this is filled in a worker thread."""
+OFFLOAD_SAMPLE_EDGES = 1 << 18
+"""A sample that can return more edges than this (seeds x fanout) runs in a worker thread."""
 
 __all__ = ["Barriers", "Handler", "RequestHandlers"]
 
@@ -101,6 +113,7 @@ class RequestHandlers:
         )
         self.partition = PartitionService(store, num_clients=num_clients, shm=shm, limits=limits)
         self.barriers = Barriers(num_clients)
+        self._creating: dict[str, asyncio.Future[None]] = {}
         self.on_shutdown = on_shutdown
         self.started = time.time()
         self.requests_served = 0
@@ -162,9 +175,56 @@ class RequestHandlers:
         a = PushArgs.decode(args)
         self.partition.push(a.name, a.ids, a.values, a.op)
 
-    def create_tensor(self, args: Mapping[str, Any]) -> dict[str, Any]:
+    def create_tensor(self, args: Mapping[str, Any]) -> dict[str, Any] | Awaitable[dict[str, Any]]:
         a = CreateTensorArgs.decode(args)
-        return self.partition.create_tensor(a.name, a.policy, a.shape, a.dtype, a.init).to_dict()
+        if a.name in self._creating:
+            return self._create_after(a)
+        pending = self.partition.begin_create(a.name, a.policy, a.shape, a.dtype, a.init)
+        if isinstance(pending, TensorMeta):
+            return pending.to_dict()
+        if not pending.needs_fill or pending.nbytes <= OFFLOAD_INIT_BYTES:
+            pending.fill()
+            return self.partition.store.finish_create(pending).to_dict()
+        done = asyncio.get_running_loop().create_future()
+        self._creating[a.name] = done
+        return self._fill_off_loop(a.name, pending, done)
+
+    async def _fill_off_loop(
+        self, name: str, pending: PendingTensor, done: asyncio.Future[None]
+    ) -> dict[str, Any]:
+        fill = asyncio.ensure_future(asyncio.to_thread(pending.fill))
+        try:
+            await asyncio.shield(fill)
+        except asyncio.CancelledError:
+            # the requester went away: the thread still writes the rows, drop them once it is done
+            fill.add_done_callback(lambda _: self._abandon(name, pending, done))
+            raise
+        except BaseException:
+            self._abandon(name, pending, done)
+            raise
+        try:
+            return self.partition.store.finish_create(pending).to_dict()  # discards itself on error
+        finally:
+            self._end_create(name, done)
+
+    def _abandon(self, name: str, pending: PendingTensor, done: asyncio.Future[None]) -> None:
+        pending.discard()
+        self._end_create(name, done)
+
+    def _end_create(self, name: str, done: asyncio.Future[None]) -> None:
+        if self._creating.get(name) is done:
+            del self._creating[name]
+        if not done.done():
+            done.set_result(None)
+
+    async def _create_after(self, a: CreateTensorArgs) -> dict[str, Any]:
+        """The same name is being created: wait for that, then create (usually: get) it."""
+        while a.name in self._creating:
+            await asyncio.shield(self._creating[a.name])
+        result = self.create_tensor(a.encode())
+        if inspect.isawaitable(result):
+            return await result
+        return result
 
     def delete_tensor(self, args: Mapping[str, Any]) -> None:
         self.partition.delete_tensor(DeleteTensorArgs.decode(args).name)
@@ -179,8 +239,14 @@ class RequestHandlers:
             asyncio.get_running_loop().call_soon(self.on_shutdown)
 
     # --- structure ----------------------------------------------------------------------
-    def sample(self, args: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def sample(self, args: Mapping[str, Any]) -> dict[str, np.ndarray] | Awaitable[dict[str, np.ndarray]]:
         a = SampleArgs.decode(args)
+        big = a.fanout == -1 or np.size(a.seeds) * a.fanout > OFFLOAD_SAMPLE_EDGES
+        if big:
+            return asyncio.to_thread(self._sample, a)
+        return self._sample(a)
+
+    def _sample(self, a: SampleArgs) -> dict[str, np.ndarray]:
         src, dst, eids = self.partition.sample(a.seeds, a.fanout, a.replace, a.seed)
         return {"src": src, "dst": dst, "eids": eids}
 

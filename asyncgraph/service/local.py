@@ -21,7 +21,7 @@ from asyncgraph.protocol.messages import PROTOCOL_VERSION
 from asyncgraph.protocol.ops import Op
 from asyncgraph.service.base import Partition
 from asyncgraph.service.limits import WorkLimits, sample_bound
-from asyncgraph.storage.store import PartitionStore, Policy, TensorMeta
+from asyncgraph.storage.store import PartitionStore, PendingTensor, Policy, TensorMeta
 
 __all__ = ["LocalPartition", "PartitionService", "boot_id"]
 
@@ -96,6 +96,14 @@ class PartitionService:
         if self.limits is not None:
             self._check_tensor_size(name, policy, shape, dtype)
         return self.store.create_tensor(name, cast(Policy, policy), shape, dtype, init)
+
+    def begin_create(
+        self, name: str, policy: str, shape: list[int], dtype: str, init: dict[str, Any] | None = None
+    ) -> TensorMeta | PendingTensor:
+        """``create_tensor`` in steps (``PartitionStore.begin_create``), so a server can fill off-loop."""
+        if self.limits is not None:
+            self._check_tensor_size(name, policy, shape, dtype)
+        return self.store.begin_create(name, cast(Policy, policy), shape, dtype, init)
 
     def _check_tensor_size(self, name: str, policy: str, shape: list[int], dtype: str) -> None:
         """Refuse a tensor over the limits before the store allocates it (bad shapes: the store says)."""

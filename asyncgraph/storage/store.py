@@ -38,7 +38,7 @@ from asyncgraph.storage.rwlock import LocalRWLock, RWLock, SharedRWLock
 if TYPE_CHECKING:
     from asyncgraph.partition.reader import Partition
 
-__all__ = ["InitSpec", "PartitionStore", "Policy", "TensorMeta", "validate_init"]
+__all__ = ["InitSpec", "PartitionStore", "PendingTensor", "Policy", "TensorMeta", "validate_init"]
 
 _STRUCTURE = ("indptr", "indices", "eids")
 _ALLOWED_DTYPE_KINDS = WIRE_DTYPE_KINDS
@@ -73,6 +73,35 @@ class _Tensor:
     @property
     def rows(self) -> np.ndarray:
         return self.data.array if isinstance(self.data, SharedArray) else self.data
+
+
+@dataclass
+class PendingTensor:
+    """A tensor allocated by ``begin_create`` and not yet visible: fill it, then finish it."""
+
+    tensor: _Tensor
+    spec: dict[str, Any]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.tensor.rows.nbytes)
+
+    @property
+    def needs_fill(self) -> bool:
+        return bool(self.spec["kind"] != "zeros")
+
+    def fill(self) -> None:
+        """Write the initial values (thread-safe: only this tensor's unpublished rows)."""
+        fill_init(self.tensor.rows, self.spec, self.tensor.start)
+
+    def discard(self) -> None:
+        """Free the rows (idempotent); the tensor was never published."""
+        data = self.tensor.data
+        rows = self.tensor.rows
+        self.tensor.data = np.empty((0, *rows.shape[1:]), dtype=rows.dtype)
+        del rows
+        if isinstance(data, SharedArray):
+            data.close()
 
 
 class PartitionStore:
@@ -197,7 +226,8 @@ class PartitionStore:
             for name, policy, arr in feats:
                 total = book.num_nodes if policy == "node" else book.num_edges
                 meta = TensorMeta(name, policy, (total, *arr.shape[1:]), np.dtype(arr.dtype).name)
-                t = store._new_tensor(meta)
+                t = store._allocate(meta)
+                store._tensors[name] = t
                 t.rows[...] = arr
         except BaseException:
             store.close()
@@ -222,8 +252,8 @@ class PartitionStore:
     def _owned(self, policy: Policy) -> tuple[int, int]:
         return self.node_range if policy == "node" else self.edge_range
 
-    def _new_tensor(self, meta: TensorMeta) -> _Tensor:
-        """Allocate zeroed local rows for ``meta`` and register it."""
+    def _allocate(self, meta: TensorMeta) -> _Tensor:
+        """Zeroed local rows for ``meta``, not registered."""
         lo, hi = self._owned(meta.policy)
         local_shape = (hi - lo, *meta.shape[1:])
         data: SharedArray | np.ndarray
@@ -232,7 +262,7 @@ class PartitionStore:
             data = SharedArray.create(label, local_shape, meta.dtype)
         else:
             data = np.zeros(local_shape, dtype=meta.dtype)
-        return self._register(meta, data)
+        return _Tensor(meta, data, lo)
 
     def _register(self, meta: TensorMeta, data: SharedArray | np.ndarray) -> _Tensor:
         """Make ``data`` (this partition's rows) tensor ``meta.name``."""
@@ -253,6 +283,21 @@ class PartitionStore:
         """Create a tensor (idempotent: same name, policy, shape and dtype returns the existing one).
 
         ``shape`` is GLOBAL: ``shape[0]`` must be the graph's num_nodes/num_edges for the policy.
+        """
+        pending = self.begin_create(name, policy, shape, dtype, init)
+        if isinstance(pending, TensorMeta):
+            return pending
+        pending.fill()
+        return self.finish_create(pending)
+
+    def begin_create(
+        self, name: str, policy: Policy, shape: Sequence[int], dtype: str, init: InitSpec | None = None
+    ) -> TensorMeta | PendingTensor:
+        """Validate a create and allocate its rows unregistered (the existing meta if identical).
+
+        The caller runs ``PendingTensor.fill`` (anywhere: it touches only the new rows, so a
+        server runs a big init in a worker thread) and then ``finish_create``; until then the
+        tensor does not exist for anyone else.
         """
         self._check_open()
         if self._attached:
@@ -276,21 +321,37 @@ class PartitionStore:
                 f"in the graph ({total}) and have no negative dimensions"
             )
         meta = TensorMeta(name, policy, shape_t, dt.name)
-        existing = self._tensors.get(name)
+        existing = self._existing(meta)
         if existing is not None:
-            if existing.meta == meta:
-                return existing.meta
-            raise TensorExistsError(
-                f"tensor {name!r} exists as {_describe(existing.meta)}; requested {_describe(meta)}"
-            )
+            return existing
         spec = validate_init(init, dt)
-        t = self._new_tensor(meta)
+        return PendingTensor(self._allocate(meta), spec)
+
+    def finish_create(self, pending: PendingTensor) -> TensorMeta:
+        """Register a filled ``PendingTensor`` (or, if the same tensor appeared meanwhile, drop it)."""
+        t = pending.tensor
         try:
-            fill_init(t.rows, spec, t.start)
+            self._check_open()
+            existing = self._existing(t.meta)
         except BaseException:
-            self._drop(name)
+            pending.discard()
             raise
-        return meta
+        if existing is not None:
+            pending.discard()
+            return existing
+        self._tensors[t.meta.name] = t
+        return t.meta
+
+    def _existing(self, meta: TensorMeta) -> TensorMeta | None:
+        """The meta of tensor ``meta.name`` if it exists as ``meta``; TensorExistsError if otherwise."""
+        existing = self._tensors.get(meta.name)
+        if existing is None:
+            return None
+        if existing.meta == meta:
+            return existing.meta
+        raise TensorExistsError(
+            f"tensor {meta.name!r} exists as {_describe(existing.meta)}; requested {_describe(meta)}"
+        )
 
     def delete_tensor(self, name: str) -> None:
         """Delete a tensor and free its memory (co-located mappings stay valid until dropped)."""
