@@ -16,6 +16,7 @@ from pathlib import Path
 
 import asyncgraph
 from asyncgraph.launch import ServerExitedError, server_argv, wait_ready_files
+from asyncgraph.lifeline import die_with_parent
 
 PACKAGE_ROOT = Path(asyncgraph.__file__).resolve().parent.parent
 
@@ -102,7 +103,15 @@ def start_servers(
                 extra_args=extra_args or (),
             )
             with open(log, "wb") as fh:
-                group.procs.append(subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env))
+                group.procs.append(
+                    subprocess.Popen(
+                        argv,
+                        stdout=fh,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        preexec_fn=die_with_parent(signal.SIGTERM),  # a killed test run leaves no server
+                    )
+                )
         try:
             group.addresses = wait_ready_files(group.procs, ready_files, timeout)
         except ServerExitedError as exc:
