@@ -222,3 +222,25 @@ async def test_small_pulls_are_answered_while_a_big_init_runs(one_server: Server
     finally:
         await creator.close()
         await reader.close()
+
+
+@pytest.mark.timeout(120)
+async def test_big_sample_off_the_loop_equals_standalone(one_server: ServerGroup, pubmed1) -> None:
+    from asyncgraph.server.handlers import OFFLOAD_SAMPLE_EDGES
+
+    served = await AsyncClient.connect(one_server.addresses, use_shared_memory=False)
+    alone = AsyncClient.standalone(pubmed1.part_config)
+    try:
+        seeds = np.arange(served.book.num_nodes, dtype=np.int64)
+        assert seeds.size * 30 > OFFLOAD_SAMPLE_EDGES  # runs in a worker thread on the server
+        big, small = await asyncio.gather(
+            served.sample_neighbors(seeds, 30, replace=True, seed=11),
+            served.sample_neighbors(seeds[:8], 2, seed=5),  # answered meanwhile, inline
+        )
+        ref = await alone.sample_neighbors(seeds, 30, replace=True, seed=11)
+        for got, want in zip(big, ref, strict=True):
+            np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(small[2], (await alone.sample_neighbors(seeds[:8], 2, seed=5))[2])
+    finally:
+        await served.close()
+        await alone.close()

@@ -46,7 +46,8 @@ Handler = Callable[[Mapping[str, Any]], Any]
 OFFLOAD_INIT_BYTES = 8 << 20
 """A new tensor whose initial values take more bytes than this is filled in a worker thread."""
 OFFLOAD_SAMPLE_EDGES = 1 << 18
-"""A sample that can return more edges than this (seeds x fanout) runs in a worker thread."""
+"""A sample that can return more edges than this (seeds x fanout, or x the mean in-degree for
+fanout -1) runs in a worker thread."""
 
 __all__ = ["Barriers", "Handler", "RequestHandlers"]
 
@@ -241,7 +242,14 @@ class RequestHandlers:
     # --- structure ----------------------------------------------------------------------
     def sample(self, args: Mapping[str, Any]) -> dict[str, np.ndarray] | Awaitable[dict[str, np.ndarray]]:
         a = SampleArgs.decode(args)
-        big = a.fanout == -1 or np.size(a.seeds) * a.fanout > OFFLOAD_SAMPLE_EDGES
+        num_seeds = int(np.size(a.seeds))
+        # fanout -1 takes every in-edge: assume the partition's mean in-degree per seed
+        per_seed = (
+            a.fanout
+            if a.fanout >= 0
+            else max(1, self.store.indices.size // max(1, self.store.indptr.size - 1))
+        )
+        big = num_seeds * per_seed > OFFLOAD_SAMPLE_EDGES
         if big:
             return asyncio.to_thread(self._sample, a)
         return self._sample(a)
