@@ -200,12 +200,24 @@ class AsyncClient:
         init: Mapping[str, Any] | None = None,
     ) -> TensorMeta:
         """Create (or get, if identical) a tensor sharded by node or edge ranges on every partition."""
+        meta, _ = await self.create_tensor_parts(name, policy, shape, dtype, init)
+        return meta
+
+    async def create_tensor_parts(
+        self,
+        name: str,
+        policy: str,
+        shape: Sequence[int],
+        dtype: str,
+        init: Mapping[str, Any] | None = None,
+    ) -> tuple[TensorMeta, list[int]]:
+        """``create_tensor``, also returning the partitions on which this call created the tensor."""
         dims = [int(d) for d in shape]
         dt = np.dtype(dtype).name
         spec = dict(init) if init else None
-        metas = await broadcast(self.partitions, lambda p: p.create_tensor(name, policy, dims, dt, spec))
-        self._metas[name] = metas[0]
-        return metas[0]
+        out = await broadcast(self.partitions, lambda p: p.create_tensor(name, policy, dims, dt, spec))
+        self._metas[name] = out[0][0]
+        return out[0][0], [p.part_id for p, (_, created) in zip(self.partitions, out, strict=True) if created]
 
     async def delete_tensor(self, name: str) -> None:
         await broadcast(self.partitions, lambda p: p.delete_tensor(name))

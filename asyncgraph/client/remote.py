@@ -69,9 +69,10 @@ class RemotePartition:
 
     async def create_tensor(
         self, name: str, policy: str, shape: list[int], dtype: str, init: dict[str, Any] | None
-    ) -> TensorMeta:
+    ) -> tuple[TensorMeta, bool]:
         args = CreateTensorArgs(name, policy, shape, dtype, init).encode()
-        return TensorMeta.from_dict(await self.conn.call(Op.CREATE_TENSOR, args, self.timeout))
+        out = await self.conn.call(Op.CREATE_TENSOR, args, self.timeout)
+        return TensorMeta.from_dict(out), bool(out.get("created", False))
 
     async def delete_tensor(self, name: str) -> None:
         await self.conn.call(Op.DELETE_TENSOR, DeleteTensorArgs(name).encode(), self.timeout)

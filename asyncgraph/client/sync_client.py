@@ -131,6 +131,12 @@ class Client:
     ) -> TensorMeta:
         return self.loop.run(self.aio.create_tensor(name, policy, shape, dtype, init))
 
+    def create_tensor_parts(
+        self, name: str, policy: str, shape: Sequence[int], dtype: str, init: Mapping[str, Any] | None = None
+    ) -> tuple[TensorMeta, list[int]]:
+        """``create_tensor`` and the partitions this call created it on."""
+        return self.loop.run(self.aio.create_tensor_parts(name, policy, shape, dtype, init))
+
     def delete_tensor(self, name: str) -> None:
         self.loop.run(self.aio.delete_tensor(name))
 

@@ -22,7 +22,7 @@ from asyncgraph.arrays import as_id_array
 from asyncgraph.client.sync_client import Client
 from asyncgraph.errors import InvalidRequestError
 
-from .tensor import DistTensor, uniform_init
+from .tensor import DistTensor, InitFunc, resolve_init, uniform_init
 
 _ANON = itertools.count()
 
@@ -41,8 +41,11 @@ class DistEmbedding:
     """A ``[num_embeddings, embedding_dim]`` float32 table sharded by the partition policy.
 
     ``init_func`` is a named initialiser (``asyncgraph.zeros_init()``, ``uniform_init(...)``,
-    ``normal_init(...)``): servers run it, so no code crosses the wire. The default is
-    ``default_embedding_init(name)``. Creating a ``DistEmbedding`` with the same name in several
+    ``normal_init(...)``), which servers run, or DGL's callable ``(shape, dtype) -> tensor``, which
+    the creating client runs chunk by chunk (see ``DistTensor``). The default is
+    ``default_embedding_init(name)``, uniform(-1, 1), not DGL's zeros: it is what DGL's examples
+    do by hand, and seeded by the name it draws the same table in every trainer and run; pass
+    ``zeros_init()`` for DGL's default. Creating a ``DistEmbedding`` with the same name in several
     trainers gives all of them the same rows (the first creation initialises them).
     """
 
@@ -51,7 +54,7 @@ class DistEmbedding:
         num_embeddings: int,
         embedding_dim: int,
         name: str | None = None,
-        init_func: Mapping[str, Any] | None = None,
+        init_func: Mapping[str, Any] | InitFunc | None = None,
         part_policy: str | None = None,
         *,
         client: Client | None = None,
@@ -64,6 +67,7 @@ class DistEmbedding:
         self.num_embeddings = int(num_embeddings)
         self.embedding_dim = int(embedding_dim)
         self.name = name if name is not None else f"_emb{next(_ANON)}"
+        resolve_init(init_func)  # a typed error for anything else, before a tensor is made
         init = init_func if init_func is not None else default_embedding_init(self.name)
         self._tensor = DistTensor(
             (self.num_embeddings, self.embedding_dim),

@@ -156,7 +156,8 @@ class RequestHandlers:
 
     def create_tensor(self, args: Mapping[str, Any]) -> dict[str, Any]:
         a = CreateTensorArgs.decode(args)
-        return self.partition.create_tensor(a.name, a.policy, a.shape, a.dtype, a.init).to_dict()
+        meta, created = self.partition.create_tensor(a.name, a.policy, a.shape, a.dtype, a.init)
+        return {**meta.to_dict(), "created": created}
 
     def delete_tensor(self, args: Mapping[str, Any]) -> None:
         self.partition.delete_tensor(DeleteTensorArgs.decode(args).name)

@@ -49,7 +49,9 @@ class Partition(Protocol):
 
     async def create_tensor(
         self, name: str, policy: str, shape: list[int], dtype: str, init: dict[str, Any] | None
-    ) -> TensorMeta: ...
+    ) -> tuple[TensorMeta, bool]:
+        """The tensor's meta and whether this call created it on this partition."""
+        ...
 
     async def delete_tensor(self, name: str) -> None: ...
 

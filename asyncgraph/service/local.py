@@ -74,8 +74,11 @@ class PartitionService:
 
     def create_tensor(
         self, name: str, policy: str, shape: list[int], dtype: str, init: dict[str, Any] | None = None
-    ) -> TensorMeta:
-        return self.store.create_tensor(name, cast(Policy, policy), shape, dtype, init)
+    ) -> tuple[TensorMeta, bool]:
+        """The tensor's meta, and whether this call created it (False: it existed already)."""
+        existed = self.store.has_tensor(name)
+        meta = self.store.create_tensor(name, cast(Policy, policy), shape, dtype, init)
+        return meta, not existed
 
     def delete_tensor(self, name: str) -> None:
         self.store.delete_tensor(name)
@@ -173,7 +176,7 @@ class LocalPartition:
 
     async def create_tensor(
         self, name: str, policy: str, shape: list[int], dtype: str, init: dict[str, Any] | None
-    ) -> TensorMeta:
+    ) -> tuple[TensorMeta, bool]:
         if self.server is not None:
             return await self.server.create_tensor(name, policy, shape, dtype, init)
         return self.service.create_tensor(name, policy, shape, dtype, init)
