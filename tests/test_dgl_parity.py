@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 import torch
 from servers import ServerGroup, start_servers
@@ -68,3 +69,35 @@ def test_init_forms_are_typed_errors(g: asyncgraph.DistGraph) -> None:
     with pytest.raises(InvalidRequestError, match="returned shape"):
         asyncgraph.DistTensor((n, 2), torch.float32, name="pf_bad", init_func=lambda s, d: torch.ones(3))
     assert "pf_bad" not in g.ndata
+
+
+# --- 2. node_split / edge_split over DistTensor masks --------------------------------------------
+def test_node_split_dist_tensor_mask_is_fast_and_partition_aware(g: asyncgraph.DistGraph, pubmed2) -> None:
+    import time
+
+    book = g.get_partition_book()
+    mask_t = g.ndata["train_mask"]
+    full = mask_t[0 : g.num_nodes()].numpy()
+    for force_even in (True, False):
+        t0 = time.perf_counter()
+        shares = [
+            asyncgraph.node_split(mask_t, rank=r, world_size=4, force_even=force_even) for r in range(4)
+        ]
+        assert time.perf_counter() - t0 < 5.0
+        for r, share in enumerate(shares):
+            want = asyncgraph.node_split(full, book, rank=r, world_size=4, force_even=force_even)
+            assert torch.equal(share, want)
+            # no book given: the current graph's is used
+            assert torch.equal(asyncgraph.node_split(full, rank=r, world_size=4, force_even=force_even), want)
+        every = torch.cat(shares).numpy()
+        np.testing.assert_array_equal(np.sort(every), np.flatnonzero(full))
+        owner = book.nid2partid(every)
+        expect = np.repeat(np.arange(4) // 2, [s.numel() for s in shares])
+        assert np.mean(owner == expect) > 0.9
+    emask = asyncgraph.DistTensor((g.num_edges(),), torch.bool, name="pf_emask", init=asyncgraph.zeros_init())
+    emask[0:100] = True
+    eshare = asyncgraph.edge_split(emask, rank=0, world_size=1)
+    assert eshare.tolist() == list(range(100))
+    with pytest.raises(InvalidRequestError, match="node mask"):
+        asyncgraph.node_split(emask)
+    emask.delete()
