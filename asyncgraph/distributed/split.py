@@ -100,7 +100,8 @@ def _trainer_parts(rank: int, world: int, num_parts: int) -> IdArray:
     parts = np.arange(num_parts, dtype=np.int64)
     trainer_part = np.arange(world, dtype=np.int64) * num_parts // world
     orphan = ~np.isin(parts, trainer_part)
-    return parts[(parts == trainer_part[rank]) | (orphan & (parts * world // num_parts == rank))]
+    mine: IdArray = parts[(parts == trainer_part[rank]) | (orphan & (parts * world // num_parts == rank))]
+    return mine
 
 
 def _even_cuts(total: IdArray, k: IdArray, j: IdArray) -> tuple[IdArray, IdArray]:
