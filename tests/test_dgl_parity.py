@@ -101,3 +101,134 @@ def test_node_split_dist_tensor_mask_is_fast_and_partition_aware(g: asyncgraph.D
     with pytest.raises(InvalidRequestError, match="node mask"):
         asyncgraph.node_split(emask)
     emask.delete()
+
+
+# --- 3. graph queries --------------------------------------------------------------------------
+def _new_edges(pubmed2) -> tuple[np.ndarray, np.ndarray]:
+    """Global (src, dst) of every edge in new IDs, in new edge-ID order."""
+    new_of = np.empty_like(pubmed2.orig_nids)
+    new_of[pubmed2.orig_nids] = np.arange(pubmed2.orig_nids.size)
+    oe = pubmed2.orig_eids
+    return new_of[pubmed2.raw["src"][oe]], new_of[pubmed2.raw["dst"][oe]]
+
+
+def test_degrees_edges_and_subgraphs(g: asyncgraph.DistGraph, pubmed2) -> None:
+    src, dst = _new_edges(pubmed2)
+    n = g.num_nodes()
+    indeg, outdeg = np.bincount(dst, minlength=n), np.bincount(src, minlength=n)
+    np.testing.assert_array_equal(g.in_degrees().numpy(), indeg)
+    np.testing.assert_array_equal(g.out_degrees().numpy(), outdeg)
+    ids = np.array([n - 1, 0, 7, 0, n // 2])
+    np.testing.assert_array_equal(g.in_degrees(torch.from_numpy(ids)).numpy(), indeg[ids])
+    np.testing.assert_array_equal(g.out_degrees(ids).numpy(), outdeg[ids])
+    assert g.out_degrees(7) == outdeg[7] and isinstance(g.in_degrees(7), int)
+    with pytest.raises(asyncgraph.errors.OutOfRangeError):
+        g.out_degrees([n])
+    es, ed = g.edges()
+    np.testing.assert_array_equal(es.numpy(), src)
+    np.testing.assert_array_equal(ed.numpy(), dst)
+    nodes = np.array([5, 100, 5])
+    sub = g.in_subgraph(nodes)
+    s_src, s_dst = sub.edges()
+    assert sub.num_edges() == indeg[[5, 100]].sum() and set(s_dst.tolist()) <= {5, 100}
+    np.testing.assert_array_equal(src[sub.edata[asyncgraph.EID].numpy()], s_src.numpy())
+    eids = np.array([3, 88647, 40000])
+    esub = g.edge_subgraph(eids)
+    nid = esub.ndata[asyncgraph.NID].numpy()
+    ls, ld = esub.edges()
+    np.testing.assert_array_equal(nid[ls.numpy()], src[eids])
+    np.testing.assert_array_equal(nid[ld.numpy()], dst[eids])
+    np.testing.assert_array_equal(esub.edata[asyncgraph.EID].numpy(), eids)
+
+
+def test_graph_metadata_methods(g: asyncgraph.DistGraph, monkeypatch) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert g.rank() == 1 and g.get_num_clients() == g.num_clients == 1
+    assert g.idtype == torch.int64 and g.device == torch.device("cpu")
+    assert g.number_of_nodes() == g.num_nodes() and g.number_of_edges() == g.num_edges()
+    npol, epol = g.get_node_partition_policy(), g.get_edge_partition_policy()
+    assert npol.policy_str == "node:_N" and epol.policy_str == "edge:_E"
+    assert npol.get_size() == g.num_nodes() and epol.get_size() == g.num_edges()
+    lo, hi = g.get_partition_book().node_range(npol.part_id)
+    assert npol.get_part_size() == hi - lo
+    assert npol.to_local(torch.tensor([lo, hi - 1])).tolist() == [0, hi - lo - 1]
+    assert npol.to_partid([lo]).tolist() == [npol.part_id]
+
+
+# --- 4. sampling options -----------------------------------------------------------------------
+def test_sample_neighbors_out_prob_exclude(g: asyncgraph.DistGraph, pubmed2) -> None:
+    src, dst = _new_edges(pubmed2)
+    n = g.num_nodes()
+    outdeg = np.bincount(src, minlength=n)
+    seeds = np.flatnonzero(outdeg >= 1)[::97]
+    sub = asyncgraph.sample_neighbors(g, seeds, 3, edge_dir="out", seed=4)
+    s, d = sub.edges()
+    e = sub.edata["_ID"].numpy()
+    np.testing.assert_array_equal(src[e], s.numpy())
+    np.testing.assert_array_equal(dst[e], d.numpy())
+    per_seed = np.bincount(np.searchsorted(seeds, s.numpy()), minlength=seeds.size)
+    np.testing.assert_array_equal(per_seed, np.minimum(outdeg[seeds], 3))
+    assert np.unique(e).size == e.size and sub.num_edges() == e.size
+    _, _, e2 = asyncgraph.sample_neighbors(g, seeds, 3, edge_dir="out", seed=4)  # unpacks
+    assert torch.equal(e2, sub.edata["_ID"])
+    tup = asyncgraph.sample_neighbors(g, seeds, 3, edge_dir="out", seed=4, output="tuple")
+    assert isinstance(tup, tuple) and torch.equal(tup[2], e2)
+    # with replacement: exactly fanout draws per seed with out-edges
+    s3, _, e3 = asyncgraph.sample_neighbors(g, seeds, 5, edge_dir="out", replace=True, seed=1)
+    np.testing.assert_array_equal(np.bincount(np.searchsorted(seeds, s3.numpy()), minlength=seeds.size), 5)
+    np.testing.assert_array_equal(src[e3.numpy()], s3.numpy())
+    # exclude: those edge IDs never come back; all in-edges of a node minus the excluded
+    hub = int(np.argmax(np.bincount(dst, minlength=n)))
+    all_in = np.flatnonzero(dst == hub)
+    drop = all_in[::2]
+    _, _, e4 = asyncgraph.sample_neighbors(g, [hub], -1, exclude=drop)
+    np.testing.assert_array_equal(np.sort(e4.numpy()), np.setdiff1d(all_in, drop))
+    # prob: zero weights never picked; weights favour heavy edges
+    w = asyncgraph.DistTensor((g.num_edges(),), torch.float32, name="pf_w", init=asyncgraph.zeros_init())
+    heavy = all_in[:4]
+    w[torch.from_numpy(all_in)] = 0.01
+    w[torch.from_numpy(heavy)] = 100.0
+    w[torch.from_numpy(all_in[4:6])] = 0.0
+    counts = np.zeros(g.num_edges())
+    for k in range(20):
+        _, _, ek = asyncgraph.sample_neighbors(g, [hub], 4, prob="pf_w", seed=k)
+        counts[ek.numpy()] += 1
+    assert counts[heavy].sum() >= 70 and counts[all_in[4:6]].sum() == 0
+    _, _, eo = asyncgraph.sample_neighbors(g, seeds, 2, edge_dir="out", prob="pf_w", replace=True, seed=2)
+    assert (w[eo].numpy() > 0).all()
+    with pytest.raises(asyncgraph.errors.UnknownTensorError):
+        asyncgraph.sample_neighbors(g, seeds, 2, prob="nope")
+    w.delete()
+
+
+def test_sample_neighbors_out_is_uniform_over_partitions(g: asyncgraph.DistGraph, pubmed2) -> None:
+    src, _ = _new_edges(pubmed2)
+    book = g.get_partition_book()
+    owner = book.eid2partid(np.arange(src.size))
+    both = [u for u in np.flatnonzero(np.bincount(src) >= 6)[:400] if len(set(owner[src == u].tolist())) == 2]
+    u = int(both[0])
+    out_e = np.flatnonzero(src == u)
+    hits = np.zeros(src.size)
+    trials = 600
+    for k in range(trials):
+        _, _, e = asyncgraph.sample_neighbors(g, [u], 2, edge_dir="out", seed=k)
+        hits[e.numpy()] += 1
+    expect = trials * 2 / out_e.size
+    assert np.all(np.abs(hits[out_e] - expect) < 5 * np.sqrt(expect) + 3)
+
+
+def test_new_op_records_reject_bad_arguments() -> None:
+    from asyncgraph.protocol.ops import DegreesArgs, SampleEdgesArgs
+
+    ids = np.arange(3)
+    assert DegreesArgs.decode(DegreesArgs(None, "out").encode()).ids is None
+    with pytest.raises(InvalidRequestError, match="edge_dir"):
+        DegreesArgs.decode({"ids": ids, "edge_dir": "both"})
+    good = SampleEdgesArgs(ids, 2, "out", False, 1, "w", np.array([4])).encode()
+    back = SampleEdgesArgs.decode(good)
+    assert back.prob == "w" and back.exclude is not None and back.exclude.tolist() == [4]
+    with pytest.raises(InvalidRequestError, match="prob"):
+        SampleEdgesArgs.decode({**good, "prob": 3})
+    with pytest.raises(asyncgraph.errors.DTypeMismatchError, match="exclude"):
+        SampleEdgesArgs.decode({**good, "exclude": np.array([1.5])})

@@ -20,12 +20,13 @@ import torch
 
 from asyncgraph.arrays import as_id_array, check_rows
 from asyncgraph.env import ENV_MALLOC_TUNING
-from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, UnknownTensorError
+from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, OutOfRangeError, UnknownTensorError
+from asyncgraph.kernels.edge_queries import merge_samples
 from asyncgraph.kernels.sparse_optim import validate_spec
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.protocol.framing import retain_large_allocations
-from asyncgraph.protocol.ops import BarrierArgs, Op
+from asyncgraph.protocol.ops import BarrierArgs, Op, SampleEdgesArgs
 from asyncgraph.service import LocalPartition, Partition, PartitionService
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
@@ -243,6 +244,82 @@ class AsyncClient:
             return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
         src, dst, eids = (np.concatenate([r[1][k] for r in results]) for k in range(3))
         return src, dst, eids
+
+    async def sample_edges(
+        self,
+        seeds: Any,
+        fanout: int,
+        *,
+        edge_dir: str = "in",
+        replace: bool = False,
+        seed: int | None = None,
+        prob: str | None = None,
+        exclude: Any = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Sample with options: in-edges (by the seeds' owners) or out-edges (every partition
+        samples its edges from the seeds; the client merges exactly), weighted by edge tensor
+        ``prob`` (without replacement: Efraimidis-Spirakis), never picking edge IDs ``exclude``.
+
+        Returns global ``(src, dst, eids)``.
+        """
+        gids = as_id_array(seeds, "seeds")
+        if edge_dir not in ("in", "out"):
+            raise InvalidRequestError(f"edge_dir must be 'in' or 'out', got {edge_dir!r}")
+        if isinstance(fanout, bool) or not isinstance(fanout, int | np.integer) or int(fanout) < -1:
+            raise InvalidRequestError(f"fanout must be an integer >= -1, got {fanout!r}")
+        if prob is not None:
+            meta = await self.tensor_meta(prob if prob.startswith("edge:") else f"edge:{prob}")
+            if meta.policy != "edge" or len(meta.shape) != 1:
+                raise InvalidRequestError(f"prob must name a 1-D edge tensor, got {meta.name} {meta.shape}")
+        exc = as_id_array(exclude, "exclude") if exclude is not None else np.empty(0, np.int64)
+        exc_parts = split_by_owner(self.book.owner(exc, "edge"), self.num_partitions)
+        fan, rep = int(fanout), bool(replace)
+
+        def args(part: Partition, ids: np.ndarray) -> SampleEdgesArgs:
+            return SampleEdgesArgs(ids, fan, edge_dir, rep, seed, prob, exc[exc_parts[part.part_id]])
+
+        if edge_dir == "in":
+            parts = split_by_owner(self.book.owner(gids, "node"), self.num_partitions)
+            results = [
+                r
+                for _, r in await scatter(
+                    self.partitions,
+                    parts,
+                    Op.SAMPLE_EDGES,
+                    lambda p, pos: p.sample_edges(args(p, take(gids, pos))),
+                )
+            ]
+        else:
+            results = await broadcast(self.partitions, lambda p: p.sample_edges(args(p, gids)))
+            return merge_samples(results, gids.size, fan, rep, seed)
+        if not results:
+            return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
+        src, dst, eids = (np.concatenate([r[k] for r in results]) for k in ("src", "dst", "eids"))
+        return src, dst, eids
+
+    async def degrees(self, ids: Any, edge_dir: str) -> np.ndarray:
+        """In- or out-degrees (int64) of global node ``ids`` in the caller's order (None: all nodes).
+
+        In-degrees are answered by the owners; out-degrees add up every partition's count.
+        """
+        if edge_dir not in ("in", "out"):
+            raise InvalidRequestError(f"edge_dir must be 'in' or 'out', got {edge_dir!r}")
+        gids = None if ids is None else as_id_array(ids)
+        if gids is not None and gids.size:
+            lo, hi = int(gids.min()), int(gids.max())
+            if lo < 0 or hi >= self.book.num_nodes:
+                raise OutOfRangeError(f"node ID {lo if lo < 0 else hi} outside [0, {self.book.num_nodes})")
+        if edge_dir == "out":
+            counts = await broadcast(self.partitions, lambda p: p.degrees(gids, "out"))
+            total: np.ndarray = np.stack(counts).sum(axis=0, dtype=np.int64)
+            return total
+        if gids is None:
+            return np.concatenate(await broadcast(self.partitions, lambda p: p.degrees(None, "in")))
+        parts = split_by_owner(self.book.owner(gids, "node"), self.num_partitions)
+        results = await scatter(
+            self.partitions, parts, Op.DEGREES, lambda p, pos: p.degrees(take(gids, pos), "in")
+        )
+        return gather_rows(results, gids.size, (), np.int64)
 
     async def find_edges(self, eids: Any) -> tuple[np.ndarray, np.ndarray]:
         """Global int64 ``(src, dst)`` of global edge IDs, in the caller's order.

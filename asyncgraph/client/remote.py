@@ -9,12 +9,14 @@ import numpy as np
 
 from asyncgraph.protocol.ops import (
     CreateTensorArgs,
+    DegreesArgs,
     DeleteTensorArgs,
     FindEdgesArgs,
     Op,
     PullArgs,
     PushArgs,
     SampleArgs,
+    SampleEdgesArgs,
     SparseUpdateArgs,
 )
 from asyncgraph.storage.store import TensorMeta
@@ -60,6 +62,14 @@ class RemotePartition:
     async def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         out = await self.conn.call(Op.FIND_EDGES, FindEdgesArgs(eids).encode(), self.timeout)
         return np.asarray(out["src"]), np.asarray(out["dst"])
+
+    async def degrees(self, ids: np.ndarray | None, edge_dir: str) -> np.ndarray:
+        out = await self.conn.call(Op.DEGREES, DegreesArgs(ids, edge_dir).encode(), self.timeout)
+        return np.asarray(out)
+
+    async def sample_edges(self, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
+        out = await self.conn.call(Op.SAMPLE_EDGES, args.encode(), self.timeout)
+        return {k: np.asarray(v) for k, v in out.items()}
 
     async def sparse_update(
         self, name: str, ids: np.ndarray, grads: np.ndarray, spec: Mapping[str, Any]

@@ -145,6 +145,20 @@ class Client:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return self.loop.run(self.aio.sample_neighbors(seeds, fanout, replace=replace, seed=seed))
 
+    def sample_edges(
+        self, seeds: Any, fanout: int, **options: Any
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``AsyncClient.sample_edges``: direction, weights and excluded edges."""
+        return self.loop.run(self.aio.sample_edges(seeds, fanout, **options))
+
+    def degrees(self, ids: Any, edge_dir: str) -> np.ndarray:
+        """In- or out-degrees of node ``ids`` (None: all nodes)."""
+        return self.loop.run(self.aio.degrees(ids, edge_dir))
+
+    @property
+    def num_clients(self) -> int:
+        return self.aio.num_clients
+
     def barrier(self, name: str = "default", timeout: float = 300.0) -> None:
         self.loop.run(self.aio.barrier(name, timeout))
 

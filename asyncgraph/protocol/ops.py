@@ -19,12 +19,14 @@ from asyncgraph.errors import DTypeMismatchError, InvalidRequestError
 __all__ = [
     "BarrierArgs",
     "CreateTensorArgs",
+    "DegreesArgs",
     "DeleteTensorArgs",
     "FindEdgesArgs",
     "Op",
     "PullArgs",
     "PushArgs",
     "SampleArgs",
+    "SampleEdgesArgs",
     "SparseUpdateArgs",
 ]
 
@@ -45,6 +47,15 @@ class Op(enum.StrEnum):
     PING = "ping"
     SHUTDOWN = "shutdown"
     SPARSE_UPDATE = "sparse_update"
+    DEGREES = "degrees"
+    SAMPLE_EDGES = "sample_edges"
+
+
+def _edge_dir(args: Mapping[str, Any], op: str) -> str:
+    edge_dir = _get(args, op, "edge_dir", str)
+    if edge_dir not in ("in", "out"):
+        raise InvalidRequestError(f"{op}: edge_dir must be 'in' or 'out', got {edge_dir!r}")
+    return str(edge_dir)
 
 
 def _get(args: Mapping[str, Any], op: str, key: str, kind: type | tuple[type, ...]) -> Any:
@@ -217,3 +228,54 @@ class SparseUpdateArgs:
 
     def encode(self) -> dict[str, Any]:
         return {"name": self.name, "ids": self.ids, "grads": self.grads, "spec": self.spec}
+
+
+@dataclass(frozen=True, slots=True)
+class DegreesArgs:
+    """In-degrees of owned ``ids``, or this partition's out-edge counts of ``ids``; None: all."""
+
+    ids: np.ndarray | None
+    edge_dir: str
+
+    @classmethod
+    def decode(cls, args: Mapping[str, Any]) -> DegreesArgs:
+        op = Op.DEGREES
+        ids = _ids(args, op) if args.get("ids") is not None else None
+        return cls(ids, _edge_dir(args, op))
+
+    def encode(self) -> dict[str, Any]:
+        return {"ids": self.ids, "edge_dir": self.edge_dir}
+
+
+@dataclass(frozen=True, slots=True)
+class SampleEdgesArgs:
+    """Sampling with options: direction, edge weights (an edge tensor's name), excluded edge IDs."""
+
+    seeds: np.ndarray
+    fanout: int
+    edge_dir: str = "in"
+    replace: bool = False
+    seed: int | None = None
+    prob: str | None = None
+    exclude: np.ndarray | None = None
+
+    @classmethod
+    def decode(cls, args: Mapping[str, Any]) -> SampleEdgesArgs:
+        op = Op.SAMPLE_EDGES
+        base = SampleArgs.decode(args)
+        prob = args.get("prob")
+        if prob is not None and not isinstance(prob, str):
+            raise InvalidRequestError(f"{op}: prob must be an edge tensor name or nil")
+        exclude = _ids(args, op, "exclude") if args.get("exclude") is not None else None
+        return cls(base.seeds, base.fanout, _edge_dir(args, op), base.replace, base.seed, prob, exclude)
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "seeds": self.seeds,
+            "fanout": self.fanout,
+            "edge_dir": self.edge_dir,
+            "replace": self.replace,
+            "seed": self.seed,
+            "prob": self.prob,
+            "exclude": self.exclude,
+        }

@@ -22,12 +22,14 @@ from asyncgraph.errors import BarrierTimeoutError, UnknownOpError
 from asyncgraph.protocol.ops import (
     BarrierArgs,
     CreateTensorArgs,
+    DegreesArgs,
     DeleteTensorArgs,
     FindEdgesArgs,
     Op,
     PullArgs,
     PushArgs,
     SampleArgs,
+    SampleEdgesArgs,
     SparseUpdateArgs,
 )
 from asyncgraph.service.local import PartitionService
@@ -114,6 +116,8 @@ class RequestHandlers:
             Op.PING: self.ping,
             Op.SHUTDOWN: self.shutdown,
             Op.SPARSE_UPDATE: self.sparse_update,
+            Op.DEGREES: self.degrees,
+            Op.SAMPLE_EDGES: self.sample_edges,
         }
 
     def lookup(self, op: str) -> Handler:
@@ -181,6 +185,13 @@ class RequestHandlers:
         """Global ``src``/``dst`` of edge IDs this partition owns (OutOfRangeError otherwise)."""
         src, dst = self.partition.find_edges(FindEdgesArgs.decode(args).eids)
         return {"src": src, "dst": dst}
+
+    def degrees(self, args: Mapping[str, Any]) -> np.ndarray:
+        a = DegreesArgs.decode(args)
+        return self.partition.degrees(a.ids, a.edge_dir)
+
+    def sample_edges(self, args: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        return self.partition.sample_edges(SampleEdgesArgs.decode(args))
 
     # --- sparse optimizers --------------------------------------------------------------
     def sparse_update(self, args: Mapping[str, Any]) -> None:

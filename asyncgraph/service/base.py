@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from asyncgraph.protocol.ops import Op
+from asyncgraph.protocol.ops import Op, SampleEdgesArgs
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
 
@@ -42,6 +42,14 @@ class Partition(Protocol):
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
     async def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+    async def degrees(self, ids: np.ndarray | None, edge_dir: str) -> np.ndarray:
+        """In-degrees of owned ``ids``, or this partition's out-edge counts of ``ids`` (None: all)."""
+        ...
+
+    async def sample_edges(self, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
+        """``asyncgraph.kernels.edge_queries.sample_edges`` on this partition."""
+        ...
 
     async def sparse_update(
         self, name: str, ids: np.ndarray, grads: np.ndarray, spec: Mapping[str, Any]

@@ -12,18 +12,19 @@ from typing import Any, cast
 import numpy as np
 
 from asyncgraph.errors import ServerUnavailableError
+from asyncgraph.kernels.edge_queries import OutIndex, degrees, sample_edges
 from asyncgraph.kernels.edges import find_edges_partition
 from asyncgraph.kernels.partition_sampling import sample_partition
 from asyncgraph.kernels.sparse_optim import apply_sparse_update
 from asyncgraph.protocol.messages import PROTOCOL_VERSION
-from asyncgraph.protocol.ops import Op
+from asyncgraph.protocol.ops import Op, SampleEdgesArgs
 from asyncgraph.service.base import Partition
 from asyncgraph.storage.store import PartitionStore, Policy, TensorMeta
 
 __all__ = ["LocalPartition", "PartitionService", "boot_id"]
 
 # What an attached (co-located) partition does through shared memory; the rest goes to its server.
-_ATTACHED_OPS = frozenset({Op.PULL, Op.PUSH, Op.SAMPLE, Op.FIND_EDGES})
+_ATTACHED_OPS = frozenset({Op.PULL, Op.PUSH, Op.SAMPLE, Op.FIND_EDGES, Op.DEGREES, Op.SAMPLE_EDGES})
 
 
 def boot_id() -> str:
@@ -44,6 +45,14 @@ class PartitionService:
         self.store = store
         self.num_clients = num_clients
         self.shm = dict(shm) if shm is not None else None
+        self._out_index: OutIndex | None = None
+
+    @property
+    def out_index(self) -> OutIndex:
+        """This partition's edges grouped by source (built on first use)."""
+        if self._out_index is None:
+            self._out_index = OutIndex.build(self.store)
+        return self._out_index
 
     def info(self) -> dict[str, Any]:
         """The partition's identity, book and tensors, and how to reach its memory."""
@@ -94,6 +103,23 @@ class PartitionService:
 
     def sparse_update(self, name: str, ids: np.ndarray, grads: np.ndarray, spec: Mapping[str, Any]) -> None:
         apply_sparse_update(self.store, name, ids, grads, spec)
+
+    def degrees(self, ids: np.ndarray | None, edge_dir: str) -> np.ndarray:
+        return degrees(self.store, self.out_index if edge_dir == "out" else None, ids, edge_dir)
+
+    def sample_edges(self, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
+        out_index = self.out_index if args.edge_dir == "out" else None
+        return sample_edges(
+            self.store,
+            out_index,
+            args.seeds,
+            args.fanout,
+            edge_dir=args.edge_dir,
+            replace=args.replace,
+            seed=args.seed,
+            prob=args.prob,
+            exclude=args.exclude,
+        )
 
 
 class LocalPartition:
@@ -165,6 +191,18 @@ class LocalPartition:
     async def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         self._check_alive()
         return self.service.find_edges(eids)
+
+    async def degrees(self, ids: np.ndarray | None, edge_dir: str) -> np.ndarray:
+        self._check_alive()
+        return self.service.degrees(ids, edge_dir)
+
+    async def sample_edges(self, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
+        self._check_alive()
+        if args.prob is not None and self.shm is not None:
+            key = args.prob if args.prob.startswith("edge:") else f"edge:{args.prob}"
+            if not self.service.store.has_tensor(key):
+                await self._map(self.shm, key)
+        return self.service.sample_edges(args)
 
     async def sparse_update(
         self, name: str, ids: np.ndarray, grads: np.ndarray, spec: Mapping[str, Any]
