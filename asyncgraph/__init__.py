@@ -54,7 +54,8 @@ _EXPORTS: dict[str, str] = {
     "AsyncClient": "asyncgraph.client",
 }
 
-_SUBMODULES = frozenset({"aio", "nn", "errors"})  # the async API, the GNN layers, the exceptions
+# the async API, the GNN layers, the exceptions, and ``graph`` (a callable module: dgl.graph)
+_SUBMODULES = frozenset({"aio", "nn", "errors", "graph"})
 
 if TYPE_CHECKING:
     from asyncgraph.client import AsyncClient, Client

@@ -232,3 +232,36 @@ def test_new_op_records_reject_bad_arguments() -> None:
         SampleEdgesArgs.decode({**good, "prob": 3})
     with pytest.raises(asyncgraph.errors.DTypeMismatchError, match="exclude"):
         SampleEdgesArgs.decode({**good, "exclude": np.array([1.5])})
+
+
+# --- 5. Graph with torch inputs, DGL-style constructor -------------------------------------------
+def test_graph_accepts_torch_and_dgl_constructor(tmp_path) -> None:
+    from asyncgraph.errors import ShapeMismatchError
+    from asyncgraph.graph import Graph
+
+    src, dst = torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 0])
+    g = asyncgraph.graph((src, dst), num_nodes=5)
+    assert isinstance(g, Graph) and g.num_nodes() == 5 and g.num_nodes == 5 and g.number_of_nodes() == 5
+    assert g.num_edges() == 4 == g.number_of_edges()
+    assert asyncgraph.graph((src, dst)).num_nodes() == 4
+    g.ndata["feat"] = torch.arange(10, dtype=torch.float32).reshape(5, 2)
+    g.edata["w"] = torch.ones(4)
+    g.ndata["train_mask"] = torch.tensor([True, False, True, False, True])
+    assert isinstance(g.ndata["feat"], np.ndarray) and g.ndata["train_mask"].dtype == np.bool_
+    with pytest.raises(ShapeMismatchError):
+        g.ndata["bad"] = torch.ones(4)
+    orig_nids, _ = asyncgraph.partition_graph(
+        g, "toy", 2, tmp_path / "out", part_method="random", return_mapping=True
+    )
+    cfg = tmp_path / "out" / "toy.json"
+    asyncgraph.initialize()
+    try:
+        dg = asyncgraph.DistGraph("toy", part_config=cfg)
+        assert dg.num_nodes() == g.num_nodes()
+        feat = dg.ndata["feat"][0:5].numpy()
+        np.testing.assert_array_equal(feat, g.ndata["feat"][np.asarray(orig_nids)])
+    finally:
+        asyncgraph.finalize()
+    from asyncgraph.graph import Graph as G2  # the module stays importable as a module
+
+    assert G2 is Graph
