@@ -265,3 +265,22 @@ def test_graph_accepts_torch_and_dgl_constructor(tmp_path) -> None:
     from asyncgraph.graph import Graph as G2  # the module stays importable as a module
 
     assert G2 is Graph
+
+
+# --- 6. initialize inside a launched job -------------------------------------------------------
+def test_initialize_prefers_launcher_env(served: ServerGroup, tmp_path, monkeypatch, caplog) -> None:
+    from asyncgraph.env import ENV_IP_CONFIG
+
+    monkeypatch.setenv(ENV_IP_CONFIG, str(served.ip_config()))
+    stale = tmp_path / "ip_config.txt"
+    stale.write_text("127.0.0.1 1\n127.0.0.1 2\n")  # what the script was written against
+    with caplog.at_level("WARNING", logger="asyncgraph"), pytest.warns(UserWarning, match="num_workers"):
+        asyncgraph.initialize(str(stale), num_workers=2)
+    try:
+        assert not asyncgraph.is_standalone()
+        assert asyncgraph.DistGraph("pubmed").num_nodes() == 19717
+        assert any("ignored" in r.message and str(stale) in r.message for r in caplog.records)
+    finally:
+        asyncgraph.finalize()
+    with pytest.raises(InvalidRequestError, match="num_workers"):
+        asyncgraph.initialize(num_workers=-1)

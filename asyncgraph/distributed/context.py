@@ -7,14 +7,18 @@ loads the partitions in-process. Either way later calls find the client here.
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from asyncgraph.client.ipconfig import IpConfig
 from asyncgraph.client.sync_client import Client
 from asyncgraph.env import ENV_IP_CONFIG, ENV_PART_CONFIG, ENV_SECRET_FILE, ENV_SERVERS
-from asyncgraph.errors import AsyncGraphError
+from asyncgraph.errors import AsyncGraphError, InvalidRequestError
+
+_log = logging.getLogger("asyncgraph")
 
 
 @dataclass
@@ -29,8 +33,31 @@ class _State:
 _STATE = _State()
 
 
+def _launched_servers(ip_config: str | Path | None) -> str | Path | None:
+    """Inside a launched job the launcher's servers win over an ``ip_config`` argument."""
+    launched = os.environ.get(ENV_IP_CONFIG) or None
+    if launched is None and os.environ.get(ENV_SERVERS):
+        if ip_config is not None:
+            _log.warning("initialize: ip_config %s ignored: servers are in $%s", ip_config, ENV_SERVERS)
+        return None
+    same = ip_config is None or launched is None or Path(ip_config).resolve() == Path(launched).resolve()
+    if not same:
+        _log.warning(
+            "initialize: ip_config %s ignored: this launched job's servers are in $%s=%s",
+            ip_config,
+            ENV_IP_CONFIG,
+            launched,
+        )
+    return launched if launched is not None else ip_config
+
+
 def initialize(
     ip_config: str | Path | None = None,
+    num_servers: int = 1,
+    num_workers: int = 0,
+    max_queue_size: int | None = None,
+    net_type: str | None = None,
+    num_worker_threads: int = 1,
     *,
     secret: bytes | None = None,
     secret_file: str | Path | None = None,
@@ -40,13 +67,29 @@ def initialize(
 ) -> None:
     """Set up this trainer process: connect to the servers, or choose standalone mode.
 
-    Servers come from ``ip_config`` (DGL's ``host [port]`` per line, one line per partition in
-    partition order), else ``$ASYNCGRAPH_IP_CONFIG`` or ``$ASYNCGRAPH_SERVERS``; with none of
-    them the process is standalone.
+    Servers come from ``$ASYNCGRAPH_IP_CONFIG`` / ``$ASYNCGRAPH_SERVERS`` when a launcher set
+    them (an ``ip_config`` argument is then ignored, with a logged warning, so a DGL script's
+    ``initialize("ip_config.txt")`` runs unchanged under ``asyncgraph.launch``), else from
+    ``ip_config`` (DGL's ``host [port]`` per line, one per partition in partition order); with
+    none of them the process is standalone. DGL's ``num_servers``, ``max_queue_size``,
+    ``net_type`` and ``num_worker_threads`` are accepted and unused. ``num_workers`` (DGL's
+    sampler processes) is accepted but ignored: sampling runs concurrently in each data
+    loader's prefetcher (its event-loop thread), so no worker processes are needed; a value
+    above 0 warns.
     """
     if _STATE.client is not None:
         raise AsyncGraphError("asyncgraph is already initialised in this process; call finalize() first")
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise InvalidRequestError(f"num_workers must be a non-negative int, got {num_workers!r}")
+    if num_workers > 0:
+        warnings.warn(
+            f"initialize(num_workers={num_workers}) is ignored: asyncgraph samples in each data "
+            "loader's prefetcher thread, without sampler processes",
+            UserWarning,
+            stacklevel=2,
+        )
     servers: list[tuple[str, int]] | None = None
+    ip_config = _launched_servers(ip_config)
     if ip_config is None:
         ip_config = os.environ.get(ENV_IP_CONFIG) or None
     if ip_config is not None:
