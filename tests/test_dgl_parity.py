@@ -284,3 +284,58 @@ def test_initialize_prefers_launcher_env(served: ServerGroup, tmp_path, monkeypa
         asyncgraph.finalize()
     with pytest.raises(InvalidRequestError, match="num_workers"):
         asyncgraph.initialize(num_workers=-1)
+
+
+# --- 7. checkpoints ------------------------------------------------------------------------------
+def test_checkpoint_loads_into_other_partitioning(
+    g: asyncgraph.DistGraph, pubmed2, pubmed1, tmp_path
+) -> None:
+    import asyncgraph.distributed.checkpoint as ck
+
+    ck_chunk = ck.CHUNK_BYTES
+    ck.CHUNK_BYTES = 4096 * 16  # several chunks per partition
+    try:
+        n = g.num_nodes()
+        emb = asyncgraph.DistEmbedding(n, 4, name="ck_emb")
+        opt = asyncgraph.SparseAdam([emb], lr=0.05)
+        rng = np.random.default_rng(0)
+        for _ in range(3):
+            ids = torch.from_numpy(rng.integers(0, n, 64))
+            (emb(ids) ** 2).sum().backward()
+            opt.step()
+        emb.save(tmp_path / "emb", orig_ids=pubmed2.orig_nids)
+        opt.save(tmp_path / "opt", orig_ids=pubmed2.orig_nids)
+        want = emb.state_dict(orig_ids=pubmed2.orig_nids)["weight"]
+        want_opt = opt.state_dict(orig_ids={"ck_emb": pubmed2.orig_nids})
+        assert set(want_opt["state"]["ck_emb"]) == {"adam_m", "adam_v", "adam_step"}
+        assert int(want_opt["state"]["ck_emb"]["adam_step"].sum()) > 0
+        new_ids = np.arange(n)
+        np.testing.assert_array_equal(want[pubmed2.orig_nids].numpy(), emb.weight[new_ids].numpy())
+
+        client = asyncgraph.Client.standalone(pubmed1.part_config)
+        try:
+            emb1 = asyncgraph.DistEmbedding(
+                n, 4, name="ck_emb", init_func=asyncgraph.zeros_init(), client=client
+            )
+            opt1 = asyncgraph.SparseAdam([emb1], lr=0.05)
+            with pytest.raises(InvalidRequestError, match="orig_ids"):
+                emb1.load(tmp_path / "emb")
+            emb1.load(tmp_path / "emb", orig_ids=pubmed1.orig_nids)
+            opt1.load(tmp_path / "opt", orig_ids=pubmed1.orig_nids)
+            assert torch.equal(emb1.state_dict(orig_ids=pubmed1.orig_nids)["weight"], want)
+            got_opt = opt1.state_dict(orig_ids=pubmed1.orig_nids)
+            for key, rows in want_opt["state"]["ck_emb"].items():
+                assert torch.equal(got_opt["state"]["ck_emb"][key], rows), key
+            # in-memory state dicts round-trip too
+            emb1.load_state_dict({"weight": torch.zeros(n, 4)})
+            emb1.load_state_dict({"weight": want}, orig_ids=pubmed1.orig_nids)
+            assert torch.equal(emb1.state_dict(orig_ids=pubmed1.orig_nids)["weight"], want)
+            opt1.load_state_dict(want_opt, orig_ids=pubmed1.orig_nids)
+            with pytest.raises(InvalidRequestError, match="adagrad"):
+                asyncgraph.SparseAdagrad([emb1], lr=0.1).load(tmp_path / "opt", orig_ids=pubmed1.orig_nids)
+            with pytest.raises(asyncgraph.errors.ShapeMismatchError):
+                emb1.load_state_dict({"weight": torch.zeros(3, 4)})
+        finally:
+            client.close()
+    finally:
+        ck.CHUNK_BYTES = ck_chunk
