@@ -46,6 +46,66 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def server_argv(
+    part_config: Path,
+    part_id: int,
+    ready_file: Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    num_clients: int = 1,
+    secret_file: Path | None = None,
+    python: str = sys.executable,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """The command line of one partition's server (``python -m asyncgraph.server ...``)."""
+    argv = [
+        python, "-m", "asyncgraph.server",
+        "--part-config", str(part_config),
+        "--part-id", str(part_id),
+        "--host", host,
+        "--port", str(port),
+        "--num-clients", str(num_clients),
+        "--ready-file", str(ready_file),
+    ]  # fmt: skip
+    if secret_file is not None:
+        argv += ["--secret-file", str(secret_file)]
+    return [*argv, *extra_args]
+
+
+class ServerExitedError(RuntimeError):
+    """Server ``index`` exited with ``status`` before writing its ready file."""
+
+    def __init__(self, index: int, status: int) -> None:
+        super().__init__(f"server {index} exited with status {status} before it was ready")
+        self.index = index
+        self.status = status
+
+
+def wait_ready_files(
+    procs: Sequence[subprocess.Popen[bytes]], ready_files: Sequence[Path], timeout: float
+) -> list[tuple[str, int]]:
+    """Wait until every server has written its ready file; their ``(host, port)`` in order.
+
+    Raises :class:`ServerExitedError` when one exits first and ``TimeoutError`` after ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    addresses: list[tuple[str, int] | None] = [None] * len(procs)
+    while any(a is None for a in addresses):
+        for i, (proc, path) in enumerate(zip(procs, ready_files, strict=True)):
+            if addresses[i] is None and path.exists():
+                info = json.loads(path.read_text())
+                addresses[i] = (str(info["host"]), int(info["port"]))
+            code = proc.poll()
+            if code is not None and addresses[i] is None:
+                raise ServerExitedError(i, code)
+        if any(a is None for a in addresses):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"servers not ready after {timeout:g} s")
+            time.sleep(0.01)
+    return [a for a in addresses if a is not None]
+
+
 @dataclass
 class Proc:
     """A process the launcher started."""
@@ -113,22 +173,15 @@ class Launcher:
 
     # --- waiting ---------------------------------------------------------------------------
     def wait_ready(self, servers: list[Proc], ready_files: list[Path]) -> list[tuple[str, int]]:
-        deadline = time.monotonic() + self.ready_timeout
-        addresses: list[tuple[str, int] | None] = [None] * len(servers)
-        while any(a is None for a in addresses):
-            for i, (proc, path) in enumerate(zip(servers, ready_files, strict=True)):
-                if addresses[i] is None and path.exists():
-                    info = json.loads(path.read_text())
-                    addresses[i] = (str(info["host"]), int(info["port"]))
-                code = proc.popen.poll()
-                if code is not None and addresses[i] is None:
-                    raise LaunchError(
-                        f"{proc.label} exited with status {code} before it was ready", code or 1
-                    )
-            if time.monotonic() > deadline:
-                raise LaunchError(f"servers not ready after {self.ready_timeout:g} s", 1)
-            time.sleep(0.01)
-        return [a for a in addresses if a is not None]
+        try:
+            return wait_ready_files([p.popen for p in servers], ready_files, self.ready_timeout)
+        except ServerExitedError as exc:
+            raise LaunchError(
+                f"{servers[exc.index].label} exited with status {exc.status} before it was ready",
+                exc.status or 1,
+            ) from None
+        except TimeoutError as exc:
+            raise LaunchError(str(exc), 1) from None
 
     def wait_trainers(self, trainers: list[Proc], servers: list[Proc]) -> int:
         """Block until all trainers end (0) or one fails / a server dies (its status)."""
@@ -238,26 +291,17 @@ def main(argv: list[str] | None = None) -> int:
         for part_id, (host, port) in enumerate(hosts):
             ready = workdir / f"server{part_id}.ready"
             ready_files.append(ready)
-            argv_server = [
-                args.python,
-                "-m",
-                "asyncgraph.server",
-                "--part-config",
-                str(part_config),
-                "--part-id",
-                str(part_id),
-                "--host",
-                host if host in LOCAL_HOSTS else "0.0.0.0",
-                "--port",
-                str(port),
-                "--num-clients",
-                str(world_size),
-                "--secret-file",
-                str(secret_file),
-                "--ready-file",
-                str(ready),
-                *args.server_arg,
-            ]
+            argv_server = server_argv(
+                part_config,
+                part_id,
+                ready,
+                host=host if host in LOCAL_HOSTS else "0.0.0.0",
+                port=port,
+                num_clients=world_size,
+                secret_file=secret_file,
+                python=args.python,
+                extra_args=args.server_arg,
+            )
             if host in LOCAL_HOSTS:
                 servers.append(launcher.spawn("server", part_id, argv_server, base_env))
             else:

@@ -7,21 +7,23 @@ degree-biased seeds (what deeper layers see: sources of sampled edges are hub-he
 ceiling is measured in the same run: ``np.take`` of ``indices`` and ``eids`` at the positions of
 the same number of edges, the one pass over edge data the kernel cannot avoid.
 
-Run: ``.venv/bin/python benchmarks/kernel_bench.py``; writes ``benchmarks/results/kernel_bench.json``.
+Run: ``.venv/bin/python -m benchmarks.kernel_bench [--graph PATH.npz]`` (``--graph``: the in-edge
+CSC of any npz graph instead); writes ``benchmarks/results/kernel_bench.json``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from asyncgraph.kernels.sampling import sample_csc
+from benchmarks.common import RESULTS, median_time
 
 NUM_NODES = 1_000_000
 TARGET_EDGES = 10_000_000
@@ -43,25 +45,30 @@ def make_power_law_csc(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return indptr, indices, eids
 
 
-def best_time(fn: Callable[[], Any], repeats: int) -> float:
-    """Median wall time of ``fn`` over ``repeats`` runs after one warm-up."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+def csc_from_npz(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The in-edge CSC (indptr, indices, eids) of an npz graph's src/dst arrays."""
+    with np.load(path) as f:
+        src, dst = f["src"].astype(np.int64), f["dst"].astype(np.int64)
+        num_nodes = int(f["label"].shape[0]) if "label" in f.files else int(max(src.max(), dst.max())) + 1
+    order = np.argsort(dst, kind="stable")
+    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=num_nodes), out=indptr[1:])
+    return indptr, src[order], np.arange(src.size, dtype=np.int64)
 
 
 def main() -> None:
     """Run every case, print a table and write the JSON results."""
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.kernel_bench", description=__doc__)
+    ap.add_argument("--graph", type=Path, help="an npz graph (src, dst) instead of the synthetic CSC")
+    ap.add_argument("--out", type=Path, default=RESULTS / "kernel_bench.json")
+    args = ap.parse_args()
     t0 = time.perf_counter()
-    indptr, indices, eids = make_power_law_csc()
+    indptr, indices, eids = csc_from_npz(args.graph) if args.graph else make_power_law_csc()
+    num_nodes = indptr.size - 1
     deg = np.diff(indptr)
     build_s = time.perf_counter() - t0
     print(
-        f"graph: {NUM_NODES:,} nodes, {indices.size:,} edges, mean deg {deg.mean():.2f}, "
+        f"graph: {num_nodes:,} nodes, {indices.size:,} edges, mean deg {deg.mean():.2f}, "
         f"max deg {deg.max():,}, deg>{FANOUT}: {np.mean(deg > FANOUT):.1%}, "
         f"deg>{4 * FANOUT}: {np.mean(deg > 4 * FANOUT):.1%} (built in {build_s:.1f}s)"
     )
@@ -72,7 +79,7 @@ def main() -> None:
     for num_seeds in (1_024, 25_000):
         for dist in ("uniform", "degree"):
             if dist == "uniform":
-                seeds = seed_rng.integers(0, NUM_NODES, num_seeds, dtype=np.int64)
+                seeds = seed_rng.integers(0, num_nodes, num_seeds, dtype=np.int64)
             else:  # endpoint of a random edge: probability proportional to in-degree
                 seeds = (
                     np.searchsorted(
@@ -94,8 +101,8 @@ def main() -> None:
                     np.take(indices, pos)
                     np.take(eids, pos)
 
-                t_kernel = best_time(run, repeats)
-                t_gather = best_time(gather, repeats)
+                t_kernel = median_time(run, repeats)
+                t_gather = median_time(gather, repeats)
                 row = {
                     "num_seeds": num_seeds,
                     "seed_distribution": dist,
@@ -116,7 +123,8 @@ def main() -> None:
                 )
     out = {
         "graph": {
-            "num_nodes": NUM_NODES,
+            "source": str(args.graph) if args.graph else "synthetic power-law CSC",
+            "num_nodes": num_nodes,
             "num_edges": int(indices.size),
             "mean_degree": float(deg.mean()),
             "max_degree": int(deg.max()),
@@ -124,7 +132,7 @@ def main() -> None:
         "machine": {"python": platform.python_version(), "numpy": np.__version__, "cpu": platform.machine()},
         "results": results,
     }
-    path = Path(__file__).resolve().parent / "results" / "kernel_bench.json"
+    path = args.out
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {path}")

@@ -1,9 +1,12 @@
-"""Partitioning benchmark: wall time, METIS-only time and peak RSS vs DGL's reference numbers.
+"""Partitioning benchmark: wall time, METIS-only time and peak RSS.
 
-``python -m benchmarks.partition_bench [--scale 20]`` generates (or reuses) the synthetic graph
-``benchmarks/data/synth<scale>.npz``, then runs metis and random at 2 and 4 parts, each in a
+``python -m benchmarks.partition_bench [--scale 20 | --graph PATH.npz] [--dgl-results R.json]``
+generates (or reuses) the synthetic graph ``benchmarks/data/synth<scale>.npz`` (or takes
+``--graph``), then runs metis and random at 2 and 4 parts, each in a
 fresh subprocess whose own peak RSS (``ru_maxrss``, everything included: Python, the loaded
-graph, METIS) is reported. Writes ``benchmarks/results/partition_bench.json``.
+graph, METIS) is reported. With ``--dgl-results`` (DGL measured the same day, see
+``benchmarks.common.load_reference``; figures under ``"partition": {"metis2": {"wall_s": ...}}``)
+it prints time ratios. Writes ``benchmarks/results/partition_bench.json``.
 """
 
 from __future__ import annotations
@@ -21,12 +24,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-# DGL reference (2^20 nodes, ~10.6M edges, 128-d float32 features; 2-way).
-DGL_REF = {
-    "metis": {"wall_s": 26.0, "metis_s": 5.0, "peak_gib": 3.3},
-    "random": {"wall_s": 16.0, "peak_gib": 3.3},
-}
+from benchmarks.common import (
+    RESULTS,
+    ROOT,
+    add_graph_options,
+    add_reference_option,
+    graph_npz,
+    load_reference,
+    provenance,
+)
 
 
 def _worker(npz: Path, method: str, parts: int) -> dict[str, Any]:
@@ -71,10 +77,11 @@ def _worker(npz: Path, method: str, parts: int) -> dict[str, Any]:
 def main() -> None:
     """Generate/load the graph, run each configuration in a subprocess, print and save a table."""
     ap = argparse.ArgumentParser(prog="python -m benchmarks.partition_bench", description=__doc__)
-    ap.add_argument("--scale", type=int, default=20)
+    add_graph_options(ap, default_scale=20)
+    add_reference_option(ap)
     ap.add_argument("--methods", nargs="+", default=["metis", "random"])
     ap.add_argument("--parts", nargs="+", type=int, default=[2, 4])
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "partition_bench.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "partition_bench.json")
     ap.add_argument("--worker", nargs=3, metavar=("NPZ", "METHOD", "PARTS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -82,14 +89,8 @@ def main() -> None:
         print(json.dumps(_worker(Path(npz), method, int(parts))))
         return
 
-    npz = HERE / "data" / f"synth{args.scale}.npz"
-    if not npz.is_file():
-        print(f"generating {npz}…", file=sys.stderr, flush=True)
-        subprocess.run(
-            [sys.executable, "-m", "benchmarks.synthetic", "--scale", str(args.scale), "--out", str(npz)],
-            check=True,
-            cwd=HERE.parent,
-        )
+    npz = graph_npz(args)
+    ref = load_reference(args.dgl_results)
     results = []
     for method in args.methods:
         for parts in args.parts:
@@ -105,7 +106,7 @@ def main() -> None:
                     str(parts),
                 ],
                 check=True,
-                cwd=HERE.parent,
+                cwd=ROOT,
                 capture_output=True,
                 text=True,
                 env={**os.environ, "PYTHONWARNINGS": "ignore"},
@@ -114,19 +115,14 @@ def main() -> None:
 
     head = (
         f"{'config':<12} {'load s':>7} {'partition s':>12} {'total s':>8} {'METIS s':>8} "
-        f"{'peak GiB':>9}   DGL reference (2-way)"
+        f"{'peak GiB':>9}" + (f"   vs {provenance(ref)}" if ref else "")
     )
-    print(
-        f"synthetic scale {args.scale}: {results[0]['num_nodes']:,} nodes, "
-        f"{results[0]['num_edges']:,} edges, 128-d float32 features"
-    )
+    print(f"{npz.name}: {results[0]['num_nodes']:,} nodes, {results[0]['num_edges']:,} edges")
     print(head)
     print("-" * len(head))
     for r in results:
-        ref = DGL_REF.get(r["method"], {})
-        ref_s = f"{ref['wall_s']:.0f} s / {ref['peak_gib']:.1f} GiB" if ref else ""
-        if "metis_s" in ref:
-            ref_s += f" (METIS {ref['metis_s']:.0f} s)"
+        theirs = (ref or {}).get("partition", {}).get(f"{r['method']}{r['num_parts']}")
+        ref_s = f"   {r['wall_s'] / theirs['wall_s']:.2f}x time" if theirs else ""
         metis = f"{r['metis_s']:.2f}" if r["metis_s"] is not None else "-"
         print(
             f"{r['method'] + ' ' + str(r['num_parts']) + '-way':<12} {r['load_s']:>7.2f} "
@@ -135,7 +131,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(
-            {"scale": args.scale, "dgl_reference": DGL_REF, "results": results, "cpu_count": os.cpu_count()},
+            {"graph": str(npz), "reference": ref, "results": results, "cpu_count": os.cpu_count()},
             indent=2,
         )
     )

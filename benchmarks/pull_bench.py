@@ -1,6 +1,6 @@
 """Pull/push throughput and latency against 2 real servers and 2 trainer processes.
 
-Set-up (issue 3 §7): the synthetic scale-20 graph (2^20 nodes, ~10.6M edges, 128-d float32
+Set-up: by default the synthetic scale-20 graph (2^20 nodes, ~10.6M edges, 128-d float32
 ``feat``) partitioned with metis into 2 parts, one server per partition, and 2 trainer processes
 (``benchmarks.pull_worker``), trainer r treating partition r as its local (shared-memory) one.
 Each trainer pulls (and pushes, acknowledged) uniform random global IDs, in three cases:
@@ -10,22 +10,24 @@ Each trainer pulls (and pushes, acknowledged) uniform random global IDs, in thre
 - ``local``: IDs of the trainer's own partition only (all through shared memory).
 
 For 1k, 10k and 100k rows it prints aggregate rows/s and GB/s and p50/p99 latency beside two
-ceilings measured in the same run: a raw loopback TCP stream between two processes (sendall /
-recv_into of 64 MiB) and a numpy gather (``np.take`` of the same number of random rows from a
-partition-sized array, in both trainers at once). Every measurement runs a fixed number of calls
-under a time cap. Start-up is timed from launching the 2 servers until both (already running)
-trainers are connected and ready to pull.
+ceilings measured in the same run: a raw loopback TCP stream between two processes
+(``benchmarks.common.loopback_ceiling``, which also reports the ping round trip) and a numpy
+gather (``np.take`` of the same number of random rows from a partition-sized array, in both
+trainers at once). Every measurement runs a fixed number of calls under a time cap. Start-up
+(``STARTUP_MEASURES``) is timed from starting the 2 server processes until both already running
+trainers are connected and ready to pull; it is not the launcher's figure, which also starts
+the trainers.
 
-``python -m benchmarks.pull_bench`` (writes benchmarks/results/pull_bench.json and .png; needs
-benchmarks/data/synth20.npz, and partitions it into benchmarks/data/synth20_metis2/ once).
+``python -m benchmarks.pull_bench [--scale 20 | --graph PATH.npz] [--dgl-results R.json]`` writes
+benchmarks/results/pull_bench.json and .png; the graph is partitioned into
+``benchmarks/data/<name>_metis2/`` once. Ratios to another system are printed only with
+``--dgl-results`` from a same-day run (``"pull_mixed": {"1000": {"rows_s": ...}}``, ``"startup_s"``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,53 +37,37 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "benchmarks" / "data"
-RESULTS = ROOT / "benchmarks" / "results"
-ROW_BYTES = 128 * 4
+from asyncgraph.testing import start_servers
+from benchmarks.common import (
+    RESULTS,
+    ROOT,
+    add_graph_options,
+    add_reference_option,
+    graph_npz,
+    load_reference,
+    loopback_ceiling,
+    partitioned,
+    provenance,
+    subprocess_env,
+)
+
 SIZES = (1_000, 10_000, 100_000)
 CASES = ("mixed", "remote", "local")
 ITERS = {1_000: 400, 10_000: 150, 100_000: 30}
-DGL_MIXED = {  # DGL 2.1, same set-up, same kind of machine; pushes are never acknowledged
-    1_000: {"rows_s": 3.09e6, "p99_ms": 1.4},
-    10_000: {"rows_s": 5.73e6, "p99_ms": 5.7},
-    100_000: {"rows_s": 3.78e6, "p99_ms": 73.0},
-}
-DGL_STARTUP_S = 9.0
 
 
-def ensure_partitioned(scale: int) -> Path:
-    out = DATA / f"synth{scale}_metis2"
-    config = out / f"synth{scale}.json"
-    if config.is_file():
-        return config
-    npz = DATA / f"synth{scale}.npz"
-    if not npz.is_file():
-        subprocess.run(
-            [sys.executable, "-m", "benchmarks.synthetic", "--scale", str(scale), "--out", str(npz)],
-            check=True,
-            cwd=ROOT,
-        )
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "asyncgraph.partition",
-            "--input",
-            str(npz),
-            "--graph-name",
-            f"synth{scale}",
-            "--num-parts",
-            "2",
-            "--method",
-            "metis",
-            "--out",
-            str(out),
-        ],
-        check=True,
-        cwd=ROOT,
-    )
-    return config
+STARTUP_MEASURES = (
+    "from starting 2 server processes (asyncgraph.testing.start_servers: the launcher's server "
+    "command line and ready-file wait) until 2 already running, already imported trainer "
+    "processes are connected and have attached their local partition"
+)
+
+
+def feature_row_bytes(config: Path) -> int:
+    """Bytes of one row of ``feat`` in partition 0."""
+    from asyncgraph.partition import load_partition
+
+    return int(load_partition(config, 0).node_feats["feat"][0].nbytes)
 
 
 class Worker:
@@ -91,7 +77,7 @@ class Worker:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.pull_worker"],
             cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env=subprocess_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -120,46 +106,6 @@ class Worker:
                 self.proc.wait()
 
 
-def socket_ceiling(mib: int = 64, iters: int = 16) -> dict[str, float]:
-    """Raw loopback TCP stream: another process sendall()s ``mib`` MiB ``iters`` times to us."""
-    with socket.create_server(("127.0.0.1", 0)) as srv:
-        port = srv.getsockname()[1]
-        sender = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.pull_worker",
-                "--sock-send",
-                "127.0.0.1",
-                str(port),
-                str(mib),
-                str(iters),
-            ],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-        conn, _ = srv.accept()
-        buf = bytearray(mib << 20)
-        view = memoryview(buf)
-        total = 0
-        first = True
-        t0 = 0.0
-        with conn:
-            while True:
-                n = conn.recv_into(view)
-                if first:
-                    t0 = time.perf_counter()  # from the first byte: excludes the sender's start-up
-                    first = False
-                if n == 0:
-                    break
-                total += n
-            elapsed = time.perf_counter() - t0
-            conn.sendall(b"x")
-        sender.wait(timeout=60)
-    gbs = total / elapsed / 1e9
-    return {"bytes": total, "seconds": elapsed, "gb_s": gbs, "rows_s": total / elapsed / ROW_BYTES}
-
-
 def run_all(workers: list[Worker], **msg: Any) -> list[dict[str, Any]]:
     start_at = time.time() + 0.5
     for w in workers:
@@ -167,14 +113,14 @@ def run_all(workers: list[Worker], **msg: Any) -> list[dict[str, Any]]:
     return [w.recv() for w in workers]
 
 
-def summarize(results: list[dict[str, Any]]) -> dict[str, float]:
+def summarize(results: list[dict[str, Any]], row_bytes: int) -> dict[str, float]:
     lat = np.concatenate([np.asarray(r["lat"]) for r in results])
     rows = sum(r["rows"] for r in results)
     wall = max(r["t1"] for r in results) - min(r["t0"] for r in results)
     rows_s = rows / wall
     return {
         "rows_s": rows_s,
-        "gb_s": rows_s * ROW_BYTES / 1e9,
+        "gb_s": rows_s * row_bytes / 1e9,
         "p50_ms": float(np.percentile(lat, 50) * 1e3),
         "p99_ms": float(np.percentile(lat, 99) * 1e3),
         "calls": int(lat.size),
@@ -182,7 +128,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
-def plot(report: dict[str, Any], path: Path) -> None:
+def plot(report: dict[str, Any], ref: dict[str, Any] | None, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -197,19 +143,20 @@ def plot(report: dict[str, Any], path: Path) -> None:
         for i, case in enumerate(CASES):
             vals = [report[op][case][str(s)]["rows_s"] for s in SIZES]
             ax.bar(x + (i - 1.5) * width, vals, width, label=f"{op} {case}")
-        if op == "pull":
+        theirs = (ref or {}).get("pull_mixed", {})
+        if op == "pull" and all(str(s) in theirs for s in SIZES):
             ax.bar(
                 x + 1.5 * width,
-                [DGL_MIXED[s]["rows_s"] for s in SIZES],
+                [theirs[str(s)]["rows_s"] for s in SIZES],
                 width,
-                label="DGL 2.1 mixed pull",
+                label=f"{ref['system']} mixed pull ({ref['date']})" if ref else "",
                 color="grey",
             )
         ax.axhline(sock, color="red", linestyle="--", label=f"socket ceiling ({sock / 1e6:.1f}M rows/s)")
         ax.plot(x, gather, "k^:", label="np.take gather ceiling (2 procs)")
         ax.set_xticks(x, [f"{s // 1000}k rows" for s in SIZES])
         ax.set_yscale("log")
-        ax.set_ylabel("aggregate rows/s (128 x float32)")
+        ax.set_ylabel(f"aggregate rows/s ({report['row_bytes']} bytes each)")
         ax.set_title(f"{op}: 2 servers, 2 trainers")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=7)
@@ -219,7 +166,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.pull_bench", description=__doc__)
-    ap.add_argument("--scale", type=int, default=20)
+    add_graph_options(ap, default_scale=20)
+    add_reference_option(ap)
     ap.add_argument("--cap-s", type=float, default=3.0, help="time cap per measurement")
     ap.add_argument("--ops", default="pull,push,gather")
     ap.add_argument("--cases", default=",".join(CASES))
@@ -229,23 +177,31 @@ def main(argv: list[str] | None = None) -> int:
     ops = args.ops.split(",")
     cases = args.cases.split(",")
     sizes = [int(s) for s in args.sizes.split(",")]
-    sys.path.insert(0, str(ROOT / "tests"))
-    from servers import start_servers
-
-    config = ensure_partitioned(args.scale)
+    npz = graph_npz(args)
+    ref = load_reference(args.dgl_results)
+    config = partitioned(npz, 2)
+    row_bytes = feature_row_bytes(config)
     report: dict[str, Any] = {
-        "scale": args.scale,
+        "graph": str(npz),
         "set_up": "2 servers (metis 2 parts), 2 trainer processes, uniform random global IDs",
-        "row_bytes": ROW_BYTES,
-        "dgl_reference_mixed_pull": {str(k): v for k, v in DGL_MIXED.items()},
+        "row_bytes": row_bytes,
+        "reference": ref,
         "pull": {c: {} for c in cases},
         "push": {c: {} for c in cases},
         "ceilings": {"gather": {}},
     }
     print("socket ceiling…", flush=True)
-    report["ceilings"]["socket"] = socket_ceiling()
-    sock = report["ceilings"]["socket"]
-    print(f"  loopback stream: {sock['gb_s']:.2f} GB/s = {sock['rows_s'] / 1e6:.2f}M rows/s", flush=True)
+    loopback = loopback_ceiling(total=1 << 30)
+    sock = report["ceilings"]["socket"] = {
+        **loopback,
+        "gb_s": loopback["bytes_per_s"] / 1e9,
+        "rows_s": loopback["bytes_per_s"] / row_bytes,
+    }
+    print(
+        f"  loopback stream: {sock['gb_s']:.2f} GB/s = {sock['rows_s'] / 1e6:.2f}M rows/s, "
+        f"round trip {sock['round_trip_us']:.0f} us",
+        flush=True,
+    )
 
     workers = [Worker(), Worker()]
     group = None
@@ -261,14 +217,14 @@ def main(argv: list[str] | None = None) -> int:
             ready = [w.recv() for w in workers]
             t_ready = max(r["ready_t"] for r in ready)
             report["startup"] = {
+                "measures": STARTUP_MEASURES,
                 "servers_ready_s": t_servers - t_launch,
                 "clients_ready_s": t_ready - t_launch,
-                "dgl_s": DGL_STARTUP_S,
                 "local_partitions": [r["local"] for r in ready],
             }
             print(
-                f"start-up: servers ready {t_servers - t_launch:.2f} s, trainers ready to pull "
-                f"{t_ready - t_launch:.2f} s (DGL ~{DGL_STARTUP_S:.0f} s)",
+                f"start-up: servers ready {t_servers - t_launch:.2f} s, already running trainers "
+                f"connected {t_ready - t_launch:.2f} s after the servers were started",
                 flush=True,
             )
             workers[0].send(cmd="create", name="node:bench_push", dim=128)
@@ -278,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                     res = run_all(
                         workers, op="gather", case="gather", size=size, iters=ITERS[size], cap_s=args.cap_s
                     )
-                    report["ceilings"]["gather"][str(size)] = summarize(res)
+                    report["ceilings"]["gather"][str(size)] = summarize(res, row_bytes)
                 for op in ("pull", "push"):
                     if op not in ops:
                         continue
@@ -286,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                         res = run_all(
                             workers, op=op, case=case, size=size, iters=ITERS[size], cap_s=args.cap_s
                         )
-                        s = report[op][case][str(size)] = summarize(res)
+                        s = report[op][case][str(size)] = summarize(res, row_bytes)
                         print(
                             f"{op:4} {case:6} {size:>7,} rows: {s['rows_s'] / 1e6:7.2f}M rows/s "
                             f"{s['gb_s']:6.2f} GB/s  p50 {s['p50_ms']:7.2f} ms  p99 {s['p99_ms']:7.2f} ms",
@@ -298,22 +254,22 @@ def main(argv: list[str] | None = None) -> int:
         if group is not None:
             group.stop()
     if "gather" in ops and "pull" in ops and set(cases) == set(CASES) and sizes == list(SIZES):
-        print_table(report)
+        print_table(report, ref)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")
         if "push" in ops:
-            plot(report, args.out.with_suffix(".png"))
+            plot(report, ref, args.out.with_suffix(".png"))
         print(f"wrote {args.out}")
     return 0
 
 
-def print_table(report: dict[str, Any]) -> None:
+def print_table(report: dict[str, Any], ref: dict[str, Any] | None) -> None:
     sock = report["ceilings"]["socket"]
     print()
     print(f"socket ceiling: {sock['gb_s']:.2f} GB/s ({sock['rows_s'] / 1e6:.2f}M rows/s)")
     head = (
         f"{'op':4} {'case':6} {'rows':>7} {'Mrows/s':>8} {'GB/s':>6} {'p50 ms':>7} {'p99 ms':>7} "
-        f"{'ceiling':>8} {'%ceil':>6} {'vs DGL':>7}"
+        f"{'ceiling':>8} {'%ceil':>6} {'vs ref':>7}"
     )
     print(head)
     print("-" * len(head))
@@ -333,11 +289,11 @@ def print_table(report: dict[str, Any]) -> None:
                     ceil_name, ceil = "blend", 1 / (0.5 / sock["rows_s"] + 0.5 / gather["rows_s"])
                 s["ceiling"] = ceil_name
                 s["pct_of_ceiling"] = 100 * s["rows_s"] / ceil
-                dgl = DGL_MIXED[size]["rows_s"] if (op, case) == ("pull", "mixed") else None
+                theirs = (ref or {}).get("pull_mixed", {}).get(str(size), {}).get("rows_s")
                 vs = ""
-                if dgl:
-                    s["vs_dgl"] = s["rows_s"] / dgl
-                    vs = f"{s['vs_dgl']:.2f}x"
+                if theirs and (op, case) == ("pull", "mixed"):
+                    s["vs_reference"] = s["rows_s"] / theirs
+                    vs = f"{s['vs_reference']:.2f}x"
                 print(
                     f"{op:4} {case:6} {size:>7,} {s['rows_s'] / 1e6:8.2f} {s['gb_s']:6.2f} "
                     f"{s['p50_ms']:7.2f} {s['p99_ms']:7.2f} {ceil_name:>8} {s['pct_of_ceiling']:5.0f}% "
@@ -347,7 +303,12 @@ def print_table(report: dict[str, Any]) -> None:
         g = report["ceilings"]["gather"][str(size)]
         print(f"gather ceiling {size:>7,} rows: {g['rows_s'] / 1e6:.2f}M rows/s ({g['gb_s']:.2f} GB/s)")
     st = report["startup"]
-    print(f"start-up: {st['clients_ready_s']:.2f} s to trainers ready (DGL ~{st['dgl_s']:.0f} s)")
+    line = f"start-up: {st['clients_ready_s']:.2f} s ({STARTUP_MEASURES})"
+    if ref and "startup_s" in ref:
+        line += f"; {provenance(ref)}: {ref['startup_s']:.2f} s"
+    print(line)
+    if ref:
+        print(f"ratios against {provenance(ref)}")
 
 
 if __name__ == "__main__":

@@ -20,38 +20,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from benchmarks.common import RESULTS, add_graph_options, graph_npz, loopback_ceiling, synthetic_npz
 from benchmarks.loadgen import (
-    HERE,
-    RESULTS,
     LoadConfig,
     ensure_partitions,
     gather_ceiling,
-    loopback_ceiling,
     own_servers,
     run_load,
     sample_ceiling,
 )
 
 MIXES = {"pull": {"pull": 1.0}, "sample": {"sample": 1.0}}
-
-
-def ensure_synth(scale: int) -> Path:
-    """``benchmarks/data/synth<scale>.npz``, generated (seed 0) if missing."""
-    path = HERE / "data" / f"synth{scale}.npz"
-    if not path.exists():
-        from benchmarks.synthetic import make_synthetic
-
-        t0 = time.perf_counter()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(path, **make_synthetic(scale, 0))  # type: ignore[arg-type]
-        print(f"generated {path.name} in {time.perf_counter() - t0:.1f} s")
-    return path
 
 
 def measure(
@@ -161,7 +145,7 @@ def main() -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--graph", type=Path, default=HERE / "data" / "synth17.npz")
+    add_graph_options(ap, default_scale=17)
     ap.add_argument("--studies", default="batch,partitions,graph")
     ap.add_argument("--batch-rows", default="100,1000,10000,100000")
     ap.add_argument("--partitions", default="1,2,4")
@@ -173,30 +157,33 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--out", type=Path, default=RESULTS / "scaling.json")
     args = ap.parse_args()
+    graph = graph_npz(args)
     studies = args.studies.split(",")
     data: dict[str, Any] = {}
     if args.out.exists():
         data = json.loads(args.out.read_text())  # keep studies not re-run
-    data["loopback_MB_per_s"] = loopback_ceiling() / 1e6
+    loopback = loopback_ceiling()
+    data["loopback_MB_per_s"] = loopback["MB_per_s"]
+    data["loopback_round_trip_us"] = loopback["round_trip_us"]
     data["config"] = {k: str(v) for k, v in vars(args).items()}
     RESULTS.mkdir(parents=True, exist_ok=True)
     if "batch" in studies:
         rows = [int(r) for r in args.batch_rows.split(",")]
-        points = measure(ensure_partitions(args.graph, 1), 1, rows, args, {"partitions": 1})
+        points = measure(ensure_partitions(graph, 1), 1, rows, args, {"partitions": 1})
         data["batch"] = {"points": points, "cost_fit": fit_costs(points)}
         plot(
             points,
             "rows",
             RESULTS / "scaling-batch.png",
             "rows (seeds) per request",
-            f"batch size, 1 server, {args.graph.stem}, {args.clients} clients",
+            f"batch size, 1 server, {graph.stem}, {args.clients} clients",
         )
         print("cost fit:", data["batch"]["cost_fit"])
     if "partitions" in studies:
         points = []
         for parts in (int(p) for p in args.partitions.split(",")):
             points += measure(
-                ensure_partitions(args.graph, parts), parts, [args.rows], args, {"partitions": parts}
+                ensure_partitions(graph, parts), parts, [args.rows], args, {"partitions": parts}
             )
         data["partitions"] = {"points": points}
         plot(
@@ -204,12 +191,12 @@ def main() -> None:
             "partitions",
             RESULTS / "scaling-partitions.png",
             "partitions (servers)",
-            f"partitions at fixed data, {args.graph.stem}, rows {args.rows}, {args.clients} clients",
+            f"partitions at fixed data, {graph.stem}, rows {args.rows}, {args.clients} clients",
         )
     if "graph" in studies:
         points = []
         for scale in (int(s) for s in args.scales.split(",")):
-            config = ensure_partitions(ensure_synth(scale), 1)
+            config = ensure_partitions(synthetic_npz(scale), 1)
             points += measure(config, 1, [args.rows], args, {"scale": scale, "num_nodes": 1 << scale})
         data["graph"] = {"points": points}
         plot(

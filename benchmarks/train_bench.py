@@ -1,7 +1,7 @@
 """End-to-end training benchmark: one GraphSAGE epoch on the synthetic graph, 2 servers.
 
-Set-up (issue 4 §9, DGL's reference set-up): the scale-20 synthetic graph (2**20 nodes, ~10.6M
-edges, 10% train nodes) partitioned with METIS into 2 parts, one server per part, fanouts
+Set-up: by default the scale-20 synthetic graph (2**20 nodes, ~10.6M edges, 10% train nodes;
+``--graph PATH.npz`` for another) partitioned with METIS into 2 parts, one server per part, fanouts
 ``[10, 25]``, batch 1000, hidden 256, Adam, DDP over gloo. Cases:
 
 * ``2 trainers, prefetch 0`` and ``prefetch 2``: per-batch breakdown (sample, pull, compute,
@@ -14,12 +14,14 @@ edges, 10% train nodes) partitioned with METIS into 2 parts, one server per part
   requests/s and sampled edges/s, distributed (servers started here; co-located partitions
   through shared memory, and everything over the socket) and standalone (in-process stores).
 
-Trainers are ``examples/train_dist.py`` processes started here (``tests/servers.py`` starts the
-servers), so what is measured is what a user runs. Writes ``benchmarks/results/train_bench.json``
+Trainers are ``examples/train_dist.py`` processes started here (``asyncgraph.testing`` starts
+the servers), so what is measured is what a user runs. Writes ``benchmarks/results/train_bench.json``
 and ``benchmarks/results/train_bench.png`` (stacked per-batch bars, prefetch 0 vs 2).
 
 Run: ``.venv/bin/python -m benchmarks.train_bench`` (about 2-3 minutes; ``--quick`` for a
-smoke run of a few batches).
+smoke run of a few batches). Ratios to another system only with ``--dgl-results R.json`` from a
+same-day run (``"training": {"epoch_s", "per_batch_ms"}``, ``"sample_neighbors": {"distributed":
+{"requests_per_s"}, "standalone": {...}}``; see ``benchmarks.common.load_reference``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,55 +40,21 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from asyncgraph.launch import free_port
+from asyncgraph.testing import start_servers
+from benchmarks.common import (
+    RESULTS,
+    ROOT,
+    add_graph_options,
+    add_reference_option,
+    graph_npz,
+    load_reference,
+    partitioned,
+    provenance,
+    subprocess_env,
+)
 
-from tests.servers import start_servers  # noqa: E402
-
-DATA = ROOT / "benchmarks" / "data"
-RESULTS = ROOT / "benchmarks" / "results"
-SHARED_PARTITION = DATA / "synth20_metis2" / "synth20.json"
-OWN_PARTITION = DATA / "synth20_metis2_train" / "synth20.json"
-
-DGL = {
-    "epoch_s": 3.53,
-    "batches": 106,  # per epoch, over both trainers: 53 per trainer, 66.5 ms each, one after another
-    "batches_per_trainer": 53,
-    "per_batch_ms": {"sample": 12.5, "pull": 13.1, "compute": 40.9},
-    "overlap": False,
-    "sample_neighbors": {
-        "distributed": {"requests_per_s": 1141, "edges_per_s": 4.39e6},
-        "standalone": {"requests_per_s": 1792, "edges_per_s": 6.9e6},
-    },
-}
-TARGETS = {"epoch_vs_dgl": 0.8, "sampling_vs_dgl": 1.5, "wait_fraction": 0.15, "single_thread_ratio": 1.2}
-
-
-def partition_config() -> Path:
-    """The shared metis-2 partition if complete, else our own (made on demand)."""
-    for config in (SHARED_PARTITION, OWN_PARTITION):
-        if config.exists() and all((config.parent / f"part{p}" / "indptr.npy").exists() for p in range(2)):
-            return config
-    npz = DATA / "synth20.npz"
-    if not npz.exists():
-        subprocess.run(
-            [sys.executable, "-m", "benchmarks.synthetic", "--scale", "20", "--out", str(npz)],
-            cwd=ROOT,
-            check=True,
-        )
-    subprocess.run(
-        [sys.executable, "-m", "asyncgraph.partition", "--input", str(npz), "--graph-name", "synth20",
-         "--num-parts", "2", "--method", "metis", "--balance-train", "--balance-edges",
-         "--out", str(OWN_PARTITION.parent)],
-        cwd=ROOT, check=True,
-    )  # fmt: skip
-    return OWN_PARTITION
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+TARGETS = {"wait_fraction": 0.15, "single_thread_ratio": 1.2}
 
 
 # --- training runs ------------------------------------------------------------------------------
@@ -112,7 +79,7 @@ def run_training(
             for rank in range(trainers):
                 env = {
                     **os.environ,
-                    "PYTHONPATH": str(ROOT),
+                    "PYTHONPATH": subprocess_env()["PYTHONPATH"],
                     "ASYNCGRAPH_IP_CONFIG": str(ip_config),
                     "ASYNCGRAPH_PART_CONFIG": str(part_config),
                     "MASTER_ADDR": "127.0.0.1",
@@ -229,13 +196,29 @@ def sample_bench(part_config: Path, seconds: float, max_requests: int) -> dict[s
 
 
 # --- report -------------------------------------------------------------------------------------
-def plot(results: dict[str, Any], path: Path) -> None:
+def ratios(results: dict[str, Any], ref: dict[str, Any]) -> dict[str, float]:
+    """Our figures over the reference's (same-day run): epoch time and sampling rates."""
+    vs: dict[str, float] = {}
+    theirs = ref.get("training", {})
+    if "prefetch2" in results["training"] and "epoch_s" in theirs:
+        vs["epoch_time_ratio"] = round(results["training"]["prefetch2"]["epoch_s"] / theirs["epoch_s"], 3)
+    for mode, r in results.get("sample_neighbors", {}).items():
+        key = "standalone" if mode == "standalone" else "distributed"
+        rate = ref.get("sample_neighbors", {}).get(key, {}).get("requests_per_s")
+        if rate:
+            vs[f"sample_{mode}_rate_ratio"] = round(r["requests_per_s"] / rate, 3)
+    return vs
+
+
+def plot(results: dict[str, Any], ref: dict[str, Any] | None, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cases = [("DGL 2.1\n(no overlap)", DGL["per_batch_ms"], 0.0)]
+    cases: list[tuple[str, dict[str, float], float]] = []
+    if ref and "per_batch_ms" in ref.get("training", {}):
+        cases.append((f"{ref['system']}\n{ref['date']}", ref["training"]["per_batch_ms"], 0.0))
     for key, label in (("prefetch0", "prefetch 0"), ("prefetch2", "prefetch 2")):
         if key in results["training"]:
             r = results["training"][key]
@@ -256,14 +239,15 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.legend()
     ax = axes[1]
     for i, (_label, ms, per_batch) in enumerate(cases):
-        if i == 0:
+        if ref and i == 0:
             total = sum(ms.values())
             ax.bar(i, total, color="#999999", label="epoch / batches")
             continue
-        compute_label = "compute" if i == 1 else None
+        first = i == len(cases) - len(results["training"])
+        compute_label = "compute" if first else None
         ax.bar(i - 0.2, float(ms["compute"]), width=0.4, color=colors["compute"], label=compute_label)
         ax.bar(i - 0.2, float(ms["wait"]), width=0.4, bottom=float(ms["compute"]), color=colors["wait"],
-               label="waiting for data" if i == 1 else None)  # fmt: skip
+               label="waiting for data" if first else None)  # fmt: skip
         ax.bar(i + 0.2, per_batch, width=0.4, color="#999999")
     ax.set_xticks(range(len(cases)), [c[0] for c in cases])
     ax.set_ylabel("ms per batch on the training loop")
@@ -274,7 +258,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.train_bench", description=__doc__.split("\n\n")[0])
+    add_graph_options(p, default_scale=20)
+    add_reference_option(p)
     p.add_argument("--epochs", type=int, default=2, help="epochs per run; the last one is reported")
     p.add_argument("--max-batches", type=int, default=0, help="batches per epoch (0: all)")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 epoch of 5 batches, short sampling")
@@ -285,12 +271,14 @@ def main() -> None:
     if args.quick:
         args.epochs, args.max_batches = 1, 5
     skip = set(filter(None, args.skip.split(",")))
-    part_config = partition_config()
+    npz = graph_npz(args)
+    ref = load_reference(args.dgl_results)
+    part_config = partitioned(npz, 2, balance=True)
     t_start = time.perf_counter()
     results: dict[str, Any] = {
         "setup": {
-            "graph": "synth20 (2**20 nodes, ~10.6M edges, 10% train)",
-            "partition": str(part_config.relative_to(ROOT)),
+            "graph": str(npz),
+            "partition": str(part_config),
             "servers": 2,
             "fanouts": [10, 25],
             "batch_size": 1000,
@@ -301,7 +289,7 @@ def main() -> None:
             "reported": "last epoch",
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
         },
-        "dgl_reference": DGL,
+        "reference": ref,
         "targets": TARGETS,
         "training": {},
     }
@@ -332,28 +320,22 @@ def main() -> None:
         seconds, max_requests = (1.0, 200) if args.quick else (3.0, 5000)
         results["sample_neighbors"] = sample_bench(part_config, seconds, max_requests)
         for mode, r in results["sample_neighbors"].items():
-            dgl = DGL["sample_neighbors"]["standalone" if mode == "standalone" else "distributed"]
-            ratio = r["requests_per_s"] / dgl["requests_per_s"]
             print(
                 f"sample_neighbors {mode:20s} {r['requests_per_s']:8.1f} req/s  "
-                f"{r['edges_per_s'] / 1e6:6.2f} M edges/s  ({ratio:.2f}x DGL)",
+                f"{r['edges_per_s'] / 1e6:6.2f} M edges/s",
                 flush=True,
             )
     training = results["training"]
-    vs: dict[str, Any] = {}
-    if "prefetch2" in training:
-        vs["epoch_vs_dgl"] = round(training["prefetch2"]["epoch_s"] / DGL["epoch_s"], 3)
-    if "sample_neighbors" in results:
-        for mode, r in results["sample_neighbors"].items():
-            dgl = DGL["sample_neighbors"]["standalone" if mode == "standalone" else "distributed"]
-            vs[f"sample_{mode}_vs_dgl"] = round(r["requests_per_s"] / dgl["requests_per_s"], 3)
-    results["vs_dgl"] = vs
+    if ref:
+        results["vs_reference"] = ratios(results, ref)
     results["wall_s"] = round(time.perf_counter() - t_start, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
-    if training:
-        plot(results, args.png)
-    print(f"vs DGL: {vs}; wrote {args.out} and {args.png} in {results['wall_s']} s")
+    if {"prefetch0", "prefetch2"} & training.keys():
+        plot(results, ref, args.png)
+    if ref:
+        print(f"against {provenance(ref)}: {results['vs_reference']}")
+    print(f"wrote {args.out} and {args.png} in {results['wall_s']} s")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from functools import cache
 from itertools import pairwise
 from pathlib import Path
@@ -10,13 +9,11 @@ from typing import Any
 
 import numpy as np
 
+from asyncgraph.graph import Graph
+from asyncgraph.partition import PartitionConfig, load_partition
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "examples" / "data"
-if str(ROOT) not in sys.path:  # for `benchmarks` when pytest runs from elsewhere
-    sys.path.insert(0, str(ROOT))
-
-from asyncgraph.graph import Graph  # noqa: E402
-from asyncgraph.partition import PartitionConfig, load_partition  # noqa: E402
 
 
 @cache

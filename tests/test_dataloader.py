@@ -9,12 +9,12 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
-from servers import ServerGroup, start_servers
 
 from asyncgraph.client import Client
 from asyncgraph.dataloading import DistDataLoader, DistNodeDataLoader, NeighborSampler
 from asyncgraph.dataloading.block import Block
 from asyncgraph.distributed import DistGraph
+from asyncgraph.testing import ServerGroup, start_servers
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from servers import ServerGroup, start_servers
 
 import asyncgraph
 from asyncgraph.client import IpConfig
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, OutOfRangeError, UnknownTensorError
+from asyncgraph.testing import ServerGroup, start_servers
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,12 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
-from servers import ServerGroup, start_servers
 
 from asyncgraph.client import Client
 from asyncgraph.dataloading import DistEdgeDataLoader, EdgeMiniBatch, NeighborSampler, negative
 from asyncgraph.distributed import DistGraph
 from asyncgraph.errors import InvalidRequestError, OutOfRangeError
+from asyncgraph.testing import ServerGroup, start_servers
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,12 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from servers import ROOT, ServerGroup, start_servers
 from workers.sparse_update import SPEC as WORKER_SPEC
 from workers.sparse_update import rounds as worker_rounds
 
@@ -33,8 +33,11 @@ from asyncgraph.errors import (
 from asyncgraph.kernels import apply_sparse_update, validate_spec
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.storage.store import PartitionStore
+from asyncgraph.testing import ServerGroup, start_servers
 
 TOL = 1e-6
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 # --- references ------------------------------------------------------------------------------

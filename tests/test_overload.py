@@ -16,14 +16,16 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
-from servers import ROOT, ServerGroup, start_servers
 
 from asyncgraph.client import AsyncClient
+from asyncgraph.testing import ServerGroup, start_servers
 
+ROOT = Path(__file__).resolve().parent.parent
 SECRET = b"overload-test-secret"
 FLOOD_SECONDS = 4.0
 
@@ -101,6 +103,7 @@ class RssSampler:
         self._thread.join()
 
 
+@pytest.mark.perf
 @pytest.mark.timeout(60)
 async def test_flood_does_not_starve_a_second_client(servers: ServerGroup) -> None:
     addresses = json.dumps([list(a) for a in servers.addresses])

@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from servers import ServerGroup, start_servers
 
 from asyncgraph.client import AsyncClient, Client
 from asyncgraph.errors import InvalidRequestError
+from asyncgraph.testing import ServerGroup, start_servers
 
 
 @pytest.fixture(scope="module")

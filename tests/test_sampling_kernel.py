@@ -159,7 +159,8 @@ def test_exact_fallbacks_uniform() -> None:
     np.testing.assert_array_equal(np.sort(picked[0]), np.arange(5))
 
 
-def test_hubs_fast_and_correct() -> None:
+@pytest.mark.parametrize("timed", [False, pytest.param(True, marks=pytest.mark.perf)])
+def test_hubs_fast_and_correct(timed: bool) -> None:
     hub = 100_000
     indptr, indices, eids = make_csc([hub, 3, hub, hub // 2], num_src=10**6)
     seeds = np.tile(np.array([0, 1, 2, 3]), 2_000)
@@ -174,7 +175,8 @@ def test_hubs_fast_and_correct() -> None:
         if not replace:
             assert np.unique(pos * 10**9 + edge_pos).size == pos.size
         # 6,000 hub samples must not touch all 100k in-edges of each hub (that would be 6e8)
-        assert elapsed < 1.0, f"fanout {fanout} replace {replace} took {elapsed:.2f}s"
+        if timed:
+            assert elapsed < 1.0, f"fanout {fanout} replace {replace} took {elapsed:.2f}s"
 
 
 def test_validation() -> None:

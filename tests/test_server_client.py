@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from servers import ROOT, ServerGroup, shm_entries, start_servers
 
 from asyncgraph.client import AsyncClient, Client
 from asyncgraph.client.connection import Connection
@@ -31,6 +30,9 @@ from asyncgraph.errors import (
     UnknownOpError,
     UnknownTensorError,
 )
+from asyncgraph.testing import ServerGroup, shm_entries, start_servers
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SECRET = b"test-secret-please-ignore"
 

@@ -880,6 +880,7 @@ def test_close_leaves_no_fds_open() -> None:
 
 
 # --- measurements (reported, loosely bounded) ------------------------------------------------
+@pytest.mark.perf
 def test_measure_lock_overhead_and_throughput(capsys: pytest.CaptureFixture[str]) -> None:
     def per_call(fn: Callable[[], Any], n: int) -> float:
         fn()

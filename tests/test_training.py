@@ -12,7 +12,10 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from servers import ROOT, shm_entries
+
+from asyncgraph.testing import shm_entries
+
+ROOT = Path(__file__).resolve().parent.parent
 
 LAUNCH = [sys.executable, "-m", "asyncgraph.launch"]
 TRAIN = [sys.executable, str(ROOT / "examples" / "train_dist.py")]

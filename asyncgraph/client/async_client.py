@@ -23,9 +23,9 @@ from asyncgraph.env import ENV_MALLOC_TUNING
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, OutOfRangeError, UnknownTensorError
 from asyncgraph.kernels.edge_queries import merge_samples
 from asyncgraph.kernels.sparse_optim import validate_spec
+from asyncgraph.malloc import retain_large_allocations
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
-from asyncgraph.protocol.framing import retain_large_allocations
 from asyncgraph.protocol.ops import BarrierArgs, Op, SampleEdgesArgs
 from asyncgraph.service import LocalPartition, Partition, PartitionService
 from asyncgraph.storage.store import PartitionStore, TensorMeta

@@ -1,8 +1,9 @@
 """Mini-batch construction: blocks, multi-layer neighbour samplers and prefetching loaders.
 
-The loaders (``DistNodeDataLoader``, ``DistDataLoader``, ``MiniBatch``) live in ``loader`` and
-pull in the client stack, so they are imported lazily on first access; ``Block``, ``to_block``
-and ``NeighborSampler`` stay light (numpy + torch only).
+The loaders pull in the client stack, so they are imported lazily on first access:
+``prefetch`` (the engine, ``DistDataLoader``), ``node_loader`` (``DistNodeDataLoader``,
+``MiniBatch``) and ``edge_loader`` (``DistEdgeDataLoader``, ``EdgeMiniBatch``, ``PairGraph``).
+``Block``, ``to_block`` and ``NeighborSampler`` stay light (numpy + torch only).
 """
 
 from __future__ import annotations
@@ -15,14 +16,9 @@ from asyncgraph.dataloading.block import Block, to_block
 from asyncgraph.dataloading.sampler import NeighborSampler, SampleFn
 
 if TYPE_CHECKING:
-    from asyncgraph.dataloading.loader import (
-        DistDataLoader,
-        DistEdgeDataLoader,
-        DistNodeDataLoader,
-        EdgeMiniBatch,
-        MiniBatch,
-        PairGraph,
-    )
+    from asyncgraph.dataloading.edge_loader import DistEdgeDataLoader, EdgeMiniBatch, PairGraph
+    from asyncgraph.dataloading.node_loader import DistNodeDataLoader, MiniBatch
+    from asyncgraph.dataloading.prefetch import DistDataLoader
 
 __all__ = [
     "Block",
@@ -42,17 +38,17 @@ __all__ = [
 negative_sampler = negative  # DGL's module name: ``negative_sampler.Uniform(k)``
 
 _LAZY = {
-    "DistDataLoader",
-    "DistEdgeDataLoader",
-    "DistNodeDataLoader",
-    "EdgeMiniBatch",
-    "MiniBatch",
-    "PairGraph",
+    "DistDataLoader": "prefetch",
+    "DistEdgeDataLoader": "edge_loader",
+    "DistNodeDataLoader": "node_loader",
+    "EdgeMiniBatch": "edge_loader",
+    "MiniBatch": "node_loader",
+    "PairGraph": "edge_loader",
 }
 
 
 def __getattr__(name: str) -> Any:
     """Import the loader classes on first use (they depend on the client stack)."""
     if name in _LAZY:
-        return getattr(importlib.import_module("asyncgraph.dataloading.loader"), name)
+        return getattr(importlib.import_module(f"asyncgraph.dataloading.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

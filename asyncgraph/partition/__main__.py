@@ -15,7 +15,9 @@ import numpy as np
 import numpy.typing as npt
 
 from asyncgraph.graph import Graph
-from asyncgraph.partition.partitioner import METHODS, partition_graph
+from asyncgraph.partition.assign import METHODS
+from asyncgraph.partition.layout import config_file
+from asyncgraph.partition.partitioner import partition_graph
 from asyncgraph.partition.reader import summarize_partitions
 
 MASKS = ("train_mask", "val_mask", "test_mask")
@@ -109,10 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     del graph
     print(
-        f"done in {time.perf_counter() - t0:.2f} s; wrote {args.out / (args.graph_name + '.json')}",
+        f"done in {time.perf_counter() - t0:.2f} s; wrote {config_file(args.out, args.graph_name)}",
         file=sys.stderr,
     )
-    print(format_summary(summarize_partitions(args.out / f"{args.graph_name}.json")))
+    print(format_summary(summarize_partitions(config_file(args.out, args.graph_name))))
     return 0
 
 

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from asyncgraph.errors import InvalidRequestError, OutOfRangeError
-from asyncgraph.partition.book import RangePartitionBook
+from asyncgraph.partition.book import IdArray, RangePartitionBook
 from asyncgraph.partition.config import PartitionConfig, TensorSpec
-
-IdArray = npt.NDArray[np.int64]
+from asyncgraph.partition.layout import PartFiles
 
 
 @dataclass
@@ -68,12 +67,12 @@ def _check(path: Path, arr: np.ndarray[Any, Any], dtype: str, shape: tuple[int, 
 
 
 def _tensors(
-    folder: Path, specs: dict[str, TensorSpec], rows: int, mmap: bool
+    path_of: Callable[[str], Path], specs: dict[str, TensorSpec], rows: int, mmap: bool
 ) -> dict[str, np.ndarray[Any, Any]]:
-    """Load and check every tensor listed in ``specs`` from ``folder``."""
+    """Load and check every tensor listed in ``specs`` from the file ``path_of(name)``."""
     out: dict[str, np.ndarray[Any, Any]] = {}
     for name, spec in specs.items():
-        path = folder / f"{name}.npy"
+        path = path_of(name)
         arr = _load(path, mmap)
         _check(path, arr, spec.dtype, (rows, *spec.row_shape))
         out[name] = arr
@@ -108,22 +107,21 @@ def load_partition(part_config: str | os.PathLike[str], part_id: int, mmap: bool
             f"{cfg_path}: partition ranges cover {book.num_nodes} nodes / {book.num_edges} edges, "
             f"config says {config.num_nodes} / {config.num_edges}"
         )
-    folder = config.part_dir(cfg_path, part_id)
+    files = PartFiles(config.part_dir(cfg_path, part_id))
     n0, n1 = book.node_range(part_id)
     e0, e1 = book.edge_range(part_id)
-    indptr = _load(folder / "indptr.npy", mmap)
-    indices = _load(folder / "indices.npy", mmap)
-    eids = _load(folder / "eids.npy", mmap)
-    _check(folder / "indptr.npy", indptr, "int64", (n1 - n0 + 1,))
-    _check(folder / "indices.npy", indices, "int64", (e1 - e0,))
-    _check(folder / "eids.npy", eids, "int64", (e1 - e0,))
+    indptr = _load(files.indptr, mmap)
+    indices = _load(files.indices, mmap)
+    eids = _load(files.eids, mmap)
+    _check(files.indptr, indptr, "int64", (n1 - n0 + 1,))
+    _check(files.indices, indices, "int64", (e1 - e0,))
+    _check(files.eids, eids, "int64", (e1 - e0,))
     if int(indptr[0]) != 0 or int(indptr[-1]) != e1 - e0:
         raise InvalidRequestError(
-            f"{folder / 'indptr.npy'} must run from 0 to {e1 - e0}, runs from {int(indptr[0])} "
-            f"to {int(indptr[-1])}"
+            f"{files.indptr} must run from 0 to {e1 - e0}, runs from {int(indptr[0])} to {int(indptr[-1])}"
         )
     if e1 > e0 and (int(eids[0]) != e0 or int(eids[-1]) != e1 - 1):
-        raise InvalidRequestError(f"{folder / 'eids.npy'} does not cover the edge range [{e0}, {e1})")
+        raise InvalidRequestError(f"{files.eids} does not cover the edge range [{e0}, {e1})")
     return Partition(
         config=config,
         part_id=part_id,
@@ -133,8 +131,8 @@ def load_partition(part_config: str | os.PathLike[str], part_id: int, mmap: bool
         indptr=indptr,
         indices=indices,
         eids=eids,
-        node_feats=_tensors(folder / "node_feat", config.node_feats, n1 - n0, mmap),
-        edge_feats=_tensors(folder / "edge_feat", config.edge_feats, e1 - e0, mmap),
+        node_feats=_tensors(files.node_feat, config.node_feats, n1 - n0, mmap),
+        edge_feats=_tensors(files.edge_feat, config.edge_feats, e1 - e0, mmap),
     )
 
 

@@ -1,4 +1,4 @@
-"""Pure wire protocol: framing, zero-copy msgpack codec and typed messages (no I/O at all).
+"""Pure wire protocol: framing, zero-copy codec, typed messages and per-side sessions (no I/O).
 
 Everything here is a function of bytes in and bytes out, so the asyncio server and client own
 the sockets and these pieces can be tested by feeding deliberately split byte strings.
@@ -11,6 +11,13 @@ from asyncgraph.protocol.codec import (
     encode_frame,
     encode_frame_bytes,
     frame_size,
+)
+from asyncgraph.protocol.events import (
+    CONNECTION_ERROR_ID,
+    ClientEvent,
+    ConnectionFailed,
+    HandshakeComplete,
+    ServerEvent,
 )
 from asyncgraph.protocol.framing import DEFAULT_MAX_FRAME_SIZE, LENGTH_PREFIX, FrameReader
 from asyncgraph.protocol.messages import (
@@ -33,23 +40,32 @@ from asyncgraph.protocol.messages import (
     new_nonce,
     verify_mac,
 )
+from asyncgraph.protocol.session import ClientSession, ServerSession, SessionState
 
 __all__ = [
     "ALIGNMENT",
     "ARRAY_EXT_CODE",
+    "CONNECTION_ERROR_ID",
     "DEFAULT_MAX_FRAME_SIZE",
     "LENGTH_PREFIX",
     "NONCE_SIZE",
     "PROTOCOL_VERSION",
+    "ClientEvent",
     "ClientHello",
+    "ClientSession",
+    "ConnectionFailed",
     "ErrorResponse",
     "FrameReader",
     "Handshake",
+    "HandshakeComplete",
     "HelloResult",
     "Message",
     "Request",
     "Response",
+    "ServerEvent",
     "ServerHello",
+    "ServerSession",
+    "SessionState",
     "check_client_hello",
     "compute_mac",
     "decode_frame",

@@ -10,23 +10,17 @@ exactly that body (``np.empty``: no zero fill, and numpy asks for transparent hu
 allocations, so the kernel writing the bytes in faults ~1/500th of the pages a ``bytearray``
 would) and hands out its still-empty tail, so a big body is received with no extra copy. A body
 returned to the caller is never written to again, because decoded arrays are views over it.
-
-``retain_large_allocations`` tunes glibc malloc so that such large, short-lived buffers are
-recycled from the heap instead of being ``mmap``-ed and page-faulted afresh on every message.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import struct
-import sys
 
 import numpy as np
 
 from asyncgraph.errors import FrameTooLargeError, ProtocolError
 
-__all__ = ["DEFAULT_MAX_FRAME_SIZE", "LENGTH_PREFIX", "FrameReader", "retain_large_allocations"]
+__all__ = ["DEFAULT_MAX_FRAME_SIZE", "LENGTH_PREFIX", "FrameReader"]
 
 LENGTH_PREFIX: struct.Struct = struct.Struct(">I")
 """The 4-byte big-endian unsigned length that precedes every frame body."""
@@ -41,38 +35,6 @@ _SMALL_BODY = 64 * 1024
 # _SMALL_BODY bytes) always leaves at least _MIN_FREE bytes free after compaction.
 _SCRATCH_SIZE = 4 * _SMALL_BODY
 _MIN_FREE = _SMALL_BODY
-
-
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-_malloc_tuned = False
-
-
-def retain_large_allocations(mmap_threshold: int = 1 << 30, trim_threshold: int = 1 << 30) -> bool:
-    """Make glibc serve big allocations from the heap and keep freed memory for reuse.
-
-    By default glibc ``mmap``s every allocation over 32 MiB and unmaps it on free, so each
-    large message body or gathered result costs a fresh page fault per 4 KiB page (for a
-    50 MB pull that is slower than the copy itself). Raising ``M_MMAP_THRESHOLD`` and
-    ``M_TRIM_THRESHOLD`` keeps such memory warm for the next message; the price is that up to
-    ``trim_threshold`` bytes of freed memory stay in the process. Process-wide and idempotent;
-    returns False where it does not apply (not Linux/glibc, or already done).
-    """
-    global _malloc_tuned
-    if _malloc_tuned or not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # musl and others: no mallopt
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    ok = bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(
-        mallopt(_M_TRIM_THRESHOLD, trim_threshold)
-    )
-    _malloc_tuned = ok
-    return ok
 
 
 class FrameReader:
@@ -119,6 +81,21 @@ class FrameReader:
         if self._body is not None:
             return _PREFIX + self._filled
         return self._end - self._start
+
+    @property
+    def needed(self) -> int:
+        """Bytes still missing from the frame in progress, its length prefix included.
+
+        A reader that must not consume past one frame (the fd-passing socket, where the bytes
+        after a reply carry file descriptors) receives at most this many at a time.
+        """
+        if self._body is not None:
+            return len(self._body) - self._filled
+        pending = self._end - self._start
+        if pending < _PREFIX:
+            return _PREFIX - pending
+        length: int = LENGTH_PREFIX.unpack_from(self._scratch, self._start)[0]
+        return _PREFIX + length - pending
 
     def get_buffer(self, sizehint: int) -> memoryview:
         """A writable, non-empty region to receive into; ``sizehint`` is advisory and ignored."""

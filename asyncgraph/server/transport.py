@@ -1,13 +1,15 @@
 """asyncio transport for the graph server: bytes in, handlers called, frames out.
 
 One ``ServerConnection`` per client connection, built on ``asyncio.BufferedProtocol`` so large
-request bodies are received straight into their final buffer. The connection runs the
-handshake, then decodes requests and calls handlers; responses are written as the header plus
-the arrays' own buffers (``writelines``), never re-packed.
+request bodies are received straight into their final buffer. Every protocol decision (the
+handshake, which frames end the connection and what the client is told) belongs to the
+``ServerSession``; this module calls handlers, writes the pieces the session returns
+(``writelines``: arrays go out from their own buffers) and applies back-pressure.
 
 Back-pressure: when the transport's write buffer passes its high-water mark, or too many async
 requests (barriers) are pending, the connection stops reading, so a client that floods the
-server waits in its own socket buffer instead of growing the server's memory.
+server (or stops reading its replies) waits in its own socket buffer instead of growing the
+server's memory.
 """
 
 from __future__ import annotations
@@ -18,29 +20,13 @@ import logging
 from collections.abc import Awaitable
 from typing import Any, cast
 
-from asyncgraph.errors import AsyncGraphError, ProtocolError, error_code
-from asyncgraph.protocol import (
-    PROTOCOL_VERSION,
-    ClientHello,
-    ErrorResponse,
-    FrameReader,
-    HelloResult,
-    Request,
-    Response,
-    ServerHello,
-    check_client_hello,
-    decode_handshake,
-    decode_message,
-    encode_handshake,
-    encode_message,
-    new_nonce,
-)
+from asyncgraph.errors import AsyncGraphError
+from asyncgraph.protocol import CONNECTION_ERROR_ID, ConnectionFailed, Request, ServerSession
 from asyncgraph.server.handlers import RequestHandlers
 
-log = logging.getLogger("asyncgraph.server")
+__all__ = ["CONNECTION_ERROR_ID", "ServerConnection"]
 
-#: Connection-level errors (a garbage frame, an oversized frame) are reported with this id.
-CONNECTION_ERROR_ID = 0
+log = logging.getLogger("asyncgraph.server")
 
 
 class ServerConnection(asyncio.BufferedProtocol):
@@ -58,12 +44,9 @@ class ServerConnection(asyncio.BufferedProtocol):
         write_high_water: int = 64 << 20,
     ) -> None:
         self._handlers = handlers
-        self._graph_name = graph_name
-        self._part_id = part_id
-        self._secret = secret
-        self._reader = FrameReader(max_frame_size)
-        self._nonce = new_nonce()
-        self._ready = False
+        self._session = ServerSession(
+            graph_name=graph_name, part_id=part_id, secret=secret, max_frame_size=max_frame_size
+        )
         self._closed = False
         self._transport: asyncio.Transport | None = None
         self._max_inflight = max_inflight
@@ -79,37 +62,33 @@ class ServerConnection(asyncio.BufferedProtocol):
         peer = tr.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         tr.set_write_buffer_limits(high=self._write_high_water)
-        hello = ServerHello(
-            version=PROTOCOL_VERSION,
-            graph_name=self._graph_name,
-            part_id=self._part_id,
-            nonce=self._nonce,
-            auth_required=self._secret is not None,
-        )
-        tr.write(encode_handshake(hello))
+        tr.writelines(self._session.data_to_send())  # the server hello
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self._reader.get_buffer(sizehint)
+        return self._session.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
-        try:
-            frames = self._reader.buffer_updated(nbytes)
-        except ProtocolError as exc:
-            self._fail(exc)
-            return
-        for body in frames:
+        session = self._session
+        for event in session.buffer_updated(nbytes):
             if self._closed:
                 return
-            if self._ready:
-                self._on_request_frame(body)
-            else:
-                self._on_handshake_frame(body)
+            if type(event) is Request:
+                self._dispatch(event)
+            elif type(event) is ConnectionFailed:
+                log.warning("closing connection from %s: %s", self.peer, event.error)
+                self._write(session.data_to_send())
+                self._close()
+                return
+        out = session.data_to_send()
+        if out:
+            self._write(out)  # the hello result
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        self._session.close()
         for task in self._inflight:
             task.cancel()
 
@@ -121,37 +100,7 @@ class ServerConnection(asyncio.BufferedProtocol):
         self._write_paused = False
         self._update_reading()
 
-    # --- frames ----------------------------------------------------------------------------
-    def _on_handshake_frame(self, body: memoryview) -> None:
-        try:
-            hello = decode_handshake(body)
-        except ProtocolError as exc:
-            self._fail(exc)
-            return
-        if not isinstance(hello, ClientHello):
-            self._fail(ProtocolError("expected a client hello to open the connection"))
-            return
-        result = check_client_hello(
-            hello, graph_name=self._graph_name, nonce=self._nonce, secret=self._secret
-        )
-        self._write_raw(encode_handshake(result))
-        if result.ok:
-            self._ready = True
-        else:
-            log.warning("handshake from %s refused: %s", self.peer, result.message)
-            self._close()
-
-    def _on_request_frame(self, body: memoryview) -> None:
-        try:
-            message = decode_message(body)
-        except ProtocolError as exc:
-            self._fail(exc)
-            return
-        if not isinstance(message, Request):
-            self._fail(ProtocolError(f"expected a request, got {type(message).__name__}"))
-            return
-        self._dispatch(message)
-
+    # --- requests ---------------------------------------------------------------------------
     def _dispatch(self, request: Request) -> None:
         try:
             result = self._handlers.lookup(request.op)(request.args)
@@ -183,27 +132,28 @@ class ServerConnection(asyncio.BufferedProtocol):
     # --- replies --------------------------------------------------------------------------
     def _reply(self, request_id: int, result: Any) -> None:
         self._handlers.requests_served += 1
-        try:
-            pieces = encode_message(Response(request_id, result))
-        except (TypeError, ValueError, OverflowError) as exc:
-            self._reply_error(request_id, exc)
+        if self._closed:
             return
-        self._write_raw(pieces)
+        try:
+            pieces = self._session.send_response(request_id, result)
+        except (TypeError, ValueError, OverflowError, AsyncGraphError) as exc:
+            self._reply_error(request_id, exc, counted=True)
+            return
+        self._write(pieces)
 
-    def _reply_error(self, request_id: int, exc: BaseException) -> None:
-        self._handlers.requests_served += 1
+    def _reply_error(self, request_id: int, exc: BaseException, *, counted: bool = False) -> None:
+        if not counted:
+            self._handlers.requests_served += 1
         if not isinstance(exc, AsyncGraphError):
             log.exception("internal error while serving request %d", request_id, exc_info=exc)
-        message = str(exc) or type(exc).__name__
-        self._write_raw(encode_message(ErrorResponse(request_id, error_code(exc), message)))
+        if self._closed:
+            return
+        self._write(self._session.send_error(request_id, exc))
 
-    def _write_raw(self, data: bytes | list[bytes | memoryview]) -> None:
+    def _write(self, pieces: list[bytes | memoryview]) -> None:
         if self._closed or self._transport is None or self._transport.is_closing():
             return
-        if isinstance(data, bytes):
-            self._transport.write(data)
-        else:
-            self._transport.writelines(data)
+        self._transport.writelines(pieces)
 
     # --- flow control and closing ----------------------------------------------------------
     def _update_reading(self) -> None:
@@ -216,15 +166,6 @@ class ServerConnection(asyncio.BufferedProtocol):
         elif not should_pause and self._read_paused:
             self._read_paused = False
             self._transport.resume_reading()
-
-    def _fail(self, exc: AsyncGraphError) -> None:
-        """A garbage or oversized frame: tell the client why, then drop this connection only."""
-        log.warning("closing connection from %s: %s", self.peer, exc)
-        if self._ready:
-            self._write_raw(encode_message(ErrorResponse(CONNECTION_ERROR_ID, exc.code, str(exc))))
-        else:
-            self._write_raw(encode_handshake(HelloResult(ok=False, code=exc.code, message=str(exc))))
-        self._close()
 
     def _close(self) -> None:
         self._closed = True

@@ -5,13 +5,16 @@ The server runs an ``FdExporter`` next to its TCP listener and gives its ``addre
 ``attach_store(address, token)``: it connects, presents the token, and receives the store's
 descriptor and fds (SCM_RIGHTS), then maps them with ``PartitionStore.attach``.
 
-Wire format on the Unix socket (all lengths 4-byte big-endian):
+The Unix socket speaks the TCP protocol's framing and messages (``asyncgraph.protocol``):
 
-- client -> server: ``len + msgpack {"token": bytes, "names": [str] | None, "structure": bool}``
-- server -> client: ``len + msgpack {"ok": True, "descriptor": {...}, "num_fds": n}`` followed
-  by ``ceil(n / FD_BATCH)`` one-byte messages each carrying up to ``FD_BATCH`` fds, or
-  ``len + msgpack {"ok": False, "code": str, "message": str}`` (an ``asyncgraph.errors`` code).
+- client -> server: ``Request(1, "export", {"token": bytes, "names": [str] | None,
+  "structure": bool})``
+- server -> client: ``Response(1, {"descriptor": {...}, "num_fds": n})`` followed by
+  ``ceil(n / FD_BATCH)`` one-byte messages each carrying up to ``FD_BATCH`` fds, or
+  ``ErrorResponse(1, code, message)``, which the client re-raises with ``error_from_code``.
 
+Both sides read exactly one frame (``FrameReader.needed``) so no fd-carrying byte is consumed
+by a plain read.
 The socket lives in the abstract namespace (no file to clean up, gone with the process); the
 name carries a random suffix, and the 32-byte token is what grants access.
 """
@@ -25,13 +28,10 @@ import os
 import re
 import secrets
 import socket
-import struct
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
-
-import msgpack
 
 from asyncgraph.errors import (
     AuthenticationError,
@@ -41,6 +41,7 @@ from asyncgraph.errors import (
     error_code,
     error_from_code,
 )
+from asyncgraph.protocol import ErrorResponse, FrameReader, Request, Response, decode_message, encode_message
 from asyncgraph.storage.store import PartitionStore
 
 __all__ = ["FD_BATCH", "FdExporter", "attach_store", "fetch_tensors"]
@@ -49,7 +50,8 @@ FD_BATCH = 200  # fds per SCM_RIGHTS message (the kernel allows at most 253)
 MAX_FRAME = 16 << 20
 REQUEST_TIMEOUT = 5.0  # seconds a connected client has to send its request
 SEND_TIMEOUT = 10.0  # seconds the server spends sending one reply
-_LEN = struct.Struct(">I")
+EXPORT_OP = "export"
+_REQUEST_ID = 1  # one request per connection
 
 
 def _raw_address(address: str | bytes) -> str | bytes:
@@ -65,9 +67,9 @@ def _printable(address: str | bytes) -> str:
     return "@" + address[1:] if address.startswith("\0") else address
 
 
-def _frame(obj: Any) -> bytes:
-    body: bytes = msgpack.packb(obj, use_bin_type=True)
-    return _LEN.pack(len(body)) + body
+def _frame(msg: Request | Response | ErrorResponse) -> bytes:
+    """One whole frame (prefix included) carrying ``msg``; these messages hold no arrays."""
+    return b"".join(encode_message(msg))
 
 
 def _close_fds(fds: Sequence[int]) -> None:
@@ -154,32 +156,31 @@ class FdExporter:
             self._conn_tasks.add(task)
             task.add_done_callback(self._conn_tasks.discard)
 
-    async def _recv_exact(self, conn: socket.socket, n: int) -> bytes:
+    async def _recv_request(self, conn: socket.socket) -> memoryview:
+        """The body of the client's one request frame, read without reading past it."""
         loop = asyncio.get_running_loop()
-        buf = bytearray()
-        while len(buf) < n:
-            chunk = await loop.sock_recv(conn, n - len(buf))
-            if not chunk:
+        reader = FrameReader(MAX_FRAME)
+        while True:
+            n = await loop.sock_recv_into(conn, reader.get_buffer(-1)[: reader.needed])
+            if not n:
                 raise ConnectionError("client closed the connection")
-            buf += chunk
-        return bytes(buf)
+            frames = reader.buffer_updated(n)
+            if frames:
+                return frames[0]
 
-    async def _recv_request(self, conn: socket.socket) -> Any:
-        (n,) = _LEN.unpack(await self._recv_exact(conn, _LEN.size))
-        if n > MAX_FRAME:
-            raise ProtocolError(f"request of {n} bytes exceeds {MAX_FRAME}")
-        return msgpack.unpackb(await self._recv_exact(conn, n), raw=False)
-
-    def _answer(self, req: Any) -> tuple[dict[str, Any], list[int]]:
+    def _answer(self, body: memoryview) -> tuple[Response, list[int]]:
         """Check the request; return (reply, duplicated fds to send)."""
-        if not isinstance(req, dict) or not isinstance(req.get("token"), bytes):
-            raise ProtocolError("malformed fd request")
-        if not hmac.compare_digest(req["token"], self._token):
+        req = decode_message(body)
+        args = req.args if isinstance(req, Request) and req.op == EXPORT_OP else {}
+        token = args.get("token")
+        if not isinstance(token, bytes):
+            raise ProtocolError(f"malformed fd request: expected a {EXPORT_OP!r} request with a token")
+        if not hmac.compare_digest(token, self._token):
             raise AuthenticationError(f"wrong token for shared-memory exporter {self.address}")
-        names = req.get("names")
+        names = args.get("names")
         if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
             raise InvalidRequestError("names must be a list of tensor names or None")
-        desc, fds = self._store.export(names, structure=bool(req.get("structure", True)))
+        desc, fds = self._store.export(names, structure=bool(args.get("structure", True)))
         dups: list[int] = []
         try:
             for fd in fds:
@@ -187,19 +188,20 @@ class FdExporter:
         except BaseException:
             _close_fds(dups)
             raise
-        return {"ok": True, "descriptor": desc, "num_fds": len(dups)}, dups
+        return Response(_REQUEST_ID, {"descriptor": desc, "num_fds": len(dups)}), dups
 
     async def _serve(self, conn: socket.socket) -> None:
         handed_over = False
         try:
             try:
-                req = await asyncio.wait_for(self._recv_request(conn), REQUEST_TIMEOUT)
-            except Exception:  # timeout, disconnect, garbage: drop the connection
+                body = await asyncio.wait_for(self._recv_request(conn), REQUEST_TIMEOUT)
+            except Exception:  # timeout, disconnect, unreadable framing: drop the connection
                 return
+            reply: Response | ErrorResponse
             try:
-                reply, fds = self._answer(req)
+                reply, fds = self._answer(body)
             except Exception as exc:  # reported to the client as (code, message)
-                reply, fds = {"ok": False, "code": error_code(exc), "message": str(exc)}, []
+                reply, fds = ErrorResponse(_REQUEST_ID, error_code(exc), str(exc)), []
             frame = _frame(reply)
             assert self._pool is not None
             fut = self._pool.submit(_send_reply, conn, frame, fds)
@@ -254,15 +256,22 @@ class _Deadline:
         return left
 
 
-def _recv_exact_blocking(sock: socket.socket, n: int, dl: _Deadline) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
+def _recv_reply_blocking(sock: socket.socket, dl: _Deadline) -> Response:
+    """The exporter's one reply frame (read without touching the fd messages after it)."""
+    reader = FrameReader(MAX_FRAME)
+    frames: list[memoryview] = []
+    while not frames:
         sock.settimeout(dl.left())
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
+        n = sock.recv_into(reader.get_buffer(-1), reader.needed)
+        if not n:
             raise ServerUnavailableError(f"shared-memory exporter {dl.address} closed the connection")
-        buf += chunk
-    return bytes(buf)
+        frames = reader.buffer_updated(n)
+    reply = decode_message(frames[0])
+    if isinstance(reply, ErrorResponse):
+        raise error_from_code(reply.code, reply.message)
+    if not isinstance(reply, Response) or not isinstance(reply.result, dict) or "num_fds" not in reply.result:
+        raise ProtocolError(f"malformed reply from shared-memory exporter {dl.address}")
+    return reply
 
 
 def _request(
@@ -279,18 +288,15 @@ def _request(
             sock.connect(_raw_address(address))
         except (OSError, ValueError) as exc:
             raise ServerUnavailableError(f"cannot reach shared-memory exporter {shown}: {exc}") from exc
-        req = {"token": bytes(token), "names": None if names is None else list(names), "structure": structure}
+        args = {
+            "token": bytes(token),
+            "names": None if names is None else list(names),
+            "structure": structure,
+        }
         try:
             sock.settimeout(dl.left())
-            sock.sendall(_frame(req))
-            (n,) = _LEN.unpack(_recv_exact_blocking(sock, _LEN.size, dl))
-            if n > MAX_FRAME:
-                raise ProtocolError(f"reply of {n} bytes from {shown} exceeds {MAX_FRAME}")
-            reply = msgpack.unpackb(_recv_exact_blocking(sock, n, dl), raw=False)
-            if not isinstance(reply, dict) or "ok" not in reply:
-                raise ProtocolError(f"malformed reply from shared-memory exporter {shown}")
-            if not reply["ok"]:
-                raise error_from_code(str(reply.get("code")), str(reply.get("message")))
+            sock.sendall(_frame(Request(_REQUEST_ID, EXPORT_OP, args)))
+            reply = _recv_reply_blocking(sock, dl).result
             total = int(reply["num_fds"])
             flags_bad = socket.MSG_CTRUNC
             while len(fds) < total:

@@ -12,14 +12,10 @@ touched, so a rejected request changes nothing.
 
 from __future__ import annotations
 
-import contextlib
-import math
-import numbers
 import operator
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -32,60 +28,20 @@ from asyncgraph.errors import (
     UnknownTensorError,
 )
 from asyncgraph.partition.book import RangePartitionBook
+from asyncgraph.storage import sharing
+from asyncgraph.storage.accumulate import scatter_add as _scatter_add
+from asyncgraph.storage.init import InitSpec, fill_init, validate_init
 from asyncgraph.storage.memfd import SharedArray
+from asyncgraph.storage.meta import Policy, TensorMeta, check_policy
 from asyncgraph.storage.rwlock import LocalRWLock, RWLock, SharedRWLock
 
 if TYPE_CHECKING:
     from asyncgraph.partition.reader import Partition
 
-__all__ = ["INIT_BLOCK_ROWS", "InitSpec", "PartitionStore", "Policy", "TensorMeta", "validate_init"]
+__all__ = ["InitSpec", "PartitionStore", "Policy", "TensorMeta", "validate_init"]
 
-Policy = Literal["node", "edge"]
-InitSpec = Mapping[str, Any]
-
-DESCRIPTOR_VERSION = 1
-# Seeded init draws row r from a generator seeded with (seed, r // INIT_BLOCK_ROWS), so the
-# global tensor is the same however its rows are split over partitions.
-INIT_BLOCK_ROWS = 4096
-_ADD_CHUNK_ELEMS = 1 << 20  # elements per np.add.at call in push(op="add"): bounds temp memory
 _STRUCTURE = ("indptr", "indices", "eids")
 _ALLOWED_DTYPE_KINDS = WIRE_DTYPE_KINDS
-
-_INIT_PARAMS: dict[str, dict[str, float | int]] = {
-    "zeros": {},
-    "uniform": {"low": 0.0, "high": 1.0, "seed": 0},
-    "normal": {"mean": 0.0, "std": 1.0, "seed": 0},
-}
-
-
-@dataclass(frozen=True)
-class TensorMeta:
-    """A stored tensor's name, sharding policy, GLOBAL shape and numpy dtype name."""
-
-    name: str
-    policy: Policy
-    shape: tuple[int, ...]  # shape[0] == num_nodes or num_edges of the whole graph
-    dtype: str  # numpy dtype name, e.g. "float32"
-
-    @property
-    def row_shape(self) -> tuple[int, ...]:
-        return self.shape[1:]
-
-    def to_dict(self) -> dict[str, Any]:
-        """msgpack-able form."""
-        return {"name": self.name, "policy": self.policy, "shape": list(self.shape), "dtype": self.dtype}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TensorMeta:
-        policy = data["policy"]
-        if policy not in ("node", "edge"):
-            raise InvalidRequestError(f"unknown partition policy {policy!r}; expected 'node' or 'edge'")
-        return cls(
-            name=str(data["name"]),
-            policy=cast(Policy, policy),
-            shape=tuple(int(d) for d in data["shape"]),
-            dtype=str(data["dtype"]),
-        )
 
 
 # --- validation helpers -------------------------------------------------------------------
@@ -100,81 +56,6 @@ def _check_dtype(dtype: Any, what: str) -> np.dtype[Any]:
     if not dt.isnative:
         raise DTypeMismatchError(f"{what}: dtype {dt.str} is not in native byte order")
     return cast("np.dtype[Any]", dt)
-
-
-def _check_policy(policy: Any) -> Policy:
-    if policy not in ("node", "edge"):
-        raise InvalidRequestError(f"unknown partition policy {policy!r}; expected 'node' or 'edge'")
-    return cast(Policy, policy)
-
-
-def _is_real(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(float(x))
-
-
-def validate_init(init: InitSpec | None, dtype: np.dtype[Any]) -> dict[str, Any]:
-    """Check an init spec and fill defaults; InvalidRequestError on anything unknown or bad."""
-    if init is None:
-        return {"kind": "zeros"}
-    if not isinstance(init, Mapping):
-        raise InvalidRequestError(f"init must be a mapping like {{'kind': 'zeros'}}, got {init!r}")
-    kind = init.get("kind")
-    if kind not in _INIT_PARAMS:
-        raise InvalidRequestError(f"unknown init kind {kind!r}; expected one of {sorted(_INIT_PARAMS)}")
-    allowed = _INIT_PARAMS[kind]
-    extra = sorted(set(init) - {"kind"} - set(allowed))
-    if extra:
-        raise InvalidRequestError(
-            f"init kind {kind!r} does not take {extra}; it takes {sorted(allowed) or 'no parameters'}"
-        )
-    spec: dict[str, Any] = {"kind": kind, **allowed, **{k: init[k] for k in allowed if k in init}}
-    for key in allowed:
-        value = spec[key]
-        if key == "seed":
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or int(value) < 0:
-                raise InvalidRequestError(f"init seed must be a non-negative integer, got {value!r}")
-            spec[key] = int(value)
-        else:
-            if not _is_real(value):
-                raise InvalidRequestError(f"init {key} must be a finite number, got {value!r}")
-            spec[key] = float(value)
-    if kind == "uniform" and spec["low"] > spec["high"]:
-        raise InvalidRequestError(
-            f"uniform init needs low <= high, got low={spec['low']} high={spec['high']}"
-        )
-    if kind == "normal" and spec["std"] < 0:
-        raise InvalidRequestError(f"normal init needs std >= 0, got std={spec['std']}")
-    if kind != "zeros" and dtype.kind not in "fc":
-        raise DTypeMismatchError(f"init kind {kind!r} needs a floating-point tensor, not {dtype}")
-    return spec
-
-
-def _fill_init(out: np.ndarray, spec: Mapping[str, Any], row_start: int) -> None:
-    """Fill ``out`` (global rows ``row_start ..``) per a validated spec, partition-independently.
-
-    Row r comes from ``default_rng([seed, r // INIT_BLOCK_ROWS])``: each block's stream is
-    drawn from the block's first row up to the last row needed here and the prefix sliced off,
-    so any split of the rows produces the same global tensor.
-    """
-    kind = spec["kind"]
-    if kind == "zeros":  # new rows are already zero; not touching them keeps the memfd sparse
-        return
-    n = out.shape[0]
-    row_size = math.prod(out.shape[1:])
-    if n == 0 or row_size == 0:
-        return
-    flat = out.reshape(n, row_size)
-    row_end = row_start + n
-    for block in range(row_start // INIT_BLOCK_ROWS, (row_end - 1) // INIT_BLOCK_ROWS + 1):
-        b0 = block * INIT_BLOCK_ROWS
-        lo, hi = max(b0, row_start), min(b0 + INIT_BLOCK_ROWS, row_end)
-        rng = np.random.default_rng([spec["seed"], block])
-        size = (hi - b0, row_size)
-        if kind == "uniform":
-            vals = rng.uniform(spec["low"], spec["high"], size)
-        else:
-            vals = rng.normal(spec["mean"], spec["std"], size)
-        flat[lo - row_start : hi - row_start] = vals[lo - b0 :]
 
 
 def _as_numpy(x: Any) -> np.ndarray:
@@ -351,7 +232,11 @@ class PartitionStore:
             data = SharedArray.create(label, local_shape, meta.dtype)
         else:
             data = np.zeros(local_shape, dtype=meta.dtype)
-        t = _Tensor(meta, data, lo)
+        return self._register(meta, data)
+
+    def _register(self, meta: TensorMeta, data: SharedArray | np.ndarray) -> _Tensor:
+        """Make ``data`` (this partition's rows) tensor ``meta.name``."""
+        t = _Tensor(meta, data, self._owned(meta.policy)[0])
         self._tensors[meta.name] = t
         return t
 
@@ -376,7 +261,7 @@ class PartitionStore:
             )
         if not isinstance(name, str) or not name:
             raise InvalidRequestError(f"tensor name must be a non-empty string, got {name!r}")
-        policy = _check_policy(policy)
+        policy = check_policy(policy)
         try:
             shape_t = tuple(operator.index(d) for d in shape)
         except TypeError as exc:
@@ -401,7 +286,7 @@ class PartitionStore:
         spec = validate_init(init, dt)
         t = self._new_tensor(meta)
         try:
-            _fill_init(t.rows, spec, t.start)
+            fill_init(t.rows, spec, t.start)
         except BaseException:
             self._drop(name)
             raise
@@ -506,179 +391,35 @@ class PartitionStore:
     def attached(self) -> bool:
         return self._attached
 
-    # --- sharing with co-located processes ------------------------------------------------
-    def _export(self, names: Sequence[str] | None, *, structure: bool) -> tuple[dict[str, Any], list[int]]:
-        self._check_open()
-        if not self._shared:
-            raise InvalidRequestError("this store is not in shared memory (shared=False); it cannot export")
-        wanted = list(self._tensors) if names is None else list(dict.fromkeys(names))
-        chosen = [self._get(n) for n in wanted]
-        order: list[str] = []
-        fds: list[int] = []
-        desc: dict[str, Any] = {
-            "version": DESCRIPTOR_VERSION,
-            "graph_name": self.graph_name,
-            "part_id": self.part_id,
-            "book": self.book.to_dict(),
-        }
-        if structure:
-            assert isinstance(self._lock, SharedRWLock)
-            order.append("lock")
-            fds.append(self._lock.fd)
-            desc["structure"] = {}
-            for key in _STRUCTURE:
-                sa = self._structure[key]
-                assert isinstance(sa, SharedArray)
-                desc["structure"][key] = {
-                    "shape": list(sa.shape),
-                    "dtype": sa.dtype.name,
-                    "fd_index": len(fds),
-                }
-                order.append(key)
-                fds.append(sa.fd)
-        desc["tensors"] = []
-        for t in chosen:
-            assert isinstance(t.data, SharedArray)
-            desc["tensors"].append({"meta": t.meta.to_dict(), "fd_index": len(fds)})
-            order.append(f"tensor:{t.meta.name}")
-            fds.append(t.data.fd)
-        desc["fds"] = order
-        return desc, fds
-
+    # --- sharing with co-located processes (details in asyncgraph.storage.sharing) --------
     def export_descriptor(
         self, names: Sequence[str] | None = None, *, structure: bool = True
     ) -> dict[str, Any]:
-        """msgpack-able description of the shared arrays (lock, structure, tensors ``names`` or all).
-
-        ``descriptor["fds"]`` lists which entry each fd of ``export_fds`` (same arguments)
-        belongs to, in order; entries also carry their ``fd_index``. With ``structure=False``
-        only tensors are described (for ``add_attached``).
-        """
-        return self._export(names, structure=structure)[0]
+        """msgpack-able description of the lock, structure (if asked) and tensors ``names`` (or all)."""
+        return sharing.export(self, names, structure=structure)[0]
 
     def export_fds(self, names: Sequence[str] | None = None, *, structure: bool = True) -> list[int]:
         """The fds in the order ``export_descriptor`` (same arguments) lists them (the store keeps them)."""
-        return self._export(names, structure=structure)[1]
+        return sharing.export(self, names, structure=structure)[1]
 
     def export(
         self, names: Sequence[str] | None = None, *, structure: bool = True
     ) -> tuple[dict[str, Any], list[int]]:
         """``(export_descriptor(...), export_fds(...))`` taken together, consistent with each other."""
-        return self._export(names, structure=structure)
+        return sharing.export(self, names, structure=structure)
 
     @classmethod
     def attach(cls, descriptor: Mapping[str, Any], fds: Sequence[int]) -> PartitionStore:
-        """Map a server's store in this process (takes ownership of every fd, also on error).
-
-        The view has the same pull/push semantics on the same memory and lock; creating and
-        deleting tensors goes through the server (``add_attached`` learns new ones).
-        """
-        fds = list(fds)
-        owned = set(range(len(fds)))
-        try:
-            _check_descriptor(descriptor, len(fds), structure=True)
-            book = RangePartitionBook.from_dict(descriptor["book"])
-            structure: dict[str, SharedArray | np.ndarray] = {}
-            lock_i = descriptor["fds"].index("lock")
-            owned.discard(lock_i)
-            lock = SharedRWLock.from_fd(fds[lock_i])
-            try:
-                for key in _STRUCTURE:
-                    ent = descriptor["structure"][key]
-                    i = int(ent["fd_index"])
-                    owned.discard(i)
-                    structure[key] = SharedArray.from_fd(
-                        fds[i], tuple(ent["shape"]), ent["dtype"], writable=False
-                    )
-                store = cls(
-                    str(descriptor["graph_name"]),
-                    int(descriptor["part_id"]),
-                    book,
-                    structure,
-                    lock,
-                    shared=True,
-                    attached=True,
-                )
-            except BaseException:
-                lock.close()
-                for sa in structure.values():
-                    if isinstance(sa, SharedArray):
-                        sa.close()
-                raise
-            tensor_fds = {int(e["fd_index"]): fds[int(e["fd_index"])] for e in descriptor["tensors"]}
-            owned -= set(tensor_fds)
-        except BaseException:
-            for i in owned:
-                fds[i] = _close_quietly(fds[i])
-            raise
-        try:
-            store._add_tensors(descriptor, fds, sorted(tensor_fds))
-        except BaseException:
-            store.close()
-            raise
-        return store
+        """Map a server's store in this process (same memory and lock); takes every fd, also on error."""
+        return sharing.attach(cls, descriptor, fds, _STRUCTURE)
 
     def add_attached(self, descriptor: Mapping[str, Any], fds: Sequence[int]) -> list[TensorMeta]:
-        """Map tensors described by a server export (e.g. from ``fetch_tensors``); takes the fds.
-
-        A tensor already mapped with identical metadata keeps its mapping (the new fd is
-        closed); one whose metadata changed (deleted and re-created on the server) is replaced.
-        """
-        fds = list(fds)
-        try:
-            self._check_open()
-            if not self._attached:
-                raise InvalidRequestError("add_attached is only for stores made by attach()")
-            _check_descriptor(descriptor, len(fds), structure=False)
-            if descriptor["graph_name"] != self.graph_name or int(descriptor["part_id"]) != self.part_id:
-                raise InvalidRequestError(
-                    f"descriptor is for graph {descriptor['graph_name']!r} "
-                    f"partition {descriptor['part_id']}, "
-                    f"this store is {self.graph_name!r} partition {self.part_id}"
-                )
-            indices = [int(e["fd_index"]) for e in descriptor["tensors"]]
-        except BaseException:
-            for fd in fds:
-                _close_quietly(fd)
-            raise
-        for i in set(range(len(fds))) - set(indices):
-            _close_quietly(fds[i])
-        return self._add_tensors(descriptor, fds, indices)
-
-    def _add_tensors(
-        self, descriptor: Mapping[str, Any], fds: list[int], indices: list[int]
-    ) -> list[TensorMeta]:
-        entries = {int(e["fd_index"]): e for e in descriptor["tensors"]}
-        metas: list[TensorMeta] = []
-        pending = list(indices)
-        try:
-            while pending:
-                i = pending.pop(0)
-                meta = TensorMeta.from_dict(entries[i]["meta"])
-                old = self._tensors.get(meta.name)
-                if old is not None and old.meta == meta:
-                    _close_quietly(fds[i])
-                    metas.append(meta)
-                    continue
-                lo, hi = self._owned(meta.policy)
-                sa = SharedArray.from_fd(fds[i], (hi - lo, *meta.shape[1:]), meta.dtype, writable=True)
-                if old is not None:
-                    self._drop(meta.name)
-                self._tensors[meta.name] = _Tensor(meta, sa, lo)
-                metas.append(meta)
-        except BaseException:
-            for i in pending:
-                _close_quietly(fds[i])
-            raise
-        return metas
+        """Map tensors described by a server export (e.g. from ``fetch_tensors``); takes the fds."""
+        return sharing.add_attached(self, descriptor, fds)
 
     def forget_tensor(self, name: str) -> None:
         """Unmap a tensor in an attached store (e.g. after the server deleted it); no-op if unknown."""
-        self._check_open()
-        if not self._attached:
-            raise InvalidRequestError(f"forget_tensor({name!r}) is for attached stores; use delete_tensor")
-        if name in self._tensors:
-            self._drop(name)  # in-flight pulls keep their view alive: unmapped when they finish
+        sharing.forget_tensor(self, name)
 
     def close(self) -> None:
         """Release every mapping and fd this store holds; idempotent.
@@ -719,46 +460,3 @@ class PartitionStore:
 
 def _describe(meta: TensorMeta) -> str:
     return f"policy={meta.policy} shape={list(meta.shape)} dtype={meta.dtype}"
-
-
-def _close_quietly(fd: int) -> int:
-    with contextlib.suppress(OSError):
-        os.close(fd)
-    return -1
-
-
-def _check_descriptor(desc: Mapping[str, Any], n_fds: int, *, structure: bool) -> None:
-    """Reject a descriptor whose version or fd count does not match what was received."""
-    if not isinstance(desc, Mapping) or desc.get("version") != DESCRIPTOR_VERSION:
-        raise InvalidRequestError(
-            f"store descriptor version {desc.get('version') if isinstance(desc, Mapping) else None!r} "
-            f"is not supported (expected {DESCRIPTOR_VERSION})"
-        )
-    order = desc.get("fds")
-    if not isinstance(order, list) or len(order) != n_fds:
-        raise InvalidRequestError(
-            f"store descriptor lists {len(order) if isinstance(order, list) else 'no'} fds, received {n_fds}"
-        )
-    if structure and ("structure" not in desc or "lock" not in order):
-        raise InvalidRequestError("store descriptor has no structure/lock entries; cannot attach")
-
-
-def _scatter_add(rows: np.ndarray, local: np.ndarray, vals: np.ndarray) -> None:
-    """``rows[local] += vals`` with duplicate indices accumulating.
-
-    Uses ``np.add.at`` on the flattened array (numpy's fast 1-D path, ~5x faster than the 2-D
-    form), in chunks of rows that bound the temporary flat index array.
-    """
-    row_size = math.prod(rows.shape[1:])
-    if row_size == 0:
-        return
-    flat = rows.reshape(-1)  # C-contiguous by construction: a view
-    vals2 = vals.reshape(local.size, row_size)
-    if row_size == 1:
-        np.add.at(flat, local, vals2.reshape(-1))
-        return
-    offsets = np.arange(row_size, dtype=np.int64)
-    chunk = max(1, _ADD_CHUNK_ELEMS // row_size)
-    for s in range(0, local.size, chunk):
-        idx = local[s : s + chunk, None] * row_size + offsets
-        np.add.at(flat, idx.reshape(-1), vals2[s : s + chunk].reshape(-1))

@@ -1,0 +1,160 @@
+"""Edge-wise mini-batches for link prediction: edge pairs, negative pairs and their blocks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from asyncgraph.client.async_client import AsyncClient
+from asyncgraph.dataloading.block import Block
+from asyncgraph.dataloading.fetch import client_of, mask_or_ids, sample_and_pull
+from asyncgraph.dataloading.negative import NegativeSampler
+from asyncgraph.dataloading.prefetch import PrefetchingLoader
+from asyncgraph.dataloading.sampler import NeighborSampler
+from asyncgraph.errors import InvalidRequestError
+from asyncgraph.partition.book import as_id_array
+
+__all__ = ["DistEdgeDataLoader", "EdgeMiniBatch", "PairGraph"]
+
+
+@dataclass
+class PairGraph:
+    """Node pairs of an edge batch: ``src``/``dst`` index ``nodes`` (the batch's seeds).
+
+    ``nodes[src[i]]``, ``nodes[dst[i]]`` are pair ``i``'s global endpoints; ``eids`` holds the
+    positive pairs' global edge IDs (empty for negative pairs).
+    """
+
+    src: torch.Tensor  # int64 local indices into nodes
+    dst: torch.Tensor  # int64 local indices into nodes
+    nodes: torch.Tensor  # int64 global IDs == blocks[-1].dstnodes
+    eids: torch.Tensor  # int64 global edge IDs of positive pairs, or empty
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of nodes (the batch's seeds)."""
+        return int(self.nodes.shape[0])
+
+    @property
+    def num_edges(self) -> int:
+        """Number of pairs."""
+        return int(self.src.shape[0])
+
+    def edges(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Local ``(src, dst)``, like DGL's ``graph.edges()``."""
+        return self.src, self.dst
+
+    def global_edges(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Global ``(src, dst)`` node IDs of the pairs."""
+        return self.nodes[self.src], self.nodes[self.dst]
+
+
+@dataclass
+class EdgeMiniBatch:
+    """One edge batch: unpacks to ``(input_nodes, pair_graph, neg_pair_graph, blocks)`` like DGL.
+
+    Without a negative sampler it unpacks to ``(input_nodes, pair_graph, blocks)``.
+    """
+
+    input_nodes: torch.Tensor
+    pair_graph: PairGraph
+    neg_pair_graph: PairGraph | None
+    blocks: list[Block]
+    sample_time: float = 0.0
+    pull_time: float = 0.0
+
+    @property
+    def seeds(self) -> torch.Tensor:
+        """The unique endpoints of every pair (== ``blocks[-1].dstnodes``)."""
+        return self.pair_graph.nodes
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.neg_pair_graph is None:
+            return iter((self.input_nodes, self.pair_graph, self.blocks))
+        return iter((self.input_nodes, self.pair_graph, self.neg_pair_graph, self.blocks))
+
+
+_NEG_STREAM = 0x6E65675F  # keys the negative sampler's generator apart from the sampling seeds
+
+
+class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
+    """Mini-batches of edges for link prediction (DGL's ``DistEdgeDataLoader``).
+
+    Per batch: the edges' endpoints are found, negative pairs added by ``negative_sampler``, the
+    unique endpoints become the seeds whose blocks ``sampler`` samples (with ``exclude="self"``
+    the batch's own edges are dropped from every block), and ``node_feats`` are pulled into
+    ``blocks[0].srcdata``. Yields ``EdgeMiniBatch`` objects.
+    """
+
+    def __init__(
+        self,
+        g: Any,
+        eids: Any,
+        sampler: NeighborSampler,
+        batch_size: int,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        prefetch: int = 2,
+        negative_sampler: NegativeSampler | None = None,
+        exclude: str | None = None,
+        node_feats: Sequence[str] = ("feat",),
+        seed: int | None = None,
+    ) -> None:
+        client = client_of(g)
+        if exclude not in (None, "self"):
+            raise InvalidRequestError(f"exclude must be None or 'self', got {exclude!r}")
+        self.eids = as_id_array(mask_or_ids(eids), "eids")
+        client.book.owner(self.eids, "edge")  # OutOfRangeError now rather than mid-epoch
+        super().__init__(client.loop, self.eids.size, batch_size, shuffle, drop_last, prefetch, seed)
+        self.client = client
+        self.aio: AsyncClient = client.aio
+        self.sampler = sampler
+        self.negative_sampler = negative_sampler
+        self.exclude = exclude
+        self.node_feats = tuple(node_feats)
+
+    def _make_batch(self, positions: np.ndarray, epoch: int, index: int) -> Awaitable[EdgeMiniBatch]:
+        return self._build(self.eids[positions], self._batch_seed(epoch, index))
+
+    async def _build(self, eids: np.ndarray, batch_seed: int) -> EdgeMiniBatch:
+        aio = self.aio
+        t0 = time.perf_counter()
+        pos_src, pos_dst = await aio.find_edges(eids)
+        ends = [pos_src, pos_dst]
+        if self.negative_sampler is not None:
+            rng = np.random.default_rng([batch_seed, _NEG_STREAM])
+            neg_src, neg_dst = self.negative_sampler.generate(pos_src, aio.book.num_nodes, rng)
+            ends += [np.asarray(neg_src, dtype=np.int64), np.asarray(neg_dst, dtype=np.int64)]
+        seeds, inverse = np.unique(np.concatenate(ends), return_inverse=True)
+        local = np.split(inverse.reshape(-1), np.cumsum([a.size for a in ends])[:-1])
+        s = await sample_and_pull(
+            aio,
+            self.sampler,
+            seeds,
+            batch_seed,
+            self.stats,
+            node_feats=self.node_feats,
+            exclude=eids if self.exclude == "self" else None,
+            started=t0,
+        )
+        nodes = torch.from_numpy(np.asarray(s.output_nodes))
+        pair = PairGraph(
+            torch.from_numpy(local[0]), torch.from_numpy(local[1]), nodes, torch.from_numpy(eids.copy())
+        )
+        neg = None
+        if self.negative_sampler is not None:
+            empty = torch.empty(0, dtype=torch.int64)
+            neg = PairGraph(torch.from_numpy(local[2]), torch.from_numpy(local[3]), nodes, empty)
+        return EdgeMiniBatch(
+            torch.from_numpy(np.asarray(s.input_nodes)),
+            pair,
+            neg,
+            s.blocks,
+            sample_time=s.sample_time,
+            pull_time=s.pull_time,
+        )

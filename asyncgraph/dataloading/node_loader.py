@@ -1,0 +1,84 @@
+"""Node-wise mini-batches: seed nodes, their sampled blocks, input features and labels."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from asyncgraph.client.async_client import AsyncClient
+from asyncgraph.dataloading.block import Block
+from asyncgraph.dataloading.fetch import client_of, mask_or_ids, sample_and_pull
+from asyncgraph.dataloading.prefetch import PrefetchingLoader
+from asyncgraph.dataloading.sampler import NeighborSampler
+
+__all__ = ["DistNodeDataLoader", "MiniBatch"]
+
+
+@dataclass
+class MiniBatch:
+    """One batch: unpacks to ``(input_nodes, seeds, blocks)`` like DGL's node dataloader."""
+
+    input_nodes: torch.Tensor
+    seeds: torch.Tensor
+    blocks: list[Block]
+    sample_time: float = 0.0
+    pull_time: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.input_nodes, self.seeds, self.blocks))
+
+
+class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
+    """Mini-batches of seed nodes with sampled blocks, input features and labels.
+
+    Yields ``MiniBatch`` objects that unpack to ``(input_nodes, seeds, blocks)``; features are in
+    ``blocks[0].srcdata[name]`` and labels in ``blocks[-1].dstdata["label"]``.
+    """
+
+    def __init__(
+        self,
+        g: Any,
+        nids: Any,
+        sampler: NeighborSampler,
+        batch_size: int,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        prefetch: int = 2,
+        node_feats: Sequence[str] = ("feat",),
+        labels: str | None = "label",
+        seed: int | None = None,
+    ) -> None:
+        client = client_of(g)
+        self.nids = mask_or_ids(nids).astype(np.int64, copy=False)
+        super().__init__(client.loop, self.nids.size, batch_size, shuffle, drop_last, prefetch, seed)
+        self.client = client
+        self.aio: AsyncClient = client.aio
+        self.sampler = sampler
+        self.node_feats = tuple(node_feats)
+        self.labels = labels
+
+    def _make_batch(self, positions: np.ndarray, epoch: int, index: int) -> Awaitable[MiniBatch]:
+        return self._build(self.nids[positions], self._batch_seed(epoch, index))
+
+    async def _build(self, seeds: np.ndarray, batch_seed: int) -> MiniBatch:
+        s = await sample_and_pull(
+            self.aio,
+            self.sampler,
+            seeds,
+            batch_seed,
+            self.stats,
+            node_feats=self.node_feats,
+            labels=self.labels,
+        )
+        return MiniBatch(
+            torch.from_numpy(np.asarray(s.input_nodes)),
+            torch.from_numpy(np.asarray(s.output_nodes)),
+            s.blocks,
+            sample_time=s.sample_time,
+            pull_time=s.pull_time,
+        )

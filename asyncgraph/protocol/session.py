@@ -1,0 +1,362 @@
+"""One connection's protocol state, per side: bytes in, typed events out; messages in, pieces out.
+
+A session owns the handshake order (server hello with a nonce, client hello with an HMAC, hello
+result, then requests and responses) and every rule that ends a connection: a garbage or
+oversized frame, a request before the hello, a second hello, a message in the wrong direction,
+an error for the whole connection (request id 0). It never touches a socket: the transport
+hands it received bytes (``get_buffer``/``buffer_updated``, so large bodies still land in their
+final buffer) and writes what ``data_to_send`` and the ``send_*`` methods return with
+``writelines``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from asyncgraph.errors import (
+    AsyncGraphError,
+    AuthenticationError,
+    FrameTooLargeError,
+    ProtocolError,
+    error_code,
+    error_from_code,
+)
+from asyncgraph.protocol.codec import frame_size
+from asyncgraph.protocol.events import (
+    CONNECTION_ERROR_ID,
+    ClientEvent,
+    ConnectionFailed,
+    HandshakeComplete,
+    ServerEvent,
+)
+from asyncgraph.protocol.framing import DEFAULT_MAX_FRAME_SIZE, LENGTH_PREFIX, FrameReader
+from asyncgraph.protocol.messages import (
+    PROTOCOL_VERSION,
+    ClientHello,
+    ErrorResponse,
+    HelloResult,
+    Request,
+    Response,
+    ServerHello,
+    check_client_hello,
+    compute_mac,
+    decode_handshake,
+    decode_message,
+    encode_handshake,
+    encode_message,
+    new_nonce,
+)
+
+__all__ = ["ClientSession", "ServerSession", "SessionState"]
+
+Pieces = list[bytes | memoryview]
+
+
+class SessionState(enum.Enum):
+    """Where a session is in the connection's life."""
+
+    AWAIT_SERVER_HELLO = "await_server_hello"
+    AWAIT_CLIENT_HELLO = "await_client_hello"
+    AWAIT_HELLO_RESULT = "await_hello_result"
+    READY = "ready"
+    CLOSED = "closed"
+
+
+_READY = SessionState.READY
+_CLOSED = SessionState.CLOSED
+
+
+def _describe(body: memoryview) -> str:
+    """Name what an unexpected frame holds (a handshake kind or a message type), for errors."""
+    try:
+        return type(decode_handshake(body)).__name__
+    except ProtocolError:
+        pass
+    try:
+        return type(decode_message(body)).__name__
+    except ProtocolError:
+        return ""
+
+
+class _Session:
+    """Framing and the outgoing buffer shared by both sides."""
+
+    __slots__ = ("_out", "_reader", "state")
+
+    def __init__(self, max_frame_size: int, state: SessionState) -> None:
+        self._reader = FrameReader(max_frame_size)
+        self._out: Pieces = []
+        self.state = state
+
+    @property
+    def max_frame_size(self) -> int:
+        """Largest frame body this side accepts."""
+        return self._reader.max_frame_size
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection failed or was closed; no more events follow."""
+        return self.state is _CLOSED
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """Memory to receive into (``asyncio.BufferedProtocol.get_buffer``)."""
+        return self._reader.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> list[Any]:
+        """``nbytes`` arrived in the last buffer; return the events they complete."""
+        if self.state is _CLOSED:
+            return []
+        try:
+            bodies = self._reader.buffer_updated(nbytes)
+        except ProtocolError as exc:
+            return [self._fail(exc)]
+        if not bodies:
+            return []
+        return self._on_bodies(bodies)
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> list[Any]:
+        """Copy ``data`` in through ``get_buffer``/``buffer_updated``; for tests and plain transports."""
+        src = memoryview(data).cast("B")
+        events: list[Any] = []
+        pos = 0
+        while pos < len(src) and self.state is not _CLOSED:
+            buf = self.get_buffer(len(src) - pos)
+            n = min(len(buf), len(src) - pos)
+            buf[:n] = src[pos : pos + n]
+            events.extend(self.buffer_updated(n))
+            pos += n
+        return events
+
+    def data_to_send(self) -> Pieces:
+        """Frames the session produced on its own (hellos, reasons for failing); empty if none."""
+        out = self._out
+        if out:
+            self._out = []
+        return out
+
+    def close(self) -> None:
+        """The transport went away: nothing more is received or sent."""
+        self.state = _CLOSED
+
+    def _on_bodies(self, bodies: list[memoryview]) -> list[Any]:
+        raise NotImplementedError
+
+    def _fail(self, exc: AsyncGraphError) -> ConnectionFailed:
+        """Enter CLOSED and report ``exc`` (subclasses first queue the reason for the peer)."""
+        self.state = _CLOSED
+        return ConnectionFailed(exc)
+
+
+class ServerSession(_Session):
+    """The server's side: sends its hello first, checks the client's, then yields requests."""
+
+    __slots__ = ("_secret", "client_hello", "graph_name", "nonce", "part_id")
+
+    def __init__(
+        self,
+        *,
+        graph_name: str,
+        part_id: int,
+        secret: bytes | None,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        nonce: bytes | None = None,
+    ) -> None:
+        """The server hello is queued at once: write ``data_to_send()`` when the client connects."""
+        super().__init__(max_frame_size, SessionState.AWAIT_CLIENT_HELLO)
+        self.graph_name = graph_name
+        self.part_id = part_id
+        self.nonce = new_nonce() if nonce is None else nonce
+        self._secret = secret
+        self.client_hello: ClientHello | None = None
+        hello = ServerHello(PROTOCOL_VERSION, graph_name, part_id, self.nonce, secret is not None)
+        self._out.append(encode_handshake(hello))
+
+    def buffer_updated(self, nbytes: int) -> list[ServerEvent]:
+        """``nbytes`` arrived; return requests, ``HandshakeComplete`` or ``ConnectionFailed``."""
+        return super().buffer_updated(nbytes)
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> list[ServerEvent]:
+        """Feed plain bytes; see ``buffer_updated``."""
+        return super().receive_data(data)
+
+    def _on_bodies(self, bodies: list[memoryview]) -> list[Any]:
+        events: list[ServerEvent] = []
+        for body in bodies:
+            state = self.state
+            if state is _READY:
+                try:
+                    msg = decode_message(body)
+                except ProtocolError as exc:
+                    kind = _describe(body)
+                    err = exc
+                    if kind in ("ClientHello", "ServerHello", "HelloResult"):
+                        err = ProtocolError(f"duplicate hello: got a {kind} after the handshake")
+                    events.append(self._fail(err))
+                    break
+                if type(msg) is Request:
+                    events.append(msg)
+                    continue
+                events.append(self._fail(ProtocolError(f"expected a request, got {type(msg).__name__}")))
+                break
+            if state is _CLOSED:
+                break
+            events.append(self._on_client_hello(body))
+        return events
+
+    def _on_client_hello(self, body: memoryview) -> ServerEvent:
+        try:
+            hello = decode_handshake(body)
+        except ProtocolError as exc:
+            kind = _describe(body)
+            err = exc
+            if kind in ("Request", "Response", "ErrorResponse"):
+                err = ProtocolError(f"{kind} before hello: expected a client hello first")
+            return self._fail(err)
+        if not isinstance(hello, ClientHello):
+            return self._fail(ProtocolError("expected a client hello to open the connection"))
+        result = check_client_hello(hello, graph_name=self.graph_name, nonce=self.nonce, secret=self._secret)
+        self._out.append(encode_handshake(result))
+        if not result.ok:
+            self.state = _CLOSED
+            return ConnectionFailed(error_from_code(result.code, result.message))
+        self.client_hello = hello
+        self.state = _READY
+        return HandshakeComplete(hello)
+
+    def _fail(self, exc: AsyncGraphError) -> ConnectionFailed:
+        """Queue the reason for the client: a refused hello, or an error with request id 0."""
+        if self.state is _READY:
+            self._out.extend(encode_message(ErrorResponse(CONNECTION_ERROR_ID, exc.code, str(exc))))
+        elif self.state is not _CLOSED:
+            self._out.append(encode_handshake(HelloResult(False, exc.code, str(exc))))
+        return super()._fail(exc)
+
+    def send_response(self, request_id: int, result: Any) -> Pieces:
+        """Pieces answering ``request_id`` with ``result``; TypeError/OverflowError if unencodable."""
+        if self.state is not _READY:
+            raise ProtocolError(f"cannot answer request {request_id}: session is {self.state.value}")
+        return encode_message(Response(request_id, result))
+
+    def send_error(self, request_id: int, exc: BaseException) -> Pieces:
+        """Pieces reporting ``exc`` for ``request_id`` as ``(code, message)``."""
+        if self.state is not _READY:
+            raise ProtocolError(f"cannot answer request {request_id}: session is {self.state.value}")
+        message = str(exc) or type(exc).__name__
+        return encode_message(ErrorResponse(request_id, error_code(exc), message))
+
+
+class ClientSession(_Session):
+    """The client's side: answers the server's hello, then sends requests and yields replies.
+
+    ``name`` names the server in error messages; ``graph_name=None`` accepts whatever graph
+    the server serves. Request ids start at 1 (0 is reserved for connection-level errors).
+    """
+
+    __slots__ = ("_next_id", "_secret", "graph_name", "name", "server_hello")
+
+    def __init__(
+        self,
+        *,
+        graph_name: str | None,
+        secret: bytes | None,
+        name: str = "?",
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    ) -> None:
+        super().__init__(max_frame_size, SessionState.AWAIT_SERVER_HELLO)
+        self.graph_name = graph_name
+        self.name = name
+        self._secret = secret
+        self._next_id = CONNECTION_ERROR_ID + 1
+        self.server_hello: ServerHello | None = None
+
+    def buffer_updated(self, nbytes: int) -> list[ClientEvent]:
+        """``nbytes`` arrived; return replies, ``HandshakeComplete`` or ``ConnectionFailed``."""
+        return super().buffer_updated(nbytes)
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> list[ClientEvent]:
+        """Feed plain bytes; see ``buffer_updated``."""
+        return super().receive_data(data)
+
+    def send_request(self, op: str, args: dict[str, Any]) -> tuple[int, Pieces]:
+        """A fresh request id and the pieces carrying ``op(args)``.
+
+        Raises FrameTooLargeError when the frame exceeds ``max_frame_size``, TypeError or
+        OverflowError for unencodable arguments, ProtocolError unless the session is ready.
+        """
+        if self.state is not _READY:
+            raise ProtocolError(f"cannot send {op} to server {self.name}: session is {self.state.value}")
+        request_id = self._next_id
+        self._next_id = request_id + 1
+        pieces = encode_message(Request(request_id, op, args))
+        size = frame_size(pieces) - LENGTH_PREFIX.size
+        if size > self._reader.max_frame_size:
+            raise FrameTooLargeError(
+                f"{op} request of {size} bytes exceeds the maximum frame size "
+                f"{self._reader.max_frame_size}; split it into smaller calls"
+            )
+        return request_id, pieces
+
+    def _on_bodies(self, bodies: list[memoryview]) -> list[Any]:
+        events: list[ClientEvent] = []
+        for body in bodies:
+            state = self.state
+            if state is _READY:
+                try:
+                    msg = decode_message(body)
+                except ProtocolError as exc:
+                    kind = _describe(body)
+                    err = exc
+                    if kind:
+                        err = ProtocolError(f"server {self.name} sent a {kind} after the handshake")
+                    events.append(self._fail(err))
+                    break
+                kind_type = type(msg)
+                if kind_type is Response or (kind_type is ErrorResponse and msg.id != CONNECTION_ERROR_ID):
+                    events.append(msg)  # type: ignore[arg-type]  # Response or ErrorResponse
+                    continue
+                events.append(self._fail(self._wrong_message(msg)))
+                break
+            if state is _CLOSED:
+                break
+            events.extend(self._on_handshake(body))
+        return events
+
+    def _wrong_message(self, msg: Request | Response | ErrorResponse) -> AsyncGraphError:
+        if isinstance(msg, ErrorResponse):
+            return error_from_code(msg.code, f"server {self.name} closed the connection: {msg.message}")
+        return ProtocolError(f"server {self.name} sent a request")
+
+    def _on_handshake(self, body: memoryview) -> list[ClientEvent]:
+        try:
+            msg = decode_handshake(body)
+        except ProtocolError as exc:
+            return [self._fail(exc)]
+        if self.state is SessionState.AWAIT_SERVER_HELLO:
+            if not isinstance(msg, ServerHello):
+                return [self._fail(ProtocolError(f"server {self.name} did not open with a hello"))]
+            if msg.auth_required and self._secret is None:
+                return [
+                    self._fail(
+                        AuthenticationError(f"server {self.name} requires a shared secret and none was given")
+                    )
+                ]
+            self.server_hello = msg
+            mac = compute_mac(self._secret, msg.nonce, msg.graph_name) if self._secret is not None else None
+            graph_name = self.graph_name if self.graph_name is not None else msg.graph_name
+            self._out.append(encode_handshake(ClientHello(PROTOCOL_VERSION, graph_name, mac)))
+            self.state = SessionState.AWAIT_HELLO_RESULT
+            return []
+        if not isinstance(msg, HelloResult):
+            return [
+                self._fail(ProtocolError(f"server {self.name} answered the hello with {type(msg).__name__}"))
+            ]
+        if not msg.ok:
+            return [
+                self._fail(
+                    error_from_code(msg.code, f"server {self.name} refused the connection: {msg.message}")
+                )
+            ]
+        assert self.server_hello is not None
+        self.state = _READY
+        return [HandshakeComplete(self.server_hello)]

@@ -1,0 +1,124 @@
+"""Start local servers for a partition config on ephemeral loopback ports (tests, benchmarks).
+
+``start_servers(part_config, workdir, num_parts=2)`` starts one ``python -m asyncgraph.server``
+per partition with the launcher's command line, waits for their ready files and returns a
+:class:`ServerGroup` that stops only the processes it started. The servers import the same
+``asyncgraph`` as the caller (its parent folder leads their ``PYTHONPATH``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import asyncgraph
+from asyncgraph.launch import ServerExitedError, server_argv, wait_ready_files
+
+PACKAGE_ROOT = Path(asyncgraph.__file__).resolve().parent.parent
+
+
+def subprocess_env() -> dict[str, str]:
+    """This environment with ``PYTHONPATH`` led by the folder holding this ``asyncgraph``."""
+    rest = os.environ.get("PYTHONPATH")
+    path = str(PACKAGE_ROOT) if not rest else f"{PACKAGE_ROOT}{os.pathsep}{rest}"
+    return {**os.environ, "PYTHONPATH": path}
+
+
+@dataclass
+class ServerGroup:
+    """Server processes started by :func:`start_servers`, one per partition, and their addresses."""
+
+    procs: list[subprocess.Popen[bytes]]
+    addresses: list[tuple[str, int]]
+    workdir: Path
+    secret: bytes | None = None
+    logs: list[Path] = field(default_factory=list)
+
+    def ip_config(self) -> Path:
+        """Write ``ip_config.txt`` (one ``host port`` per line) into the work folder."""
+        path = self.workdir / "ip_config.txt"
+        path.write_text("".join(f"{h} {p}\n" for h, p in self.addresses))
+        return path
+
+    def kill(self, index: int, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to server ``index`` and wait for it to exit."""
+        proc = self.procs[index]
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """SIGTERM every live server, SIGKILL those still running after 10 s."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+    def log_text(self, index: int) -> str:
+        """What server ``index`` printed so far."""
+        return self.logs[index].read_text(errors="replace")
+
+
+def start_servers(
+    part_config: Path,
+    workdir: Path,
+    *,
+    num_parts: int,
+    num_clients: int = 1,
+    secret: bytes | None = None,
+    extra_args: list[str] | None = None,
+    timeout: float = 60.0,
+) -> ServerGroup:
+    """Start one server per partition on 127.0.0.1 and wait until each is ready."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    secret_file = None
+    if secret is not None:
+        secret_file = workdir / "secret"
+        secret_file.write_bytes(secret)
+    env = subprocess_env()
+    group = ServerGroup([], [], workdir, secret)
+    ready_files: list[Path] = []
+    try:
+        for part_id in range(num_parts):
+            ready = workdir / f"ready{part_id}.json"
+            ready.unlink(missing_ok=True)
+            log = workdir / f"server{part_id}.log"
+            ready_files.append(ready)
+            group.logs.append(log)
+            argv = server_argv(
+                part_config,
+                part_id,
+                ready,
+                num_clients=num_clients,
+                secret_file=secret_file,
+                extra_args=extra_args or (),
+            )
+            with open(log, "wb") as fh:
+                group.procs.append(subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env))
+        try:
+            group.addresses = wait_ready_files(group.procs, ready_files, timeout)
+        except ServerExitedError as exc:
+            raise RuntimeError(f"{exc}:\n{group.log_text(exc.index)}") from None
+        except TimeoutError as exc:
+            logs = "\n".join(group.log_text(i) for i in range(len(group.procs)))
+            raise RuntimeError(f"{exc}:\n{logs}") from None
+    except BaseException:
+        group.stop()
+        raise
+    return group
+
+
+def shm_entries() -> set[str]:
+    """Entries in /dev/shm that look like ours (there should never be any: servers use memfds)."""
+    try:
+        return {name for name in os.listdir("/dev/shm") if "asyncgraph" in name}
+    except FileNotFoundError:
+        return set()

@@ -1,0 +1,5 @@
+"""``python -m benchmarks.loadgen``."""
+
+from benchmarks.loadgen.cli import main
+
+main()

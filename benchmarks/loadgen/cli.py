@@ -1,0 +1,189 @@
+"""``python -m benchmarks.loadgen``: throughput, latency percentiles, overload and sweeps.
+
+Starts its own servers (one per partition of ``--graph``, partitioned once and cached under
+``benchmarks/data/loadgen/``) or drives running ones (``--ip-config``, ``--secret-file``), with
+``--clients`` concurrent clients spread over ``--processes`` worker processes and a request mix::
+
+    python -m benchmarks.loadgen --graph benchmarks/data/synth17.npz --partitions 2 \\
+        --mix pull=0.7,push=0.2,sample=0.1 --rows 1000 --fanout 10 --clients 32 --processes 2 \\
+        --duration 30                                   # closed loop: as fast as answered
+    ... --rate 2000                                     # open loop: 2000 requests/s by the clock
+    ... --sweep --sweep-clients 1,2,4,8,16,32,64 --sweep-partitions 1,2,4 --duration 5
+    ... --overload --overload-factor 2 --duration 30    # saturate, then offer 2x that rate
+
+Every run is bounded (``--duration``, ``--max-requests``, per-request ``--timeout``) and stops
+every process it started. Reports per op: requests/s, rows/s, MB/s, latency p50/p95/p99/max
+(from 1%-resolution log histograms merged across processes), errors by kind, requests dropped
+by the open-loop generator, and the servers' idle/peak RSS and CPU; next to ceilings measured in
+the same run (loopback socket bandwidth, a numpy gather of the same rows, the in-process sampling
+kernel). Writes JSON and PNGs under ``benchmarks/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import RESULTS, add_graph_options
+from benchmarks.loadgen.ceilings import measure_ceilings
+from benchmarks.loadgen.cluster import cluster_for
+from benchmarks.loadgen.load import LoadConfig, parse_mix, run_load
+from benchmarks.loadgen.report import format_report, plot_cdf, plot_sweep, saturation, save, strip_hists
+
+
+def single(args: argparse.Namespace, cfg: LoadConfig) -> dict[str, Any]:
+    with cluster_for(args, args.partitions) as cluster:
+        ceilings = measure_ceilings(cluster.part_config, cfg.rows, cfg.fanout)
+        result = run_load(cfg, cluster)
+    result["ceilings"] = ceilings
+    print(format_report(result, ceilings))
+    tag = args.tag or ("open" if cfg.rate else "closed")
+    path = save(result, f"loadgen-{tag}")
+    plot_cdf(result, RESULTS / f"loadgen-{tag}-cdf.png", f"latency CDF: {tag}, {cfg.clients} clients")
+    print(f"wrote {path} and loadgen-{tag}-cdf.png")
+    return result
+
+
+def sweep(args: argparse.Namespace, cfg: LoadConfig) -> dict[str, Any]:
+    clients = [int(c) for c in args.sweep_clients.split(",")]
+    partitions = [int(p) for p in args.sweep_partitions.split(",")]
+    points: list[dict[str, Any]] = []
+    ceilings: dict[str, Any] = {}
+    for parts in partitions:
+        with cluster_for(args, parts) as cluster:
+            if not ceilings:
+                ceilings = measure_ceilings(cluster.part_config, cfg.rows, cfg.fanout)
+            for c in clients:
+                result = run_load(replace(cfg, clients=c), cluster)
+                t = result["total"]
+                print(
+                    f"partitions {parts} clients {c:>3}: {t['requests_per_s']:>8,.0f} req/s "
+                    f"{t['MB_per_s']:>7,.0f} MB/s p99 {t['p99_ms']:>8.2f} ms errors {t['errors']}"
+                )
+                points.append({"partitions": parts, "clients": c, "result": strip_hists(result)})
+    sat = saturation(points)
+    tag = args.tag or "sweep"
+    data = {"points": points, "saturation": sat, "ceilings": ceilings, "config": asdict(cfg)}
+    path = save(data, f"loadgen-{tag}")
+    mix = ",".join(f"{k}={v:g}" for k, v in cfg.mix.items())
+    plot_sweep(points, RESULTS / f"loadgen-{tag}.png", f"closed loop, mix {mix}, rows {cfg.rows}")
+    for key, s in sat.items():
+        print(
+            f"{key} partitions: saturates at ~{s['saturating_clients']} clients, "
+            f"{s['peak_requests_per_s']:,.0f} req/s peak; p99 {s['p99_ms_at_knee']:.1f} ms there, "
+            f"{s['p99_ms_at_max_clients']:.1f} ms at {s['max_clients']} clients"
+        )
+    print(f"wrote {path} and loadgen-{tag}.png")
+    return data
+
+
+def overload(args: argparse.Namespace, cfg: LoadConfig) -> dict[str, Any]:
+    with cluster_for(args, args.partitions) as cluster:
+        probe = run_load(replace(cfg, rate=None, duration=args.probe_duration), cluster)
+        sat = probe["total"]["requests_per_s"]
+        rate = args.overload_factor * sat
+        print(
+            f"saturation (closed loop, {cfg.clients} clients): {sat:,.0f} req/s; offering {rate:,.0f} req/s"
+        )
+        result = run_load(replace(cfg, rate=rate), cluster)
+    print(format_report(result))
+    srv, probe_srv = result["servers"], probe["servers"]
+    idle = sum(probe_srv["idle_rss"])  # before any load, not after the probe
+    peak = sum(max(a, b) for a, b in zip(probe_srv["peak_rss"], srv["peak_rss"], strict=True))
+    errors: dict[str, int] = {}
+    for r in result["ops"].values():
+        for k, v in r["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    print(
+        f"overload: servers RSS idle {idle / 2**20:,.0f} MiB -> peak {peak / 2**20:,.0f} MiB "
+        f"(+{(peak - idle) / 2**20:,.0f} MiB); errors {errors or 'none'}; "
+        f"dropped by the generator {result['total']['dropped']:,}"
+    )
+    tag = args.tag or "overload"
+    data = {
+        "saturation_probe": strip_hists(probe),
+        "saturation_requests_per_s": sat,
+        "offered_requests_per_s": rate,
+        "result": result,
+        "rss_idle": idle,
+        "rss_peak": peak,
+        "errors": errors,
+    }
+    path = save(data, f"loadgen-{tag}")
+    plot_cdf(
+        result,
+        RESULTS / f"loadgen-{tag}-cdf.png",
+        f"overload: {rate:,.0f} req/s offered ({args.overload_factor}x saturation)",
+    )
+    print(f"wrote {path} and loadgen-{tag}-cdf.png")
+    return data
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.loadgen",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    src = ap.add_argument_group("servers")
+    add_graph_options(src, default_scale=17)
+    src.add_argument("--part-config", type=Path, help="serve this partition config instead of --graph")
+    src.add_argument("--partitions", type=int, default=1)
+    src.add_argument("--ip-config", type=Path, help="drive running servers instead of starting our own")
+    src.add_argument("--secret-file", type=Path, help="their shared secret (with --ip-config)")
+    src.add_argument("--server-max-inflight", type=int, default=64, help="--max-inflight of our servers")
+    load = ap.add_argument_group("load")
+    load.add_argument("--mix", default="pull=0.7,push=0.2,sample=0.1")
+    load.add_argument("--rows", type=int, default=1000, help="IDs per request (seeds for sample)")
+    load.add_argument("--fanout", type=int, default=10)
+    load.add_argument("--clients", type=int, default=8)
+    load.add_argument("--processes", type=int, default=2)
+    load.add_argument("--duration", type=float, default=10.0, help="measured seconds (after --warmup)")
+    load.add_argument("--warmup", type=float, default=0.5)
+    load.add_argument("--rate", type=float, help="open loop: offered requests/s (default closed loop)")
+    load.add_argument("--max-requests", type=int, help="stop after this many requests")
+    load.add_argument("--client-inflight", type=int, default=4, help="open loop: in flight per client")
+    load.add_argument("--timeout", type=float, default=5.0, help="per-request timeout (s)")
+    load.add_argument("--shared-memory", action="store_true", help="let co-located clients bypass TCP")
+    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--no-progress", action="store_true")
+    modes = ap.add_argument_group("modes")
+    modes.add_argument("--sweep", action="store_true", help="sweep clients x partitions (closed loop)")
+    modes.add_argument("--sweep-clients", default="1,2,4,8,16,32,64")
+    modes.add_argument("--sweep-partitions", default="1,2,4")
+    modes.add_argument("--overload", action="store_true", help="saturate, then offer --overload-factor x")
+    modes.add_argument("--overload-factor", type=float, default=2.0)
+    modes.add_argument("--probe-duration", type=float, default=5.0)
+    ap.add_argument("--tag", help="result file name suffix")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI entry point."""
+    args = build_parser().parse_args(argv)
+    if args.secret_file and not args.ip_config:
+        raise SystemExit("--secret-file goes with --ip-config")
+    cfg = LoadConfig(
+        mix=parse_mix(args.mix),
+        rows=args.rows,
+        fanout=args.fanout,
+        clients=args.clients,
+        processes=args.processes,
+        duration=args.duration,
+        warmup=args.warmup,
+        rate=args.rate,
+        max_requests=args.max_requests,
+        client_inflight=args.client_inflight,
+        timeout=args.timeout,
+        use_shared_memory=args.shared_memory,
+        seed=args.seed,
+        progress=not args.no_progress,
+    )
+    if args.sweep:
+        sweep(args, cfg)
+    elif args.overload:
+        overload(args, cfg)
+    else:
+        single(args, cfg)

@@ -1,0 +1,29 @@
+"""The examples run standalone on Cora for one epoch, as a user would start them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asyncgraph.testing import subprocess_env
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("script", ["node_classification.py", "node_embedding.py", "link_prediction.py"])
+def test_example_runs_one_epoch_standalone(script: str) -> None:
+    env = {k: v for k, v in subprocess_env().items() if not k.startswith("ASYNCGRAPH_")}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / script), "--epochs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        cwd=os.fspath(ROOT),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "epoch 0: loss" in proc.stdout
