@@ -3,7 +3,13 @@
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.partition.config import PartitionConfig, PartSpec, TensorSpec
 from asyncgraph.partition.partitioner import partition_graph
-from asyncgraph.partition.reader import Partition, load_partition, summarize_partitions
+from asyncgraph.partition.reader import (
+    Partition,
+    load_orig_ids,
+    load_partition,
+    load_partition_book,
+    summarize_partitions,
+)
 
 __all__ = [
     "PartSpec",
@@ -11,7 +17,9 @@ __all__ = [
     "PartitionConfig",
     "RangePartitionBook",
     "TensorSpec",
+    "load_orig_ids",
     "load_partition",
+    "load_partition_book",
     "partition_graph",
     "summarize_partitions",
 ]

@@ -1,0 +1,119 @@
+"""Porting a DGL script: loader tensor names, DGL-shaped partition tools (ID mapping files,
+load_partition/load_partition_book, num_hops, num_trainers_per_machine), DGL's older names."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import asyncgraph
+import asyncgraph as dgl
+from asyncgraph.errors import InvalidRequestError, UnknownTensorError
+from asyncgraph.graph import Graph
+from asyncgraph.partition import load_orig_ids, load_partition, load_partition_book, partition_graph
+
+ROOT = Path(__file__).resolve().parent.parent
+CORA = ROOT / "examples" / "data" / "cora.npz"
+
+
+@pytest.fixture
+def cora_g(cora2) -> Iterator[asyncgraph.DistGraph]:
+    asyncgraph.initialize()
+    yield asyncgraph.DistGraph("cora", part_config=cora2.part_config)
+    asyncgraph.finalize()
+
+
+# --- 1. the node loader fetches what it is told, and says what exists -----------------------------
+def test_node_loader_names(cora_g: asyncgraph.DistGraph, cora2) -> None:
+    sampler = dgl.dataloading.MultiLayerNeighborSampler([3, 3])
+    nids = torch.arange(0, 40)
+    with pytest.raises(UnknownTensorError, match=r"'labels'.*\['feat', 'label', 'test_mask'"):
+        dgl.dataloading.DistNodeDataLoader(cora_g, nids, sampler, batch_size=8, labels="labels")
+    with pytest.raises(UnknownTensorError, match="node_feats: the graph has no node tensor 'features'"):
+        dgl.dataloading.DistNodeDataLoader(cora_g, nids, sampler, batch_size=8, node_feats=["features"])
+    # DGL's older name; explicit names are fetched under those names
+    cora_g.ndata["labels"] = dgl.DistTensor((cora_g.num_nodes(),), torch.int64, name="labels")
+    cora_g.ndata["labels"][nids] = nids * 2
+    loader = dgl.dataloading.NodeDataLoader(
+        cora_g, nids, sampler, batch_size=8, shuffle=False, node_feats=["train_mask"], labels="labels"
+    )
+    input_nodes, seeds, blocks = next(iter(loader))
+    assert torch.equal(blocks[-1].dstdata["labels"], seeds * 2)
+    assert "feat" not in blocks[0].srcdata
+    want = cora2.original_rows("train_mask", input_nodes.numpy())
+    assert np.array_equal(np.asarray(blocks[0].srcdata["train_mask"]), want)
+    # defaults: feat/label when present
+    _, seeds, blocks = next(iter(dgl.dataloading.DistNodeDataLoader(cora_g, nids, sampler, batch_size=8)))
+    assert np.array_equal(blocks[-1].dstdata["label"].numpy(), cora2.original_rows("label", seeds.numpy()))
+
+
+def test_dgl_namespaces() -> None:
+    assert dgl.distributed.node_split is asyncgraph.node_split
+    assert dgl.distributed.DistDataLoader is asyncgraph.DistDataLoader
+    assert dgl.distributed.DistNodeDataLoader is dgl.dataloading.NodeDataLoader
+    assert dgl.dataloading.MultiLayerNeighborSampler is dgl.sampling.MultiLayerNeighborSampler
+    assert dgl.distributed.partition_graph is partition_graph
+    assert dgl.distributed.load_partition_book is load_partition_book
+
+
+# --- 2. partition tools shaped like DGL's -----------------------------------------------------------
+def test_partition_writes_mapping_and_dgl_shapes(tmp_path: Path, cora2) -> None:
+    nmap, emap = load_orig_ids(cora2.part_config)
+    assert np.array_equal(nmap, cora2.orig_nids) and np.array_equal(emap, cora2.orig_eids)
+    graph, node_feats, edge_feats, gpb, name, ntypes, etypes = load_partition(cora2.part_config, 1)
+    assert name == "cora" and list(ntypes) == ["_N"] and list(etypes) == [("_N", "_E", "_N")]
+    n0, n1 = gpb.node_range(1)
+    assert graph.node_range == (n0, n1) and node_feats["feat"].shape == (n1 - n0, 1433)
+    assert edge_feats == {}
+    book, name2, _, _ = load_partition_book(cora2.part_config, 0)
+    assert book == gpb and name2 == "cora"
+    with pytest.raises(InvalidRequestError, match="out of range"):
+        load_partition_book(cora2.part_config, 2)
+    g = Graph.from_npz(CORA)
+    with pytest.raises(InvalidRequestError, match="num_hops=1"):
+        partition_graph(g, "cora", 2, tmp_path / "h", num_hops=2)
+    with pytest.raises(InvalidRequestError, match="num_trainers_per_machine"):
+        partition_graph(g, "cora", 2, tmp_path / "h", num_trainers_per_machine=0)
+    assert not (tmp_path / "h").exists()
+
+
+def test_cli_writes_id_mapping(tmp_path: Path) -> None:
+    out = tmp_path / "c"
+    cmd = [sys.executable, "-m", "asyncgraph.partition", "--input", str(CORA), "--graph-name", "cora"]
+    cmd += ["--num-parts", "2", "--method", "random", "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr
+    assert "orig_nids.npy" in res.stderr
+    nmap, emap = load_orig_ids(out / "cora.json")
+    raw = np.load(CORA)
+    part = load_partition(out / "cora.json", 0)
+    n0, n1 = part.node_range
+    assert np.array_equal(part.node_feats["label"], raw["label"][nmap[n0:n1]])
+    src = part.indices[:10]
+    dst = np.repeat(np.arange(part.node_range[0], part.node_range[1]), np.diff(part.indptr))[:10]
+    eids = part.eids[:10]
+    assert np.array_equal(raw["src"][emap[eids]], nmap[src])
+    assert np.array_equal(raw["dst"][emap[eids]], nmap[dst])
+
+
+def test_num_trainers_per_machine_gives_each_trainer_its_range(tmp_path: Path) -> None:
+    g = Graph.from_npz(CORA)
+    cats = np.asarray(g.ndata["train_mask"], dtype=np.int64)
+    partition_graph(g, "cora", 2, tmp_path / "t", balance_ntypes=cats, num_trainers_per_machine=2)
+    cfg = tmp_path / "t" / "cora.json"
+    book, *_ = load_partition_book(cfg, 0)
+    tid = np.concatenate([load_partition(cfg, p).node_feats["trainer_id"] for p in range(2)])
+    part_of = book.nid2partid(np.arange(book.num_nodes))
+    assert np.array_equal(tid // 2, part_of)  # trainer IDs are part * T + local
+    assert np.all(np.diff(tid) >= 0)  # contiguous sub-ranges per trainer
+    train = np.concatenate([load_partition(cfg, p).node_feats["train_mask"] for p in range(2)])
+    for rank in range(4):
+        share = dgl.distributed.node_split(train, book, rank=rank, world_size=4, node_trainer_ids=tid).numpy()
+        assert share.size == 35 and train[share].all()
+        assert np.mean(tid[share] == rank) >= 0.9, rank  # mostly its own sub-range
