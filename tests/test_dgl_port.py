@@ -3,6 +3,7 @@ load_partition/load_partition_book, num_hops, num_trainers_per_machine), DGL's o
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -117,3 +118,45 @@ def test_num_trainers_per_machine_gives_each_trainer_its_range(tmp_path: Path) -
         share = dgl.distributed.node_split(train, book, rank=rank, world_size=4, node_trainer_ids=tid).numpy()
         assert share.size == 35 and train[share].all()
         assert np.mean(tid[share] == rank) >= 0.9, rank  # mostly its own sub-range
+
+
+def test_to_block_dgl_form(cora_g: asyncgraph.DistGraph) -> None:
+    seeds = torch.tensor([5, 9, 300])
+    frontier = dgl.distributed.sample_neighbors(cora_g, seeds, 4, replace=True)
+    block = dgl.to_block(frontier, seeds)
+    src, _, eids = frontier
+    assert torch.equal(block.dstdata[dgl.NID], seeds) and torch.equal(block.srcdata[dgl.NID], block.srcnodes)
+    assert torch.equal(block.eids, eids) and block.num_edges == src.numel()
+    with pytest.raises(InvalidRequestError, match="dst_nodes"):
+        dgl.to_block(frontier)
+
+
+# --- 'Done when': DGL's tutorial and user-guide snippets, launched -----------------------------------
+def test_dgl_tutorial_and_guide_run_launched(tmp_path: Path) -> None:
+    """tests/dgl_scripts holds DGL's text with only the imports (and the marked lines) changed."""
+    from asyncgraph.testing import subprocess_env
+
+    scripts = ROOT / "tests" / "dgl_scripts"
+    env = {**subprocess_env(), "OMP_NUM_THREADS": "1"}
+    part = subprocess.run(
+        [sys.executable, str(scripts / "partition_tutorial.py"), str(CORA)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert part.returncode == 0, part.stderr[-3000:]
+    cfg = tmp_path / "4part_data" / "ogbn-products.json"
+    assert (tmp_path / "4part_data" / "orig_nids.npy").is_file()
+    for script, expect in [
+        ("train_tutorial.py", r"(?s)\[trainer 1\] Epoch 1: Validation Accuracy 0\.\d+.*final loss \d"),
+        (
+            "guide_snippets.py",
+            r"\[trainer 0\] guide snippets ran: 70 trainer nodes, 3 \+ 3 batches, blocks 2",
+        ),
+    ]:
+        cmd = [sys.executable, "-m", "asyncgraph.launch", "--part-config", str(cfg), "--"]
+        res = subprocess.run(
+            [*cmd, sys.executable, str(scripts / script)],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        out = res.stdout + res.stderr
+        assert res.returncode == 0, out[-4000:]
+        assert re.search(expect, out), out[-4000:]
