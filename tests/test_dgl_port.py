@@ -160,3 +160,70 @@ def test_dgl_tutorial_and_guide_run_launched(tmp_path: Path) -> None:
         out = res.stdout + res.stderr
         assert res.returncode == 0, out[-4000:]
         assert re.search(expect, out), out[-4000:]
+
+
+# --- 3. persistent= as in DGL: non-persistent tensors go with their last handle --------------------
+def _stored(client) -> list[set[str]]:
+    """Every partition's stored tensor names, asked of the partitions themselves."""
+    return [{m.name for m in client.loop.run(p.list_tensors())} for p in client.aio.partitions]
+
+
+@pytest.mark.parametrize("mode", ["served", "standalone"])
+def test_non_persistent_tensors_are_freed(cora2, tmp_path: Path, mode: str) -> None:
+    import gc
+
+    from asyncgraph.client import Client
+    from asyncgraph.testing import start_servers
+
+    served = mode == "served"
+    group = start_servers(cora2.part_config, tmp_path, num_parts=2, num_clients=2) if served else None
+    try:
+        if group is not None:
+            asyncgraph.initialize(group.ip_config())
+            g = asyncgraph.DistGraph("cora")
+        else:
+            asyncgraph.initialize()
+            g = asyncgraph.DistGraph("cora", part_config=cora2.part_config)
+        client, n = g.client, g.num_nodes()
+        before = _stored(client)
+        for i in range(40):  # anonymous tensors in a loop: the servers' lists do not grow
+            t = dgl.distributed.DistTensor((n, 4), torch.float32)
+            t[[0, i]] = torch.ones(2, 4)
+            assert len(_stored(client)[0]) <= len(before[0]) + 2
+        del t
+        gc.collect()
+        client.flush_releases()
+        assert _stored(client) == before
+        kept = dgl.distributed.DistTensor((n,), torch.float32, name="kept", persistent=True)
+        a = dgl.distributed.DistTensor((n,), torch.float32, name="shared")
+        b = dgl.distributed.DistTensor((n,), torch.float32, name="shared")
+        g.ndata["viewed"] = dgl.distributed.DistTensor((n,), torch.float32, name="viewed")
+        emb = dgl.distributed.DistEmbedding(n, 4)
+        opt = dgl.distributed.SparseAdagrad([emb], lr=0.1)
+        emb(torch.tensor([1, 2])).sum().backward()
+        opt.step()
+        assert any(k.startswith(emb.key + "#") for k in _stored(client)[0])
+        del kept, a, emb, opt
+        gc.collect()
+        client.flush_releases()
+        now = _stored(client)[0]
+        assert {"node:kept", "node:shared", "node:viewed"} <= now  # persistent, b and the view hold
+        assert not any(k.startswith("node:_emb") for k in now)  # the embedding and its state went
+        del b
+        gc.collect()
+        client.flush_releases()
+        assert "node:shared" not in _stored(client)[0] and "node:viewed" in _stored(client)[0]
+        if group is not None:  # a client that disconnects drops its references
+            other = Client.connect(group.addresses)
+            theirs = dgl.distributed.DistTensor((n,), torch.float32, name="theirs", client=other)
+            assert "node:theirs" in _stored(client)[0]
+            other.close()  # the handle is still alive: closing released it
+            assert theirs.name == "theirs"
+            assert "node:theirs" not in _stored(client)[0]
+        g.client.delete_tensor("node:kept")
+        del g.ndata["viewed"]
+        assert not {"node:kept", "node:viewed"} & _stored(client)[0]
+    finally:
+        asyncgraph.finalize()
+        if group is not None:
+            group.stop()

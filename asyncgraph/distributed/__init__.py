@@ -16,7 +16,7 @@ from .embedding import DistEmbedding
 from .graph import DistGraph, TensorView
 from .optim import SparseAdagrad, SparseAdam, SparseOptimizer
 from .queries import EdgePartitionPolicy, NodePartitionPolicy
-from .sampling import sample_neighbors
+from .sampling import find_edges, in_subgraph, sample_neighbors
 from .split import edge_split, node_split
 from .tensor import DistTensor, Initializer, normal_init, uniform_init, zeros_init
 
@@ -24,7 +24,12 @@ if TYPE_CHECKING:
     from asyncgraph.dataloading.edge_loader import DistEdgeDataLoader
     from asyncgraph.dataloading.node_loader import DistNodeDataLoader
     from asyncgraph.dataloading.prefetch import DistDataLoader
-    from asyncgraph.partition import load_partition, load_partition_book, partition_graph
+    from asyncgraph.partition import (
+        load_partition,
+        load_partition_book,
+        load_partition_feats,
+        partition_graph,
+    )
     from asyncgraph.partition.book import RangePartitionBook as GraphPartitionBook
 
 __all__ = [
@@ -46,11 +51,14 @@ __all__ = [
     "edge_split",
     "exit_client",
     "finalize",
+    "find_edges",
     "get_client",
+    "in_subgraph",
     "initialize",
     "is_standalone",
     "load_partition",
     "load_partition_book",
+    "load_partition_feats",
     "node_split",
     "normal_init",
     "partition_graph",
@@ -70,6 +78,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "partition_graph": ("asyncgraph.partition", "partition_graph"),
     "load_partition": ("asyncgraph.partition", "load_partition"),
     "load_partition_book": ("asyncgraph.partition", "load_partition_book"),
+    "load_partition_feats": ("asyncgraph.partition", "load_partition_feats"),
     "GraphPartitionBook": ("asyncgraph.partition.book", "RangePartitionBook"),
 }
 

@@ -8,6 +8,7 @@ from asyncgraph.partition.reader import (
     load_orig_ids,
     load_partition,
     load_partition_book,
+    load_partition_feats,
     summarize_partitions,
 )
 
@@ -20,6 +21,7 @@ __all__ = [
     "load_orig_ids",
     "load_partition",
     "load_partition_book",
+    "load_partition_feats",
     "partition_graph",
     "summarize_partitions",
 ]

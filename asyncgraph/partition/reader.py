@@ -86,6 +86,15 @@ def load_partition_book(
     return config.book(), config.graph_name, ntypes, etypes
 
 
+def load_partition_feats(
+    part_config: str | os.PathLike[str], part_id: int, load_nodes: bool = True, load_edges: bool = True
+) -> tuple[dict[str, np.ndarray[Any, Any]] | None, dict[str, np.ndarray[Any, Any]] | None]:
+    """DGL's ``load_partition_feats``: the owned rows of partition ``part_id``'s node and edge
+    tensors (memory-mapped), ``None`` for a side not asked for."""
+    part = load_partition(part_config, part_id)
+    return (part.node_feats if load_nodes else None, part.edge_feats if load_edges else None)
+
+
 def load_orig_ids(part_config: str | os.PathLike[str]) -> tuple[IdArray, IdArray]:
     """The ``(orig_nids, orig_eids)`` mapping written beside the config (``orig_nids[new] == old``)."""
     cfg_path = Path(part_config)
