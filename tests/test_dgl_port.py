@@ -213,6 +213,14 @@ def test_non_persistent_tensors_are_freed(cora2, tmp_path: Path, mode: str) -> N
         gc.collect()
         client.flush_releases()
         assert "node:shared" not in _stored(client)[0] and "node:viewed" in _stored(client)[0]
+        if group is not None:  # a bad release over the wire: typed error, server keeps serving
+            from asyncgraph.protocol.ops import Op
+
+            remote = client.aio.partitions[1]
+            remote = getattr(remote, "server", None) or remote
+            with pytest.raises(InvalidRequestError, match="holder"):
+                client.loop.run(remote.conn.call(Op.RELEASE_TENSORS, {"holder": 5, "names": []}, 10.0))
+            assert g.ndata["label"][[n - 1]].shape == (1,)
         if group is not None:  # a client that disconnects drops its references
             other = Client.connect(group.addresses)
             theirs = dgl.distributed.DistTensor((n,), torch.float32, name="theirs", client=other)
@@ -227,3 +235,17 @@ def test_non_persistent_tensors_are_freed(cora2, tmp_path: Path, mode: str) -> N
         asyncgraph.finalize()
         if group is not None:
             group.stop()
+
+
+def test_release_records_reject_bad_arguments() -> None:
+    from asyncgraph.protocol.ops import CreateTensorArgs, ReleaseTensorsArgs
+
+    ok = ReleaseTensorsArgs("h", ["node:x", "node:x"], False)
+    assert ReleaseTensorsArgs.decode(ok.encode()) == ok
+    for bad in ({"holder": 1, "names": []}, {"holder": "h", "names": [3]}, {"holder": "h"}):
+        with pytest.raises(InvalidRequestError, match="release_tensors"):
+            ReleaseTensorsArgs.decode(bad)
+    args = CreateTensorArgs("node:x", "node", [3], "float32", None, "h").encode()
+    assert CreateTensorArgs.decode(args).holder == "h"
+    with pytest.raises(InvalidRequestError, match="holder"):
+        CreateTensorArgs.decode({**args, "holder": 7})
