@@ -118,6 +118,17 @@ def test_num_trainers_per_machine_gives_each_trainer_its_range(tmp_path: Path) -
         share = dgl.distributed.node_split(train, book, rank=rank, world_size=4, node_trainer_ids=tid).numpy()
         assert share.size == 35 and train[share].all()
         assert np.mean(tid[share] == rank) >= 0.9, rank  # mostly its own sub-range
+    asyncgraph.initialize()  # the same through DistTensors, as a DGL script writes it
+    try:
+        g = asyncgraph.DistGraph("cora", part_config=cfg)
+        for rank in range(4):
+            share = dgl.distributed.node_split(
+                g.ndata["train_mask"], rank=rank, world_size=4, node_trainer_ids=g.ndata["trainer_id"]
+            ).numpy()
+            want = dgl.distributed.node_split(train, book, rank=rank, world_size=4, node_trainer_ids=tid)
+            assert np.array_equal(share, want.numpy())
+    finally:
+        asyncgraph.finalize()
 
 
 def test_to_block_dgl_form(cora_g: asyncgraph.DistGraph) -> None:
