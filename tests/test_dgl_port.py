@@ -260,3 +260,12 @@ def test_release_records_reject_bad_arguments() -> None:
     assert CreateTensorArgs.decode(args).holder == "h"
     with pytest.raises(InvalidRequestError, match="holder"):
         CreateTensorArgs.decode({**args, "holder": 7})
+
+
+def test_initialize_accepts_use_graphbolt(cora2) -> None:
+    dgl.distributed.initialize(use_graphbolt=True)  # the tutorial's GraphBolt section
+    try:
+        g = dgl.distributed.DistGraph("cora", part_config=cora2.part_config)
+        assert g.num_nodes() == 2708
+    finally:
+        dgl.distributed.exit_client()
