@@ -5,7 +5,9 @@ secret), waits until each has written its ready file, then starts ``num_trainers
 partition with everything ``asyncgraph.initialize`` and ``torch.distributed`` need in their
 environment. Every line a process prints is prefixed with its role and rank. When a process
 fails, on Ctrl-C, or when every trainer has finished, it stops every process it started and exits
-with the failing process's status (0 when all trainers succeeded).
+with the failing process's status (0 when all trainers succeeded). Unless ``OMP_NUM_THREADS`` is
+set, each trainer gets ``OMP_NUM_THREADS`` = its host's cores / trainers on that host (at least 1),
+as torchrun does, so co-located trainers do not oversubscribe the cores.
 
 With ``--ip-config`` naming other hosts, servers and trainers are started there with ``ssh``
 (key-based, non-interactive), in the same working directory; the secret file must be reachable
@@ -223,10 +225,39 @@ def _signal_group(popen: subprocess.Popen[bytes], sig: int) -> None:
         os.killpg(popen.pid, sig)
 
 
-def _remote(host: str, argv: Sequence[str], env: dict[str, str], cwd: str) -> list[str]:
-    """Wrap a command to run on ``host`` over ssh with the given environment."""
+OMP_ENV = "OMP_NUM_THREADS"
+
+
+def omp_threads(cores: int, trainers_on_host: int) -> int:
+    """``OMP_NUM_THREADS`` for each of ``trainers_on_host`` trainers sharing ``cores`` cores.
+
+    Like torchrun, the launcher sets it (here to an even share, at least 1) unless the user did:
+    otherwise every trainer's torch starts one OpenMP thread per core and they oversubscribe.
+    """
+    return max(1, int(cores) // max(1, int(trainers_on_host)))
+
+
+def local_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the platform reports it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _remote(
+    host: str, argv: Sequence[str], env: dict[str, str], cwd: str, omp_share: int | None = None
+) -> list[str]:
+    """Wrap a command to run on ``host`` over ssh with the given environment.
+
+    With ``omp_share=N`` the remote shell sets ``OMP_NUM_THREADS`` to its ``nproc`` divided by
+    ``N`` (at least 1), the remote host's share for each of its ``N`` trainers.
+    """
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    command = f"cd {shlex.quote(cwd)} && env {exports} {shlex.join(argv)}"
+    omp = ""
+    if omp_share is not None:
+        n = max(1, int(omp_share))
+        omp = f"{OMP_ENV}=$(( $(nproc) / {n} > 1 ? $(nproc) / {n} : 1 )) "
+    command = f"cd {shlex.quote(cwd)} && {omp}env {exports} {shlex.join(argv)}"
     return ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", host, command]
 
 
@@ -315,6 +346,17 @@ def main(argv: list[str] | None = None) -> int:
         ip_config.write_text(IpConfig.parse("\n".join(f"{h} {p}" for h, p in addresses)).dump())
         master_addr = hosts[0][0] if hosts[0][0] not in LOCAL_HOSTS else "127.0.0.1"
         master_port = free_port()
+        trainer_hosts = [hosts[rank // args.num_trainers][0] for rank in range(world_size)]
+        local_count = sum(h in LOCAL_HOSTS for h in trainer_hosts)
+        user_omp = OMP_ENV in base_env
+        local_omp = str(omp_threads(local_cores(), local_count))
+        if not user_omp and local_count:
+            print(
+                f"[launcher] {OMP_ENV}={local_omp} for each of {local_count} trainers on this host "
+                f"({local_cores()} cores; set {OMP_ENV} to choose)",
+                file=sys.stderr,
+                flush=True,
+            )
         trainers: list[Proc] = []
         for rank in range(world_size):
             part_id = rank // args.num_trainers
@@ -333,9 +375,15 @@ def main(argv: list[str] | None = None) -> int:
             }
             host = hosts[part_id][0]
             if host in LOCAL_HOSTS:
+                if not user_omp:
+                    env[OMP_ENV] = local_omp
                 trainers.append(launcher.spawn("trainer", rank, command, {**base_env, **env}))
             else:
-                trainers.append(launcher.spawn("trainer", rank, _remote(host, command, env, cwd), base_env))
+                if user_omp:
+                    env[OMP_ENV] = base_env[OMP_ENV]
+                share = None if user_omp else trainer_hosts.count(host)
+                remote_argv = _remote(host, command, env, cwd, omp_share=share)
+                trainers.append(launcher.spawn("trainer", rank, remote_argv, base_env))
         return launcher.wait_trainers(trainers, servers)
     except LaunchError as exc:
         print(f"[launcher] {exc}", file=sys.stderr, flush=True)

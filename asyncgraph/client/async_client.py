@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,8 @@ class AsyncClient:
         self.call_timeout = call_timeout
         self.num_clients = num_clients
         self._metas: dict[str, TensorMeta] = {}
+        #: Who holds this client's references to non-persistent tensors on the servers.
+        self.holder = uuid.uuid4().hex
 
     # --- construction -----------------------------------------------------------------------
     @classmethod
@@ -211,18 +214,35 @@ class AsyncClient:
         shape: Sequence[int],
         dtype: str,
         init: Mapping[str, Any] | None = None,
+        persistent: bool = True,
     ) -> tuple[TensorMeta, list[int]]:
-        """``create_tensor``, also returning the partitions on which this call created the tensor."""
+        """``create_tensor``, also returning the partitions on which this call created the tensor.
+
+        ``persistent=False`` takes a reference as this client's ``holder``; the servers delete the
+        tensor when ``release_tensors`` has dropped every holder's references.
+        """
         dims = [int(d) for d in shape]
         dt = np.dtype(dtype).name
         spec = dict(init) if init else None
-        out = await broadcast(self.partitions, lambda p: p.create_tensor(name, policy, dims, dt, spec))
+        holder = None if persistent else self.holder
+        out = await broadcast(
+            self.partitions, lambda p: p.create_tensor(name, policy, dims, dt, spec, holder)
+        )
         self._metas[name] = out[0][0]
         return out[0][0], [p.part_id for p, (_, created) in zip(self.partitions, out, strict=True) if created]
 
     async def delete_tensor(self, name: str) -> None:
         await broadcast(self.partitions, lambda p: p.delete_tensor(name))
         self._metas.pop(name, None)
+
+    async def release_tensors(self, names: Sequence[str], every: bool = False) -> list[str]:
+        """Drop this client's references to non-persistent tensors (one per name, or all)."""
+        listed = list(names)
+        out = await broadcast(self.partitions, lambda p: p.release_tensors(self.holder, listed, every))
+        deleted = sorted({n for part in out for n in part})
+        for name in deleted:
+            self._metas.pop(name, None)
+        return deleted
 
     # --- structure ----------------------------------------------------------------------------
     async def sample_neighbors(

@@ -15,6 +15,7 @@ from asyncgraph.protocol.ops import (
     Op,
     PullArgs,
     PushArgs,
+    ReleaseTensorsArgs,
     SampleArgs,
     SampleEdgesArgs,
     SparseUpdateArgs,
@@ -78,14 +79,25 @@ class RemotePartition:
         await self.conn.call(Op.SPARSE_UPDATE, args, self.timeout)
 
     async def create_tensor(
-        self, name: str, policy: str, shape: list[int], dtype: str, init: dict[str, Any] | None
+        self,
+        name: str,
+        policy: str,
+        shape: list[int],
+        dtype: str,
+        init: dict[str, Any] | None,
+        holder: str | None = None,
     ) -> tuple[TensorMeta, bool]:
-        args = CreateTensorArgs(name, policy, shape, dtype, init).encode()
+        args = CreateTensorArgs(name, policy, shape, dtype, init, holder).encode()
         out = await self.conn.call(Op.CREATE_TENSOR, args, self.timeout)
         return TensorMeta.from_dict(out), bool(out.get("created", False))
 
     async def delete_tensor(self, name: str) -> None:
         await self.conn.call(Op.DELETE_TENSOR, DeleteTensorArgs(name).encode(), self.timeout)
+
+    async def release_tensors(self, holder: str, names: list[str], every: bool = False) -> list[str]:
+        args = ReleaseTensorsArgs(holder, names, every).encode()
+        deleted: list[str] = await self.conn.call(Op.RELEASE_TENSORS, args, self.timeout)
+        return deleted
 
     async def list_tensors(self) -> list[TensorMeta]:
         metas = await self.conn.call(Op.LIST_TENSORS, {}, self.timeout)

@@ -34,6 +34,9 @@ _TABLE_LIMIT = 1 << 25
 _scratch = threading.local()
 
 
+_ID_FIELD = "_ID"  # DGL's dgl.NID / dgl.EID
+
+
 @dataclass
 class Block:
     """One layer's bipartite message-flow graph with global IDs and per-side features."""
@@ -216,14 +219,22 @@ def _relabel_sort(
     return src_local, dst_local, new_src[first[by_appearance]]
 
 
-def to_block(src: Any, dst: Any, dst_nodes: Any, eids: Any = None) -> Block:
+def to_block(src: Any, dst: Any = None, dst_nodes: Any = None, eids: Any = None) -> Block:
     """Build a ``Block`` from global edges ``src -> dst`` whose destinations are ``dst_nodes``.
+
+    DGL's form ``to_block(frontier, dst_nodes)`` works too: ``frontier`` is a graph-like object
+    with ``edges()`` and optionally ``edata["_ID"]`` (e.g. what ``sample_neighbors`` returns);
+    the block's ``srcdata["_ID"]``/``dstdata["_ID"]`` (``dgl.NID``) then hold the global node IDs.
 
     ``dst_nodes`` must be unique and contain every ``dst`` (``InvalidRequestError``, a
     ``ValueError``, otherwise). Sources that are not destinations are appended to ``srcnodes`` in
     order of first appearance in ``src``. ``eids`` (global edge IDs) is stored as given, or empty.
     Accepts numpy arrays, lists and tensors; the result holds tensors (on the inputs' device).
     """
+    if hasattr(src, "edges") and callable(src.edges):
+        return _graph_to_block(src, dst if dst_nodes is None else dst_nodes)
+    if dst is None or dst_nodes is None:
+        raise InvalidRequestError("to_block needs (src, dst, dst_nodes) or (graph, dst_nodes)")
     inputs = (src, dst, dst_nodes, eids)
     if any(isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in inputs):
         return _to_block_torch(src, dst, dst_nodes, eids)
@@ -250,6 +261,18 @@ def to_block(src: Any, dst: Any, dst_nodes: Any, eids: Any = None) -> Block:
         edge_index=torch.from_numpy(np.stack([src_local, dst_local])),
         eids=_tensor(eids_a),
     )
+
+
+def _graph_to_block(frontier: Any, dst_nodes: Any) -> Block:
+    """DGL's ``to_block(frontier, dst_nodes)``: the frontier's edges, IDs in ``srcdata["_ID"]``."""
+    if dst_nodes is None:
+        raise InvalidRequestError("to_block(frontier, dst_nodes): dst_nodes is required")
+    src, dst = frontier.edges()[:2]
+    edata = getattr(frontier, "edata", {})
+    block = to_block(src, dst, dst_nodes, edata.get(_ID_FIELD))
+    block.srcdata[_ID_FIELD] = block.srcnodes
+    block.dstdata[_ID_FIELD] = block.dstnodes
+    return block
 
 
 def _to_block_torch(src: Any, dst: Any, dst_nodes: Any, eids: Any = None) -> Block:

@@ -12,7 +12,14 @@ import torch
 
 from asyncgraph.client.async_client import AsyncClient
 from asyncgraph.dataloading.block import Block
-from asyncgraph.dataloading.fetch import client_of, mask_or_ids, sample_and_pull
+from asyncgraph.dataloading.fetch import (
+    AUTO,
+    Auto,
+    client_of,
+    mask_or_ids,
+    node_tensor_names,
+    sample_and_pull,
+)
 from asyncgraph.dataloading.negative import NegativeSampler
 from asyncgraph.dataloading.prefetch import PrefetchingLoader
 from asyncgraph.dataloading.sampler import NeighborSampler
@@ -102,7 +109,7 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
         prefetch: int = 2,
         negative_sampler: NegativeSampler | None = None,
         exclude: str | None = None,
-        node_feats: Sequence[str] = ("feat",),
+        node_feats: Sequence[str] | Auto = AUTO,
         seed: int | None = None,
     ) -> None:
         client = client_of(g)
@@ -116,7 +123,7 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
         self.sampler = sampler
         self.negative_sampler = negative_sampler
         self.exclude = exclude
-        self.node_feats = tuple(node_feats)
+        self.node_feats, _ = node_tensor_names(client, node_feats, None)
 
     def _make_batch(self, positions: np.ndarray, epoch: int, index: int) -> Awaitable[EdgeMiniBatch]:
         return self._build(self.eids[positions], self._batch_seed(epoch, index))

@@ -58,6 +58,7 @@ def initialize(
     max_queue_size: int | None = None,
     net_type: str | None = None,
     num_worker_threads: int = 1,
+    use_graphbolt: bool = False,
     *,
     secret: bytes | None = None,
     secret_file: str | Path | None = None,
@@ -72,7 +73,9 @@ def initialize(
     ``initialize("ip_config.txt")`` runs unchanged under ``asyncgraph.launch``), else from
     ``ip_config`` (DGL's ``host [port]`` per line, one per partition in partition order); with
     none of them the process is standalone. DGL's ``num_servers``, ``max_queue_size``,
-    ``net_type`` and ``num_worker_threads`` are accepted and unused. ``num_workers`` (DGL's
+    ``net_type`` and ``num_worker_threads`` are accepted and unused, and so is ``use_graphbolt``:
+    partitions here are CSC arrays sampled by their owners already (what GraphBolt switches DGL
+    to), so there is no second format to choose. ``num_workers`` (DGL's
     sampler processes) is accepted but ignored: sampling runs concurrently in each data
     loader's prefetcher (its event-loop thread), so no worker processes are needed; a value
     above 0 warns.

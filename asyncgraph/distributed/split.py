@@ -111,6 +111,24 @@ def _even_cuts(total: IdArray, k: IdArray, j: IdArray) -> tuple[IdArray, IdArray
     return lo, lo + base + (j < extra)
 
 
+def _trainer_order(ids: IdArray, bounds: IdArray, trainer_ids: Any) -> IdArray:
+    """``ids`` (sorted) reordered by (partition, trainer ID, ID): each partition stays one slice."""
+    if isinstance(trainer_ids, DistTensor):
+        full = _pull_mask(trainer_ids, trainer_ids._client.book.bounds(trainer_ids.policy), None)
+    else:
+        full = to_numpy(trainer_ids)
+    if full.ndim != 1 or full.size != int(bounds[-1]):
+        raise ShapeMismatchError(
+            f"trainer IDs must be one per ID ({int(bounds[-1])}), got shape {tuple(full.shape)}"
+        )
+    if full.dtype.kind not in "iu":
+        raise DTypeMismatchError(f"trainer IDs must be integers, got dtype {full.dtype}")
+    part = np.searchsorted(bounds, ids, side="right") - 1
+    order = np.lexsort((ids, full[ids], part))
+    out: IdArray = ids[order]
+    return out
+
+
 def _split(
     mask: Any,
     book: RangePartitionBook | None,
@@ -118,6 +136,7 @@ def _split(
     world_size: int | None,
     force_even: bool,
     kind: str,
+    trainer_ids: Any = None,
 ) -> torch.Tensor:
     """Shared implementation of ``node_split``/``edge_split``."""
     rank, world = _rank_world(rank, world_size)
@@ -144,6 +163,8 @@ def _split(
             f"{kind} mask has {sel.size} entries but the partition book has {int(bounds[-1])} {kind}s"
         )
     ids = np.flatnonzero(sel).astype(np.int64)
+    if trainer_ids is not None:
+        ids = _trainer_order(ids, bounds, trainer_ids)
     num_parts = bounds.size - 1
     ranks = np.arange(world, dtype=np.int64)
     parts = np.arange(num_parts, dtype=np.int64)
@@ -196,6 +217,7 @@ def node_split(
     world_size: int | None = None,
     force_even: bool = True,
     seed: int = 0,
+    node_trainer_ids: Any = None,
 ) -> torch.Tensor:
     """Sorted int64 global node IDs of this rank's share of the nodes selected by ``mask``.
 
@@ -204,9 +226,11 @@ def node_split(
     partition. ``rank``/``world_size`` default to torch.distributed (if initialised), else the
     RANK/WORLD_SIZE environment variables, else 0/1. See the module docstring for the
     assignment; it is deterministic, so ``seed`` is accepted for DGL-style call sites only and
-    does not change the result.
+    does not change the result. ``node_trainer_ids`` (DGL's; e.g. ``g.ndata["trainer_id"]``
+    written by ``partition_graph(..., num_trainers_per_machine=T)``) orders each partition's IDs
+    by trainer before the even split, so trainer ``k`` of a partition gets its own sub-range.
     """
-    return _split(mask, partition_book, rank, world_size, force_even, "node")
+    return _split(mask, partition_book, rank, world_size, force_even, "node", node_trainer_ids)
 
 
 def edge_split(
@@ -216,9 +240,10 @@ def edge_split(
     world_size: int | None = None,
     force_even: bool = True,
     seed: int = 0,
+    edge_trainer_ids: Any = None,
 ) -> torch.Tensor:
     """Sorted int64 global edge IDs of this rank's share of the edges selected by ``mask``.
 
     Same rules as ``node_split``, over edge IDs and the book's edge ranges.
     """
-    return _split(mask, partition_book, rank, world_size, force_even, "edge")
+    return _split(mask, partition_book, rank, world_size, force_even, "edge", edge_trainer_ids)

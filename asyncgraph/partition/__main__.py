@@ -1,6 +1,8 @@
 """CLI: ``python -m asyncgraph.partition --input g.npz --graph-name g --num-parts 2 --out dir``.
 
 Prints stage timings to stderr while it works and a per-partition summary table at the end.
+Writes ``orig_nids.npy``/``orig_eids.npy`` beside the config (``orig_nids[new_id] == input ID``;
+``asyncgraph.partition.load_orig_ids(config)`` reads them) to map results back to input IDs.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy.typing as npt
 
 from asyncgraph.graph import Graph
 from asyncgraph.partition.assign import METHODS
-from asyncgraph.partition.layout import config_file
+from asyncgraph.partition.layout import ORIG_EIDS_FILE, ORIG_NIDS_FILE, config_file
 from asyncgraph.partition.partitioner import partition_graph
 from asyncgraph.partition.reader import summarize_partitions
 
@@ -72,6 +74,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="balance train/val/test/other nodes across parts (needs *_mask arrays)",
     )
     ap.add_argument("--balance-edges", action="store_true", help="also balance in-edges per part")
+    ap.add_argument(
+        "--num-trainers-per-machine",
+        type=int,
+        default=1,
+        help="split each partition into this many contiguous trainer ranges (node tensor trainer_id)",
+    )
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--overwrite", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
@@ -105,13 +113,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             overwrite=args.overwrite,
             progress=True,
+            num_trainers_per_machine=args.num_trainers_per_machine,
         )
     except ValueError as exc:
         print(f"\nerror: {exc}", file=sys.stderr)
         return 2
     del graph
     print(
-        f"done in {time.perf_counter() - t0:.2f} s; wrote {config_file(args.out, args.graph_name)}",
+        f"done in {time.perf_counter() - t0:.2f} s; wrote {config_file(args.out, args.graph_name)} "
+        f"and the ID mapping {args.out / ORIG_NIDS_FILE}, {args.out / ORIG_EIDS_FILE}",
         file=sys.stderr,
     )
     print(format_summary(summarize_partitions(config_file(args.out, args.graph_name))))

@@ -39,6 +39,7 @@ class Op(enum.StrEnum):
     PUSH = "push"
     CREATE_TENSOR = "create_tensor"
     DELETE_TENSOR = "delete_tensor"
+    RELEASE_TENSORS = "release_tensors"
     LIST_TENSORS = "list_tensors"
     BARRIER = "barrier"
     SAMPLE = "sample"
@@ -119,6 +120,8 @@ class CreateTensorArgs:
     shape: list[int]
     dtype: str
     init: dict[str, Any] | None = None
+    #: Non-persistent tensors: the client handle holding a reference (see ``ReleaseTensorsArgs``).
+    holder: str | None = None
 
     @classmethod
     def decode(cls, args: Mapping[str, Any]) -> CreateTensorArgs:
@@ -134,16 +137,45 @@ class CreateTensorArgs:
             raise InvalidRequestError(f"create_tensor: policy must be 'node' or 'edge', got {policy!r}")
         if not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
             raise InvalidRequestError(f"create_tensor: shape must be a list of ints, got {shape!r}")
-        return cls(name, policy, shape, dtype, init)
+        holder = args.get("holder")
+        if holder is not None and not isinstance(holder, str):
+            raise InvalidRequestError("create_tensor: argument 'holder' must be a string or nil")
+        return cls(name, policy, shape, dtype, init, holder)
 
     def encode(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name,
             "policy": self.policy,
             "shape": self.shape,
             "dtype": self.dtype,
             "init": self.init,
         }
+        if self.holder is not None:
+            out["holder"] = self.holder
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseTensorsArgs:
+    """Drop references ``holder`` took by creating non-persistent tensors: one per name in
+    ``names`` (a name may repeat), or all of them when ``all``. A tensor whose last reference goes
+    is deleted with its optimizer state."""
+
+    holder: str
+    names: list[str]
+    all: bool = False
+
+    @classmethod
+    def decode(cls, args: Mapping[str, Any]) -> ReleaseTensorsArgs:
+        op = Op.RELEASE_TENSORS
+        names = _get(args, op, "names", list)
+        if not all(isinstance(n, str) for n in names):
+            raise InvalidRequestError("release_tensors: 'names' must be a list of strings")
+        every = _get(args, op, "all", bool) if "all" in args else False
+        return cls(_get(args, op, "holder", str), names, bool(every))
+
+    def encode(self) -> dict[str, Any]:
+        return {"holder": self.holder, "names": self.names, "all": self.all}
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from asyncgraph.protocol.ops import (
     Op,
     PullArgs,
     PushArgs,
+    ReleaseTensorsArgs,
     SampleArgs,
     SampleEdgesArgs,
     SparseUpdateArgs,
@@ -108,6 +109,7 @@ class RequestHandlers:
             Op.PUSH: self.push,
             Op.CREATE_TENSOR: self.create_tensor,
             Op.DELETE_TENSOR: self.delete_tensor,
+            Op.RELEASE_TENSORS: self.release_tensors,
             Op.LIST_TENSORS: self.list_tensors,
             Op.BARRIER: self.barrier,
             Op.SAMPLE: self.sample,
@@ -160,11 +162,15 @@ class RequestHandlers:
 
     def create_tensor(self, args: Mapping[str, Any]) -> dict[str, Any]:
         a = CreateTensorArgs.decode(args)
-        meta, created = self.partition.create_tensor(a.name, a.policy, a.shape, a.dtype, a.init)
+        meta, created = self.partition.create_tensor(a.name, a.policy, a.shape, a.dtype, a.init, a.holder)
         return {**meta.to_dict(), "created": created}
 
     def delete_tensor(self, args: Mapping[str, Any]) -> None:
         self.partition.delete_tensor(DeleteTensorArgs.decode(args).name)
+
+    def release_tensors(self, args: Mapping[str, Any]) -> list[str]:
+        a = ReleaseTensorsArgs.decode(args)
+        return self.partition.release_tensors(a.holder, a.names, a.all)
 
     # --- coordination -------------------------------------------------------------------
     def barrier(self, args: Mapping[str, Any]) -> Awaitable[int]:

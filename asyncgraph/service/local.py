@@ -46,6 +46,7 @@ class PartitionService:
         self.num_clients = num_clients
         self.shm = dict(shm) if shm is not None else None
         self._out_index: OutIndex | None = None
+        self._refs: dict[str, dict[str, int]] = {}  # non-persistent tensor -> holder -> references
 
     @property
     def out_index(self) -> OutIndex:
@@ -82,15 +83,55 @@ class PartitionService:
         self.store.push(name, ids, values, op)
 
     def create_tensor(
-        self, name: str, policy: str, shape: list[int], dtype: str, init: dict[str, Any] | None = None
+        self,
+        name: str,
+        policy: str,
+        shape: list[int],
+        dtype: str,
+        init: dict[str, Any] | None = None,
+        holder: str | None = None,
     ) -> tuple[TensorMeta, bool]:
-        """The tensor's meta, and whether this call created it (False: it existed already)."""
+        """The tensor's meta, and whether this call created it (False: it existed already).
+
+        With a ``holder`` the tensor is non-persistent: a tensor created that way is reference
+        counted (one reference per call, by holder) and deleted when ``release_tensors`` drops
+        the last one; getting an existing non-persistent tensor adds a reference, getting a
+        persistent one adds none.
+        """
         existed = self.store.has_tensor(name)
         meta = self.store.create_tensor(name, cast(Policy, policy), shape, dtype, init)
+        if holder is not None and (not existed or name in self._refs):
+            held = self._refs.setdefault(name, {})
+            held[holder] = held.get(holder, 0) + 1
         return meta, not existed
 
     def delete_tensor(self, name: str) -> None:
         self.store.delete_tensor(name)
+        self._refs.pop(name, None)
+
+    def release_tensors(self, holder: str, names: list[str], every: bool = False) -> list[str]:
+        """Drop ``holder``'s references (one per name, or all); returns the tensors deleted."""
+        drops: dict[str, int] = {}
+        if every:
+            drops = {n: held[holder] for n, held in self._refs.items() if holder in held}
+        for n in names:
+            drops[n] = drops.get(n, 0) + 1
+        deleted: list[str] = []
+        for name, count in drops.items():
+            held = self._refs.get(name)
+            if held is None or holder not in held:
+                continue  # not a reference this holder has (already released, or persistent)
+            held[holder] -= count
+            if held[holder] <= 0:
+                del held[holder]
+            if not held:
+                del self._refs[name]
+                state = [m.name for m in self.store.list_tensors() if m.name.startswith(name + "#")]
+                for key in [name, *state]:
+                    if self.store.has_tensor(key):
+                        self.store.delete_tensor(key)
+                        deleted.append(key)
+        return deleted
 
     def sample(
         self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None
@@ -213,11 +254,25 @@ class LocalPartition:
         return None
 
     async def create_tensor(
-        self, name: str, policy: str, shape: list[int], dtype: str, init: dict[str, Any] | None
+        self,
+        name: str,
+        policy: str,
+        shape: list[int],
+        dtype: str,
+        init: dict[str, Any] | None,
+        holder: str | None = None,
     ) -> tuple[TensorMeta, bool]:
         if self.server is not None:
-            return await self.server.create_tensor(name, policy, shape, dtype, init)
-        return self.service.create_tensor(name, policy, shape, dtype, init)
+            return await self.server.create_tensor(name, policy, shape, dtype, init, holder)
+        return self.service.create_tensor(name, policy, shape, dtype, init, holder)
+
+    async def release_tensors(self, holder: str, names: list[str], every: bool = False) -> list[str]:
+        if self.server is None:
+            return self.service.release_tensors(holder, names, every)
+        deleted = await self.server.release_tensors(holder, names, every)
+        for name in deleted:
+            self.service.store.forget_tensor(name)
+        return deleted
 
     async def delete_tensor(self, name: str) -> None:
         if self.server is None:
