@@ -24,6 +24,15 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
     parser.add_argument("--max-frame-size", type=int, default=DEFAULT_MAX_FRAME_SIZE)
     parser.add_argument("--max-inflight", type=int, default=64, help="async requests per connection")
     parser.add_argument("--no-shared-memory", action="store_true", help="serve over TCP only")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (0: a free port, written to the "
+        "ready file as metrics_port and logged); default: no metrics",
+    )
+    parser.add_argument(
+        "--metrics-host", default="0.0.0.0", help="address for the metrics endpoint (default 0.0.0.0)"
+    )
     parser.add_argument("--log-level", default="INFO")
     ns = parser.parse_args(argv)
     if ns.num_clients < 1:
@@ -47,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         max_frame_size=ns.max_frame_size,
         max_inflight=ns.max_inflight,
         shared_memory=not ns.no_shared_memory,
+        metrics_port=ns.metrics_port,
+        metrics_host=ns.metrics_host,
     )
 
 
