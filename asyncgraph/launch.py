@@ -114,6 +114,15 @@ class Proc:
     rank: int
     popen: subprocess.Popen[bytes]
     pumps: list[threading.Thread] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    ended: float | None = None
+
+    def poll(self) -> int | None:
+        """The exit status once it has exited (noting when), else None."""
+        code = self.popen.poll()
+        if code is not None and self.ended is None:
+            self.ended = time.monotonic()
+        return code
 
     @property
     def label(self) -> str:
@@ -168,8 +177,26 @@ class Launcher:
                 _signal_group(proc.popen, signal.SIGKILL)
                 proc.popen.wait(timeout=5)
         for proc in self.procs:
+            proc.poll()
             for pump in proc.pumps:
                 pump.join(timeout=2)
+
+    def summary(self) -> list[str]:
+        """One line per role: how many, their exit statuses (negative: killed by that signal,
+        -15 is the launcher's SIGTERM at the end) and wall time from first start to last exit."""
+        lines = []
+        for role in dict.fromkeys(p.role for p in self.procs):
+            procs = [p for p in self.procs if p.role == role]
+            codes = [p.popen.returncode for p in procs]
+            ends = [p.ended for p in procs if p.ended is not None]
+            wall = (max(ends) if ends else time.monotonic()) - min(p.started for p in procs)
+            failed = sum(1 for c in codes if c not in (0, -signal.SIGTERM, None))
+            shown = " ".join("?" if c is None else str(c) for c in codes)
+            lines.append(
+                f"role={role} count={len(procs)} exit_codes={shown.replace(' ', ',')} "
+                f"failed={failed} wall_s={wall:.1f}"
+            )
+        return lines
 
     # --- waiting ---------------------------------------------------------------------------
     def wait_ready(self, servers: list[Proc], ready_files: list[Path]) -> list[tuple[str, int]]:
@@ -188,7 +215,7 @@ class Launcher:
         remaining = set(range(len(trainers)))
         while remaining:
             for i in sorted(remaining):
-                code = trainers[i].popen.poll()
+                code = trainers[i].poll()
                 if code is None:
                     continue
                 remaining.discard(i)
@@ -196,7 +223,7 @@ class Launcher:
                     self._say(f"{trainers[i].label} failed with status {code}; stopping every process")
                     return code
             for proc in servers:
-                code = proc.popen.poll()
+                code = proc.poll()
                 if code is not None and remaining:
                     self._say(f"{proc.label} exited with status {code} while trainers ran; stopping")
                     return code or 1
@@ -345,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         launcher.stop_all()
+        for line in launcher.summary():
+            print(f"[launcher] summary {line}", file=sys.stderr, flush=True)
         signal.signal(signal.SIGTERM, previous)
         for path in sorted(workdir.glob("*")):
             path.unlink(missing_ok=True)
