@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from asyncgraph.cli import CliError, Parser, configure_logging, part_config_checked, run_main
 from asyncgraph.client.ipconfig import IpConfig
 from asyncgraph.env import ENV_IP_CONFIG, ENV_PART_CONFIG, ENV_SECRET_FILE
 from asyncgraph.partition.config import PartitionConfig
@@ -258,7 +259,7 @@ def _remote(host: str, argv: Sequence[str], env: dict[str, str], cwd: str) -> li
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m asyncgraph.launch", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m asyncgraph.launch", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--part-config", type=Path, required=True, help="partition JSON written by partition_graph"
     )
@@ -267,7 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--ip-config", type=Path, help="servers' hosts (and ports) in partition order; default local"
     )
     parser.add_argument("--secret-file", type=Path, help="shared secret (default: a fresh random one)")
-    parser.add_argument("--ready-timeout", type=float, default=60.0)
+    parser.add_argument(
+        "--ready-timeout", type=float, default=60.0, help="seconds to wait for every server's ready file"
+    )
     parser.add_argument("--python", default=sys.executable, help="interpreter for the servers")
     parser.add_argument("--server-arg", action="append", default=[], help="extra argument for every server")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the trainer command")
@@ -275,29 +278,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Start everything, wait, stop everything; bad arguments: one line on stderr and status 2."""
     args = build_parser().parse_args(argv)
+    configure_logging(args.log_level, "launch")
+    return run_main(PROG, lambda: _launch(args))
+
+
+PROG = "python -m asyncgraph.launch"
+
+
+def _launch(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        print("launch: give the trainer command after --", file=sys.stderr)
-        return 2
+        raise CliError("give the trainer command after --")
     if args.num_trainers < 1:
-        print("launch: --num-trainers must be at least 1", file=sys.stderr)
-        return 2
+        raise CliError("--num-trainers must be at least 1")
     part_config = args.part_config.resolve()
-    config = PartitionConfig.load(part_config)
+    config: PartitionConfig = part_config_checked(part_config)
     num_parts = config.num_parts
     world_size = num_parts * args.num_trainers
     hosts: list[tuple[str, int]]
     if args.ip_config is not None:
+        if not args.ip_config.is_file():
+            raise CliError(f"--ip-config {args.ip_config} does not exist")
         hosts = IpConfig.load(args.ip_config).addresses()
         if len(hosts) != num_parts:
-            print(
-                f"launch: {args.ip_config} lists {len(hosts)} servers for {num_parts} partitions",
-                file=sys.stderr,
-            )
-            return 2
+            raise CliError(f"{args.ip_config} lists {len(hosts)} servers for {num_parts} partitions")
     else:
         hosts = [("127.0.0.1", 0)] * num_parts
+    if args.secret_file is not None and not args.secret_file.is_file():
+        raise CliError(f"--secret-file {args.secret_file} does not exist")
 
     launcher = Launcher(ready_timeout=args.ready_timeout)
     # Remote hosts read the secret and write their ready files here, so with ssh it must be on
