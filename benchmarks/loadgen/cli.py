@@ -13,10 +13,10 @@ Starts its own servers (one per partition of ``--graph``, partitioned once and c
 
 Every run is bounded (``--duration``, ``--max-requests``, per-request ``--timeout``) and stops
 every process it started. Reports per op: requests/s, rows/s, MB/s, latency p50/p95/p99/max
-(from 1%-resolution log histograms merged across processes), errors by kind, requests dropped
-by the open-loop generator, and the servers' idle/peak RSS and CPU; next to ceilings measured in
-the same run (loopback socket bandwidth, a numpy gather of the same rows, the in-process sampling
-kernel). Writes JSON and PNGs to ``--out`` (default ``benchmarks/results/``).
+(from HDR histograms, ``hdrhistogram``, 0.1% resolution, merged across processes), errors by
+kind, requests dropped by the open-loop generator, and the servers' idle/peak RSS and CPU; next
+to ceilings measured in the same run (loopback socket bandwidth, a numpy gather of the same rows,
+the in-process sampling kernel). Writes JSON and PNGs to ``--out`` (default ``benchmarks/results/``).
 
 ``--part-config X`` serves every partition of X, one server each (``--partitions`` is then
 taken from X).
