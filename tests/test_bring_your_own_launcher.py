@@ -4,6 +4,7 @@ environment, and connecting that waits for servers started later (real servers, 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -166,4 +167,20 @@ def test_torchrun_against_separately_started_servers(cora2, tmp_path: Path) -> N
         assert records[0]["first_seed"] != records[1]["first_seed"]  # node_split used the ranks
         assert all(r["num_seeds"] > 0 for r in records)
     finally:
+        group.stop()
+
+
+def test_refusal_ends_the_wait_while_another_server_is_missing(cora2, tmp_path: Path) -> None:
+    """A wrong secret is final: no waiting out the deadline for a server that is still missing."""
+    group = start_servers(cora2.part_config, tmp_path / "one", num_parts=1, secret=b"right")
+    try:
+        servers = ",".join([f"127.0.0.1:{free_port()}", f"{group.addresses[0][0]}:{group.addresses[0][1]}"])
+        os.environ["ASYNCGRAPH_SERVERS"] = servers
+        t0 = time.monotonic()
+        with pytest.raises(AuthenticationError):
+            asyncgraph.initialize(secret=b"wrong", connect_timeout=120)
+        assert time.monotonic() - t0 < 60
+        asyncgraph.finalize()
+    finally:
+        os.environ.pop("ASYNCGRAPH_SERVERS", None)
         group.stop()

@@ -9,7 +9,7 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -112,6 +112,11 @@ async def open_retrying(
             delay = min(MAX_BACKOFF, delay * 2)
 
 
+def _is_final(exc: BaseException | None) -> bool:
+    """A failure retrying cannot cure (anything but a server still missing at the deadline)."""
+    return exc is not None and not isinstance(exc, ServersMissingError)
+
+
 async def open_partitions(
     servers: Sequence[tuple[str, int]],
     *,
@@ -133,8 +138,8 @@ async def open_partitions(
         raise InvalidRequestError("no servers given")
     wanted = _wanted(local_partitions, len(servers))
     deadline = time.monotonic() + connect_timeout
-    conns = await asyncio.gather(
-        *(
+    tasks = [
+        asyncio.ensure_future(
             open_retrying(
                 part_id,
                 host,
@@ -145,24 +150,41 @@ async def open_partitions(
                 max_frame_size=max_frame_size,
                 max_inflight=max_inflight,
             )
-            for part_id, (host, port) in enumerate(servers)
-        ),
-        return_exceptions=True,
-    )
-    failures = [c for c in conns if isinstance(c, BaseException)]
-    if failures:
-        for c in conns:
-            if isinstance(c, Connection):
-                c.close()
-        missing = [m for f in failures if isinstance(f, ServersMissingError) for m in f.missing]
-        if len(missing) == len(failures):
-            names = ", ".join(f"partition {p} at {where}" for p, where, _ in missing)
-            raise ServersMissingError(
-                f"{len(missing)} of {len(servers)} servers unreachable after {connect_timeout:g} s: "
-                f"{names} (last error: {missing[0][2]})",
-                missing,
+        )
+        for part_id, (host, port) in enumerate(servers)
+    ]
+    try:
+        # A final failure (wrong secret, another graph) ends the wait at once; servers not up
+        # yet are retried until the deadline.
+        pending: set[asyncio.Future[Connection]] = set(tasks)
+        while pending:
+            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            final = next(
+                (t for t in tasks if t.done() and not t.cancelled() and _is_final(t.exception())), None
             )
-        raise next(f for f in failures if not isinstance(f, ServersMissingError))
+            if final is not None:
+                raise cast(BaseException, final.exception())
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for t in tasks:
+            if t.done() and not t.cancelled() and t.exception() is None:
+                t.result().close()
+        raise
+    missing = [m for t in tasks if isinstance(t.exception(), ServersMissingError)
+               for m in cast(ServersMissingError, t.exception()).missing]  # fmt: skip
+    if missing:
+        for t in tasks:
+            if t.exception() is None:
+                t.result().close()
+        names = ", ".join(f"partition {p} at {where}" for p, where, _ in missing)
+        raise ServersMissingError(
+            f"{len(missing)} of {len(servers)} servers unreachable after {connect_timeout:g} s: "
+            f"{names} (last error: {missing[0][2]})",
+            missing,
+        )
+    conns = [t.result() for t in tasks]
     opened = [c for c in conns if isinstance(c, Connection)]
     try:
         infos = await asyncio.gather(*(c.call(Op.INFO, {}, call_timeout) for c in opened))
