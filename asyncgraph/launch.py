@@ -265,6 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--num-trainers", type=int, default=1, help="trainers per partition")
     parser.add_argument(
+        "--num-servers",
+        type=int,
+        default=1,
+        help="servers per partition; asyncgraph runs exactly one (accepted for DGL command lines)",
+    )
+    parser.add_argument(
         "--ip-config", type=Path, help="servers' hosts (and ports) in partition order; default local"
     )
     parser.add_argument("--secret-file", type=Path, help="shared secret (default: a fresh random one)")
@@ -293,6 +299,8 @@ def _launch(args: argparse.Namespace) -> int:
         raise CliError("give the trainer command after --")
     if args.num_trainers < 1:
         raise CliError("--num-trainers must be at least 1")
+    if args.num_servers != 1:
+        raise CliError(f"--num-servers {args.num_servers}: asyncgraph runs one server per partition (use 1)")
     part_config = args.part_config.resolve()
     config: PartitionConfig = part_config_checked(part_config)
     num_parts = config.num_parts

@@ -126,6 +126,37 @@ def test_underscore_aliases_are_accepted(cora2, tmp_path: Path) -> None:
     assert_one_line_error(proc, "does not exist")
 
 
+def test_dgl_launch_spellings(cora2) -> None:
+    proc = run_tool(
+        "asyncgraph.launch", "--part_config", str(cora2.part_config), "--num_servers", "2", "--", "true"
+    )
+    assert_one_line_error(proc, "one server per partition")
+    args = _parsers()["launch"].parse_args(
+        [
+            "--part_config",
+            "x.json",
+            "--num_trainers",
+            "2",
+            "--num_servers",
+            "1",
+            "--ip_config",
+            "ip.txt",
+            "--",
+            "t",
+        ]
+    )
+    assert (args.part_config.name, args.num_trainers, args.num_servers, args.ip_config.name) == (
+        "x.json",
+        2,
+        1,
+        "ip.txt",
+    )
+    args = _parsers()["partition"].parse_args(
+        ["--input", "g.npz", "--graph_name", "g", "--num_parts", "4", "--part_method", "random", "--out", "o"]
+    )
+    assert (args.num_parts, args.method, args.graph_name) == (4, "random", "g")
+
+
 def _parsers() -> dict[str, argparse.ArgumentParser]:
     from asyncgraph.health import main as _health  # noqa: F401 - imported for its module
     from asyncgraph.launch import build_parser as launch_parser

@@ -67,7 +67,13 @@ def build_parser() -> Parser:
         "--graph-name", required=True, help="name of the graph (the JSON file is <out>/<name>.json)"
     )
     ap.add_argument("--num-parts", required=True, type=int, help="number of partitions (servers) to cut into")
-    ap.add_argument("--method", default="metis", choices=METHODS, help="assignment method (default metis)")
+    ap.add_argument(
+        "--method",
+        "--part-method",
+        default="metis",
+        choices=METHODS,
+        help="assignment method (default metis)",
+    )
     ap.add_argument(
         "--balance-train",
         action="store_true",
