@@ -95,6 +95,19 @@ class ServerUnavailableError(AsyncGraphError, ConnectionError):
     code = "unavailable"
 
 
+class ServersMissingError(ServerUnavailableError):
+    """Some servers were still unreachable when the connect deadline passed.
+
+    ``missing`` lists ``(part_id, "host:port", last error)`` for each of them.
+    """
+
+    code = "servers_missing"
+
+    def __init__(self, message: str, missing: list[tuple[int, str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.missing = missing or []
+
+
 _BY_CODE: dict[str, type[AsyncGraphError]] = {
     cls.code: cls
     for cls in (
@@ -112,6 +125,7 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         RequestTimeoutError,
         BarrierTimeoutError,
         ServerUnavailableError,
+        ServersMissingError,
     )
 }
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from asyncgraph.cli import CliError, Parser, configure_logging, part_config_checked, run_main
 from asyncgraph.client.ipconfig import IpConfig
 from asyncgraph.env import ENV_IP_CONFIG, ENV_PART_CONFIG, ENV_SECRET_FILE
 from asyncgraph.partition.config import PartitionConfig
@@ -116,6 +117,15 @@ class Proc:
     rank: int
     popen: subprocess.Popen[bytes]
     pumps: list[threading.Thread] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    ended: float | None = None
+
+    def poll(self) -> int | None:
+        """The exit status once it has exited (noting when), else None."""
+        code = self.popen.poll()
+        if code is not None and self.ended is None:
+            self.ended = time.monotonic()
+        return code
 
     @property
     def label(self) -> str:
@@ -170,8 +180,26 @@ class Launcher:
                 _signal_group(proc.popen, signal.SIGKILL)
                 proc.popen.wait(timeout=5)
         for proc in self.procs:
+            proc.poll()
             for pump in proc.pumps:
                 pump.join(timeout=2)
+
+    def summary(self) -> list[str]:
+        """One line per role: how many, their exit statuses (negative: killed by that signal,
+        -15 is the launcher's SIGTERM at the end) and wall time from first start to last exit."""
+        lines = []
+        for role in dict.fromkeys(p.role for p in self.procs):
+            procs = [p for p in self.procs if p.role == role]
+            codes = [p.popen.returncode for p in procs]
+            ends = [p.ended for p in procs if p.ended is not None]
+            wall = (max(ends) if ends else time.monotonic()) - min(p.started for p in procs)
+            failed = sum(1 for c in codes if c not in (0, -signal.SIGTERM, None))
+            shown = " ".join("?" if c is None else str(c) for c in codes)
+            lines.append(
+                f"role={role} count={len(procs)} exit_codes={shown.replace(' ', ',')} "
+                f"failed={failed} wall_s={wall:.1f}"
+            )
+        return lines
 
     # --- waiting ---------------------------------------------------------------------------
     def wait_ready(self, servers: list[Proc], ready_files: list[Path]) -> list[tuple[str, int]]:
@@ -190,7 +218,7 @@ class Launcher:
         remaining = set(range(len(trainers)))
         while remaining:
             for i in sorted(remaining):
-                code = trainers[i].popen.poll()
+                code = trainers[i].poll()
                 if code is None:
                     continue
                 remaining.discard(i)
@@ -198,7 +226,7 @@ class Launcher:
                     self._say(f"{trainers[i].label} failed with status {code}; stopping every process")
                     return code
             for proc in servers:
-                code = proc.popen.poll()
+                code = proc.poll()
                 if code is not None and remaining:
                     self._say(f"{proc.label} exited with status {code} while trainers ran; stopping")
                     return code or 1
@@ -262,16 +290,24 @@ def _remote(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m asyncgraph.launch", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m asyncgraph.launch", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--part-config", type=Path, required=True, help="partition JSON written by partition_graph"
     )
     parser.add_argument("--num-trainers", type=int, default=1, help="trainers per partition")
     parser.add_argument(
+        "--num-servers",
+        type=int,
+        default=1,
+        help="servers per partition; asyncgraph runs exactly one (accepted for DGL command lines)",
+    )
+    parser.add_argument(
         "--ip-config", type=Path, help="servers' hosts (and ports) in partition order; default local"
     )
     parser.add_argument("--secret-file", type=Path, help="shared secret (default: a fresh random one)")
-    parser.add_argument("--ready-timeout", type=float, default=60.0)
+    parser.add_argument(
+        "--ready-timeout", type=float, default=60.0, help="seconds to wait for every server's ready file"
+    )
     parser.add_argument("--python", default=sys.executable, help="interpreter for the servers")
     parser.add_argument("--server-arg", action="append", default=[], help="extra argument for every server")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the trainer command")
@@ -279,29 +315,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Start everything, wait, stop everything; bad arguments: one line on stderr and status 2."""
     args = build_parser().parse_args(argv)
+    configure_logging(args.log_level, "launch")
+    return run_main(PROG, lambda: _launch(args))
+
+
+PROG = "python -m asyncgraph.launch"
+
+
+def _launch(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        print("launch: give the trainer command after --", file=sys.stderr)
-        return 2
+        raise CliError("give the trainer command after --")
     if args.num_trainers < 1:
-        print("launch: --num-trainers must be at least 1", file=sys.stderr)
-        return 2
+        raise CliError("--num-trainers must be at least 1")
+    if args.num_servers != 1:
+        raise CliError(f"--num-servers {args.num_servers}: asyncgraph runs one server per partition (use 1)")
     part_config = args.part_config.resolve()
-    config = PartitionConfig.load(part_config)
+    config: PartitionConfig = part_config_checked(part_config)
     num_parts = config.num_parts
     world_size = num_parts * args.num_trainers
     hosts: list[tuple[str, int]]
     if args.ip_config is not None:
+        if not args.ip_config.is_file():
+            raise CliError(f"--ip-config {args.ip_config} does not exist")
         hosts = IpConfig.load(args.ip_config).addresses()
         if len(hosts) != num_parts:
-            print(
-                f"launch: {args.ip_config} lists {len(hosts)} servers for {num_parts} partitions",
-                file=sys.stderr,
-            )
-            return 2
+            raise CliError(f"{args.ip_config} lists {len(hosts)} servers for {num_parts} partitions")
     else:
         hosts = [("127.0.0.1", 0)] * num_parts
+    if args.secret_file is not None and not args.secret_file.is_file():
+        raise CliError(f"--secret-file {args.secret_file} does not exist")
 
     launcher = Launcher(ready_timeout=args.ready_timeout)
     # Remote hosts read the secret and write their ready files here, so with ssh it must be on
@@ -393,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         launcher.stop_all()
+        for line in launcher.summary():
+            print(f"[launcher] summary {line}", file=sys.stderr, flush=True)
         signal.signal(signal.SIGTERM, previous)
         for path in sorted(workdir.glob("*")):
             path.unlink(missing_ok=True)

@@ -76,8 +76,15 @@ def start_servers(
     secret: bytes | None = None,
     extra_args: list[str] | None = None,
     timeout: float = 60.0,
+    ports: list[int] | None = None,
 ) -> ServerGroup:
-    """Start one server per partition on 127.0.0.1 and wait until each is ready."""
+    """Start one server per partition on 127.0.0.1 and wait until each is ready.
+
+    ``ports`` binds partition ``p`` to ``ports[p]`` (for clients told the addresses before the
+    servers start); by default every server picks a free port.
+    """
+    if ports is not None and len(ports) != num_parts:
+        raise ValueError(f"{len(ports)} ports given for {num_parts} partitions")
     workdir.mkdir(parents=True, exist_ok=True)
     secret_file = None
     if secret is not None:
@@ -97,6 +104,7 @@ def start_servers(
                 part_config,
                 part_id,
                 ready,
+                port=ports[part_id] if ports is not None else 0,
                 num_clients=num_clients,
                 secret_file=secret_file,
                 extra_args=extra_args or (),

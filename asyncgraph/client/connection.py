@@ -83,6 +83,11 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self._conn._writable.set()
 
 
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class Connection:
     """A multiplexed, authenticated connection to one server."""
 
@@ -137,6 +142,10 @@ class Connection:
         )
         loop = asyncio.get_running_loop()
         conn._handshake = loop.create_future()
+        # The handshake's failure is raised to our caller below, except when we stopped waiting
+        # first (timeout, cancellation): mark it retrieved so asyncio does not also print
+        # "Future exception was never retrieved" for an error the caller already has.
+        conn._handshake.add_done_callback(_retrieve)
         try:
             await asyncio.wait_for(loop.create_connection(lambda: _ClientProtocol(conn), host, port), timeout)
         except (TimeoutError, OSError) as exc:

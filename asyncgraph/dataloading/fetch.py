@@ -152,4 +152,5 @@ async def sample_and_pull(
         blocks[-1].dstdata[labels] = tensors[-1]
     stats.sample += t1 - t0
     stats.pull += t2 - t1
+    stats.input_nodes += len(input_nodes)
     return Sampled(input_nodes, output_nodes, blocks, sample_time=t1 - t0, pull_time=t2 - t1)

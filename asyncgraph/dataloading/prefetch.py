@@ -37,15 +37,33 @@ _SEED_STRIDE = 1_000_003
 
 @dataclass
 class LoaderStats:
-    """Seconds spent per phase over an epoch (sample and pull run in the background)."""
+    """One epoch of a loader, in seconds: ``sample`` and ``pull`` run in the background (their sum
+    can exceed the epoch's wall time), ``wait`` is what the training loop spent blocked on the
+    next batch, ``compute`` what it spent between receiving a batch and asking for the next.
+    ``input_nodes`` counts the rows whose features were pulled. There is no feature cache in
+    asyncgraph, so there are no cache hits to report: co-located partitions are read through
+    shared memory instead.
+    """
 
+    epoch: int = -1
     batches: int = 0
     sample: float = 0.0
     pull: float = 0.0
     wait: float = 0.0
+    compute: float = 0.0
+    input_nodes: int = 0
 
     def as_dict(self) -> dict[str, float]:
-        return {"batches": self.batches, "sample": self.sample, "pull": self.pull, "wait": self.wait}
+        """The stats as a flat dict (for logs, JSON, or metrics of the trainer's choosing)."""
+        return {
+            "epoch": self.epoch,
+            "batches": self.batches,
+            "sample": self.sample,
+            "pull": self.pull,
+            "wait": self.wait,
+            "compute": self.compute,
+            "input_nodes": self.input_nodes,
+        }
 
 
 class Prefetcher(Generic[T]):
@@ -159,7 +177,7 @@ class PrefetchingLoader(Generic[T]):
 
     def _start_epoch(self) -> tuple[int, Prefetcher[T]]:
         """Fresh stats and a prefetcher over the next epoch's batches."""
-        self.stats = LoaderStats()
+        self.stats = LoaderStats(epoch=self.epoch)
         count, make = self._epoch_maker()
         return count, Prefetcher(self._loop, make, count, self.prefetch)
 
@@ -175,7 +193,9 @@ class PrefetchingLoader(Generic[T]):
                 t0 = time.perf_counter()
                 result = future.result()
                 self._received(t0)
+                handed = time.perf_counter()
                 yield result
+                self.stats.compute += time.perf_counter() - handed
         finally:
             prefetcher.cancel()
 
@@ -187,7 +207,9 @@ class PrefetchingLoader(Generic[T]):
                 t0 = time.perf_counter()
                 result = await asyncio.wrap_future(future)
                 self._received(t0)
+                handed = time.perf_counter()
                 yield result
+                self.stats.compute += time.perf_counter() - handed
         finally:
             await asyncio.to_thread(prefetcher.cancel)
 

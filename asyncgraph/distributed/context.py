@@ -15,10 +15,20 @@ from pathlib import Path
 
 from asyncgraph.client.ipconfig import IpConfig
 from asyncgraph.client.sync_client import Client
-from asyncgraph.env import ENV_IP_CONFIG, ENV_PART_CONFIG, ENV_SECRET_FILE, ENV_SERVERS
+from asyncgraph.env import (
+    ENV_CONNECT_TIMEOUT,
+    ENV_IP_CONFIG,
+    ENV_PART_CONFIG,
+    ENV_SECRET_FILE,
+    ENV_SERVERS,
+)
 from asyncgraph.errors import AsyncGraphError, InvalidRequestError
 
 _log = logging.getLogger("asyncgraph")
+
+#: Seconds ``initialize`` waits for every server when neither the argument nor
+#: ``$ASYNCGRAPH_CONNECT_TIMEOUT`` says otherwise.
+DEFAULT_CONNECT_TIMEOUT = 60.0
 
 
 @dataclass
@@ -63,7 +73,7 @@ def initialize(
     secret: bytes | None = None,
     secret_file: str | Path | None = None,
     call_timeout: float = 60.0,
-    connect_timeout: float = 30.0,
+    connect_timeout: float | None = None,
     use_shared_memory: bool = True,
 ) -> None:
     """Set up this trainer process: connect to the servers, or choose standalone mode.
@@ -79,6 +89,11 @@ def initialize(
     sampler processes) is accepted but ignored: sampling runs concurrently in each data
     loader's prefetcher (its event-loop thread), so no worker processes are needed; a value
     above 0 warns.
+
+    Trainers may start before their servers (any launcher: torchrun, srun, Kubernetes): each
+    server is retried with jittered backoff until ``connect_timeout`` seconds (default
+    ``$ASYNCGRAPH_CONNECT_TIMEOUT``, else 60) have passed, then ``ServersMissingError`` names
+    every server still unreachable. A wrong secret fails at once (``AuthenticationError``).
     """
     if _STATE.client is not None:
         raise AsyncGraphError("asyncgraph is already initialised in this process; call finalize() first")
@@ -98,9 +113,9 @@ def initialize(
     if ip_config is not None:
         servers = IpConfig.load(ip_config).addresses()
     elif os.environ.get(ENV_SERVERS):
-        servers = IpConfig.parse(
-            os.environ[ENV_SERVERS].replace(",", "\n").replace(":", " "), source=f"${ENV_SERVERS}"
-        ).addresses()
+        servers = parse_server_list(os.environ[ENV_SERVERS], source=f"${ENV_SERVERS}")
+    if connect_timeout is None:
+        connect_timeout = _env_timeout()
     if secret is None:
         secret_file = secret_file or os.environ.get(ENV_SECRET_FILE) or None
         if secret_file is not None:
@@ -121,6 +136,25 @@ def initialize(
             connect_timeout=connect_timeout,
             use_shared_memory=use_shared_memory,
         )
+
+
+def parse_server_list(text: str, source: str = "<servers>") -> list[tuple[str, int]]:
+    """``"host[:port],host[:port]"`` (commas or whitespace) as ``(host, port)`` in order."""
+    entries = text.replace(",", " ").split()
+    return IpConfig.parse("\n".join(e.replace(":", " ") for e in entries), source=source).addresses()
+
+
+def _env_timeout() -> float:
+    raw = os.environ.get(ENV_CONNECT_TIMEOUT)
+    if not raw:
+        return DEFAULT_CONNECT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise InvalidRequestError(f"${ENV_CONNECT_TIMEOUT} must be a positive number of seconds, got {raw!r}")
+    return value
 
 
 def is_standalone() -> bool:

@@ -24,7 +24,6 @@ of the graph this process is initialised for when the sizes match, else one part
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -32,6 +31,7 @@ import numpy.typing as npt
 import torch
 
 from asyncgraph.arrays import to_numpy
+from asyncgraph.env import process_rank
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, ShapeMismatchError
 from asyncgraph.partition.book import RangePartitionBook
 
@@ -81,13 +81,14 @@ def _mask_array(mask: Any) -> npt.NDArray[np.bool_]:
 
 
 def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Fill ``rank``/``world_size`` from torch.distributed, else env RANK/WORLD_SIZE, else 0/1."""
+    """Fill ``rank``/``world_size`` from torch.distributed, else the launcher's environment
+    (torchrun's RANK/WORLD_SIZE, srun's SLURM_PROCID/SLURM_NTASKS; ``env.process_rank``), else 0/1."""
     if rank is None or world_size is None:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             env_rank, env_world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         else:
-            env_rank = int(os.environ.get("RANK", "0"))
-            env_world = int(os.environ.get("WORLD_SIZE", "1"))
+            found = process_rank()
+            env_rank, env_world = found.rank, found.world_size
         rank = env_rank if rank is None else rank
         world_size = env_world if world_size is None else world_size
     if world_size < 1 or not 0 <= rank < world_size:
@@ -224,7 +225,8 @@ def node_split(
     ``mask`` is a bool array/tensor/``DistTensor`` over all global node IDs.
     ``partition_book=None`` means the mask's (or the initialised graph's) book, else one
     partition. ``rank``/``world_size`` default to torch.distributed (if initialised), else the
-    RANK/WORLD_SIZE environment variables, else 0/1. See the module docstring for the
+    launcher's environment (torchrun or srun, see ``asyncgraph.env.process_rank``), else 0/1.
+    See the module docstring for the
     assignment; it is deterministic, so ``seed`` is accepted for DGL-style call sites only and
     does not change the result. ``node_trainer_ids`` (DGL's; e.g. ``g.ndata["trainer_id"]``
     written by ``partition_graph(..., num_trainers_per_machine=T)``) orders each partition's IDs

@@ -10,6 +10,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from asyncgraph.malloc import retain_large_allocations
 from asyncgraph.partition import load_partition
@@ -18,6 +19,9 @@ from asyncgraph.server.handlers import RequestHandlers
 from asyncgraph.server.transport import ServerConnection
 from asyncgraph.storage.fdpass import FdExporter
 from asyncgraph.storage.store import PartitionStore
+
+if TYPE_CHECKING:
+    from asyncgraph.server.metrics import ServerMetrics
 
 log = logging.getLogger("asyncgraph.server")
 
@@ -36,6 +40,10 @@ class ServerOptions:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_inflight: int = 64
     shared_memory: bool = True
+    #: Serve Prometheus metrics on this port (0: a free one, reported in the ready file and
+    #: the log); None: no metrics.
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
 
 
 class GraphServer:
@@ -49,6 +57,8 @@ class GraphServer:
         self._server: asyncio.base_events.Server | None = None
         self._stopped = asyncio.Event()
         self.address: tuple[str, int] | None = None
+        self.metrics: ServerMetrics | None = None
+        self.connections: set[ServerConnection] = set()
 
     async def start(self) -> tuple[str, int]:
         opts = self.options
@@ -65,14 +75,26 @@ class GraphServer:
             self.exporter = FdExporter(self.store, label=f"{graph_name}.p{opts.part_id}")
             await self.exporter.start()
             shm_address, shm_token = self.exporter.address, self.exporter.token
+        if opts.metrics_port is not None:
+            from asyncgraph.server.metrics import ServerMetrics
+
+            self.metrics = ServerMetrics(part_id=opts.part_id, store=lambda: self.store)
+            live = self.connections
+            self.metrics.watch(
+                inflight=lambda: sum(c.inflight for c in list(live)),
+                paused=lambda: sum(c.read_paused for c in list(live)),
+            )
+        metrics = self.metrics
         self.handlers = RequestHandlers(
             self.store,
             num_clients=opts.num_clients,
             shm_address=shm_address,
             shm_token=shm_token,
             on_shutdown=self.stop,
+            metrics=metrics,
         )
         handlers = self.handlers
+        connections = self.connections
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: ServerConnection(
@@ -82,6 +104,8 @@ class GraphServer:
                 secret=opts.secret,
                 max_frame_size=opts.max_frame_size,
                 max_inflight=opts.max_inflight,
+                metrics=metrics,
+                live=connections,
             ),
             host=opts.host,
             port=opts.port,
@@ -98,8 +122,14 @@ class GraphServer:
             time.perf_counter() - t0,
             opts.num_clients,
         )
+        metrics_port = None
+        if metrics is not None and opts.metrics_port is not None:
+            metrics_port = metrics.start_http(opts.metrics_host, opts.metrics_port)
+            log.info("metrics on http://%s:%d/metrics", opts.metrics_host, metrics_port)
         if opts.ready_file is not None:
-            write_ready_file(opts.ready_file, self.address[0], self.address[1], opts.part_id)
+            write_ready_file(
+                opts.ready_file, self.address[0], self.address[1], opts.part_id, metrics_port=metrics_port
+            )
         return self.address
 
     def stop(self) -> None:
@@ -113,6 +143,8 @@ class GraphServer:
         if self._server is not None:
             self._server.close()
             self._server = None
+        if self.metrics is not None:
+            self.metrics.stop_http()
         if self.exporter is not None:
             await self.exporter.close()
             self.exporter = None
@@ -122,10 +154,15 @@ class GraphServer:
         log.info("server stopped")
 
 
-def write_ready_file(path: Path, host: str, port: int, part_id: int) -> None:
-    """Atomically publish the bound address, for launchers and tests waiting on start-up."""
+def write_ready_file(
+    path: Path, host: str, port: int, part_id: int, *, metrics_port: int | None = None
+) -> None:
+    """Atomically publish the bound address (and metrics port), for launchers and tests."""
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"host": host, "port": port, "part_id": part_id, "pid": os.getpid()}))
+    info: dict[str, object] = {"host": host, "port": port, "part_id": part_id, "pid": os.getpid()}
+    if metrics_port is not None:
+        info["metrics_port"] = metrics_port
+    tmp.write_text(json.dumps(info))
     os.replace(tmp, path)
 
 

@@ -14,7 +14,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from asyncgraph.protocol.ops import (
 )
 from asyncgraph.service.local import PartitionService
 from asyncgraph.storage.store import PartitionStore
+
+if TYPE_CHECKING:
+    from asyncgraph.server.metrics import ServerMetrics
 
 Handler = Callable[[Mapping[str, Any]], Any]
 
@@ -91,8 +94,10 @@ class RequestHandlers:
         shm_address: str | None = None,
         shm_token: bytes | None = None,
         on_shutdown: Callable[[], None] | None = None,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self.store = store
+        self.metrics = metrics
         shm = (
             {"address": shm_address, "token": shm_token}
             if shm_address is not None and shm_token is not None
@@ -154,11 +159,16 @@ class RequestHandlers:
     # --- tensors ------------------------------------------------------------------------
     def pull(self, args: Mapping[str, Any]) -> np.ndarray:
         a = PullArgs.decode(args)
-        return self.partition.pull(a.name, a.ids)
+        rows = self.partition.pull(a.name, a.ids)
+        if self.metrics is not None:
+            self.metrics.rows_out += len(rows)
+        return rows
 
     def push(self, args: Mapping[str, Any]) -> None:
         a = PushArgs.decode(args)
         self.partition.push(a.name, a.ids, a.values, a.op)
+        if self.metrics is not None:
+            self.metrics.rows_in += len(a.ids)
 
     def create_tensor(self, args: Mapping[str, Any]) -> dict[str, Any]:
         a = CreateTensorArgs.decode(args)
@@ -204,3 +214,5 @@ class RequestHandlers:
         """One Adagrad/Adam step on owned rows, applied here under the store's write lock."""
         a = SparseUpdateArgs.decode(args)
         self.partition.sparse_update(a.name, a.ids, a.grads, a.spec)
+        if self.metrics is not None:
+            self.metrics.rows_in += len(a.ids)
