@@ -37,7 +37,9 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
     """Mini-batches of seed nodes with sampled blocks, input features and labels.
 
     Yields ``MiniBatch`` objects that unpack to ``(input_nodes, seeds, blocks)``; features are in
-    ``blocks[0].srcdata[name]`` and labels in ``blocks[-1].dstdata["label"]``.
+    ``blocks[0].srcdata[name]`` and labels in ``blocks[-1].dstdata["label"]``. With ``device=``
+    every tensor of a batch arrives on that device (copied in the background unless
+    ``overlap=False``; see ``dataloading/device.py``).
     """
 
     def __init__(
@@ -52,10 +54,14 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
         node_feats: Sequence[str] = ("feat",),
         labels: str | None = "label",
         seed: int | None = None,
+        device: str | torch.device | None = None,
+        overlap: bool = True,
     ) -> None:
         client = client_of(g)
         self.nids = mask_or_ids(nids).astype(np.int64, copy=False)
-        super().__init__(client.loop, self.nids.size, batch_size, shuffle, drop_last, prefetch, seed)
+        super().__init__(
+            client.loop, self.nids.size, batch_size, shuffle, drop_last, prefetch, seed, device, overlap
+        )
         self.client = client
         self.aio: AsyncClient = client.aio
         self.sampler = sampler
