@@ -7,6 +7,13 @@ environment. Every line a process prints is prefixed with its role and rank. Whe
 fails, on Ctrl-C, or when every trainer has finished, it stops every process it started and exits
 with the failing process's status (0 when all trainers succeeded).
 
+With ``--num-gpus-per-host N`` (or ``auto``: ``torch.cuda.device_count()`` on this host) there
+is one trainer per GPU: ``N`` trainers per partition (one partition per host, as DGL deploys),
+trainer ``LOCAL_RANK`` uses ``cuda:LOCAL_RANK``, and ``ASYNCGRAPH_DDP_BACKEND=nccl``; otherwise
+trainers get ``cpu`` and ``gloo``. ``auto`` on a host without GPUs is an error (use
+``--num-trainers`` for CPU trainers). ``OMP_NUM_THREADS`` defaults to the host's cores shared
+among its trainers (:func:`default_omp_threads`) unless already set.
+
 With ``--ip-config`` naming other hosts, servers and trainers are started there with ``ssh``
 (key-based, non-interactive), in the same working directory; the secret file must be reachable
 at the same path on every host (a shared file system, as DGL's launcher assumes).
@@ -33,7 +40,7 @@ from pathlib import Path
 from typing import IO
 
 from asyncgraph.client.ipconfig import IpConfig
-from asyncgraph.env import ENV_IP_CONFIG, ENV_PART_CONFIG, ENV_SECRET_FILE
+from asyncgraph.env import ENV_DDP_BACKEND, ENV_DEVICE, ENV_IP_CONFIG, ENV_PART_CONFIG, ENV_SECRET_FILE
 from asyncgraph.partition.config import PartitionConfig
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", socket.gethostname()}
@@ -44,6 +51,43 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def default_omp_threads(cores: int, trainers_per_host: int) -> int:
+    """Intra-op threads per trainer: the host's cores shared evenly among its trainers (>= 1)."""
+    return max(1, cores // max(1, trainers_per_host))
+
+
+def detect_gpus() -> int:
+    """CUDA devices visible on this host (0 without torch or CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def parse_gpus(value: str | None) -> int | None:
+    """``--num-gpus-per-host``: ``None`` (not given), ``auto`` (detected here) or a count >= 1.
+
+    Raises ``ValueError`` naming the problem for a bad count or ``auto`` without GPUs.
+    """
+    if value is None:
+        return None
+    if value == "auto":
+        found = detect_gpus()
+        if found == 0:
+            raise ValueError(
+                "--num-gpus-per-host auto: no CUDA device on this host; use --num-trainers for CPU trainers"
+            )
+        return found
+    try:
+        count = int(value)
+    except ValueError:
+        raise ValueError(f"--num-gpus-per-host must be 'auto' or an integer, got {value!r}") from None
+    if count < 1:
+        raise ValueError(f"--num-gpus-per-host must be at least 1 (or 'auto'), got {count}")
+    return count
 
 
 def server_argv(
@@ -235,7 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--part-config", type=Path, required=True, help="partition JSON written by partition_graph"
     )
-    parser.add_argument("--num-trainers", type=int, default=1, help="trainers per partition")
+    parser.add_argument("--num-trainers", type=int, default=None, help="trainers per partition (default 1)")
+    parser.add_argument(
+        "--num-gpus-per-host",
+        default=None,
+        help="one trainer per GPU: a count or 'auto' (torch.cuda.device_count() here); sets nccl",
+    )
     parser.add_argument(
         "--ip-config", type=Path, help="servers' hosts (and ports) in partition order; default local"
     )
@@ -253,13 +302,26 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         print("launch: give the trainer command after --", file=sys.stderr)
         return 2
-    if args.num_trainers < 1:
+    try:
+        gpus = parse_gpus(args.num_gpus_per_host)
+    except ValueError as exc:
+        print(f"launch: {exc}", file=sys.stderr)
+        return 2
+    if gpus is not None and args.num_trainers not in (None, gpus):
+        print(
+            f"launch: --num-trainers {args.num_trainers} contradicts --num-gpus-per-host {gpus} "
+            "(one trainer per GPU)",
+            file=sys.stderr,
+        )
+        return 2
+    num_trainers = gpus if gpus is not None else (1 if args.num_trainers is None else args.num_trainers)
+    if num_trainers < 1:
         print("launch: --num-trainers must be at least 1", file=sys.stderr)
         return 2
     part_config = args.part_config.resolve()
     config = PartitionConfig.load(part_config)
     num_parts = config.num_parts
-    world_size = num_parts * args.num_trainers
+    world_size = num_parts * num_trainers
     hosts: list[tuple[str, int]]
     if args.ip_config is not None:
         hosts = IpConfig.load(args.ip_config).addresses()
@@ -316,8 +378,15 @@ def main(argv: list[str] | None = None) -> int:
         master_addr = hosts[0][0] if hosts[0][0] not in LOCAL_HOSTS else "127.0.0.1"
         master_port = free_port()
         trainers: list[Proc] = []
+        per_host: dict[str, int] = {}
+        for host, _ in hosts:
+            key = "local" if host in LOCAL_HOSTS else host
+            per_host[key] = per_host.get(key, 0) + num_trainers
         for rank in range(world_size):
-            part_id = rank // args.num_trainers
+            part_id = rank // num_trainers
+            local_rank = rank % num_trainers
+            host = hosts[part_id][0]
+            on_host = per_host["local" if host in LOCAL_HOSTS else host]
             env = {
                 ENV_IP_CONFIG: str(ip_config),
                 ENV_SECRET_FILE: str(secret_file),
@@ -326,12 +395,15 @@ def main(argv: list[str] | None = None) -> int:
                 "MASTER_PORT": str(master_port),
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world_size),
-                "LOCAL_RANK": str(rank % args.num_trainers),
+                "LOCAL_RANK": str(local_rank),
+                ENV_DDP_BACKEND: "nccl" if gpus is not None else "gloo",
+                ENV_DEVICE: f"cuda:{local_rank}" if gpus is not None else "cpu",
                 "ASYNCGRAPH_ROLE": "trainer",
                 "ASYNCGRAPH_PART_ID": str(part_id),
                 "PYTHONUNBUFFERED": "1",
             }
-            host = hosts[part_id][0]
+            if "OMP_NUM_THREADS" not in os.environ:  # remote hosts assumed alike
+                env["OMP_NUM_THREADS"] = str(default_omp_threads(os.cpu_count() or 1, on_host))
             if host in LOCAL_HOSTS:
                 trainers.append(launcher.spawn("trainer", rank, command, {**base_env, **env}))
             else:

@@ -5,6 +5,7 @@ from .embedding import DistEmbedding
 from .graph import DistGraph, TensorView
 from .optim import SparseAdagrad, SparseAdam, SparseOptimizer
 from .tensor import DistTensor, Initializer, normal_init, uniform_init, zeros_init
+from .trainers import ddp_backend, spawn_trainers, trainer_device
 
 __all__ = [
     "DistEmbedding",
@@ -16,12 +17,15 @@ __all__ = [
     "SparseOptimizer",
     "TensorView",
     "barrier",
+    "ddp_backend",
     "finalize",
     "get_client",
     "initialize",
     "is_standalone",
     "normal_init",
     "shutdown_servers",
+    "spawn_trainers",
+    "trainer_device",
     "uniform_init",
     "zeros_init",
 ]
