@@ -139,3 +139,17 @@ def test_launcher_gpu_option_errors(cora2) -> None:
     if not torch.cuda.is_available():
         auto = _launch(cora2.part_config, "--num-gpus-per-host", "auto")
         assert auto.returncode == 2 and "no CUDA device" in auto.stderr
+
+
+def test_multi_gpu_example_runs_on_cpu_with_autocast(cora2) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCGRAPH_") and k != "OMP_NUM_THREADS"}
+    env["PYTHONPATH"] = str(ROOT)
+    cmd = [
+        sys.executable, str(ROOT / "examples" / "multi_gpu.py"), "--part-config", str(cora2.part_config),
+        "--device", "cpu", "--num-trainers", "2", "--epochs", "2", "--amp",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    assert result["world_size"] == 2 and result["device"] == "cpu"
+    assert result["val_acc"] > 0.3  # 7 classes: well above chance after 2 epochs
