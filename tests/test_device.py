@@ -139,6 +139,22 @@ def test_node_loader_on_cpu_device_gives_the_same_batches(graph: DistGraph) -> N
     _assert_same(plain, _node_batches(graph, device=torch.device("cpu"), overlap=False), "cpu")
 
 
+def test_async_iteration_and_no_prefetch_on_cpu_device(graph: DistGraph) -> None:
+    import asyncio
+
+    nids = np.arange(0, graph.num_nodes(), 97)
+
+    async def collect(loader: DistNodeDataLoader) -> list[list[torch.Tensor]]:
+        return [_flat([b.input_nodes, b.seeds, b.blocks]) async for b in loader]
+
+    def loader(**kw: Any) -> DistNodeDataLoader:
+        return DistNodeDataLoader(graph, nids, NeighborSampler([3]), 50, seed=5, **kw)
+
+    plain = asyncio.run(collect(loader(prefetch=0)))
+    _assert_same(plain, asyncio.run(collect(loader(prefetch=0, device="cpu"))), "cpu")
+    _assert_same(plain, asyncio.run(collect(loader(prefetch=3, device="cpu"))), "cpu")
+
+
 def test_edge_loader_on_cpu_device_gives_the_same_batches(graph: DistGraph) -> None:
     def run(**kw: Any) -> list[list[torch.Tensor]]:
         loader = DistEdgeDataLoader(
