@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 __all__ = [
     "ENV_CONNECT_TIMEOUT",
+    "ENV_DDP_BACKEND",
+    "ENV_DEVICE",
     "ENV_IP_CONFIG",
     "ENV_MALLOC_TUNING",
     "ENV_PART_CONFIG",
@@ -30,6 +32,11 @@ ENV_SECRET_FILE = "ASYNCGRAPH_SECRET_FILE"
 ENV_PART_CONFIG = "ASYNCGRAPH_PART_CONFIG"
 #: "0" leaves glibc malloc's thresholds alone (see ``asyncgraph.storage.malloc``).
 ENV_MALLOC_TUNING = "ASYNCGRAPH_MALLOC_TUNING"
+#: torch.distributed backend the launcher chose for the trainers: "nccl" (GPUs) or "gloo".
+ENV_DDP_BACKEND = "ASYNCGRAPH_DDP_BACKEND"
+#: The trainer's torch device ("cuda:<LOCAL_RANK>" or "cpu"), set by the launcher and spawn_trainers.
+ENV_DEVICE = "ASYNCGRAPH_DEVICE"
+
 #: Seconds ``initialize`` keeps retrying to reach every server before it gives up.
 ENV_CONNECT_TIMEOUT = "ASYNCGRAPH_CONNECT_TIMEOUT"
 

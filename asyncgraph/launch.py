@@ -9,6 +9,12 @@ with the failing process's status (0 when all trainers succeeded). Unless ``OMP_
 set, each trainer gets ``OMP_NUM_THREADS`` = its host's cores / trainers on that host (at least 1),
 as torchrun does, so co-located trainers do not oversubscribe the cores.
 
+With ``--num-gpus-per-host N`` (or ``auto``: ``torch.cuda.device_count()`` on this host) there
+is one trainer per GPU: ``N`` trainers per partition (one partition per host, as DGL deploys),
+trainer ``LOCAL_RANK`` uses ``cuda:LOCAL_RANK``, and ``ASYNCGRAPH_DDP_BACKEND=nccl``; otherwise
+trainers get ``cpu`` and ``gloo``. ``auto`` on a host without GPUs is an error (use
+``--num-trainers`` for CPU trainers).
+
 With ``--ip-config`` naming other hosts, servers and trainers are started there with ``ssh``
 (key-based, non-interactive), in the same working directory; the secret file must be reachable
 at the same path on every host (a shared file system, as DGL's launcher assumes).
@@ -36,7 +42,7 @@ from typing import IO
 
 from asyncgraph.cli import CliError, Parser, configure_logging, part_config_checked, run_main
 from asyncgraph.client.ipconfig import IpConfig
-from asyncgraph.env import ENV_IP_CONFIG, ENV_PART_CONFIG, ENV_SECRET_FILE
+from asyncgraph.env import ENV_DDP_BACKEND, ENV_DEVICE, ENV_IP_CONFIG, ENV_PART_CONFIG, ENV_SECRET_FILE
 from asyncgraph.partition.config import PartitionConfig
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", socket.gethostname()}
@@ -47,6 +53,38 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def detect_gpus() -> int:
+    """CUDA devices visible on this host (0 without torch or CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def parse_gpus(value: str | None) -> int | None:
+    """``--num-gpus-per-host``: ``None`` (not given), ``auto`` (detected here) or a count >= 1.
+
+    Raises ``ValueError`` naming the problem for a bad count or ``auto`` without GPUs.
+    """
+    if value is None:
+        return None
+    if value == "auto":
+        found = detect_gpus()
+        if found == 0:
+            raise ValueError(
+                "--num-gpus-per-host auto: no CUDA device on this host; use --num-trainers for CPU trainers"
+            )
+        return found
+    try:
+        count = int(value)
+    except ValueError:
+        raise ValueError(f"--num-gpus-per-host must be 'auto' or an integer, got {value!r}") from None
+    if count < 1:
+        raise ValueError(f"--num-gpus-per-host must be at least 1 (or 'auto'), got {count}")
+    return count
 
 
 def server_argv(
@@ -294,7 +332,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--part-config", type=Path, required=True, help="partition JSON written by partition_graph"
     )
-    parser.add_argument("--num-trainers", type=int, default=1, help="trainers per partition")
+    parser.add_argument("--num-trainers", type=int, default=None, help="trainers per partition (default 1)")
+    parser.add_argument(
+        "--num-gpus-per-host",
+        default=None,
+        help="one trainer per GPU: a count or 'auto' (torch.cuda.device_count() here); sets nccl",
+    )
     parser.add_argument(
         "--num-servers",
         type=int,
@@ -328,14 +371,23 @@ def _launch(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise CliError("give the trainer command after --")
-    if args.num_trainers < 1:
-        raise CliError("--num-trainers must be at least 1")
     if args.num_servers != 1:
         raise CliError(f"--num-servers {args.num_servers}: asyncgraph runs one server per partition (use 1)")
+    try:
+        gpus = parse_gpus(args.num_gpus_per_host)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if gpus is not None and args.num_trainers not in (None, gpus):
+        raise CliError(
+            f"--num-trainers {args.num_trainers} contradicts --num-gpus-per-host {gpus} (one trainer per GPU)"
+        )
+    num_trainers = gpus if gpus is not None else (1 if args.num_trainers is None else args.num_trainers)
+    if num_trainers < 1:
+        raise CliError("--num-trainers must be at least 1")
     part_config = args.part_config.resolve()
     config: PartitionConfig = part_config_checked(part_config)
     num_parts = config.num_parts
-    world_size = num_parts * args.num_trainers
+    world_size = num_parts * num_trainers
     hosts: list[tuple[str, int]]
     if args.ip_config is not None:
         if not args.ip_config.is_file():
@@ -391,7 +443,7 @@ def _launch(args: argparse.Namespace) -> int:
         ip_config.write_text(IpConfig.parse("\n".join(f"{h} {p}" for h, p in addresses)).dump())
         master_addr = hosts[0][0] if hosts[0][0] not in LOCAL_HOSTS else "127.0.0.1"
         master_port = free_port()
-        trainer_hosts = [hosts[rank // args.num_trainers][0] for rank in range(world_size)]
+        trainer_hosts = [hosts[rank // num_trainers][0] for rank in range(world_size)]
         local_count = sum(h in LOCAL_HOSTS for h in trainer_hosts)
         user_omp = OMP_ENV in base_env
         local_omp = str(omp_threads(local_cores(), local_count))
@@ -404,7 +456,9 @@ def _launch(args: argparse.Namespace) -> int:
             )
         trainers: list[Proc] = []
         for rank in range(world_size):
-            part_id = rank // args.num_trainers
+            part_id = rank // num_trainers
+            local_rank = rank % num_trainers
+            host = hosts[part_id][0]
             env = {
                 ENV_IP_CONFIG: str(ip_config),
                 ENV_SECRET_FILE: str(secret_file),
@@ -413,12 +467,13 @@ def _launch(args: argparse.Namespace) -> int:
                 "MASTER_PORT": str(master_port),
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world_size),
-                "LOCAL_RANK": str(rank % args.num_trainers),
+                "LOCAL_RANK": str(local_rank),
+                ENV_DDP_BACKEND: "nccl" if gpus is not None else "gloo",
+                ENV_DEVICE: f"cuda:{local_rank}" if gpus is not None else "cpu",
                 "ASYNCGRAPH_ROLE": "trainer",
                 "ASYNCGRAPH_PART_ID": str(part_id),
                 "PYTHONUNBUFFERED": "1",
             }
-            host = hosts[part_id][0]
             if host in LOCAL_HOSTS:
                 if not user_omp:
                     env[OMP_ENV] = local_omp

@@ -70,8 +70,16 @@ class Block:
         Row ``d`` holds the local sources of destination ``d``'s in-edges, in edge order. Built
         in numpy on first use (loaders call it while preparing a batch, off the training loop);
         sampled edges come grouped by destination per partition, so the stable sort is a merge.
+        A block on an accelerator builds it there with torch ops (no host round trip).
         """
         cached: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = self._cache.get("csr")
+        if cached is None and self.edge_index.device.type != "cpu":  # built where the edges are
+            src_t, dst_t = self.edge_index[0], self.edge_index[1]
+            deg_t = torch.bincount(dst_t, minlength=self.num_dst_nodes)
+            crow_t = torch.cat([deg_t.new_zeros(1), torch.cumsum(deg_t, 0)])
+            col_t = src_t[torch.sort(dst_t, stable=True).indices]
+            cached = (crow_t, col_t, deg_t)
+            self._cache["csr"] = cached
         if cached is None:
             src = self.edge_index[0].cpu().numpy()
             dst = self.edge_index[1].cpu().numpy()
@@ -85,16 +93,20 @@ class Block:
         assert cached is not None
         return cached
 
-    def to(self, device: torch.device | str) -> Block:
-        """A copy with every tensor (IDs, edges, features) on ``device``."""
-        return Block(
-            srcnodes=self.srcnodes.to(device),
-            dstnodes=self.dstnodes.to(device),
-            edge_index=self.edge_index.to(device),
-            eids=self.eids.to(device),
-            srcdata={k: v.to(device) for k, v in self.srcdata.items()},
-            dstdata={k: v.to(device) for k, v in self.dstdata.items()},
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Block:
+        """A copy with every tensor (IDs, edges, features, the cached CSR) on ``device``."""
+        out = Block(
+            srcnodes=self.srcnodes.to(device, non_blocking=non_blocking),
+            dstnodes=self.dstnodes.to(device, non_blocking=non_blocking),
+            edge_index=self.edge_index.to(device, non_blocking=non_blocking),
+            eids=self.eids.to(device, non_blocking=non_blocking),
+            srcdata={k: v.to(device, non_blocking=non_blocking) for k, v in self.srcdata.items()},
+            dstdata={k: v.to(device, non_blocking=non_blocking) for k, v in self.dstdata.items()},
         )
+        csr = self._cache.get("csr")
+        if csr is not None:
+            out._cache["csr"] = tuple(t.to(device, non_blocking=non_blocking) for t in csr)
+        return out
 
     def __repr__(self) -> str:
         return (

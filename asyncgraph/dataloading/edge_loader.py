@@ -95,7 +95,8 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
     Per batch: the edges' endpoints are found, negative pairs added by ``negative_sampler``, the
     unique endpoints become the seeds whose blocks ``sampler`` samples (with ``exclude="self"``
     the batch's own edges are dropped from every block), and ``node_feats`` are pulled into
-    ``blocks[0].srcdata``. Yields ``EdgeMiniBatch`` objects.
+    ``blocks[0].srcdata``. Yields ``EdgeMiniBatch`` objects, on ``device`` when given (copied in
+    the background unless ``overlap=False``).
     """
 
     def __init__(
@@ -111,13 +112,17 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
         exclude: str | None = None,
         node_feats: Sequence[str] | Auto = AUTO,
         seed: int | None = None,
+        device: str | torch.device | None = None,
+        overlap: bool = True,
     ) -> None:
         client = client_of(g)
         if exclude not in (None, "self"):
             raise InvalidRequestError(f"exclude must be None or 'self', got {exclude!r}")
         self.eids = as_id_array(mask_or_ids(eids), "eids")
         client.book.owner(self.eids, "edge")  # OutOfRangeError now rather than mid-epoch
-        super().__init__(client.loop, self.eids.size, batch_size, shuffle, drop_last, prefetch, seed)
+        super().__init__(
+            client.loop, self.eids.size, batch_size, shuffle, drop_last, prefetch, seed, device, overlap
+        )
         self.client = client
         self.aio: AsyncClient = client.aio
         self.sampler = sampler

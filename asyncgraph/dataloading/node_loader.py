@@ -48,6 +48,8 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
     ``blocks[-1].dstdata[labels]``. A named tensor the graph lacks raises ``UnknownTensorError``
     (listing the node tensors it has) here. Left at their defaults, ``"feat"`` and ``"label"``
     are fetched if the graph has them; DGL-style code reads ``g.ndata[name][input_nodes]`` itself.
+    With ``device=`` every tensor of a batch arrives on that device (copied in the background
+    unless ``overlap=False``; see ``dataloading/device.py``).
     """
 
     def __init__(
@@ -62,10 +64,14 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
         node_feats: Sequence[str] | Auto = AUTO,
         labels: str | Auto | None = AUTO,
         seed: int | None = None,
+        device: str | torch.device | None = None,
+        overlap: bool = True,
     ) -> None:
         client = client_of(g)
         self.nids = mask_or_ids(nids).astype(np.int64, copy=False)
-        super().__init__(client.loop, self.nids.size, batch_size, shuffle, drop_last, prefetch, seed)
+        super().__init__(
+            client.loop, self.nids.size, batch_size, shuffle, drop_last, prefetch, seed, device, overlap
+        )
         self.client = client
         self.aio: AsyncClient = client.aio
         self.sampler = sampler

@@ -19,6 +19,7 @@ from .queries import EdgePartitionPolicy, NodePartitionPolicy
 from .sampling import find_edges, in_subgraph, sample_neighbors
 from .split import edge_split, node_split
 from .tensor import DistTensor, Initializer, normal_init, uniform_init, zeros_init
+from .trainers import ddp_backend, spawn_trainers, trainer_device
 
 if TYPE_CHECKING:
     from asyncgraph.dataloading.edge_loader import DistEdgeDataLoader
@@ -48,6 +49,7 @@ __all__ = [
     "SparseOptimizer",
     "TensorView",
     "barrier",
+    "ddp_backend",
     "edge_split",
     "exit_client",
     "finalize",
@@ -64,6 +66,8 @@ __all__ = [
     "partition_graph",
     "sample_neighbors",
     "shutdown_servers",
+    "spawn_trainers",
+    "trainer_device",
     "uniform_init",
     "zeros_init",
 ]
