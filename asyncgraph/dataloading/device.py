@@ -8,11 +8,12 @@ training loop receives the batch its current stream waits on that event (no host
 device buffer is ``record_stream``-ed on that stream, so the caching allocator does not hand
 its memory out again before the training loop's kernels using it have run.
 
-Staging buffers are pinned when the target is a CUDA device (so the copy is a true asynchronous
-DMA; never on a CPU-only machine) and reused: the pool keeps ``slots`` of them (the loader's
-prefetch depth + 1), grows a buffer when a batch is larger, and adds a slot when every one is
-in use. A slot goes back to the pool once its copy has been queued; the next user waits on the copy's event before overwriting it. Tensors are
-packed into the slot with one ``memcpy`` each (the pulls still land in their own numpy buffers).
+Staging buffers are pinned when the target is a CUDA device (so the copy is a true asynchronous DMA;
+never on a CPU-only machine) and reused: the pool keeps ``slots`` of them (the loader's prefetch
+depth + 1), grows a buffer when a batch is larger, and adds a slot when every one is in use. A slot
+goes back to the pool once its copy has been queued; the next user waits on the copy's event before
+overwriting it. Tensors are packed into the slot with one ``memcpy`` each (the pulls still land in
+their own numpy buffers).
 
 With ``device="cpu"`` the same pack → copy → unpack runs with no stream, no event and no pinning
 (the result never aliases the staging buffer). ``overlap=False`` copies synchronously on the
