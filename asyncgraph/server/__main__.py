@@ -24,10 +24,24 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
     parser.add_argument("--max-frame-size", type=int, default=DEFAULT_MAX_FRAME_SIZE)
     parser.add_argument("--max-inflight", type=int, default=64, help="async requests per connection")
     parser.add_argument("--no-shared-memory", action="store_true", help="serve over TCP only")
+    parser.add_argument(
+        "--state-dir", type=Path, help="keep snapshots (and the WAL) here; restore from it on start"
+    )
+    parser.add_argument("--wal", action="store_true", help="log every acknowledged write (needs --state-dir)")
+    parser.add_argument(
+        "--wal-fsync",
+        choices=("always", "interval"),
+        default="always",
+        help="always: fsync before each reply (survives power loss); interval: fsync every "
+        "--wal-fsync-interval s (survives a process crash; a power loss may lose that interval)",
+    )
+    parser.add_argument("--wal-fsync-interval", type=float, default=0.05)
     parser.add_argument("--log-level", default="INFO")
     ns = parser.parse_args(argv)
     if ns.num_clients < 1:
         parser.error("--num-clients must be at least 1")
+    if ns.wal and ns.state_dir is None:
+        parser.error("--wal needs --state-dir")
     secret = ns.secret_file.read_bytes().strip() if ns.secret_file else None
     if secret is not None and not secret:
         parser.error(f"--secret-file {ns.secret_file} is empty")
@@ -47,6 +61,10 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         max_frame_size=ns.max_frame_size,
         max_inflight=ns.max_inflight,
         shared_memory=not ns.no_shared_memory,
+        state_dir=ns.state_dir,
+        wal=ns.wal,
+        wal_fsync=ns.wal_fsync,
+        wal_fsync_interval=ns.wal_fsync_interval,
     )
 
 

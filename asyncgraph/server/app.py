@@ -14,6 +14,7 @@ from pathlib import Path
 from asyncgraph.malloc import retain_large_allocations
 from asyncgraph.partition import load_partition
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
+from asyncgraph.server.durable import DurableState, FsyncPolicy
 from asyncgraph.server.handlers import RequestHandlers
 from asyncgraph.server.transport import ServerConnection
 from asyncgraph.storage.fdpass import FdExporter
@@ -36,6 +37,10 @@ class ServerOptions:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_inflight: int = 64
     shared_memory: bool = True
+    state_dir: Path | None = None
+    wal: bool = False
+    wal_fsync: FsyncPolicy = "always"
+    wal_fsync_interval: float = 0.05
 
 
 class GraphServer:
@@ -46,6 +51,8 @@ class GraphServer:
         self.store: PartitionStore | None = None
         self.exporter: FdExporter | None = None
         self.handlers: RequestHandlers | None = None
+        self.durable: DurableState | None = None
+        self._syncer: asyncio.Task[None] | None = None
         self._server: asyncio.base_events.Server | None = None
         self._stopped = asyncio.Event()
         self.address: tuple[str, int] | None = None
@@ -65,14 +72,38 @@ class GraphServer:
             self.exporter = FdExporter(self.store, label=f"{graph_name}.p{opts.part_id}")
             await self.exporter.start()
             shm_address, shm_token = self.exporter.address, self.exporter.token
+        if opts.state_dir is not None:
+            self.durable = DurableState(
+                opts.state_dir,
+                opts.part_id,
+                wal=opts.wal,
+                fsync=opts.wal_fsync,
+                fsync_interval=opts.wal_fsync_interval,
+            )
         self.handlers = RequestHandlers(
             self.store,
             num_clients=opts.num_clients,
             shm_address=shm_address,
             shm_token=shm_token,
             on_shutdown=self.stop,
+            durable=self.durable,
         )
         handlers = self.handlers
+        if self.durable is not None:
+            base, replayed = self.durable.restore(self.store, handlers.replay)
+            log.info(
+                "state %s: restored snapshot epoch %d, replayed %d logged writes (WAL %s)",
+                self.durable.dir.path,
+                base,
+                replayed,
+                f"on, fsync {opts.wal_fsync}" if opts.wal else "off",
+            )
+            if handlers.partition.shm is not None and opts.wal:
+                # Writes through shared memory would bypass the log: co-located clients must
+                # send them to the server (reads still go through shared memory).
+                handlers.partition.shm["writes_via_server"] = True
+            if opts.wal and opts.wal_fsync == "interval":
+                self._syncer = asyncio.ensure_future(self._sync_periodically(opts.wal_fsync_interval))
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: ServerConnection(
@@ -105,6 +136,13 @@ class GraphServer:
     def stop(self) -> None:
         self._stopped.set()
 
+    async def _sync_periodically(self, interval: float) -> None:
+        """``--wal-fsync interval``: fsync the log at least every ``interval`` seconds."""
+        while self.durable is not None:
+            await asyncio.sleep(interval)
+            if self.durable is not None:
+                self.durable.sync()
+
     async def serve_until_stopped(self) -> None:
         await self._stopped.wait()
         await self.close()
@@ -113,6 +151,12 @@ class GraphServer:
         if self._server is not None:
             self._server.close()
             self._server = None
+        if self._syncer is not None:
+            self._syncer.cancel()
+            self._syncer = None
+        if self.durable is not None:
+            self.durable.close()
+            self.durable = None
         if self.exporter is not None:
             await self.exporter.close()
             self.exporter = None

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from asyncgraph.errors import BarrierTimeoutError, UnknownOpError
+from asyncgraph.errors import BarrierTimeoutError, InvalidRequestError, UnknownOpError
 from asyncgraph.protocol.ops import (
     BarrierArgs,
     CreateTensorArgs,
@@ -28,8 +29,11 @@ from asyncgraph.protocol.ops import (
     PullArgs,
     PushArgs,
     SampleArgs,
+    SnapshotArgs,
     SparseUpdateArgs,
+    request_id,
 )
+from asyncgraph.server.durable import DurableState, RequestLog
 from asyncgraph.service.local import PartitionService
 from asyncgraph.storage.store import PartitionStore
 
@@ -88,8 +92,13 @@ class RequestHandlers:
         shm_address: str | None = None,
         shm_token: bytes | None = None,
         on_shutdown: Callable[[], None] | None = None,
+        durable: DurableState | None = None,
     ) -> None:
         self.store = store
+        self.durable = durable
+        self.requests = durable.requests if durable is not None else RequestLog()
+        #: Changes at every start: clients compare it to learn that the server restarted.
+        self.instance = uuid.uuid4().hex
         shm = (
             {"address": shm_address, "token": shm_token}
             if shm_address is not None and shm_token is not None
@@ -114,7 +123,31 @@ class RequestHandlers:
             Op.PING: self.ping,
             Op.SHUTDOWN: self.shutdown,
             Op.SPARSE_UPDATE: self.sparse_update,
+            Op.SNAPSHOT: self.snapshot,
         }
+        # Writes without logging or request ids: what a request and a log replay both apply.
+        self._apply: dict[str, Handler] = {
+            Op.PUSH: self._push,
+            Op.CREATE_TENSOR: self._create_tensor,
+            Op.DELETE_TENSOR: self._delete_tensor,
+            Op.SPARSE_UPDATE: self._sparse_update,
+        }
+
+    def replay(self, op: str, args: Mapping[str, Any]) -> None:
+        """Apply one logged write again (at start-up, after the snapshot)."""
+        self._apply[op](args)
+
+    def _write(self, op: str, args: Mapping[str, Any]) -> Any:
+        """Apply a write once per request id, log it, then let the reply go out."""
+        rid = request_id(args, op)
+        if rid is not None and rid in self.requests and op != Op.CREATE_TENSOR:
+            return None  # applied before; the client retried after losing our reply
+        result = self._apply[op](args)
+        if self.durable is not None:
+            self.durable.log(op, args, rid)
+        if rid is not None:
+            self.requests.add(rid)
+        return result
 
     def lookup(self, op: str) -> Handler:
         handler = self.ops.get(op)
@@ -124,7 +157,11 @@ class RequestHandlers:
 
     # --- metadata -----------------------------------------------------------------------
     def info(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        return self.partition.info()
+        info = self.partition.info()
+        info["instance"] = self.instance
+        info["epoch"] = self.durable.epoch if self.durable is not None else 0
+        info["durable"] = self.durable is not None and self.durable.use_wal
+        return info
 
     def list_tensors(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         return [meta.to_dict() for meta in self.partition.list_tensors()]
@@ -151,15 +188,33 @@ class RequestHandlers:
         return self.partition.pull(a.name, a.ids)
 
     def push(self, args: Mapping[str, Any]) -> None:
+        self._write(Op.PUSH, args)
+
+    def _push(self, args: Mapping[str, Any]) -> None:
         a = PushArgs.decode(args)
         self.partition.push(a.name, a.ids, a.values, a.op)
 
     def create_tensor(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._write(Op.CREATE_TENSOR, args)
+        return result
+
+    def _create_tensor(self, args: Mapping[str, Any]) -> dict[str, Any]:
         a = CreateTensorArgs.decode(args)
         return self.partition.create_tensor(a.name, a.policy, a.shape, a.dtype, a.init).to_dict()
 
     def delete_tensor(self, args: Mapping[str, Any]) -> None:
+        self._write(Op.DELETE_TENSOR, args)
+
+    def _delete_tensor(self, args: Mapping[str, Any]) -> None:
         self.partition.delete_tensor(DeleteTensorArgs.decode(args).name)
+
+    def snapshot(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """Write this server's state as snapshot ``epoch`` (needs ``--state-dir``)."""
+        a = SnapshotArgs.decode(args)
+        if self.durable is None:
+            raise InvalidRequestError("snapshot: this server was started without --state-dir")
+        path = self.durable.snapshot(self.store, a.epoch)
+        return {"epoch": a.epoch, "path": str(path)}
 
     # --- coordination -------------------------------------------------------------------
     def barrier(self, args: Mapping[str, Any]) -> Awaitable[int]:
@@ -184,5 +239,8 @@ class RequestHandlers:
     # --- sparse optimizers --------------------------------------------------------------
     def sparse_update(self, args: Mapping[str, Any]) -> None:
         """One Adagrad/Adam step on owned rows, applied here under the store's write lock."""
+        self._write(Op.SPARSE_UPDATE, args)
+
+    def _sparse_update(self, args: Mapping[str, Any]) -> None:
         a = SparseUpdateArgs.decode(args)
         self.partition.sparse_update(a.name, a.ids, a.grads, a.spec)
