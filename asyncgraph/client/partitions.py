@@ -64,6 +64,7 @@ async def open_partitions(
     max_frame_size: int,
     max_inflight: int,
     local_partitions: Sequence[int] | None,
+    reconnect_window: float = 0.0,
 ) -> ServedGraph:
     """Connect to every server concurrently (see ``AsyncClient.connect``); all or nothing."""
     if not servers:
@@ -79,6 +80,7 @@ async def open_partitions(
                 timeout=connect_timeout,
                 max_frame_size=max_frame_size,
                 max_inflight=max_inflight,
+                reconnect_window=reconnect_window,
             )
             for host, port in servers
         ),
@@ -136,7 +138,9 @@ async def _from_infos(
         ):
             store = await _try_attach(shm, timeout)
             if store is not None:
-                part = LocalPartition(PartitionService(store), server=part, shm=shm)
+                part = LocalPartition(
+                    PartitionService(store), server=part, shm=shm, instance=info.get("instance")
+                )
         partitions.append(part)
     return ServedGraph(
         first["graph_name"],

@@ -1,6 +1,14 @@
 """The DGL-like user API: initialize, DistGraph, DistTensor, DistEmbedding, sparse optimizers, barrier."""
 
-from .context import barrier, finalize, get_client, initialize, is_standalone, shutdown_servers
+from .context import (
+    barrier,
+    finalize,
+    get_client,
+    initialize,
+    is_standalone,
+    shutdown_servers,
+    snapshot,
+)
 from .embedding import DistEmbedding
 from .graph import DistGraph, TensorView
 from .optim import SparseAdagrad, SparseAdam, SparseOptimizer
@@ -22,6 +30,7 @@ __all__ = [
     "is_standalone",
     "normal_init",
     "shutdown_servers",
+    "snapshot",
     "uniform_init",
     "zeros_init",
 ]
