@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
 import signal
 import threading
 import time
@@ -240,3 +241,28 @@ def test_training_loop_rides_through_restart(cora2, tmp_path: Path, shm: bool) -
         group.stop()
     assert reference.sum() == 40 * 256 * 4
     np.testing.assert_array_equal(restarted, reference)
+
+
+@pytest.mark.timeout(120)
+async def test_server_that_lost_its_state_is_refused(durable_servers: ServerGroup, tmp_path: Path) -> None:
+    """The handshake carries the state epoch: a server back at an older epoch is not trusted."""
+    group = durable_servers
+    client = await AsyncClient.connect(group.addresses, use_shared_memory=False, reconnect_window=20.0)
+    n = client.book.num_nodes
+    await client.create_tensor("h", "node", [n, 2], "float32")
+    assert await client.snapshot() == 1
+    await client.close()
+    client = await AsyncClient.connect(group.addresses, use_shared_memory=False, reconnect_window=20.0)
+    assert client.connections[0].server_hello is not None
+    assert client.connections[0].server_hello.epoch == 1
+    instance = client.connections[0].server_hello.instance
+    group.kill(0)
+    shutil.rmtree(tmp_path / "state" / "part0")
+    group.restart(0)
+    with pytest.raises(ServerUnavailableError, match="lost state"):
+        await client.pull("h", np.arange(5))
+    await client.close()
+    client = await AsyncClient.connect(group.addresses, use_shared_memory=False)
+    assert client.connections[0].server_hello is not None
+    assert client.connections[0].server_hello.instance != instance
+    await client.close()

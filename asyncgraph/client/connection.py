@@ -224,7 +224,7 @@ class Connection:
             left = deadline - loop.time()
             if left <= 0:
                 break
-            old_part = self.server_hello.part_id if self.server_hello is not None else None
+            old = self.server_hello
             self._session = ClientSession(
                 graph_name=self.graph_name,
                 secret=self.secret,
@@ -240,12 +240,18 @@ class Connection:
                 delay = min(delay * 2, 1.0)
                 continue
             hello = self.server_hello
-            if hello is not None and old_part is not None and hello.part_id != old_part:
-                self._fail(
-                    ServerUnavailableError(
-                        f"server {self.name} came back serving partition {hello.part_id}, not {old_part}"
+            problem = None
+            if hello is not None and old is not None:
+                if hello.part_id != old.part_id:
+                    problem = f"came back serving partition {hello.part_id}, not {old.part_id}"
+                elif hello.epoch < old.epoch:
+                    problem = (
+                        f"came back at state epoch {hello.epoch}, older than the {old.epoch} it had: "
+                        "it lost state (restarted without its --state-dir?)"
                     )
-                )
+            if problem is not None:
+                self._error = None
+                self._fail(ServerUnavailableError(f"server {self.name} {problem}"))
                 raise cast(AsyncGraphError, self._error)
             self._error = None
             self.generation += 1

@@ -149,6 +149,11 @@ class RequestHandlers:
             self.requests.add(rid)
         return result
 
+    @property
+    def epoch(self) -> int:
+        """The state epoch (last snapshot) this server serves; 0 without a state folder."""
+        return self.durable.epoch if self.durable is not None else 0
+
     def lookup(self, op: str) -> Handler:
         handler = self.ops.get(op)
         if handler is None:
@@ -159,7 +164,7 @@ class RequestHandlers:
     def info(self, args: Mapping[str, Any]) -> dict[str, Any]:
         info = self.partition.info()
         info["instance"] = self.instance
-        info["epoch"] = self.durable.epoch if self.durable is not None else 0
+        info["epoch"] = self.epoch
         info["durable"] = self.durable is not None and self.durable.use_wal
         return info
 
