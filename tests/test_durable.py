@@ -266,3 +266,36 @@ async def test_server_that_lost_its_state_is_refused(durable_servers: ServerGrou
     assert client.connections[0].server_hello is not None
     assert client.connections[0].server_hello.instance != instance
     await client.close()
+
+
+@pytest.mark.timeout(120)
+async def test_retried_push_after_a_lost_reply_is_applied_once(cora2, tmp_path: Path) -> None:
+    """The proxy tears the push's reply: the client reconnects and resends; the add counts once."""
+    from fault_proxy import FaultProxy
+
+    group = start_servers(
+        cora2.part_config, tmp_path / "run", num_parts=2, extra_args=["--log-level", "WARNING"]
+    )
+    try:
+        async with FaultProxy(group.addresses[0]) as proxy:
+            client = await AsyncClient.connect(
+                [proxy.address, group.addresses[1]], use_shared_memory=False, reconnect_window=10.0
+            )
+            n = client.book.num_nodes
+            await client.create_tensor("c", "node", [n, 2], "float32")
+            lo, hi = client.book.node_range(0)
+            ids = np.arange(lo, hi)
+            proxy.cut(after=1)  # the next reply from server 0 (the push's) is torn
+            push = asyncio.ensure_future(client.push("c", ids, np.ones((ids.size, 2), np.float32), op="add"))
+            for _ in range(5000):
+                if proxy.cuts:
+                    break
+                await asyncio.sleep(0.001)
+            proxy.cut_after = None  # let the reconnect through
+            await push
+            assert proxy.cuts >= 1 and client.retries() >= 1
+            got = await client.pull_numpy("c", ids)
+            np.testing.assert_array_equal(got, np.ones((ids.size, 2), np.float32))
+            await client.close()
+    finally:
+        group.stop()
