@@ -36,12 +36,18 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         "--wal-fsync-interval s (survives a process crash; a power loss may lose that interval)",
     )
     parser.add_argument("--wal-fsync-interval", type=float, default=0.05)
+    parser.add_argument(
+        "--snapshot-interval",
+        type=float,
+        default=0.0,
+        help="also snapshot this server every S seconds when it was written to (0: only on request)",
+    )
     parser.add_argument("--log-level", default="INFO")
     ns = parser.parse_args(argv)
     if ns.num_clients < 1:
         parser.error("--num-clients must be at least 1")
-    if ns.wal and ns.state_dir is None:
-        parser.error("--wal needs --state-dir")
+    if (ns.wal or ns.snapshot_interval) and ns.state_dir is None:
+        parser.error("--wal and --snapshot-interval need --state-dir")
     secret = ns.secret_file.read_bytes().strip() if ns.secret_file else None
     if secret is not None and not secret:
         parser.error(f"--secret-file {ns.secret_file} is empty")
@@ -65,6 +71,7 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         wal=ns.wal,
         wal_fsync=ns.wal_fsync,
         wal_fsync_interval=ns.wal_fsync_interval,
+        snapshot_interval=ns.snapshot_interval,
     )
 
 

@@ -41,6 +41,7 @@ class ServerOptions:
     wal: bool = False
     wal_fsync: FsyncPolicy = "always"
     wal_fsync_interval: float = 0.05
+    snapshot_interval: float = 0.0
 
 
 class GraphServer:
@@ -53,6 +54,7 @@ class GraphServer:
         self.handlers: RequestHandlers | None = None
         self.durable: DurableState | None = None
         self._syncer: asyncio.Task[None] | None = None
+        self._snapshotter: asyncio.Task[None] | None = None
         self._server: asyncio.base_events.Server | None = None
         self._stopped = asyncio.Event()
         self.address: tuple[str, int] | None = None
@@ -102,6 +104,8 @@ class GraphServer:
                 # Writes through shared memory would bypass the log: co-located clients must
                 # send them to the server (reads still go through shared memory).
                 handlers.partition.shm["writes_via_server"] = True
+            if opts.snapshot_interval > 0:
+                self._snapshotter = asyncio.ensure_future(self._snapshot_periodically(opts.snapshot_interval))
             if opts.wal and opts.wal_fsync == "interval":
                 self._syncer = asyncio.ensure_future(self._sync_periodically(opts.wal_fsync_interval))
         loop = asyncio.get_running_loop()
@@ -136,6 +140,22 @@ class GraphServer:
     def stop(self) -> None:
         self._stopped.set()
 
+    async def _snapshot_periodically(self, interval: float) -> None:
+        """``--snapshot-interval``: this server alone snapshots as its next epoch when written to.
+
+        Bounds the log's length and restart time; epochs taken this way are per server, so a
+        job-wide consistent point still comes from ``snapshot()`` (every server, one epoch).
+        """
+        served = -1
+        while self.durable is not None and self.store is not None and self.handlers is not None:
+            await asyncio.sleep(interval)
+            writes = self.handlers.writes
+            if self.durable is None or self.store is None or writes == served:
+                continue
+            path = self.durable.snapshot(self.store, self.durable.epoch + 1)
+            served = writes
+            log.info("periodic snapshot %s", path)
+
     async def _sync_periodically(self, interval: float) -> None:
         """``--wal-fsync interval``: fsync the log at least every ``interval`` seconds."""
         while self.durable is not None:
@@ -151,9 +171,10 @@ class GraphServer:
         if self._server is not None:
             self._server.close()
             self._server = None
-        if self._syncer is not None:
-            self._syncer.cancel()
-            self._syncer = None
+        for task in (self._syncer, self._snapshotter):
+            if task is not None:
+                task.cancel()
+        self._syncer = self._snapshotter = None
         if self.durable is not None:
             self.durable.close()
             self.durable = None

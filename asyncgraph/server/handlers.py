@@ -99,6 +99,7 @@ class RequestHandlers:
         self.requests = durable.requests if durable is not None else RequestLog()
         #: Changes at every start: clients compare it to learn that the server restarted.
         self.instance = uuid.uuid4().hex
+        self.writes = 0  # acknowledged writes since start (periodic snapshots skip idle periods)
         shm = (
             {"address": shm_address, "token": shm_token}
             if shm_address is not None and shm_token is not None
@@ -143,6 +144,7 @@ class RequestHandlers:
         if rid is not None and rid in self.requests and op != Op.CREATE_TENSOR:
             return None  # applied before; the client retried after losing our reply
         result = self._apply[op](args)
+        self.writes += 1
         if self.durable is not None:
             self.durable.log(op, args, rid)
         if rid is not None:
