@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from asyncgraph.errors import AsyncGraphError
 from asyncgraph.malloc import retain_large_allocations
 from asyncgraph.partition import load_partition
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
@@ -152,7 +153,11 @@ class GraphServer:
             writes = self.handlers.writes
             if self.durable is None or self.store is None or writes == served:
                 continue
-            path = self.durable.snapshot(self.store, self.durable.epoch + 1)
+            try:
+                path = await self.durable.snapshot_async(self.store, self.durable.epoch + 1)
+            except (OSError, AsyncGraphError) as exc:
+                log.error("periodic snapshot failed (the log still holds every write): %s", exc)
+                continue
             served = writes
             log.info("periodic snapshot %s", path)
 

@@ -24,6 +24,7 @@ that interval of writes may be lost on power loss or a kernel crash).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -151,6 +152,23 @@ def read_snapshot(path: Path, *, verify: bool = True) -> Snapshot:
     return Snapshot(path, int(manifest["epoch"]), manifest)
 
 
+@dataclass(frozen=True)
+class Captured:
+    """A point-in-time copy of a store's tensors and the remembered request ids."""
+
+    graph_name: str
+    part_id: int
+    copies: list[tuple[TensorMeta, np.ndarray]]
+    request_ids: list[list[Any]]
+
+
+def capture(store: PartitionStore, requests: RequestLog) -> Captured:
+    """Copy every tensor's rows under the store's read lock (co-located writers wait)."""
+    with store.lock.read():
+        copies = [(meta, np.array(store.local_rows(meta.name), copy=True)) for meta in store.list_tensors()]
+    return Captured(store.graph_name, store.part_id, copies, requests.items())
+
+
 class WriteAheadLog:
     """Append-only log of acknowledged writes for one epoch (see the module docstring)."""
 
@@ -252,46 +270,44 @@ class StateDir:
 
     # --- writing -------------------------------------------------------------------------
     def write_snapshot(self, store: PartitionStore, epoch: int, requests: RequestLog) -> Path:
-        """Write every tensor's rows atomically as ``snap-<epoch>``; returns its folder.
-
-        Rows are copied under the store's read lock (co-located writers wait), then written.
-        """
+        """Write every tensor's rows atomically as ``snap-<epoch>``; returns its folder."""
         final = self.snapshot_path(epoch)
         if final.exists():
             read_snapshot(final)  # already taken (a retried SNAPSHOT): keep it if it verifies
             return final
+        return self.write_captured(capture(store, requests), epoch)
+
+    def write_captured(self, captured: Captured, epoch: int) -> Path:
+        """Write captured rows as ``snap-<epoch>`` (temp folder, fsync, rename); no store access."""
+        final = self.snapshot_path(epoch)
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         entries = []
-        with store.lock.read():
-            copies = [
-                (meta, np.array(store.local_rows(meta.name), copy=True)) for meta in store.list_tensors()
-            ]
-        for i, (meta, rows) in enumerate(copies):
+        for i, (meta, rows) in enumerate(captured.copies):
             file = f"t{i}.bin"
-            data = np.ascontiguousarray(rows)
+            raw = np.ascontiguousarray(rows).reshape(-1).view(np.uint8).data
             with open(tmp / file, "wb") as fh:
-                fh.write(data.reshape(-1).view(np.uint8).data)
+                fh.write(raw)
                 fh.flush()
                 os.fsync(fh.fileno())
             entries.append(
                 {
                     **meta.to_dict(),
                     "file": file,
-                    "nbytes": int(data.nbytes),
+                    "nbytes": int(rows.nbytes),
                     "local_rows": int(rows.shape[0]),
-                    "sha256": hashlib.sha256(data.reshape(-1).view(np.uint8).data).hexdigest(),
+                    "sha256": hashlib.sha256(raw).hexdigest(),
                 }
             )
         manifest = {
             "format": _FORMAT,
-            "graph_name": store.graph_name,
-            "part_id": store.part_id,
+            "graph_name": captured.graph_name,
+            "part_id": captured.part_id,
             "epoch": epoch,
             "created": time.time(),
             "tensors": entries,
-            "request_ids": requests.items(),
+            "request_ids": captured.request_ids,
         }
         with open(tmp / "manifest.json", "w") as fh:
             json.dump(manifest, fh)
@@ -386,6 +402,7 @@ class DurableState:
         self.requests = requests if requests is not None else RequestLog()
         self.epoch = 0
         self.wal: WriteAheadLog | None = None
+        self._lock: asyncio.Lock | None = None
 
     def restore(self, store: PartitionStore, apply: Any) -> tuple[int, int]:
         """Load the newest verified snapshot, replay the logs after it with ``apply(op, args)``.
@@ -416,19 +433,44 @@ class DurableState:
         if self.wal is not None:
             self.wal.append(op, args, rid)
 
-    def snapshot(self, store: PartitionStore, epoch: int) -> Path:
-        """Write snapshot ``epoch`` and start its log (the previous logs are pruned later)."""
-        if epoch < self.epoch:
-            raise SnapshotError(f"snapshot epoch {epoch} is older than this server's epoch {self.epoch}")
+    async def snapshot_async(self, store: PartitionStore, epoch: int) -> Path:
+        """``snapshot`` with the files written on a worker thread, so requests keep being served.
+
+        The rows are copied and the new log started at once (on the event loop, so no write
+        falls between the two); a crash before the rename leaves the older snapshot plus both
+        logs, which a restore replays.
+        """
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if epoch < self.epoch:
+                raise SnapshotError(f"snapshot epoch {epoch} is older than this server's epoch {self.epoch}")
+            final = self.dir.snapshot_path(epoch)
+            if final.exists():
+                await asyncio.to_thread(read_snapshot, final)
+                return final
+            captured = capture(store, self.requests)
+            self._next_log(epoch)
+            path = await asyncio.to_thread(self.dir.write_captured, captured, epoch)
+            self.dir.prune(epoch)
+            return path
+
+    def _next_log(self, epoch: int) -> None:
         if self.wal is not None:
             self.wal.sync()
-        path = self.dir.write_snapshot(store, epoch, self.requests)
         if epoch != self.epoch and self.use_wal:
             old = self.wal
             self.wal = WriteAheadLog(self.dir.wal_path(epoch), self.fsync, self.fsync_interval)
             if old is not None:
                 old.close()
         self.epoch = epoch
+
+    def snapshot(self, store: PartitionStore, epoch: int) -> Path:
+        """Write snapshot ``epoch`` and start its log (the previous logs are pruned later)."""
+        if epoch < self.epoch:
+            raise SnapshotError(f"snapshot epoch {epoch} is older than this server's epoch {self.epoch}")
+        path = self.dir.write_snapshot(store, epoch, self.requests)
+        self._next_log(epoch)
         self.dir.prune(epoch)
         return path
 

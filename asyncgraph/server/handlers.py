@@ -215,13 +215,21 @@ class RequestHandlers:
     def _delete_tensor(self, args: Mapping[str, Any]) -> None:
         self.partition.delete_tensor(DeleteTensorArgs.decode(args).name)
 
-    def snapshot(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        """Write this server's state as snapshot ``epoch`` (needs ``--state-dir``)."""
+    def snapshot(self, args: Mapping[str, Any]) -> Awaitable[dict[str, Any]]:
+        """Write this server's state as snapshot ``epoch`` (needs ``--state-dir``).
+
+        The rows are copied at once; the files are written off the event loop.
+        """
         a = SnapshotArgs.decode(args)
-        if self.durable is None:
+        durable = self.durable
+        if durable is None:
             raise InvalidRequestError("snapshot: this server was started without --state-dir")
-        path = self.durable.snapshot(self.store, a.epoch)
-        return {"epoch": a.epoch, "path": str(path)}
+
+        async def run() -> dict[str, Any]:
+            path = await durable.snapshot_async(self.store, a.epoch)
+            return {"epoch": a.epoch, "path": str(path)}
+
+        return run()
 
     # --- coordination -------------------------------------------------------------------
     def barrier(self, args: Mapping[str, Any]) -> Awaitable[int]:
