@@ -15,6 +15,7 @@ __all__ = [
     "ENV_IP_CONFIG",
     "ENV_MALLOC_TUNING",
     "ENV_PART_CONFIG",
+    "ENV_RECONNECT_WINDOW",
     "ENV_SECRET_FILE",
     "ENV_SERVERS",
     "ProcessRank",
@@ -32,6 +33,9 @@ ENV_SECRET_FILE = "ASYNCGRAPH_SECRET_FILE"
 ENV_PART_CONFIG = "ASYNCGRAPH_PART_CONFIG"
 #: "0" leaves glibc malloc's thresholds alone (see ``asyncgraph.storage.malloc``).
 ENV_MALLOC_TUNING = "ASYNCGRAPH_MALLOC_TUNING"
+#: Seconds a client keeps reconnecting to a server that went away (default 0: fail at once).
+ENV_RECONNECT_WINDOW = "ASYNCGRAPH_RECONNECT_WINDOW"
+
 #: torch.distributed backend the launcher chose for the trainers: "nccl" (GPUs) or "gloo".
 ENV_DDP_BACKEND = "ASYNCGRAPH_DDP_BACKEND"
 #: The trainer's torch device ("cuda:<LOCAL_RANK>" or "cpu"), set by the launcher and spawn_trainers.

@@ -53,6 +53,12 @@ class TensorExistsError(InvalidRequestError):
     code = "tensor_exists"
 
 
+class PartialTensorError(InvalidRequestError):
+    """A tensor exists on some partitions but not on others (e.g. after a restart without state)."""
+
+    code = "partial_tensor"
+
+
 class UnknownOpError(InvalidRequestError):
     """The server does not know the requested operation."""
 
@@ -118,6 +124,7 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         ShapeMismatchError,
         UnknownTensorError,
         TensorExistsError,
+        PartialTensorError,
         UnknownOpError,
         ProtocolError,
         FrameTooLargeError,

@@ -35,14 +35,21 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 from asyncgraph.cli import CliError, Parser, configure_logging, part_config_checked, run_main
 from asyncgraph.client.ipconfig import IpConfig
-from asyncgraph.env import ENV_DDP_BACKEND, ENV_DEVICE, ENV_IP_CONFIG, ENV_PART_CONFIG, ENV_SECRET_FILE
+from asyncgraph.env import (
+    ENV_DDP_BACKEND,
+    ENV_DEVICE,
+    ENV_IP_CONFIG,
+    ENV_PART_CONFIG,
+    ENV_RECONNECT_WINDOW,
+    ENV_SECRET_FILE,
+)
 from asyncgraph.partition.config import PartitionConfig
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", socket.gethostname()}
@@ -251,8 +258,18 @@ class Launcher:
         except TimeoutError as exc:
             raise LaunchError(str(exc), 1) from None
 
-    def wait_trainers(self, trainers: list[Proc], servers: list[Proc]) -> int:
-        """Block until all trainers end (0) or one fails / a server dies (its status)."""
+    def wait_trainers(
+        self,
+        trainers: list[Proc],
+        servers: list[Proc],
+        restart: Callable[[int], Proc] | None = None,
+        restarts: int = 0,
+    ) -> int:
+        """Block until all trainers end (0) or one fails / a server dies (its status).
+
+        With ``restart`` and ``restarts > 0``, a dead server is started again (``restart(i)``
+        returns it once ready) up to ``restarts`` times in all, instead of stopping the job.
+        """
         remaining = set(range(len(trainers)))
         while remaining:
             for i in sorted(remaining):
@@ -263,9 +280,14 @@ class Launcher:
                 if code != 0:
                     self._say(f"{trainers[i].label} failed with status {code}; stopping every process")
                     return code
-            for proc in servers:
+            for index, proc in enumerate(servers):
                 code = proc.poll()
                 if code is not None and remaining:
+                    if restart is not None and restarts > 0:
+                        restarts -= 1
+                        self._say(f"{proc.label} exited with status {code}; restarting it from its state")
+                        servers[index] = restart(index)
+                        continue
                     self._say(f"{proc.label} exited with status {code} while trainers ran; stopping")
                     return code or 1
             time.sleep(0.05)
@@ -353,6 +375,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--python", default=sys.executable, help="interpreter for the servers")
     parser.add_argument("--server-arg", action="append", default=[], help="extra argument for every server")
+    parser.add_argument(
+        "--restart-servers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="restart a dead server (on its port, from its --state-dir) up to N times in all "
+        "instead of stopping the job; needs --server-arg=--state-dir=DIR",
+    )
+    parser.add_argument(
+        "--reconnect-window",
+        type=float,
+        default=60.0,
+        help="with --restart-servers: seconds trainers keep reconnecting to a restarting server",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the trainer command")
     return parser
 
@@ -384,6 +420,13 @@ def _launch(args: argparse.Namespace) -> int:
     num_trainers = gpus if gpus is not None else (1 if args.num_trainers is None else args.num_trainers)
     if num_trainers < 1:
         raise CliError("--num-trainers must be at least 1")
+    if args.restart_servers < 0:
+        raise CliError("--restart-servers must be at least 0")
+    if args.restart_servers and not any(a.startswith("--state-dir") for a in args.server_arg):
+        raise CliError(
+            "--restart-servers needs servers with a state folder (--server-arg=--state-dir=DIR): "
+            "a server restarted without one comes back without the job's tensors"
+        )
     part_config = args.part_config.resolve()
     config: PartitionConfig = part_config_checked(part_config)
     num_parts = config.num_parts
@@ -416,9 +459,11 @@ def _launch(args: argparse.Namespace) -> int:
         cwd = os.getcwd()
         servers: list[Proc] = []
         ready_files: list[Path] = []
-        for part_id, (host, port) in enumerate(hosts):
+
+        def spawn_server(part_id: int, port: int) -> Proc:
+            host = hosts[part_id][0]
             ready = workdir / f"server{part_id}.ready"
-            ready_files.append(ready)
+            ready.unlink(missing_ok=True)
             argv_server = server_argv(
                 part_config,
                 part_id,
@@ -431,12 +476,21 @@ def _launch(args: argparse.Namespace) -> int:
                 extra_args=args.server_arg,
             )
             if host in LOCAL_HOSTS:
-                servers.append(launcher.spawn("server", part_id, argv_server, base_env))
-            else:
-                servers.append(
-                    launcher.spawn("server", part_id, _remote(host, argv_server, {}, cwd), base_env)
-                )
+                return launcher.spawn("server", part_id, argv_server, base_env)
+            return launcher.spawn("server", part_id, _remote(host, argv_server, {}, cwd), base_env)
+
+        for part_id, (_host, port) in enumerate(hosts):
+            ready_files.append(workdir / f"server{part_id}.ready")
+            servers.append(spawn_server(part_id, port))
         addresses = launcher.wait_ready(servers, ready_files)
+        bound = list(addresses)
+
+        def restart_server(part_id: int) -> Proc:
+            """The same server again on the port it had, from its state folder, once ready."""
+            proc = spawn_server(part_id, bound[part_id][1])
+            launcher.wait_ready([proc], [ready_files[part_id]])
+            return proc
+
         if args.ip_config is not None:  # remote servers bind 0.0.0.0; trainers use the configured host
             addresses = [(h, p) for (h, _), (_, p) in zip(hosts, addresses, strict=True)]
         ip_config = workdir / "ip_config.txt"
@@ -474,6 +528,8 @@ def _launch(args: argparse.Namespace) -> int:
                 "ASYNCGRAPH_PART_ID": str(part_id),
                 "PYTHONUNBUFFERED": "1",
             }
+            if args.restart_servers:
+                env[ENV_RECONNECT_WINDOW] = str(args.reconnect_window)
             if host in LOCAL_HOSTS:
                 if not user_omp:
                     env[OMP_ENV] = local_omp
@@ -484,7 +540,7 @@ def _launch(args: argparse.Namespace) -> int:
                 share = None if user_omp else trainer_hosts.count(host)
                 remote_argv = _remote(host, command, env, cwd, omp_share=share)
                 trainers.append(launcher.spawn("trainer", rank, remote_argv, base_env))
-        return launcher.wait_trainers(trainers, servers)
+        return launcher.wait_trainers(trainers, servers, restart_server, args.restart_servers)
     except LaunchError as exc:
         print(f"[launcher] {exc}", file=sys.stderr, flush=True)
         return exc.status

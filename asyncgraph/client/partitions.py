@@ -76,6 +76,7 @@ async def open_retrying(
     secret: bytes | None,
     max_frame_size: int,
     max_inflight: int,
+    reconnect_window: float = 0.0,
 ) -> Connection:
     """Connect to one server, retrying refused or lost connections with jittered exponential
     backoff until ``deadline`` (``time.monotonic()``), since servers may start after trainers.
@@ -97,6 +98,7 @@ async def open_retrying(
                 timeout=max(0.05, min(ATTEMPT_TIMEOUT, remaining)),
                 max_frame_size=max_frame_size,
                 max_inflight=max_inflight,
+                reconnect_window=reconnect_window,
             )
         except ServerUnavailableError as exc:
             remaining = deadline - time.monotonic()
@@ -128,6 +130,7 @@ async def open_partitions(
     max_frame_size: int,
     max_inflight: int,
     local_partitions: Sequence[int] | None,
+    reconnect_window: float = 0.0,
 ) -> ServedGraph:
     """Connect to every server concurrently (see ``AsyncClient.connect``); all or nothing.
 
@@ -149,6 +152,7 @@ async def open_partitions(
                 secret=secret,
                 max_frame_size=max_frame_size,
                 max_inflight=max_inflight,
+                reconnect_window=reconnect_window,
             )
         )
         for part_id, (host, port) in enumerate(servers)
@@ -231,7 +235,9 @@ async def _from_infos(
         ):
             store = await _try_attach(shm, timeout)
             if store is not None:
-                part = LocalPartition(PartitionService(store), server=part, shm=shm)
+                part = LocalPartition(
+                    PartitionService(store), server=part, shm=shm, instance=info.get("instance")
+                )
         partitions.append(part)
     return ServedGraph(
         first["graph_name"],

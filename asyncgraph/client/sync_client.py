@@ -203,6 +203,10 @@ class Client:
     def barrier(self, name: str = "default", timeout: float = 300.0) -> None:
         self.loop.run(self.aio.barrier(name, timeout))
 
+    def snapshot(self) -> int:
+        """Snapshot every server's state as one new epoch (see ``AsyncClient.snapshot``)."""
+        return self.loop.run(self.aio.snapshot())
+
     def server_stats(self) -> list[dict[str, Any]]:
         return self.loop.run(self.aio.server_stats())
 

@@ -11,7 +11,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .context import barrier, finalize, get_client, initialize, is_standalone, shutdown_servers
+from .context import (
+    barrier,
+    finalize,
+    get_client,
+    initialize,
+    is_standalone,
+    shutdown_servers,
+    snapshot,
+)
 from .embedding import DistEmbedding
 from .graph import DistGraph, TensorView
 from .optim import SparseAdagrad, SparseAdam, SparseOptimizer
@@ -66,6 +74,7 @@ __all__ = [
     "partition_graph",
     "sample_neighbors",
     "shutdown_servers",
+    "snapshot",
     "spawn_trainers",
     "trainer_device",
     "uniform_init",

@@ -75,6 +75,7 @@ def initialize(
     call_timeout: float = 60.0,
     connect_timeout: float | None = None,
     use_shared_memory: bool = True,
+    reconnect_window: float | None = None,
 ) -> None:
     """Set up this trainer process: connect to the servers, or choose standalone mode.
 
@@ -94,6 +95,8 @@ def initialize(
     server is retried with jittered backoff until ``connect_timeout`` seconds (default
     ``$ASYNCGRAPH_CONNECT_TIMEOUT``, else 60) have passed, then ``ServersMissingError`` names
     every server still unreachable. A wrong secret fails at once (``AuthenticationError``).
+    ``reconnect_window`` (seconds; default ``$ASYNCGRAPH_RECONNECT_WINDOW``, else 0) lets calls
+    ride through a server restart.
     """
     if _STATE.client is not None:
         raise AsyncGraphError("asyncgraph is already initialised in this process; call finalize() first")
@@ -135,6 +138,7 @@ def initialize(
             call_timeout=call_timeout,
             connect_timeout=connect_timeout,
             use_shared_memory=use_shared_memory,
+            reconnect_window=reconnect_window,
         )
 
 
@@ -181,6 +185,23 @@ def barrier(name: str = "default", timeout: float = 300.0) -> None:
     """Block until every trainer of the job reaches this barrier (no-op when standalone)."""
     if _STATE.client is not None:
         _STATE.client.barrier(name, timeout)
+
+
+def snapshot(name: str = "asyncgraph-snapshot", timeout: float = 300.0) -> int | None:
+    """Snapshot every server's state as one epoch; every trainer calls it (collective).
+
+    Trainers meet at a barrier (no writes in flight), trainer 0's call snapshots every server
+    under one new epoch number, and a second barrier releases everyone. Servers need
+    ``--state-dir``. Returns the epoch on the trainer that took it, else None; no-op standalone.
+    """
+    client = _STATE.client
+    if client is None or client.is_standalone:
+        return None
+    client.barrier(f"{name}:before", timeout)
+    rank = int(os.environ.get("RANK", "0"))
+    epoch = client.snapshot() if rank == 0 else None
+    client.barrier(f"{name}:after", timeout)
+    return epoch
 
 
 def shutdown_servers() -> None:

@@ -17,6 +17,8 @@ import numpy as np
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError
 
 __all__ = [
+    "RETRYABLE_OPS",
+    "WRITE_OPS",
     "BarrierArgs",
     "CreateTensorArgs",
     "DegreesArgs",
@@ -27,7 +29,9 @@ __all__ = [
     "PushArgs",
     "SampleArgs",
     "SampleEdgesArgs",
+    "SnapshotArgs",
     "SparseUpdateArgs",
+    "request_id",
 ]
 
 
@@ -50,6 +54,29 @@ class Op(enum.StrEnum):
     SPARSE_UPDATE = "sparse_update"
     DEGREES = "degrees"
     SAMPLE_EDGES = "sample_edges"
+    SNAPSHOT = "snapshot"
+
+
+#: Ops that change stored data: logged by a server's write-ahead log, and carrying an optional
+#: client request id (``"rid"``) so that a retry after a lost reply is applied once.
+WRITE_OPS = frozenset({Op.PUSH, Op.CREATE_TENSOR, Op.DELETE_TENSOR, Op.SPARSE_UPDATE})
+
+#: Ops a client may resend after reconnecting: reads, and writes that carry a request id.
+RETRYABLE_OPS = frozenset(
+    {Op.INFO, Op.PULL, Op.LIST_TENSORS, Op.SAMPLE, Op.FIND_EDGES, Op.STATS, Op.PING, Op.SNAPSHOT}
+    | {Op.DEGREES, Op.SAMPLE_EDGES}
+    | WRITE_OPS
+)
+
+
+def request_id(args: Mapping[str, Any], op: str) -> str | None:
+    """The optional client request id of a write (a non-empty str), or None."""
+    rid = args.get("rid")
+    if rid is None:
+        return None
+    if not isinstance(rid, str) or not rid or len(rid) > 128:
+        raise InvalidRequestError(f"{op}: argument 'rid' must be a non-empty str of at most 128 chars")
+    return rid
 
 
 def _edge_dir(args: Mapping[str, Any], op: str) -> str:
@@ -311,3 +338,20 @@ class SampleEdgesArgs:
             "prob": self.prob,
             "exclude": self.exclude,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotArgs:
+    """Write a snapshot of this server's state as ``epoch`` (every server gets the same one)."""
+
+    epoch: int
+
+    @classmethod
+    def decode(cls, args: Mapping[str, Any]) -> SnapshotArgs:
+        epoch = _get(args, Op.SNAPSHOT, "epoch", int)
+        if epoch < 1:
+            raise InvalidRequestError(f"snapshot: epoch must be positive, got {epoch}")
+        return cls(epoch)
+
+    def encode(self) -> dict[str, Any]:
+        return {"epoch": self.epoch}

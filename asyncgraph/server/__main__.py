@@ -39,6 +39,29 @@ def build_parser() -> Parser:
     parser.add_argument(
         "--metrics-host", default="0.0.0.0", help="address for the metrics endpoint (default 0.0.0.0)"
     )
+    parser.add_argument(
+        "--state-dir", type=Path, help="keep snapshots (and the WAL) here; restore from it on start"
+    )
+    parser.add_argument("--wal", action="store_true", help="log every acknowledged write (needs --state-dir)")
+    parser.add_argument(
+        "--wal-fsync",
+        choices=("always", "interval"),
+        default="always",
+        help="always: fsync before each reply (survives power loss); interval: fsync every "
+        "--wal-fsync-interval s (survives a process crash; a power loss may lose that interval)",
+    )
+    parser.add_argument(
+        "--wal-fsync-interval",
+        type=float,
+        default=0.05,
+        help="seconds between fsyncs with --wal-fsync interval",
+    )
+    parser.add_argument(
+        "--snapshot-interval",
+        type=float,
+        default=0.0,
+        help="also snapshot this server every S seconds when it was written to (0: only on request)",
+    )
     return parser
 
 
@@ -53,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
     part_config_checked(ns.part_config, ns.part_id)
     if ns.secret_file is not None and not ns.secret_file.is_file():
         raise CliError(f"--secret-file {ns.secret_file} does not exist")
+    if (ns.wal or ns.snapshot_interval) and ns.state_dir is None:
+        parser.error("--wal and --snapshot-interval need --state-dir")
     secret = ns.secret_file.read_bytes().strip() if ns.secret_file else None
     if secret is not None and not secret:
         raise CliError(f"--secret-file {ns.secret_file} is empty")
@@ -70,6 +95,11 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         shared_memory=not ns.no_shared_memory,
         metrics_port=ns.metrics_port,
         metrics_host=ns.metrics_host,
+        state_dir=ns.state_dir,
+        wal=ns.wal,
+        wal_fsync=ns.wal_fsync,
+        wal_fsync_interval=ns.wal_fsync_interval,
+        snapshot_interval=ns.snapshot_interval,
     )
 
 

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from asyncgraph.errors import AsyncGraphError
 from asyncgraph.malloc import retain_large_allocations
 from asyncgraph.partition import load_partition
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
+from asyncgraph.server.durable import DurableState, FsyncPolicy
 from asyncgraph.server.handlers import RequestHandlers
 from asyncgraph.server.transport import ServerConnection
 from asyncgraph.storage.fdpass import FdExporter
@@ -44,6 +46,11 @@ class ServerOptions:
     #: the log); None: no metrics.
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
+    state_dir: Path | None = None
+    wal: bool = False
+    wal_fsync: FsyncPolicy = "always"
+    wal_fsync_interval: float = 0.05
+    snapshot_interval: float = 0.0
 
 
 class GraphServer:
@@ -54,6 +61,9 @@ class GraphServer:
         self.store: PartitionStore | None = None
         self.exporter: FdExporter | None = None
         self.handlers: RequestHandlers | None = None
+        self.durable: DurableState | None = None
+        self._syncer: asyncio.Task[None] | None = None
+        self._snapshotter: asyncio.Task[None] | None = None
         self._server: asyncio.base_events.Server | None = None
         self._stopped = asyncio.Event()
         self.address: tuple[str, int] | None = None
@@ -75,6 +85,14 @@ class GraphServer:
             self.exporter = FdExporter(self.store, label=f"{graph_name}.p{opts.part_id}")
             await self.exporter.start()
             shm_address, shm_token = self.exporter.address, self.exporter.token
+        if opts.state_dir is not None:
+            self.durable = DurableState(
+                opts.state_dir,
+                opts.part_id,
+                wal=opts.wal,
+                fsync=opts.wal_fsync,
+                fsync_interval=opts.wal_fsync_interval,
+            )
         if opts.metrics_port is not None:
             from asyncgraph.server.metrics import ServerMetrics
 
@@ -92,9 +110,27 @@ class GraphServer:
             shm_token=shm_token,
             on_shutdown=self.stop,
             metrics=metrics,
+            durable=self.durable,
         )
         handlers = self.handlers
         connections = self.connections
+        if self.durable is not None:
+            base, replayed = self.durable.restore(self.store, handlers.replay)
+            log.info(
+                "state %s: restored snapshot epoch %d, replayed %d logged writes (WAL %s)",
+                self.durable.dir.path,
+                base,
+                replayed,
+                f"on, fsync {opts.wal_fsync}" if opts.wal else "off",
+            )
+            if handlers.partition.shm is not None and opts.wal:
+                # Writes through shared memory would bypass the log: co-located clients must
+                # send them to the server (reads still go through shared memory).
+                handlers.partition.shm["writes_via_server"] = True
+            if opts.snapshot_interval > 0:
+                self._snapshotter = asyncio.ensure_future(self._snapshot_periodically(opts.snapshot_interval))
+            if opts.wal and opts.wal_fsync == "interval":
+                self._syncer = asyncio.ensure_future(self._sync_periodically(opts.wal_fsync_interval))
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: ServerConnection(
@@ -135,6 +171,33 @@ class GraphServer:
     def stop(self) -> None:
         self._stopped.set()
 
+    async def _snapshot_periodically(self, interval: float) -> None:
+        """``--snapshot-interval``: this server alone snapshots as its next epoch when written to.
+
+        Bounds the log's length and restart time; epochs taken this way are per server, so a
+        job-wide consistent point still comes from ``snapshot()`` (every server, one epoch).
+        """
+        served = -1
+        while self.durable is not None and self.store is not None and self.handlers is not None:
+            await asyncio.sleep(interval)
+            writes = self.handlers.writes
+            if self.durable is None or self.store is None or writes == served:
+                continue
+            try:
+                path = await self.durable.snapshot_async(self.store, self.durable.epoch + 1)
+            except (OSError, AsyncGraphError) as exc:
+                log.error("periodic snapshot failed (the log still holds every write): %s", exc)
+                continue
+            served = writes
+            log.info("periodic snapshot %s", path)
+
+    async def _sync_periodically(self, interval: float) -> None:
+        """``--wal-fsync interval``: fsync the log at least every ``interval`` seconds."""
+        while self.durable is not None:
+            await asyncio.sleep(interval)
+            if self.durable is not None:
+                self.durable.sync()
+
     async def serve_until_stopped(self) -> None:
         await self._stopped.wait()
         await self.close()
@@ -145,6 +208,13 @@ class GraphServer:
             self._server = None
         if self.metrics is not None:
             self.metrics.stop_http()
+        for task in (self._syncer, self._snapshotter):
+            if task is not None:
+                task.cancel()
+        self._syncer = self._snapshotter = None
+        if self.durable is not None:
+            self.durable.close()
+            self.durable = None
         if self.exporter is not None:
             await self.exporter.close()
             self.exporter = None

@@ -59,7 +59,12 @@ class ServerConnection(asyncio.BufferedProtocol):
         self._requests = 0
         self._failure: str | None = None
         self._session = ServerSession(
-            graph_name=graph_name, part_id=part_id, secret=secret, max_frame_size=max_frame_size
+            graph_name=graph_name,
+            part_id=part_id,
+            secret=secret,
+            max_frame_size=max_frame_size,
+            instance=handlers.instance,
+            epoch=handlers.epoch,
         )
         self._closed = False
         self._transport: asyncio.Transport | None = None

@@ -178,11 +178,15 @@ class LocalPartition:
         *,
         server: Partition | None = None,
         shm: Mapping[str, Any] | None = None,
+        instance: str | None = None,
     ) -> None:
         self.service = service
         self.part_id = service.store.part_id
         self.server = server
         self.shm = shm
+        self._instance: Any = instance
+        conn = getattr(server, "conn", None)
+        self._generation = conn.generation if conn is not None else 0
 
     @property
     def name(self) -> str:
@@ -197,12 +201,55 @@ class LocalPartition:
         return self.service.store.closed
 
     def runs_here(self, op: Op) -> bool:
+        if op == Op.PUSH and self.writes_via_server:
+            return False
         return self.server is None or op in _ATTACHED_OPS
 
     def _check_alive(self) -> None:
         server = self.server
         if server is not None and server.closed:
             raise ServerUnavailableError(f"server {server.name} of partition {self.part_id} is gone")
+
+    async def _current(self) -> None:
+        """Make sure the mapped memory is the live server's.
+
+        A server that restarted (its connection reconnected) holds new memory: the old mapping
+        belongs to a dead process, so it is dropped and the new server's store attached.
+        """
+        server = self.server
+        conn = getattr(server, "conn", None)
+        if server is None or conn is None:
+            return
+        if conn.closed:
+            if conn.reconnect_window <= 0:
+                self._check_alive()
+            await conn.reconnect()
+        if conn.generation == self._generation:
+            return
+        info = await server.info()
+        if info.get("instance") != self._instance:
+            await self._reattach(info)
+        self._generation = conn.generation
+
+    async def _reattach(self, info: Mapping[str, Any]) -> None:
+        from asyncgraph.storage.fdpass import attach_store
+
+        shm = info.get("shm")
+        if not shm:
+            raise ServerUnavailableError(
+                f"server {self.name} of partition {self.part_id} restarted without shared memory"
+            )
+        store = await asyncio.to_thread(attach_store, shm["address"], shm["token"], timeout=10.0)
+        old = self.service.store
+        self.service = PartitionService(store)
+        self.shm = shm
+        self._instance = info.get("instance")
+        old.close()
+
+    @property
+    def writes_via_server(self) -> bool:
+        """True when the server logs writes (WAL): pushes must go through it, not shared memory."""
+        return self.server is not None and bool(self.shm and self.shm.get("writes_via_server"))
 
     async def _map(self, shm: Mapping[str, Any], name: str) -> None:
         """Map tensor ``name``, created on the server after this store was attached."""
@@ -212,25 +259,28 @@ class LocalPartition:
         self.service.store.add_attached(descriptor, fds)
 
     async def pull(self, name: str, ids: np.ndarray) -> np.ndarray:
-        self._check_alive()
+        await self._current()
         if self.shm is not None and not self.service.store.has_tensor(name):
             await self._map(self.shm, name)
         return self.service.pull(name, ids)
 
     async def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str) -> None:
-        self._check_alive()
+        if self.server is not None and self.writes_via_server:
+            return await self.server.push(name, ids, values, op)
+        await self._current()
         if self.shm is not None and not self.service.store.has_tensor(name):
             await self._map(self.shm, name)
         self.service.push(name, ids, values, op)
+        return None
 
     async def sample(
         self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        self._check_alive()
+        await self._current()
         return self.service.sample(seeds, fanout, replace, seed)
 
     async def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        self._check_alive()
+        await self._current()
         return self.service.find_edges(eids)
 
     async def degrees(self, ids: np.ndarray | None, edge_dir: str) -> np.ndarray:
