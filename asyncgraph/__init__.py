@@ -35,6 +35,12 @@ _EXPORTS: dict[str, str] = {
     "uniform_init": "asyncgraph.distributed",
     "normal_init": "asyncgraph.distributed",
     "sample_neighbors": "asyncgraph.distributed.sampling",
+    "SampledSubgraph": "asyncgraph.distributed.queries",
+    "NodePartitionPolicy": "asyncgraph.distributed.queries",
+    "EdgePartitionPolicy": "asyncgraph.distributed.queries",
+    "NID": "asyncgraph.distributed.queries",
+    "EID": "asyncgraph.distributed.queries",
+    "ALL": "asyncgraph.distributed.queries",
     "node_split": "asyncgraph.distributed.split",
     "edge_split": "asyncgraph.distributed.split",
     "Block": "asyncgraph.dataloading",
@@ -48,7 +54,11 @@ _EXPORTS: dict[str, str] = {
     "AsyncClient": "asyncgraph.client",
 }
 
-_SUBMODULES = frozenset({"aio", "nn"})  # the async API, the GNN layers
+# the async API, the GNN layers, the exceptions, ``graph`` (a callable module: dgl.graph), and
+# DGL's namespaces (``dgl.distributed.*``, ``dgl.dataloading.*``, ``dgl.sampling.*``)
+_SUBMODULES = frozenset(
+    {"aio", "nn", "errors", "graph", "distributed", "dataloading", "partition", "sampling"}
+)
 
 if TYPE_CHECKING:
     from asyncgraph.client import AsyncClient, Client
@@ -75,6 +85,14 @@ if TYPE_CHECKING:
         shutdown_servers,
         uniform_init,
         zeros_init,
+    )
+    from asyncgraph.distributed.queries import (
+        ALL,
+        EID,
+        NID,
+        EdgePartitionPolicy,
+        NodePartitionPolicy,
+        SampledSubgraph,
     )
     from asyncgraph.distributed.sampling import sample_neighbors
     from asyncgraph.distributed.split import edge_split, node_split
@@ -104,6 +122,9 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "ALL",
+    "EID",
+    "NID",
     "AsyncClient",
     "Block",
     "Client",
@@ -113,12 +134,15 @@ __all__ = [
     "DistGraph",
     "DistNodeDataLoader",
     "DistTensor",
+    "EdgePartitionPolicy",
     "Graph",
     "MiniBatch",
     "NeighborSampler",
+    "NodePartitionPolicy",
     "Partition",
     "PartitionConfig",
     "RangePartitionBook",
+    "SampledSubgraph",
     "SparseAdagrad",
     "SparseAdam",
     "barrier",

@@ -53,6 +53,12 @@ class TensorExistsError(InvalidRequestError):
     code = "tensor_exists"
 
 
+class PartialTensorError(InvalidRequestError):
+    """A tensor exists on some partitions but not on others (e.g. after a restart without state)."""
+
+    code = "partial_tensor"
+
+
 class UnknownOpError(InvalidRequestError):
     """The server does not know the requested operation."""
 
@@ -95,6 +101,19 @@ class ServerUnavailableError(AsyncGraphError, ConnectionError):
     code = "unavailable"
 
 
+class ServersMissingError(ServerUnavailableError):
+    """Some servers were still unreachable when the connect deadline passed.
+
+    ``missing`` lists ``(part_id, "host:port", last error)`` for each of them.
+    """
+
+    code = "servers_missing"
+
+    def __init__(self, message: str, missing: list[tuple[int, str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.missing = missing or []
+
+
 _BY_CODE: dict[str, type[AsyncGraphError]] = {
     cls.code: cls
     for cls in (
@@ -105,6 +124,7 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         ShapeMismatchError,
         UnknownTensorError,
         TensorExistsError,
+        PartialTensorError,
         UnknownOpError,
         ProtocolError,
         FrameTooLargeError,
@@ -112,6 +132,7 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         RequestTimeoutError,
         BarrierTimeoutError,
         ServerUnavailableError,
+        ServersMissingError,
     )
 }
 

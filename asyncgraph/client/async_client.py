@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,13 +21,20 @@ import numpy as np
 import torch
 
 from asyncgraph.arrays import as_id_array, check_rows
-from asyncgraph.env import ENV_MALLOC_TUNING
-from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, UnknownTensorError
+from asyncgraph.env import ENV_MALLOC_TUNING, ENV_RECONNECT_WINDOW
+from asyncgraph.errors import (
+    DTypeMismatchError,
+    InvalidRequestError,
+    OutOfRangeError,
+    PartialTensorError,
+    UnknownTensorError,
+)
+from asyncgraph.kernels.edge_queries import merge_samples
 from asyncgraph.kernels.sparse_optim import validate_spec
 from asyncgraph.malloc import retain_large_allocations
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
-from asyncgraph.protocol.ops import BarrierArgs, Op
+from asyncgraph.protocol.ops import BarrierArgs, Op, SampleEdgesArgs, SnapshotArgs
 from asyncgraph.service import LocalPartition, Partition, PartitionService
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
@@ -57,6 +65,8 @@ class AsyncClient:
         self.call_timeout = call_timeout
         self.num_clients = num_clients
         self._metas: dict[str, TensorMeta] = {}
+        #: Who holds this client's references to non-persistent tensors on the servers.
+        self.holder = uuid.uuid4().hex
 
     # --- construction -----------------------------------------------------------------------
     @classmethod
@@ -72,6 +82,7 @@ class AsyncClient:
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         max_inflight: int = 32,
         local_partitions: Sequence[int] | None = None,
+        reconnect_window: float | None = None,
     ) -> AsyncClient:
         """Connect to every server (one per partition, in partition order) concurrently.
 
@@ -81,10 +92,17 @@ class AsyncClient:
         does); ``None`` attaches every co-located partition, ``[]`` none. Partition IDs outside
         ``[0, num_partitions)`` raise ``InvalidRequestError``.
 
+        ``reconnect_window`` (default ``$ASYNCGRAPH_RECONNECT_WINDOW``, else 0): for that many
+        seconds a lost server is reconnected (jittered backoff) and reads and writes are resent
+        (writes carry request ids the server applies once); shared memory is re-attached when
+        the server restarted. 0 fails calls at once with ``ServerUnavailableError``.
+
         Connecting also tunes glibc malloc to recycle large buffers (``retain_large_allocations``:
         big pulls otherwise pay a page fault per 4 KiB of every result); set the environment
         variable ``ASYNCGRAPH_MALLOC_TUNING=0`` to leave malloc alone.
         """
+        if reconnect_window is None:
+            reconnect_window = float(os.environ.get(ENV_RECONNECT_WINDOW) or 0.0)
         if os.environ.get(ENV_MALLOC_TUNING, "1") != "0":
             retain_large_allocations()
         served = await open_partitions(
@@ -97,6 +115,7 @@ class AsyncClient:
             max_frame_size=max_frame_size,
             max_inflight=max_inflight,
             local_partitions=local_partitions,
+            reconnect_window=reconnect_window,
         )
         client = cls(
             served.graph_name,
@@ -204,16 +223,66 @@ class AsyncClient:
         init: Mapping[str, Any] | None = None,
     ) -> TensorMeta:
         """Create (or get, if identical) a tensor sharded by node or edge ranges on every partition."""
+        meta, _ = await self.create_tensor_parts(name, policy, shape, dtype, init)
+        return meta
+
+    async def _refuse_partial_tensor(self, name: str) -> None:
+        """``PartialTensorError`` if ``name`` exists on some partitions only, never half data.
+
+        Trainers creating the same tensor at once see it partly present for a moment, so a
+        partial view is re-checked a few times (~0.7 s in all) before it counts as lost state.
+        """
+        for attempt in range(4):
+            present = await broadcast(self.partitions, lambda p: p.list_tensors())
+            have = [any(m.name == name for m in metas) for metas in present]
+            if all(have) or not any(have):
+                return
+            if attempt < 3:
+                await asyncio.sleep(0.1 * (attempt + 1))
+        where = [i for i, h in enumerate(have) if h]
+        raise PartialTensorError(
+            f"tensor {name!r} exists on partitions {where} only, of {self.num_partitions}: "
+            "a server lost it (restarted without its state?); delete it and create it again"
+        )
+
+    async def create_tensor_parts(
+        self,
+        name: str,
+        policy: str,
+        shape: Sequence[int],
+        dtype: str,
+        init: Mapping[str, Any] | None = None,
+        persistent: bool = True,
+    ) -> tuple[TensorMeta, list[int]]:
+        """``create_tensor``, also returning the partitions on which this call created the tensor.
+
+        ``persistent=False`` takes a reference as this client's ``holder``; the servers delete the
+        tensor when ``release_tensors`` has dropped every holder's references.
+        """
         dims = [int(d) for d in shape]
         dt = np.dtype(dtype).name
         spec = dict(init) if init else None
-        metas = await broadcast(self.partitions, lambda p: p.create_tensor(name, policy, dims, dt, spec))
-        self._metas[name] = metas[0]
-        return metas[0]
+        if self.num_partitions > 1:
+            await self._refuse_partial_tensor(name)
+        holder = None if persistent else self.holder
+        out = await broadcast(
+            self.partitions, lambda p: p.create_tensor(name, policy, dims, dt, spec, holder)
+        )
+        self._metas[name] = out[0][0]
+        return out[0][0], [p.part_id for p, (_, created) in zip(self.partitions, out, strict=True) if created]
 
     async def delete_tensor(self, name: str) -> None:
         await broadcast(self.partitions, lambda p: p.delete_tensor(name))
         self._metas.pop(name, None)
+
+    async def release_tensors(self, names: Sequence[str], every: bool = False) -> list[str]:
+        """Drop this client's references to non-persistent tensors (one per name, or all)."""
+        listed = list(names)
+        out = await broadcast(self.partitions, lambda p: p.release_tensors(self.holder, listed, every))
+        deleted = sorted({n for part in out for n in part})
+        for name in deleted:
+            self._metas.pop(name, None)
+        return deleted
 
     # --- structure ----------------------------------------------------------------------------
     async def sample_neighbors(
@@ -235,6 +304,82 @@ class AsyncClient:
             return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
         src, dst, eids = (np.concatenate([r[1][k] for r in results]) for k in range(3))
         return src, dst, eids
+
+    async def sample_edges(
+        self,
+        seeds: Any,
+        fanout: int,
+        *,
+        edge_dir: str = "in",
+        replace: bool = False,
+        seed: int | None = None,
+        prob: str | None = None,
+        exclude: Any = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Sample with options: in-edges (by the seeds' owners) or out-edges (every partition
+        samples its edges from the seeds; the client merges exactly), weighted by edge tensor
+        ``prob`` (without replacement: Efraimidis-Spirakis), never picking edge IDs ``exclude``.
+
+        Returns global ``(src, dst, eids)``.
+        """
+        gids = as_id_array(seeds, "seeds")
+        if edge_dir not in ("in", "out"):
+            raise InvalidRequestError(f"edge_dir must be 'in' or 'out', got {edge_dir!r}")
+        if isinstance(fanout, bool) or not isinstance(fanout, int | np.integer) or int(fanout) < -1:
+            raise InvalidRequestError(f"fanout must be an integer >= -1, got {fanout!r}")
+        if prob is not None:
+            meta = await self.tensor_meta(prob if prob.startswith("edge:") else f"edge:{prob}")
+            if meta.policy != "edge" or len(meta.shape) != 1:
+                raise InvalidRequestError(f"prob must name a 1-D edge tensor, got {meta.name} {meta.shape}")
+        exc = as_id_array(exclude, "exclude") if exclude is not None else np.empty(0, np.int64)
+        exc_parts = split_by_owner(self.book.owner(exc, "edge"), self.num_partitions)
+        fan, rep = int(fanout), bool(replace)
+
+        def args(part: Partition, ids: np.ndarray) -> SampleEdgesArgs:
+            return SampleEdgesArgs(ids, fan, edge_dir, rep, seed, prob, exc[exc_parts[part.part_id]])
+
+        if edge_dir == "in":
+            parts = split_by_owner(self.book.owner(gids, "node"), self.num_partitions)
+            results = [
+                r
+                for _, r in await scatter(
+                    self.partitions,
+                    parts,
+                    Op.SAMPLE_EDGES,
+                    lambda p, pos: p.sample_edges(args(p, take(gids, pos))),
+                )
+            ]
+        else:
+            results = await broadcast(self.partitions, lambda p: p.sample_edges(args(p, gids)))
+            return merge_samples(results, gids.size, fan, rep, seed)
+        if not results:
+            return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
+        src, dst, eids = (np.concatenate([r[k] for r in results]) for k in ("src", "dst", "eids"))
+        return src, dst, eids
+
+    async def degrees(self, ids: Any, edge_dir: str) -> np.ndarray:
+        """In- or out-degrees (int64) of global node ``ids`` in the caller's order (None: all nodes).
+
+        In-degrees are answered by the owners; out-degrees add up every partition's count.
+        """
+        if edge_dir not in ("in", "out"):
+            raise InvalidRequestError(f"edge_dir must be 'in' or 'out', got {edge_dir!r}")
+        gids = None if ids is None else as_id_array(ids)
+        if gids is not None and gids.size:
+            lo, hi = int(gids.min()), int(gids.max())
+            if lo < 0 or hi >= self.book.num_nodes:
+                raise OutOfRangeError(f"node ID {lo if lo < 0 else hi} outside [0, {self.book.num_nodes})")
+        if edge_dir == "out":
+            counts = await broadcast(self.partitions, lambda p: p.degrees(gids, "out"))
+            total: np.ndarray = np.stack(counts).sum(axis=0, dtype=np.int64)
+            return total
+        if gids is None:
+            return np.concatenate(await broadcast(self.partitions, lambda p: p.degrees(None, "in")))
+        parts = split_by_owner(self.book.owner(gids, "node"), self.num_partitions)
+        results = await scatter(
+            self.partitions, parts, Op.DEGREES, lambda p, pos: p.degrees(take(gids, pos), "in")
+        )
+        return gather_rows(results, gids.size, (), np.int64)
 
     async def find_edges(self, eids: Any) -> tuple[np.ndarray, np.ndarray]:
         """Global int64 ``(src, dst)`` of global edge IDs, in the caller's order.
@@ -286,6 +431,25 @@ class AsyncClient:
         if self.connections:
             args = BarrierArgs(name, float(timeout)).encode()
             await self.connections[0].call(Op.BARRIER, args, timeout + 10.0)
+
+    async def snapshot(self) -> int:
+        """Snapshot every server's state (servers need ``--state-dir``) as one new epoch.
+
+        The epoch is one more than the newest any server has; every server writes its rows
+        under that number, so a restore finds a consistent set. Call it while no client writes
+        (e.g. between barriers, as ``asyncgraph.distributed.snapshot`` does). Returns the epoch.
+        """
+        if not self.connections:
+            raise InvalidRequestError("snapshot: a standalone client has no server to snapshot")
+        infos = await broadcast(self.connections, lambda c: c.call(Op.INFO, {}, self.call_timeout))
+        epoch = max(int(i.get("epoch", 0)) for i in infos) + 1
+        args = SnapshotArgs(epoch).encode()
+        await broadcast(self.connections, lambda c: c.call(Op.SNAPSHOT, args, self.call_timeout))
+        return epoch
+
+    def retries(self) -> int:
+        """Requests resent after a reconnect, over all connections."""
+        return sum(c.retries for c in self.connections)
 
     async def server_stats(self) -> list[dict[str, Any]]:
         return await broadcast(self.connections, lambda c: c.call(Op.STATS, {}, self.call_timeout))

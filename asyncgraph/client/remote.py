@@ -4,6 +4,8 @@ except pulls and pushes too large for one frame, which go as several (pipelined)
 from __future__ import annotations
 
 import asyncio
+import itertools
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,12 +14,15 @@ import numpy as np
 from asyncgraph.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.protocol.ops import (
     CreateTensorArgs,
+    DegreesArgs,
     DeleteTensorArgs,
     FindEdgesArgs,
     Op,
     PullArgs,
     PushArgs,
+    ReleaseTensorsArgs,
     SampleArgs,
+    SampleEdgesArgs,
     SparseUpdateArgs,
 )
 from asyncgraph.service.limits import REPLY_OVERHEAD
@@ -49,6 +54,12 @@ class RemotePartition:
         self.conn = conn
         self.timeout = timeout
         self.budget = max(1, max_frame_size - REPLY_OVERHEAD)
+        self._rid_prefix = uuid.uuid4().hex
+        self._rids = itertools.count()
+
+    def _rid(self) -> str:
+        """A fresh request id: the server applies a write with a given id at most once."""
+        return f"{self._rid_prefix}:{next(self._rids)}"
 
     @property
     def name(self) -> str:
@@ -75,14 +86,17 @@ class RemotePartition:
     async def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str) -> None:
         n = int(ids.shape[0]) if ids.ndim else 0
         if n < 2 or ids.nbytes + values.nbytes <= self.budget:
-            await self.conn.call(Op.PUSH, PushArgs(name, ids, values, op).encode(), self.timeout)
+            args = PushArgs(name, ids, values, op).encode()
+            args["rid"] = self._rid()
+            await self.conn.call(Op.PUSH, args, self.timeout)
             return
         per_row = (ids.nbytes + values.nbytes) // n
-        calls = (
-            self.conn.call(Op.PUSH, PushArgs(name, ids[s], values[s], op).encode(), self.timeout)
-            for s in row_chunks(n, per_row, self.budget)
-        )
-        await asyncio.gather(*calls)
+        chunks = []
+        for s in row_chunks(n, per_row, self.budget):
+            args = PushArgs(name, ids[s], values[s], op).encode()
+            args["rid"] = self._rid()  # each chunk is its own write, applied once
+            chunks.append(self.conn.call(Op.PUSH, args, self.timeout))
+        await asyncio.gather(*chunks)
 
     async def sample(
         self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None
@@ -95,20 +109,43 @@ class RemotePartition:
         out = await self.conn.call(Op.FIND_EDGES, FindEdgesArgs(eids).encode(), self.timeout)
         return np.asarray(out["src"]), np.asarray(out["dst"])
 
+    async def degrees(self, ids: np.ndarray | None, edge_dir: str) -> np.ndarray:
+        out = await self.conn.call(Op.DEGREES, DegreesArgs(ids, edge_dir).encode(), self.timeout)
+        return np.asarray(out)
+
+    async def sample_edges(self, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
+        out = await self.conn.call(Op.SAMPLE_EDGES, args.encode(), self.timeout)
+        return {k: np.asarray(v) for k, v in out.items()}
+
     async def sparse_update(
         self, name: str, ids: np.ndarray, grads: np.ndarray, spec: Mapping[str, Any]
     ) -> None:
         args = SparseUpdateArgs(name, ids, grads, dict(spec)).encode()
+        args["rid"] = self._rid()
         await self.conn.call(Op.SPARSE_UPDATE, args, self.timeout)
 
     async def create_tensor(
-        self, name: str, policy: str, shape: list[int], dtype: str, init: dict[str, Any] | None
-    ) -> TensorMeta:
-        args = CreateTensorArgs(name, policy, shape, dtype, init).encode()
-        return TensorMeta.from_dict(await self.conn.call(Op.CREATE_TENSOR, args, self.timeout))
+        self,
+        name: str,
+        policy: str,
+        shape: list[int],
+        dtype: str,
+        init: dict[str, Any] | None,
+        holder: str | None = None,
+    ) -> tuple[TensorMeta, bool]:
+        args = CreateTensorArgs(name, policy, shape, dtype, init, holder).encode()
+        out = await self.conn.call(Op.CREATE_TENSOR, args, self.timeout)
+        return TensorMeta.from_dict(out), bool(out.get("created", False))
 
     async def delete_tensor(self, name: str) -> None:
-        await self.conn.call(Op.DELETE_TENSOR, DeleteTensorArgs(name).encode(), self.timeout)
+        args = DeleteTensorArgs(name).encode()
+        args["rid"] = self._rid()
+        await self.conn.call(Op.DELETE_TENSOR, args, self.timeout)
+
+    async def release_tensors(self, holder: str, names: list[str], every: bool = False) -> list[str]:
+        args = ReleaseTensorsArgs(holder, names, every).encode()
+        deleted: list[str] = await self.conn.call(Op.RELEASE_TENSORS, args, self.timeout)
+        return deleted
 
     async def list_tensors(self) -> list[TensorMeta]:
         metas = await self.conn.call(Op.LIST_TENSORS, {}, self.timeout)
