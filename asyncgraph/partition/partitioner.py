@@ -30,6 +30,8 @@ import numpy as np
 
 from asyncgraph.errors import InvalidRequestError
 from asyncgraph.graph import Graph
+from asyncgraph.hetero import HeteroGraph
+from asyncgraph.names import ETYPE, NTYPE, TYPE_EID
 from asyncgraph.partition.assign import METHODS, assign_parts, balance_categories
 from asyncgraph.partition.book import IdArray
 from asyncgraph.partition.config import PartitionConfig, PartSpec, TensorSpec
@@ -131,7 +133,7 @@ def _spec(arr: np.ndarray[Any, Any]) -> TensorSpec:
 
 @overload
 def partition_graph(
-    graph: Graph,
+    graph: Graph | HeteroGraph,
     graph_name: str,
     num_parts: int,
     out_path: str | os.PathLike[str],
@@ -147,7 +149,7 @@ def partition_graph(
 
 @overload
 def partition_graph(
-    graph: Graph,
+    graph: Graph | HeteroGraph,
     graph_name: str,
     num_parts: int,
     out_path: str | os.PathLike[str],
@@ -164,7 +166,7 @@ def partition_graph(
 
 @overload
 def partition_graph(
-    graph: Graph,
+    graph: Graph | HeteroGraph,
     graph_name: str,
     num_parts: int,
     out_path: str | os.PathLike[str],
@@ -179,7 +181,7 @@ def partition_graph(
 
 
 def partition_graph(
-    graph: Graph,
+    graph: Graph | HeteroGraph,
     graph_name: str,
     num_parts: int,
     out_path: str | os.PathLike[str],
@@ -202,6 +204,11 @@ def partition_graph(
     a failed run leaves ``out_path`` as it was.
     """
     # ---- validate everything before touching the disk ----
+    hetero: HeteroGraph | None = None
+    ntype = etype = None
+    if isinstance(graph, HeteroGraph):
+        hetero = graph
+        graph, ntype, etype = hetero.to_homogeneous()
     if not isinstance(graph, Graph):
         raise InvalidRequestError(f"graph must be an asyncgraph.graph.Graph, got {type(graph).__name__}")
     if not isinstance(graph_name, str) or not graph_name or "/" in graph_name or graph_name.startswith("."):
@@ -217,6 +224,8 @@ def partition_graph(
         raise InvalidRequestError(f"num_parts must be in [1, num_nodes={n}], got {num_parts}")
     if part_method not in METHODS:
         raise InvalidRequestError(f"unknown part_method {part_method!r}; expected one of {list(METHODS)}")
+    if ntype is not None and balance_ntypes is None:
+        balance_ntypes = ntype  # even every node type across partitions
     categories = balance_categories(balance_ntypes, n)
     out = Path(out_path)
     _check_out_path(out, overwrite)
@@ -229,9 +238,13 @@ def partition_graph(
     with stage("relabelling"):
         small = parts.astype(np.int16 if num_parts < 2**15 else np.int64)
         del parts
-        orig_nids = np.argsort(small, kind="stable").astype(np.int64, copy=False)  # radix for int16
         node_bounds = np.zeros(num_parts + 1, dtype=np.int64)
         np.cumsum(np.bincount(small, minlength=num_parts), out=node_bounds[1:])
+        num_t = 1 if hetero is None else len(hetero.ntypes)
+        if ntype is not None:  # nodes of one type contiguous inside each partition: sort by (part, type)
+            small = small.astype(np.int64) * num_t + ntype
+        orig_nids = np.argsort(small, kind="stable").astype(np.int64, copy=False)  # radix for int16
+        type_counts = np.bincount(small, minlength=num_parts * num_t).reshape(num_parts, num_t)
         del small
         new_id = np.empty(n, dtype=np.int64)
         new_id[orig_nids] = np.arange(n, dtype=np.int64)
@@ -243,6 +256,26 @@ def partition_graph(
         np.cumsum(in_deg, out=indptr[1:])
         del in_deg
         edge_bounds = indptr[node_bounds]
+    ndata, edata = dict(graph.ndata), dict(graph.edata)
+    etype_counts = None
+    if hetero is not None and ntype is not None and etype is not None:
+        num_r = len(hetero.canonical_etypes)
+        et_new = etype[orig_eids]
+        edge_part = np.repeat(np.arange(num_parts, dtype=np.int64), np.diff(edge_bounds))
+        etype_counts = np.bincount(edge_part * num_r + et_new, minlength=num_parts * num_r).reshape(
+            num_parts, num_r
+        )
+        # per-type edge ID of every edge (new order), stored in old-ID order like any edge tensor
+        first = np.zeros(num_r + 1, dtype=np.int64)
+        order = np.argsort(et_new, kind="stable")
+        np.cumsum(np.bincount(et_new, minlength=num_r), out=first[1:])
+        rank = np.empty(orig_eids.size, dtype=np.int64)
+        rank[order] = np.arange(orig_eids.size, dtype=np.int64) - first[et_new[order]]
+        type_eid = np.empty(orig_eids.size, dtype=np.int64)
+        type_eid[orig_eids] = rank
+        ndata[NTYPE] = ntype
+        edata[ETYPE] = etype
+        edata[TYPE_EID] = type_eid
 
     # ---- 4. write into a temporary sibling, then rename into place ----
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -260,9 +293,9 @@ def partition_graph(
                 np.save(files.indptr, indptr[n0 : n1 + 1] - e0)
                 np.save(files.indices, new_src[e0:e1])
                 np.save(files.eids, np.arange(e0, e1, dtype=np.int64))
-                for name, arr in graph.ndata.items():
+                for name, arr in ndata.items():
                     _write_rows(files.node_feat(name), arr, orig_nids[n0:n1])
-                for name, arr in graph.edata.items():
+                for name, arr in edata.items():
                     _write_rows(files.edge_feat(name), arr, orig_eids[e0:e1])
             specs.append(PartSpec(part_id=p, node_range=(n0, n1), edge_range=(e0, e1), path=part_dir_name(p)))
         del new_src, indptr
@@ -273,15 +306,28 @@ def partition_graph(
             num_parts=num_parts,
             part_method=part_method,
             parts=specs,
-            node_feats={k: _spec(v) for k, v in graph.ndata.items()},
-            edge_feats={k: _spec(v) for k, v in graph.edata.items()},
+            node_feats={k: _spec(v) for k, v in ndata.items()},
+            edge_feats={k: _spec(v) for k, v in edata.items()},
         )
+        if hetero is not None and etype_counts is not None:
+            config.ntypes = hetero.ntypes
+            config.canonical_etypes = hetero.canonical_etypes
+            config.ntype_counts = type_counts.tolist()
+            config.etype_counts = etype_counts.tolist()
+            config.ntype_feats = hetero.ntype_data_names()
+            config.etype_feats = hetero.etype_data_names()
         config_file(tmp, graph_name).write_text(config.model_dump_json(indent=2))
         with stage("committing"):
             _commit(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if return_mapping and hetero is not None and ntype is not None and etype is not None:
+        noff, eoff = hetero.node_offsets(), hetero.edge_offsets()
+        nt_new, et_new = ntype[orig_nids], etype[orig_eids]
+        nmap = {t: orig_nids[nt_new == i] - noff[i] for i, t in enumerate(hetero.ntypes)}
+        emap = {c: orig_eids[et_new == i] - eoff[i] for i, c in enumerate(hetero.canonical_etypes)}
+        return nmap, emap  # type: ignore[return-value]
     if return_mapping:
         return orig_nids, orig_eids
     return None
