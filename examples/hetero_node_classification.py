@@ -153,9 +153,7 @@ def main() -> None:
             f"after {args.epochs} epochs, {time.perf_counter() - t0:.1f} s",
             flush=True,
         )
-        asyncgraph.barrier()
-        if rank == "0":
-            asyncgraph.shutdown_servers()
+        asyncgraph.barrier("end")  # the launcher stops the servers once every trainer exits
         if dist.is_initialized():
             dist.destroy_process_group()
         asyncgraph.finalize()

@@ -281,3 +281,36 @@ def test_example_runs_standalone() -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "test accuracy" in out.stdout
+
+
+def test_example_runs_launched_2_partitions_x_2_trainers(tmp_path: Path) -> None:
+    example = str(ROOT / "examples" / "hetero_node_classification.py")
+    env = subprocess_env()
+
+    def run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=400, env=env, cwd=ROOT, check=False
+        )
+
+    part = run(
+        [
+            sys.executable,
+            example,
+            "--partition-only",
+            "--num-parts",
+            "2",
+            "--words",
+            "64",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert part.returncode == 0, part.stderr[-3000:]
+    cfg = str(tmp_path / "acm.json")
+    launch = [sys.executable, "-m", "asyncgraph.launch", "--part-config", cfg, "--num-trainers", "2", "--"]
+    proc = run([*launch, sys.executable, example, "--part-config", cfg, "--epochs", "2", "--words", "64"])
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    lines = [line for line in out.splitlines() if "test accuracy" in line]
+    assert len(lines) == 4  # every trainer reports the same all-reduced accuracy
+    assert len({line.split("test accuracy", 1)[1].split("after")[0] for line in lines}) == 1
