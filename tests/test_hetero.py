@@ -262,16 +262,10 @@ def test_node_split_by_type(graphs: tuple[DistGraph, DistGraph]) -> None:
     assert abs(len(shares[0]) - len(shares[1])) <= 1
 
 
-def test_example_runs_standalone() -> None:
+def test_example_runs_standalone_and_learns() -> None:
+    example = str(ROOT / "examples" / "hetero_node_classification.py")
     out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "hetero_node_classification.py"),
-            "--epochs",
-            "2",
-            "--words",
-            "64",
-        ],
+        [sys.executable, example, "--epochs", "20", "--words", "128"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -280,7 +274,9 @@ def test_example_runs_standalone() -> None:
         check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "test accuracy" in out.stdout
+    line = next(line for line in out.stdout.splitlines() if "test accuracy" in line)
+    accuracy = float(line.split("test accuracy", 1)[1].split()[0])
+    assert accuracy > 0.6, line  # majority class ~0.5; 0.671 measured with these settings (seeded)
 
 
 def test_example_runs_launched_2_partitions_x_2_trainers(tmp_path: Path) -> None:
