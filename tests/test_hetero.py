@@ -210,6 +210,10 @@ def test_sampling_served_equal_standalone_and_fanouts_honoured(graphs: tuple[Dis
         g.sample_neighbors({"venue": [0]}, 2)
     with pytest.raises(UnknownTypeError):
         g.sample_neighbors({"paper": [0]}, {"likes": 2})
+    with pytest.raises(InvalidRequestError, match="edge_dir='in'"):
+        g.sample_neighbors({"paper": [0]}, 2, edge_dir="out")
+    with pytest.raises(InvalidRequestError, match="fanouts must be -1"):
+        g.client.sample_etypes(np.arange(3), np.array([-2, 1, 1, 1]))
 
 
 def test_hetero_loader_blocks_and_model(graphs: tuple[DistGraph, DistGraph]) -> None:

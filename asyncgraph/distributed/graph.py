@@ -170,7 +170,12 @@ class DistGraph:
         """Sampled edges of ``seeds`` (see ``asyncgraph.sample_neighbors``): a ``SampledSubgraph``
         that unpacks as ``(src, dst, eid)``, or that tuple with ``output="tuple"``."""
         if isinstance(seeds, dict) or isinstance(fanout, dict):
-            return self.sample_etype_neighbors(seeds, fanout, seed=seed)  # type: ignore[return-value]
+            if edge_dir != "in" or exclude is not None or replace:
+                raise InvalidRequestError(
+                    "typed sampling (dict seeds or fanouts) supports edge_dir='in', no exclude= and "
+                    "replace=False only"
+                )
+            return sample_etype_neighbors(self, seeds, fanout, seed=seed, prob=prob)  # type: ignore[return-value]
         if output not in ("graph", "tuple"):
             raise InvalidRequestError(f"output must be 'graph' or 'tuple', got {output!r}")
         if edge_dir == "in" and prob is None and exclude is None:
