@@ -316,3 +316,43 @@ def test_example_runs_launched_2_partitions_x_2_trainers(tmp_path: Path) -> None
     lines = [line for line in out.splitlines() if "test accuracy" in line]
     assert len(lines) == 4  # every trainer reports the same all-reduced accuracy
     assert len({line.split("test accuracy", 1)[1].split("after")[0] for line in lines}) == 1
+
+
+def test_example_served_equals_standalone(tmp_path: Path) -> None:
+    """One partition, one trainer: launched (servers over sockets / shared memory) and standalone
+    runs sample the same blocks and pull the same rows, so the seeded training is identical."""
+    example = str(ROOT / "examples" / "hetero_node_classification.py")
+    env = subprocess_env()
+
+    def run(cmd: list[str]) -> str:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT, check=False
+        )
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        return proc.stdout + proc.stderr
+
+    run(
+        [
+            sys.executable,
+            example,
+            "--partition-only",
+            "--num-parts",
+            "1",
+            "--words",
+            "64",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    cfg = str(tmp_path / "acm.json")
+    train = [sys.executable, example, "--part-config", cfg, "--epochs", "5", "--words", "64"]
+    launch = [sys.executable, "-m", "asyncgraph.launch", "--part-config", cfg, "--num-trainers", "1", "--"]
+
+    def results(out: str) -> list[str]:
+        lines = [
+            line.split("] ", 1)[-1] for line in out.splitlines() if " loss " in line or "accuracy" in line
+        ]
+        return [line.split(" after ")[0] for line in lines]
+
+    alone, served = results(run(train)), results(run([*launch, *train]))
+    assert len(alone) == 2 and alone == served
