@@ -58,8 +58,11 @@ _EXPORTS: dict[str, str] = {
     "AsyncClient": "asyncgraph.client",
 }
 
-# the async API, the GNN layers, the exceptions, and ``graph`` (a callable module: dgl.graph)
-_SUBMODULES = frozenset({"aio", "nn", "errors", "graph"})
+# the async API, the GNN layers, the exceptions, ``graph`` (a callable module: dgl.graph), and
+# DGL's namespaces (``dgl.distributed.*``, ``dgl.dataloading.*``, ``dgl.sampling.*``)
+_SUBMODULES = frozenset(
+    {"aio", "nn", "errors", "graph", "distributed", "dataloading", "partition", "sampling"}
+)
 
 if TYPE_CHECKING:
     from asyncgraph.client import AsyncClient, Client

@@ -53,6 +53,12 @@ class TensorExistsError(InvalidRequestError):
     code = "tensor_exists"
 
 
+class PartialTensorError(InvalidRequestError):
+    """A tensor exists on some partitions but not on others (e.g. after a restart without state)."""
+
+    code = "partial_tensor"
+
+
 class UnknownOpError(InvalidRequestError):
     """The server does not know the requested operation."""
 
@@ -104,6 +110,19 @@ class ServerUnavailableError(AsyncGraphError, ConnectionError):
     code = "unavailable"
 
 
+class ServersMissingError(ServerUnavailableError):
+    """Some servers were still unreachable when the connect deadline passed.
+
+    ``missing`` lists ``(part_id, "host:port", last error)`` for each of them.
+    """
+
+    code = "servers_missing"
+
+    def __init__(self, message: str, missing: list[tuple[int, str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.missing = missing or []
+
+
 _BY_CODE: dict[str, type[AsyncGraphError]] = {
     cls.code: cls
     for cls in (
@@ -114,6 +133,7 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         ShapeMismatchError,
         UnknownTensorError,
         TensorExistsError,
+        PartialTensorError,
         UnknownOpError,
         UnknownTypeError,
         ProtocolError,
@@ -122,6 +142,7 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         RequestTimeoutError,
         BarrierTimeoutError,
         ServerUnavailableError,
+        ServersMissingError,
     )
 }
 

@@ -5,7 +5,15 @@ secret), waits until each has written its ready file, then starts ``num_trainers
 partition with everything ``asyncgraph.initialize`` and ``torch.distributed`` need in their
 environment. Every line a process prints is prefixed with its role and rank. When a process
 fails, on Ctrl-C, or when every trainer has finished, it stops every process it started and exits
-with the failing process's status (0 when all trainers succeeded).
+with the failing process's status (0 when all trainers succeeded). Unless ``OMP_NUM_THREADS`` is
+set, each trainer gets ``OMP_NUM_THREADS`` = its host's cores / trainers on that host (at least 1),
+as torchrun does, so co-located trainers do not oversubscribe the cores.
+
+With ``--num-gpus-per-host N`` (or ``auto``: ``torch.cuda.device_count()`` on this host) there
+is one trainer per GPU: ``N`` trainers per partition (one partition per host, as DGL deploys),
+trainer ``LOCAL_RANK`` uses ``cuda:LOCAL_RANK``, and ``ASYNCGRAPH_DDP_BACKEND=nccl``; otherwise
+trainers get ``cpu`` and ``gloo``. ``auto`` on a host without GPUs is an error (use
+``--num-trainers`` for CPU trainers).
 
 With ``--ip-config`` naming other hosts, servers and trainers are started there with ``ssh``
 (key-based, non-interactive), in the same working directory; the secret file must be reachable
@@ -27,13 +35,21 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from asyncgraph.cli import CliError, Parser, configure_logging, part_config_checked, run_main
 from asyncgraph.client.ipconfig import IpConfig
-from asyncgraph.env import ENV_IP_CONFIG, ENV_PART_CONFIG, ENV_SECRET_FILE
+from asyncgraph.env import (
+    ENV_DDP_BACKEND,
+    ENV_DEVICE,
+    ENV_IP_CONFIG,
+    ENV_PART_CONFIG,
+    ENV_RECONNECT_WINDOW,
+    ENV_SECRET_FILE,
+)
 from asyncgraph.partition.config import PartitionConfig
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", socket.gethostname()}
@@ -44,6 +60,38 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def detect_gpus() -> int:
+    """CUDA devices visible on this host (0 without torch or CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def parse_gpus(value: str | None) -> int | None:
+    """``--num-gpus-per-host``: ``None`` (not given), ``auto`` (detected here) or a count >= 1.
+
+    Raises ``ValueError`` naming the problem for a bad count or ``auto`` without GPUs.
+    """
+    if value is None:
+        return None
+    if value == "auto":
+        found = detect_gpus()
+        if found == 0:
+            raise ValueError(
+                "--num-gpus-per-host auto: no CUDA device on this host; use --num-trainers for CPU trainers"
+            )
+        return found
+    try:
+        count = int(value)
+    except ValueError:
+        raise ValueError(f"--num-gpus-per-host must be 'auto' or an integer, got {value!r}") from None
+    if count < 1:
+        raise ValueError(f"--num-gpus-per-host must be at least 1 (or 'auto'), got {count}")
+    return count
 
 
 def server_argv(
@@ -114,6 +162,15 @@ class Proc:
     rank: int
     popen: subprocess.Popen[bytes]
     pumps: list[threading.Thread] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    ended: float | None = None
+
+    def poll(self) -> int | None:
+        """The exit status once it has exited (noting when), else None."""
+        code = self.popen.poll()
+        if code is not None and self.ended is None:
+            self.ended = time.monotonic()
+        return code
 
     @property
     def label(self) -> str:
@@ -168,8 +225,26 @@ class Launcher:
                 _signal_group(proc.popen, signal.SIGKILL)
                 proc.popen.wait(timeout=5)
         for proc in self.procs:
+            proc.poll()
             for pump in proc.pumps:
                 pump.join(timeout=2)
+
+    def summary(self) -> list[str]:
+        """One line per role: how many, their exit statuses (negative: killed by that signal,
+        -15 is the launcher's SIGTERM at the end) and wall time from first start to last exit."""
+        lines = []
+        for role in dict.fromkeys(p.role for p in self.procs):
+            procs = [p for p in self.procs if p.role == role]
+            codes = [p.popen.returncode for p in procs]
+            ends = [p.ended for p in procs if p.ended is not None]
+            wall = (max(ends) if ends else time.monotonic()) - min(p.started for p in procs)
+            failed = sum(1 for c in codes if c not in (0, -signal.SIGTERM, None))
+            shown = " ".join("?" if c is None else str(c) for c in codes)
+            lines.append(
+                f"role={role} count={len(procs)} exit_codes={shown.replace(' ', ',')} "
+                f"failed={failed} wall_s={wall:.1f}"
+            )
+        return lines
 
     # --- waiting ---------------------------------------------------------------------------
     def wait_ready(self, servers: list[Proc], ready_files: list[Path]) -> list[tuple[str, int]]:
@@ -183,21 +258,36 @@ class Launcher:
         except TimeoutError as exc:
             raise LaunchError(str(exc), 1) from None
 
-    def wait_trainers(self, trainers: list[Proc], servers: list[Proc]) -> int:
-        """Block until all trainers end (0) or one fails / a server dies (its status)."""
+    def wait_trainers(
+        self,
+        trainers: list[Proc],
+        servers: list[Proc],
+        restart: Callable[[int], Proc] | None = None,
+        restarts: int = 0,
+    ) -> int:
+        """Block until all trainers end (0) or one fails / a server dies (its status).
+
+        With ``restart`` and ``restarts > 0``, a dead server is started again (``restart(i)``
+        returns it once ready) up to ``restarts`` times in all, instead of stopping the job.
+        """
         remaining = set(range(len(trainers)))
         while remaining:
             for i in sorted(remaining):
-                code = trainers[i].popen.poll()
+                code = trainers[i].poll()
                 if code is None:
                     continue
                 remaining.discard(i)
                 if code != 0:
                     self._say(f"{trainers[i].label} failed with status {code}; stopping every process")
                     return code
-            for proc in servers:
-                code = proc.popen.poll()
+            for index, proc in enumerate(servers):
+                code = proc.poll()
                 if code is not None and remaining:
+                    if restart is not None and restarts > 0:
+                        restarts -= 1
+                        self._say(f"{proc.label} exited with status {code}; restarting it from its state")
+                        servers[index] = restart(index)
+                        continue
                     self._say(f"{proc.label} exited with status {code} while trainers ran; stopping")
                     return code or 1
             time.sleep(0.05)
@@ -223,54 +313,135 @@ def _signal_group(popen: subprocess.Popen[bytes], sig: int) -> None:
         os.killpg(popen.pid, sig)
 
 
-def _remote(host: str, argv: Sequence[str], env: dict[str, str], cwd: str) -> list[str]:
-    """Wrap a command to run on ``host`` over ssh with the given environment."""
+OMP_ENV = "OMP_NUM_THREADS"
+
+
+def omp_threads(cores: int, trainers_on_host: int) -> int:
+    """``OMP_NUM_THREADS`` for each of ``trainers_on_host`` trainers sharing ``cores`` cores.
+
+    Like torchrun, the launcher sets it (here to an even share, at least 1) unless the user did:
+    otherwise every trainer's torch starts one OpenMP thread per core and they oversubscribe.
+    """
+    return max(1, int(cores) // max(1, int(trainers_on_host)))
+
+
+def local_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the platform reports it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _remote(
+    host: str, argv: Sequence[str], env: dict[str, str], cwd: str, omp_share: int | None = None
+) -> list[str]:
+    """Wrap a command to run on ``host`` over ssh with the given environment.
+
+    With ``omp_share=N`` the remote shell sets ``OMP_NUM_THREADS`` to its ``nproc`` divided by
+    ``N`` (at least 1), the remote host's share for each of its ``N`` trainers.
+    """
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    command = f"cd {shlex.quote(cwd)} && env {exports} {shlex.join(argv)}"
+    omp = ""
+    if omp_share is not None:
+        n = max(1, int(omp_share))
+        omp = f"{OMP_ENV}=$(( $(nproc) / {n} > 1 ? $(nproc) / {n} : 1 )) "
+    command = f"cd {shlex.quote(cwd)} && {omp}env {exports} {shlex.join(argv)}"
     return ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", host, command]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m asyncgraph.launch", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m asyncgraph.launch", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--part-config", type=Path, required=True, help="partition JSON written by partition_graph"
     )
-    parser.add_argument("--num-trainers", type=int, default=1, help="trainers per partition")
+    parser.add_argument("--num-trainers", type=int, default=None, help="trainers per partition (default 1)")
+    parser.add_argument(
+        "--num-gpus-per-host",
+        default=None,
+        help="one trainer per GPU: a count or 'auto' (torch.cuda.device_count() here); sets nccl",
+    )
+    parser.add_argument(
+        "--num-servers",
+        type=int,
+        default=1,
+        help="servers per partition; asyncgraph runs exactly one (accepted for DGL command lines)",
+    )
     parser.add_argument(
         "--ip-config", type=Path, help="servers' hosts (and ports) in partition order; default local"
     )
     parser.add_argument("--secret-file", type=Path, help="shared secret (default: a fresh random one)")
-    parser.add_argument("--ready-timeout", type=float, default=60.0)
+    parser.add_argument(
+        "--ready-timeout", type=float, default=60.0, help="seconds to wait for every server's ready file"
+    )
     parser.add_argument("--python", default=sys.executable, help="interpreter for the servers")
     parser.add_argument("--server-arg", action="append", default=[], help="extra argument for every server")
+    parser.add_argument(
+        "--restart-servers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="restart a dead server (on its port, from its --state-dir) up to N times in all "
+        "instead of stopping the job; needs --server-arg=--state-dir=DIR",
+    )
+    parser.add_argument(
+        "--reconnect-window",
+        type=float,
+        default=60.0,
+        help="with --restart-servers: seconds trainers keep reconnecting to a restarting server",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the trainer command")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Start everything, wait, stop everything; bad arguments: one line on stderr and status 2."""
     args = build_parser().parse_args(argv)
+    configure_logging(args.log_level, "launch")
+    return run_main(PROG, lambda: _launch(args))
+
+
+PROG = "python -m asyncgraph.launch"
+
+
+def _launch(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        print("launch: give the trainer command after --", file=sys.stderr)
-        return 2
-    if args.num_trainers < 1:
-        print("launch: --num-trainers must be at least 1", file=sys.stderr)
-        return 2
+        raise CliError("give the trainer command after --")
+    if args.num_servers != 1:
+        raise CliError(f"--num-servers {args.num_servers}: asyncgraph runs one server per partition (use 1)")
+    try:
+        gpus = parse_gpus(args.num_gpus_per_host)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if gpus is not None and args.num_trainers not in (None, gpus):
+        raise CliError(
+            f"--num-trainers {args.num_trainers} contradicts --num-gpus-per-host {gpus} (one trainer per GPU)"
+        )
+    num_trainers = gpus if gpus is not None else (1 if args.num_trainers is None else args.num_trainers)
+    if num_trainers < 1:
+        raise CliError("--num-trainers must be at least 1")
+    if args.restart_servers < 0:
+        raise CliError("--restart-servers must be at least 0")
+    if args.restart_servers and not any(a.startswith("--state-dir") for a in args.server_arg):
+        raise CliError(
+            "--restart-servers needs servers with a state folder (--server-arg=--state-dir=DIR): "
+            "a server restarted without one comes back without the job's tensors"
+        )
     part_config = args.part_config.resolve()
-    config = PartitionConfig.load(part_config)
+    config: PartitionConfig = part_config_checked(part_config)
     num_parts = config.num_parts
-    world_size = num_parts * args.num_trainers
+    world_size = num_parts * num_trainers
     hosts: list[tuple[str, int]]
     if args.ip_config is not None:
+        if not args.ip_config.is_file():
+            raise CliError(f"--ip-config {args.ip_config} does not exist")
         hosts = IpConfig.load(args.ip_config).addresses()
         if len(hosts) != num_parts:
-            print(
-                f"launch: {args.ip_config} lists {len(hosts)} servers for {num_parts} partitions",
-                file=sys.stderr,
-            )
-            return 2
+            raise CliError(f"{args.ip_config} lists {len(hosts)} servers for {num_parts} partitions")
     else:
         hosts = [("127.0.0.1", 0)] * num_parts
+    if args.secret_file is not None and not args.secret_file.is_file():
+        raise CliError(f"--secret-file {args.secret_file} does not exist")
 
     launcher = Launcher(ready_timeout=args.ready_timeout)
     # Remote hosts read the secret and write their ready files here, so with ssh it must be on
@@ -288,9 +459,11 @@ def main(argv: list[str] | None = None) -> int:
         cwd = os.getcwd()
         servers: list[Proc] = []
         ready_files: list[Path] = []
-        for part_id, (host, port) in enumerate(hosts):
+
+        def spawn_server(part_id: int, port: int) -> Proc:
+            host = hosts[part_id][0]
             ready = workdir / f"server{part_id}.ready"
-            ready_files.append(ready)
+            ready.unlink(missing_ok=True)
             argv_server = server_argv(
                 part_config,
                 part_id,
@@ -303,21 +476,43 @@ def main(argv: list[str] | None = None) -> int:
                 extra_args=args.server_arg,
             )
             if host in LOCAL_HOSTS:
-                servers.append(launcher.spawn("server", part_id, argv_server, base_env))
-            else:
-                servers.append(
-                    launcher.spawn("server", part_id, _remote(host, argv_server, {}, cwd), base_env)
-                )
+                return launcher.spawn("server", part_id, argv_server, base_env)
+            return launcher.spawn("server", part_id, _remote(host, argv_server, {}, cwd), base_env)
+
+        for part_id, (_host, port) in enumerate(hosts):
+            ready_files.append(workdir / f"server{part_id}.ready")
+            servers.append(spawn_server(part_id, port))
         addresses = launcher.wait_ready(servers, ready_files)
+        bound = list(addresses)
+
+        def restart_server(part_id: int) -> Proc:
+            """The same server again on the port it had, from its state folder, once ready."""
+            proc = spawn_server(part_id, bound[part_id][1])
+            launcher.wait_ready([proc], [ready_files[part_id]])
+            return proc
+
         if args.ip_config is not None:  # remote servers bind 0.0.0.0; trainers use the configured host
             addresses = [(h, p) for (h, _), (_, p) in zip(hosts, addresses, strict=True)]
         ip_config = workdir / "ip_config.txt"
         ip_config.write_text(IpConfig.parse("\n".join(f"{h} {p}" for h, p in addresses)).dump())
         master_addr = hosts[0][0] if hosts[0][0] not in LOCAL_HOSTS else "127.0.0.1"
         master_port = free_port()
+        trainer_hosts = [hosts[rank // num_trainers][0] for rank in range(world_size)]
+        local_count = sum(h in LOCAL_HOSTS for h in trainer_hosts)
+        user_omp = OMP_ENV in base_env
+        local_omp = str(omp_threads(local_cores(), local_count))
+        if not user_omp and local_count:
+            print(
+                f"[launcher] {OMP_ENV}={local_omp} for each of {local_count} trainers on this host "
+                f"({local_cores()} cores; set {OMP_ENV} to choose)",
+                file=sys.stderr,
+                flush=True,
+            )
         trainers: list[Proc] = []
         for rank in range(world_size):
-            part_id = rank // args.num_trainers
+            part_id = rank // num_trainers
+            local_rank = rank % num_trainers
+            host = hosts[part_id][0]
             env = {
                 ENV_IP_CONFIG: str(ip_config),
                 ENV_SECRET_FILE: str(secret_file),
@@ -326,17 +521,26 @@ def main(argv: list[str] | None = None) -> int:
                 "MASTER_PORT": str(master_port),
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world_size),
-                "LOCAL_RANK": str(rank % args.num_trainers),
+                "LOCAL_RANK": str(local_rank),
+                ENV_DDP_BACKEND: "nccl" if gpus is not None else "gloo",
+                ENV_DEVICE: f"cuda:{local_rank}" if gpus is not None else "cpu",
                 "ASYNCGRAPH_ROLE": "trainer",
                 "ASYNCGRAPH_PART_ID": str(part_id),
                 "PYTHONUNBUFFERED": "1",
             }
-            host = hosts[part_id][0]
+            if args.restart_servers:
+                env[ENV_RECONNECT_WINDOW] = str(args.reconnect_window)
             if host in LOCAL_HOSTS:
+                if not user_omp:
+                    env[OMP_ENV] = local_omp
                 trainers.append(launcher.spawn("trainer", rank, command, {**base_env, **env}))
             else:
-                trainers.append(launcher.spawn("trainer", rank, _remote(host, command, env, cwd), base_env))
-        return launcher.wait_trainers(trainers, servers)
+                if user_omp:
+                    env[OMP_ENV] = base_env[OMP_ENV]
+                share = None if user_omp else trainer_hosts.count(host)
+                remote_argv = _remote(host, command, env, cwd, omp_share=share)
+                trainers.append(launcher.spawn("trainer", rank, remote_argv, base_env))
+        return launcher.wait_trainers(trainers, servers, restart_server, args.restart_servers)
     except LaunchError as exc:
         print(f"[launcher] {exc}", file=sys.stderr, flush=True)
         return exc.status
@@ -345,6 +549,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         launcher.stop_all()
+        for line in launcher.summary():
+            print(f"[launcher] summary {line}", file=sys.stderr, flush=True)
         signal.signal(signal.SIGTERM, previous)
         for path in sorted(workdir.glob("*")):
             path.unlink(missing_ok=True)

@@ -33,6 +33,7 @@ from pathlib import Path, PurePosixPath
 
 from pydantic import ValidationError
 
+from asyncgraph.cli import Parser, configure_logging, one_line
 from asyncgraph.client.ipconfig import IpConfig
 from asyncgraph.partition.config import PartitionConfig
 
@@ -357,9 +358,7 @@ def stage(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m asyncgraph.stage", description=(__doc__ or "").split("\n\n")[0]
-    )
+    parser = Parser(prog="python -m asyncgraph.stage", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--part-config", type=Path, required=True, help="partition JSON file")
     parser.add_argument("--ip-config", type=Path, required=True, help="servers in partition order")
     parser.add_argument("--dest", type=Path, required=True, help="folder on every host (absolute)")
@@ -371,6 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    configure_logging(args.log_level, "stage")
     if not args.dest.is_absolute():
         print(f"stage: --dest {args.dest} must be an absolute path", file=sys.stderr)
         return 2
@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stage: {exc}", file=sys.stderr)
         return exc.status
     except OSError as exc:  # e.g. an unreadable source file while hashing
-        print(f"stage: {exc}", file=sys.stderr)
+        print(f"stage: {one_line(exc)}", file=sys.stderr)
         return 2
     return 0
 

@@ -67,6 +67,8 @@ def run_training(
     epochs: int,
     max_batches: int,
     timeout: float,
+    device: str = "cpu",
+    sync_copy: bool = False,
 ) -> list[dict[str, Any]]:
     """Start 2 servers and ``trainers`` train_dist.py processes; every rank's summary."""
     with tempfile.TemporaryDirectory(prefix="train-bench-") as tmp:
@@ -86,7 +88,7 @@ def run_training(
                     "MASTER_PORT": str(port),
                     "RANK": str(rank),
                     "WORLD_SIZE": str(trainers),
-                    "LOCAL_RANK": "0",
+                    "LOCAL_RANK": str(rank),
                 }
                 cmd = [
                     sys.executable, str(ROOT / "examples" / "train_dist.py"),
@@ -96,7 +98,10 @@ def run_training(
                     "--prefetch", str(prefetch), "--num-threads", str(threads),
                     "--max-batches", str(max_batches),
                     "--result-file", str(workdir / "result{rank}.json"),
+                    "--device", device if device != "cuda" else f"cuda:{rank}",
                 ]  # fmt: skip
+                if sync_copy:
+                    cmd.append("--sync-copy")
                 log = open(workdir / f"trainer{rank}.log", "wb")  # noqa: SIM115 (closed below)
                 procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
             deadline = time.monotonic() + timeout
@@ -126,8 +131,8 @@ def breakdown(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     last = [s["epoch_stats"][-1] for s in summaries]
     batches = int(np.mean([e["batches"] for e in last]))
     per_batch = {
-        k: round(1000 * float(np.mean([e[k] / max(e["batches"], 1) for e in last])), 2)
-        for k in ("sample", "pull", "compute", "wait")
+        k: round(1000 * float(np.mean([e.get(k, 0.0) / max(e["batches"], 1) for e in last])), 2)
+        for k in ("sample", "pull", "compute", "wait", "copy")
     }
     epoch = max(e["time"] for e in last)
     data = float(np.mean([e["sample"] + e["pull"] for e in last]))
@@ -265,6 +270,12 @@ def main() -> None:
     p.add_argument("--max-batches", type=int, default=0, help="batches per epoch (0: all)")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 epoch of 5 batches, short sampling")
     p.add_argument("--skip", default="", help="comma list of cases to skip: p0,p2,single,sample")
+    p.add_argument(
+        "--device", default="cpu", help="trainers' device: cpu (default) or cuda (trainer r on cuda:r)"
+    )
+    p.add_argument(
+        "--sync-copy", action="store_true", help="with --device cuda: copy batches synchronously (no overlap)"
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "train_bench.json")
     p.add_argument("--png", type=Path, default=RESULTS / "train_bench.png")
     args = p.parse_args()
@@ -284,7 +295,9 @@ def main() -> None:
             "batch_size": 1000,
             "hidden": 256,
             "optimizer": "Adam",
-            "ddp": "gloo",
+            "ddp": "gloo" if args.device == "cpu" else "nccl",
+            "device": args.device,
+            "sync_copy": bool(args.sync_copy),
             "epochs_run": args.epochs,
             "reported": "last epoch",
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
@@ -305,7 +318,13 @@ def main() -> None:
             continue
         t0 = time.perf_counter()
         summaries = run_training(
-            part_config, epochs=args.epochs, max_batches=args.max_batches, timeout=timeout, **cfg
+            part_config,
+            epochs=args.epochs,
+            max_batches=args.max_batches,
+            timeout=timeout,
+            device=args.device,
+            sync_copy=args.sync_copy,
+            **cfg,
         )
         r = {**cfg, **breakdown(summaries)}
         results["training"][name] = r

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
-from servers import ServerGroup, start_servers
 
 import asyncgraph
 from asyncgraph.errors import InvalidRequestError
+from asyncgraph.testing import ServerGroup, start_servers
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import uuid
 from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,14 +20,20 @@ import numpy as np
 import torch
 
 from asyncgraph.arrays import as_id_array, check_rows
-from asyncgraph.env import ENV_MALLOC_TUNING
-from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, OutOfRangeError, UnknownTensorError
+from asyncgraph.env import ENV_MALLOC_TUNING, ENV_RECONNECT_WINDOW
+from asyncgraph.errors import (
+    DTypeMismatchError,
+    InvalidRequestError,
+    OutOfRangeError,
+    PartialTensorError,
+    UnknownTensorError,
+)
 from asyncgraph.kernels.edge_queries import merge_samples
 from asyncgraph.kernels.sparse_optim import validate_spec
 from asyncgraph.malloc import retain_large_allocations
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
-from asyncgraph.protocol.ops import BarrierArgs, Op, SampleEdgesArgs
+from asyncgraph.protocol.ops import BarrierArgs, Op, SampleEdgesArgs, SnapshotArgs
 from asyncgraph.service import LocalPartition, Partition, PartitionService
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
@@ -57,6 +64,8 @@ class AsyncClient:
         self.call_timeout = call_timeout
         self.num_clients = num_clients
         self._metas: dict[str, TensorMeta] = {}
+        #: Who holds this client's references to non-persistent tensors on the servers.
+        self.holder = uuid.uuid4().hex
 
     # --- construction -----------------------------------------------------------------------
     @classmethod
@@ -72,6 +81,7 @@ class AsyncClient:
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         max_inflight: int = 32,
         local_partitions: Sequence[int] | None = None,
+        reconnect_window: float | None = None,
     ) -> AsyncClient:
         """Connect to every server (one per partition, in partition order) concurrently.
 
@@ -81,10 +91,17 @@ class AsyncClient:
         does); ``None`` attaches every co-located partition, ``[]`` none. Partition IDs outside
         ``[0, num_partitions)`` raise ``InvalidRequestError``.
 
+        ``reconnect_window`` (default ``$ASYNCGRAPH_RECONNECT_WINDOW``, else 0): for that many
+        seconds a lost server is reconnected (jittered backoff) and reads and writes are resent
+        (writes carry request ids the server applies once); shared memory is re-attached when
+        the server restarted. 0 fails calls at once with ``ServerUnavailableError``.
+
         Connecting also tunes glibc malloc to recycle large buffers (``retain_large_allocations``:
         big pulls otherwise pay a page fault per 4 KiB of every result); set the environment
         variable ``ASYNCGRAPH_MALLOC_TUNING=0`` to leave malloc alone.
         """
+        if reconnect_window is None:
+            reconnect_window = float(os.environ.get(ENV_RECONNECT_WINDOW) or 0.0)
         if os.environ.get(ENV_MALLOC_TUNING, "1") != "0":
             retain_large_allocations()
         served = await open_partitions(
@@ -97,6 +114,7 @@ class AsyncClient:
             max_frame_size=max_frame_size,
             max_inflight=max_inflight,
             local_partitions=local_partitions,
+            reconnect_window=reconnect_window,
         )
         client = cls(
             served.graph_name,
@@ -204,6 +222,25 @@ class AsyncClient:
         meta, _ = await self.create_tensor_parts(name, policy, shape, dtype, init)
         return meta
 
+    async def _refuse_partial_tensor(self, name: str) -> None:
+        """``PartialTensorError`` if ``name`` exists on some partitions only, never half data.
+
+        Trainers creating the same tensor at once see it partly present for a moment, so a
+        partial view is re-checked a few times (~0.7 s in all) before it counts as lost state.
+        """
+        for attempt in range(4):
+            present = await broadcast(self.partitions, lambda p: p.list_tensors())
+            have = [any(m.name == name for m in metas) for metas in present]
+            if all(have) or not any(have):
+                return
+            if attempt < 3:
+                await asyncio.sleep(0.1 * (attempt + 1))
+        where = [i for i, h in enumerate(have) if h]
+        raise PartialTensorError(
+            f"tensor {name!r} exists on partitions {where} only, of {self.num_partitions}: "
+            "a server lost it (restarted without its state?); delete it and create it again"
+        )
+
     async def create_tensor_parts(
         self,
         name: str,
@@ -211,18 +248,37 @@ class AsyncClient:
         shape: Sequence[int],
         dtype: str,
         init: Mapping[str, Any] | None = None,
+        persistent: bool = True,
     ) -> tuple[TensorMeta, list[int]]:
-        """``create_tensor``, also returning the partitions on which this call created the tensor."""
+        """``create_tensor``, also returning the partitions on which this call created the tensor.
+
+        ``persistent=False`` takes a reference as this client's ``holder``; the servers delete the
+        tensor when ``release_tensors`` has dropped every holder's references.
+        """
         dims = [int(d) for d in shape]
         dt = np.dtype(dtype).name
         spec = dict(init) if init else None
-        out = await broadcast(self.partitions, lambda p: p.create_tensor(name, policy, dims, dt, spec))
+        if self.num_partitions > 1:
+            await self._refuse_partial_tensor(name)
+        holder = None if persistent else self.holder
+        out = await broadcast(
+            self.partitions, lambda p: p.create_tensor(name, policy, dims, dt, spec, holder)
+        )
         self._metas[name] = out[0][0]
         return out[0][0], [p.part_id for p, (_, created) in zip(self.partitions, out, strict=True) if created]
 
     async def delete_tensor(self, name: str) -> None:
         await broadcast(self.partitions, lambda p: p.delete_tensor(name))
         self._metas.pop(name, None)
+
+    async def release_tensors(self, names: Sequence[str], every: bool = False) -> list[str]:
+        """Drop this client's references to non-persistent tensors (one per name, or all)."""
+        listed = list(names)
+        out = await broadcast(self.partitions, lambda p: p.release_tensors(self.holder, listed, every))
+        deleted = sorted({n for part in out for n in part})
+        for name in deleted:
+            self._metas.pop(name, None)
+        return deleted
 
     # --- structure ----------------------------------------------------------------------------
     async def sample_neighbors(
@@ -394,6 +450,25 @@ class AsyncClient:
         if self.connections:
             args = BarrierArgs(name, float(timeout)).encode()
             await self.connections[0].call(Op.BARRIER, args, timeout + 10.0)
+
+    async def snapshot(self) -> int:
+        """Snapshot every server's state (servers need ``--state-dir``) as one new epoch.
+
+        The epoch is one more than the newest any server has; every server writes its rows
+        under that number, so a restore finds a consistent set. Call it while no client writes
+        (e.g. between barriers, as ``asyncgraph.distributed.snapshot`` does). Returns the epoch.
+        """
+        if not self.connections:
+            raise InvalidRequestError("snapshot: a standalone client has no server to snapshot")
+        infos = await broadcast(self.connections, lambda c: c.call(Op.INFO, {}, self.call_timeout))
+        epoch = max(int(i.get("epoch", 0)) for i in infos) + 1
+        args = SnapshotArgs(epoch).encode()
+        await broadcast(self.connections, lambda c: c.call(Op.SNAPSHOT, args, self.call_timeout))
+        return epoch
+
+    def retries(self) -> int:
+        """Requests resent after a reconnect, over all connections."""
+        return sum(c.retries for c in self.connections)
 
     async def server_stats(self) -> list[dict[str, Any]]:
         return await broadcast(self.connections, lambda c: c.call(Op.STATS, {}, self.call_timeout))

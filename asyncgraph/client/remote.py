@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +17,7 @@ from asyncgraph.protocol.ops import (
     Op,
     PullArgs,
     PushArgs,
+    ReleaseTensorsArgs,
     SampleArgs,
     SampleEdgesArgs,
     SparseUpdateArgs,
@@ -33,6 +36,12 @@ class RemotePartition:
         self.part_id = part_id
         self.conn = conn
         self.timeout = timeout
+        self._rid_prefix = uuid.uuid4().hex
+        self._rids = itertools.count()
+
+    def _rid(self) -> str:
+        """A fresh request id: the server applies a write with a given id at most once."""
+        return f"{self._rid_prefix}:{next(self._rids)}"
 
     @property
     def name(self) -> str:
@@ -50,7 +59,9 @@ class RemotePartition:
         return np.asarray(rows)
 
     async def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str) -> None:
-        await self.conn.call(Op.PUSH, PushArgs(name, ids, values, op).encode(), self.timeout)
+        args = PushArgs(name, ids, values, op).encode()
+        args["rid"] = self._rid()
+        await self.conn.call(Op.PUSH, args, self.timeout)
 
     async def sample(
         self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None
@@ -75,17 +86,31 @@ class RemotePartition:
         self, name: str, ids: np.ndarray, grads: np.ndarray, spec: Mapping[str, Any]
     ) -> None:
         args = SparseUpdateArgs(name, ids, grads, dict(spec)).encode()
+        args["rid"] = self._rid()
         await self.conn.call(Op.SPARSE_UPDATE, args, self.timeout)
 
     async def create_tensor(
-        self, name: str, policy: str, shape: list[int], dtype: str, init: dict[str, Any] | None
+        self,
+        name: str,
+        policy: str,
+        shape: list[int],
+        dtype: str,
+        init: dict[str, Any] | None,
+        holder: str | None = None,
     ) -> tuple[TensorMeta, bool]:
-        args = CreateTensorArgs(name, policy, shape, dtype, init).encode()
+        args = CreateTensorArgs(name, policy, shape, dtype, init, holder).encode()
         out = await self.conn.call(Op.CREATE_TENSOR, args, self.timeout)
         return TensorMeta.from_dict(out), bool(out.get("created", False))
 
     async def delete_tensor(self, name: str) -> None:
-        await self.conn.call(Op.DELETE_TENSOR, DeleteTensorArgs(name).encode(), self.timeout)
+        args = DeleteTensorArgs(name).encode()
+        args["rid"] = self._rid()
+        await self.conn.call(Op.DELETE_TENSOR, args, self.timeout)
+
+    async def release_tensors(self, holder: str, names: list[str], every: bool = False) -> list[str]:
+        args = ReleaseTensorsArgs(holder, names, every).encode()
+        deleted: list[str] = await self.conn.call(Op.RELEASE_TENSORS, args, self.timeout)
+        return deleted
 
     async def list_tensors(self) -> list[TensorMeta]:
         metas = await self.conn.call(Op.LIST_TENSORS, {}, self.timeout)

@@ -12,7 +12,14 @@ import torch
 
 from asyncgraph.client.async_client import AsyncClient
 from asyncgraph.dataloading.block import Block
-from asyncgraph.dataloading.fetch import client_of, mask_or_ids, sample_and_pull
+from asyncgraph.dataloading.fetch import (
+    AUTO,
+    Auto,
+    client_of,
+    mask_or_ids,
+    node_tensor_names,
+    sample_and_pull,
+)
 from asyncgraph.dataloading.hetero_block import sample_and_pull_hetero
 from asyncgraph.dataloading.prefetch import PrefetchingLoader
 from asyncgraph.dataloading.sampler import NeighborSampler
@@ -39,8 +46,13 @@ class MiniBatch:
 class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
     """Mini-batches of seed nodes with sampled blocks, input features and labels.
 
-    Yields ``MiniBatch`` objects that unpack to ``(input_nodes, seeds, blocks)``; features are in
-    ``blocks[0].srcdata[name]`` and labels in ``blocks[-1].dstdata["label"]``.
+    Yields ``MiniBatch`` objects that unpack to ``(input_nodes, seeds, blocks)``; the node tensors
+    named by ``node_feats`` are in ``blocks[0].srcdata[name]`` and ``labels`` in
+    ``blocks[-1].dstdata[labels]``. A named tensor the graph lacks raises ``UnknownTensorError``
+    (listing the node tensors it has) here. Left at their defaults, ``"feat"`` and ``"label"``
+    are fetched if the graph has them; DGL-style code reads ``g.ndata[name][input_nodes]`` itself.
+    With ``device=`` every tensor of a batch arrives on that device (copied in the background
+    unless ``overlap=False``; see ``dataloading/device.py``).
     """
 
     def __init__(
@@ -52,9 +64,11 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
         shuffle: bool = True,
         drop_last: bool = False,
         prefetch: int = 2,
-        node_feats: Sequence[str] = ("feat",),
-        labels: str | None = "label",
+        node_feats: Sequence[str] | Auto = AUTO,
+        labels: str | Auto | None = AUTO,
         seed: int | None = None,
+        device: str | torch.device | None = None,
+        overlap: bool = True,
     ) -> None:
         client = client_of(g)
         # Heterogeneous graphs: {ntype: ids or mask}; batches mix types, homogeneous IDs inside.
@@ -69,12 +83,13 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
             self.nids = np.concatenate([book.map_to_homo_nid(v, t) for t, v in typed])
         else:
             self.nids = mask_or_ids(nids).astype(np.int64, copy=False)
-        super().__init__(client.loop, self.nids.size, batch_size, shuffle, drop_last, prefetch, seed)
+        super().__init__(
+            client.loop, self.nids.size, batch_size, shuffle, drop_last, prefetch, seed, device, overlap
+        )
         self.client = client
         self.aio: AsyncClient = client.aio
         self.sampler = sampler
-        self.node_feats = tuple(node_feats)
-        self.labels = labels
+        self.node_feats, self.labels = node_tensor_names(client, node_feats, labels)
 
     def _make_batch(self, positions: np.ndarray, epoch: int, index: int) -> Awaitable[MiniBatch]:
         return self._build(self.nids[positions], self._batch_seed(epoch, index))

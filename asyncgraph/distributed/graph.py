@@ -61,14 +61,13 @@ class TensorView(MutableMapping[str, DistTensor]):
             )
         if tensor.policy != self._policy:
             raise InvalidRequestError(f"{tensor!r} is sharded by {tensor.policy}s, not {self._policy}s")
-        if name != tensor.name:
-            self._aliases[name] = tensor
+        self._aliases[name] = tensor  # the view holds the handle, as DGL's ndata does
 
     def __delitem__(self, name: str) -> None:
-        if name in self._aliases:
-            del self._aliases[name]
-            return
-        self[name].delete()
+        alias = self._aliases.pop(name, None)
+        if alias is not None and alias.name != name:
+            return  # only the alias goes; the tensor keeps its own name
+        (alias if alias is not None else self[name]).delete()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names())

@@ -1,4 +1,5 @@
-"""``sample_neighbors`` over a DistGraph: each owner samples its seeds, all concurrently."""
+"""``sample_neighbors`` over a DistGraph (each owner samples its seeds, all concurrently), and
+DGL's module-level ``find_edges`` / ``in_subgraph``."""
 
 from __future__ import annotations
 
@@ -36,3 +37,13 @@ def sample_neighbors(
     unpacks as ``(src, dst, eid)``; ``output="tuple"`` returns that tuple.
     """
     return g.sample_neighbors(seeds, fanout, edge_dir, prob, exclude, replace, seed=seed, output=output)
+
+
+def find_edges(g: DistGraph, edge_ids: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """DGL's ``dgl.distributed.find_edges``: global ``(src, dst)`` of ``edge_ids``."""
+    return g.find_edges(edge_ids)
+
+
+def in_subgraph(g: DistGraph, nodes: Any) -> SampledSubgraph:
+    """DGL's ``dgl.distributed.in_subgraph``: every in-edge of ``nodes`` (global IDs, in ``edata[EID]``)."""
+    return g.in_subgraph(nodes)

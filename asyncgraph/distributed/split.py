@@ -24,7 +24,6 @@ of the graph this process is initialised for when the sizes match, else one part
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -32,6 +31,7 @@ import numpy.typing as npt
 import torch
 
 from asyncgraph.arrays import to_numpy
+from asyncgraph.env import process_rank
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, ShapeMismatchError
 from asyncgraph.partition.book import RangePartitionBook
 
@@ -81,13 +81,14 @@ def _mask_array(mask: Any) -> npt.NDArray[np.bool_]:
 
 
 def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Fill ``rank``/``world_size`` from torch.distributed, else env RANK/WORLD_SIZE, else 0/1."""
+    """Fill ``rank``/``world_size`` from torch.distributed, else the launcher's environment
+    (torchrun's RANK/WORLD_SIZE, srun's SLURM_PROCID/SLURM_NTASKS; ``env.process_rank``), else 0/1."""
     if rank is None or world_size is None:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             env_rank, env_world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         else:
-            env_rank = int(os.environ.get("RANK", "0"))
-            env_world = int(os.environ.get("WORLD_SIZE", "1"))
+            found = process_rank()
+            env_rank, env_world = found.rank, found.world_size
         rank = env_rank if rank is None else rank
         world_size = env_world if world_size is None else world_size
     if world_size < 1 or not 0 <= rank < world_size:
@@ -111,6 +112,24 @@ def _even_cuts(total: IdArray, k: IdArray, j: IdArray) -> tuple[IdArray, IdArray
     return lo, lo + base + (j < extra)
 
 
+def _trainer_order(ids: IdArray, bounds: IdArray, trainer_ids: Any) -> IdArray:
+    """``ids`` (sorted) reordered by (partition, trainer ID, ID): each partition stays one slice."""
+    if isinstance(trainer_ids, DistTensor):
+        full = _pull_mask(trainer_ids, trainer_ids._client.book.bounds(trainer_ids.policy), None)
+    else:
+        full = to_numpy(trainer_ids)
+    if full.ndim != 1 or full.size != int(bounds[-1]):
+        raise ShapeMismatchError(
+            f"trainer IDs must be one per ID ({int(bounds[-1])}), got shape {tuple(full.shape)}"
+        )
+    if full.dtype.kind not in "iu":
+        raise DTypeMismatchError(f"trainer IDs must be integers, got dtype {full.dtype}")
+    part = np.searchsorted(bounds, ids, side="right") - 1
+    order = np.lexsort((ids, full[ids], part))
+    out: IdArray = ids[order]
+    return out
+
+
 def _split(
     mask: Any,
     book: RangePartitionBook | None,
@@ -119,6 +138,7 @@ def _split(
     force_even: bool,
     kind: str,
     type_bounds: IdArray | None = None,
+    trainer_ids: Any = None,
 ) -> torch.Tensor:
     """Shared implementation of ``node_split``/``edge_split`` (``type_bounds``: per-type ranges)."""
     rank, world = _rank_world(rank, world_size)
@@ -145,6 +165,8 @@ def _split(
             f"{kind} mask has {sel.size} entries but the partition book has {int(bounds[-1])} {kind}s"
         )
     ids = np.flatnonzero(sel).astype(np.int64)
+    if trainer_ids is not None:
+        ids = _trainer_order(ids, bounds, trainer_ids)
     num_parts = bounds.size - 1
     ranks = np.arange(world, dtype=np.int64)
     parts = np.arange(num_parts, dtype=np.int64)
@@ -198,6 +220,7 @@ def node_split(
     force_even: bool = True,
     seed: int = 0,
     ntype: str | None = None,
+    node_trainer_ids: Any = None,
 ) -> torch.Tensor:
     """Sorted int64 global node IDs of this rank's share of the nodes selected by ``mask``.
 
@@ -207,9 +230,12 @@ def node_split(
     ``mask`` is a bool array/tensor/``DistTensor`` over all global node IDs.
     ``partition_book=None`` means the mask's (or the initialised graph's) book, else one
     partition. ``rank``/``world_size`` default to torch.distributed (if initialised), else the
-    RANK/WORLD_SIZE environment variables, else 0/1. See the module docstring for the
+    launcher's environment (torchrun or srun, see ``asyncgraph.env.process_rank``), else 0/1.
+    See the module docstring for the
     assignment; it is deterministic, so ``seed`` is accepted for DGL-style call sites only and
-    does not change the result.
+    does not change the result. ``node_trainer_ids`` (DGL's; e.g. ``g.ndata["trainer_id"]``
+    written by ``partition_graph(..., num_trainers_per_machine=T)``) orders each partition's IDs
+    by trainer before the even split, so trainer ``k`` of a partition gets its own sub-range.
     """
     if ntype is not None:
         from .hetero import NodeTypeTensor
@@ -224,7 +250,7 @@ def node_split(
             raise InvalidRequestError("node_split(ntype=...) needs a partition book or an initialised graph")
         tb = book.ntype_bounds(ntype)
         return _split(mask, None, rank, world_size, force_even, "node", type_bounds=tb)
-    return _split(mask, partition_book, rank, world_size, force_even, "node")
+    return _split(mask, partition_book, rank, world_size, force_even, "node", node_trainer_ids)
 
 
 def edge_split(
@@ -234,9 +260,10 @@ def edge_split(
     world_size: int | None = None,
     force_even: bool = True,
     seed: int = 0,
+    edge_trainer_ids: Any = None,
 ) -> torch.Tensor:
     """Sorted int64 global edge IDs of this rank's share of the edges selected by ``mask``.
 
     Same rules as ``node_split``, over edge IDs and the book's edge ranges.
     """
-    return _split(mask, partition_book, rank, world_size, force_even, "edge")
+    return _split(mask, partition_book, rank, world_size, force_even, "edge", edge_trainer_ids)

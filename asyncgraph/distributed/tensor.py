@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -124,14 +125,18 @@ class DistTensor:
             raise InvalidRequestError(f"part_policy must be 'node' or 'edge', got {part_policy!r}")
         spec, func = resolve_init(init, init_func)
         self.name = name if name is not None else f"_anon{next(_ANON)}"
-        self.persistent = persistent
+        self.persistent = bool(persistent)
         self.policy = part_policy
         self.key = tensor_key(part_policy, self.name)
         if attach:
             self._meta = self._client.tensor_meta(self.key)
         else:
             dt = numpy_dtype(dtype)
-            self._meta, created = self._client.create_tensor_parts(self.key, part_policy, shape, dt, spec)
+            self._meta, created = self._client.create_tensor_parts(
+                self.key, part_policy, shape, dt, spec, persistent=self.persistent
+            )
+            if not self.persistent:  # DGL: freed when the last handle goes
+                weakref.finalize(self, self._client.release_later, self.key)
             try:
                 for part in created:
                     if func is not None:

@@ -6,6 +6,11 @@ aggregated need no gradient (the input layer's raw features), ``mean``/``sum``/`
 sparse CSR matrix product instead (no ``[edges, feats]`` gather, several times faster on CPU).
 A destination with no in-edges aggregates to zeros (for every aggregator, as DGL does).
 
+Every kernel runs on the block's device (no host round trips: the CSR comes cached with the
+block, or is built there with torch ops). Under ``torch.autocast`` (or with float16/bfloat16
+features) sums are accumulated in float32 and cast back to the features' dtype: there are no
+half-precision sparse kernels on CPU, and half-precision sums over many neighbours lose digits.
+
 ``Dropout`` is ``nn.Dropout`` with masks drawn by numpy's PCG64 (16-bit uniform thresholds,
 seeded from torch's generator, so ``torch.manual_seed`` still fixes them): torch's CPU
 ``bernoulli_`` costs several times the rest of a GraphSAGE layer on hidden-256 activations.
@@ -27,8 +32,14 @@ from asyncgraph.errors import InvalidRequestError, ShapeMismatchError
 __all__ = ["Dropout", "GraphSAGE", "SAGEConv"]
 
 _AGGREGATORS = ("mean", "sum", "max", "pool", "gcn")
-# dtypes with a CPU sparse CSR x dense kernel (torch has none for float16/bfloat16)
+# dtypes aggregated as they are; others (float16/bfloat16) are summed in float32 and cast back
 _SPMM_DTYPES = (torch.float32, torch.float64)
+_SPMM_DEVICES = ("cpu", "cuda")
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype sums over neighbours accumulate in."""
+    return dtype if dtype in _SPMM_DTYPES else torch.float32
 
 
 class SAGEConv(nn.Module):
@@ -86,18 +97,21 @@ class SAGEConv(nn.Module):
 
         if agg in ("mean", "sum", "gcn"):
             feat = self.fc_neigh(h_src) if lin_first else h_src
-            if not feat.requires_grad and feat.device.type == "cpu" and feat.dtype in _SPMM_DTYPES:
+            if not feat.requires_grad and feat.device.type in _SPMM_DEVICES and feat.is_floating_point():
                 h_neigh = _spmm_aggregate(block, feat, agg)
             else:
-                summed = feat.new_zeros((num_dst, feat.shape[1])).index_add(0, dst, feat[src])
+                acc = _acc_dtype(feat.dtype)
+                feat_acc = feat.to(acc)
+                summed = feat_acc.new_zeros((num_dst, feat.shape[1])).index_add(0, dst, feat_acc[src])
                 if agg == "sum":
                     h_neigh = summed
                 else:
-                    deg = torch.bincount(dst, minlength=num_dst).to(feat.dtype).unsqueeze(1)
+                    deg = torch.bincount(dst, minlength=num_dst).to(acc).unsqueeze(1)
                     if agg == "mean":
                         h_neigh = summed / deg.clamp(min=1)
                     else:  # gcn: the node itself counts as one more neighbour
-                        h_neigh = (summed + feat[:num_dst]) / (deg + 1)
+                        h_neigh = (summed + feat_acc[:num_dst]) / (deg + 1)
+                h_neigh = h_neigh.to(feat.dtype)
             if not lin_first:
                 h_neigh = self.fc_neigh(h_neigh)
         else:  # max / pool
@@ -111,7 +125,7 @@ class SAGEConv(nn.Module):
         # fc_self(h_dst) + h_neigh + bias with the sum fused into the matmuls (fewer passes over
         # [num_dst, out_feats] activations, forward and backward): same maths as DGL's.
         if self.fc_self is None:
-            out = h_neigh if self.bias is None else h_neigh + self.bias
+            out = h_neigh if self.bias is None else h_neigh + self.bias.to(h_neigh.dtype)
         else:
             if self.bias is not None:
                 h_neigh = h_neigh + self.bias
@@ -127,26 +141,31 @@ class SAGEConv(nn.Module):
 
 
 def _spmm_aggregate(block: Block, feat: torch.Tensor, agg: str) -> torch.Tensor:
-    """``sum``/``mean``/``gcn`` aggregation of ``feat`` (no grad, CPU) as one CSR product."""
-    crow, col, deg = block.csr()
-    key = f"spmm:{agg}:{feat.dtype}"
+    """``sum``/``mean``/``gcn`` aggregation of ``feat`` (no grad) as one CSR product on its device.
+
+    Half-precision features are multiplied in float32 and the result cast back.
+    """
+    crow, col, deg = (t.to(feat.device) for t in block.csr())
+    acc = _acc_dtype(feat.dtype)
+    key = f"spmm:{agg}:{acc}:{feat.device}"
     adj: torch.Tensor | None = block._cache.get(key)
     if adj is None:
         if agg == "mean":
-            values = (1.0 / deg.clamp(min=1).to(feat.dtype)).repeat_interleave(deg)
+            values = (1.0 / deg.clamp(min=1).to(acc)).repeat_interleave(deg, output_size=col.numel())
         else:
-            values = torch.ones(col.numel(), dtype=feat.dtype)
+            values = torch.ones(col.numel(), dtype=acc, device=feat.device)
         with warnings.catch_warnings():  # "sparse CSR support is in beta" (once per process)
             warnings.simplefilter("ignore", UserWarning)
             adj = torch.sparse_csr_tensor(
                 crow, col, values, size=(block.num_dst_nodes, block.num_src_nodes), check_invariants=False
             )
         block._cache[key] = adj
-    with torch.autocast("cpu", enabled=False):  # no bf16/fp16 sparse kernels on CPU: stay in feat's dtype
-        out: torch.Tensor = torch.sparse.mm(adj, feat)
+    feat_acc = feat.to(acc)
+    with torch.autocast(feat.device.type, enabled=False):  # the product stays in ``acc``
+        out: torch.Tensor = torch.sparse.mm(adj, feat_acc)
     if agg == "gcn":  # the node itself counts as one more neighbour
-        out = (out + feat[: block.num_dst_nodes]) / (deg.to(feat.dtype) + 1).unsqueeze(1)
-    return out
+        out = (out + feat_acc[: block.num_dst_nodes]) / (deg.to(acc) + 1).unsqueeze(1)
+    return out.to(feat.dtype)
 
 
 class Dropout(nn.Dropout):

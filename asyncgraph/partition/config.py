@@ -41,6 +41,11 @@ class PartitionConfig(BaseModel):
     parts: list[PartSpec]
     node_feats: dict[str, TensorSpec] = Field(default_factory=dict)
     edge_feats: dict[str, TensorSpec] = Field(default_factory=dict)
+    #: ID mapping files (relative to the JSON file): ``orig_nids[new_id] == original_id``.
+    orig_nids: str | None = None
+    orig_eids: str | None = None
+    #: ``partition_graph``'s ``num_trainers_per_machine`` (node tensor ``trainer_id`` when > 1).
+    num_trainers_per_machine: int = 1
     # Heterogeneous graphs only: type names, per-part per-type counts, which tensors each type has.
     ntypes: list[str] | None = None
     canonical_etypes: list[tuple[str, str, str]] | None = None

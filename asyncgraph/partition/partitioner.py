@@ -35,7 +35,7 @@ from asyncgraph.names import ETYPE, NTYPE, TYPE_EID
 from asyncgraph.partition.assign import METHODS, assign_parts, balance_categories
 from asyncgraph.partition.book import IdArray
 from asyncgraph.partition.config import PartitionConfig, PartSpec, TensorSpec
-from asyncgraph.partition.layout import PartFiles, config_file, part_dir_name
+from asyncgraph.partition.layout import ORIG_EIDS_FILE, ORIG_NIDS_FILE, PartFiles, config_file, part_dir_name
 
 __all__ = ["METHODS", "partition_graph"]
 
@@ -144,6 +144,8 @@ def partition_graph(
     seed: int = ...,
     overwrite: bool = ...,
     progress: bool = ...,
+    num_hops: int = ...,
+    num_trainers_per_machine: int = ...,
 ) -> None: ...
 
 
@@ -161,6 +163,8 @@ def partition_graph(
     seed: int = ...,
     overwrite: bool = ...,
     progress: bool = ...,
+    num_hops: int = ...,
+    num_trainers_per_machine: int = ...,
 ) -> tuple[IdArray, IdArray]: ...
 
 
@@ -177,6 +181,8 @@ def partition_graph(
     seed: int = ...,
     overwrite: bool = ...,
     progress: bool = ...,
+    num_hops: int = ...,
+    num_trainers_per_machine: int = ...,
 ) -> tuple[IdArray, IdArray] | None: ...
 
 
@@ -192,6 +198,8 @@ def partition_graph(
     seed: int = 0,
     overwrite: bool = False,
     progress: bool = False,
+    num_hops: int = 1,
+    num_trainers_per_machine: int = 1,
 ) -> tuple[IdArray, IdArray] | None:
     """Partition ``graph`` into ``num_parts`` range-owned partitions written under ``out_path``.
 
@@ -199,7 +207,18 @@ def partition_graph(
     ``balance_ntypes`` categories evened to within one node per part, ``balance_edges`` in-edges
     per part to within 5% of the mean, both by repair passes after METIS) or ``"random"``
     (seeded balanced split). Each edge belongs to its destination's partition. With
-    ``return_mapping`` returns ``(orig_nids, orig_eids)`` (numpy int64): ``orig_nids[new] == old``.
+    ``return_mapping`` returns ``(orig_nids, orig_eids)`` (numpy int64): ``orig_nids[new] == old``;
+    the same arrays are always written as ``orig_nids.npy``/``orig_eids.npy`` beside the config
+    (named in it as ``orig_nids``/``orig_eids``), so CLI users can map results back too.
+
+    ``num_hops`` is DGL's halo depth: a partition here always holds every in-edge of its nodes
+    (sources as global IDs), which is DGL's 1 hop, and deeper layers are sampled from their owners,
+    so only ``num_hops=1`` is accepted. ``num_trainers_per_machine=T > 1`` (DGL's meaning) first
+    splits the graph into ``num_parts * T`` parts, then coalesces each run of ``T`` into one
+    partition, so each partition's IDs are ``T`` contiguous sub-ranges, one per trainer; the
+    sub-part of every node is stored as node tensor ``trainer_id`` (``part * T + local``, and of
+    every edge's destination as edge tensor ``trainer_id``), which ``node_split(...,
+    node_trainer_ids=g.ndata["trainer_id"])`` uses to give each trainer its own sub-range.
     Invalid arguments raise ``InvalidRequestError`` (a ``ValueError``) before anything is written;
     a failed run leaves ``out_path`` as it was.
     """
@@ -224,6 +243,32 @@ def partition_graph(
         raise InvalidRequestError(f"num_parts must be in [1, num_nodes={n}], got {num_parts}")
     if part_method not in METHODS:
         raise InvalidRequestError(f"unknown part_method {part_method!r}; expected one of {list(METHODS)}")
+    if isinstance(num_hops, bool) or not isinstance(num_hops, (int, np.integer)) or num_hops < 1:
+        raise InvalidRequestError(f"num_hops must be a positive int, got {num_hops!r}")
+    if num_hops != 1:
+        raise InvalidRequestError(
+            f"num_hops={num_hops} is not supported: an asyncgraph partition keeps every in-edge of "
+            "its nodes (DGL's num_hops=1) and deeper layers are sampled from the nodes' owners at "
+            "training time, so no deeper halo is needed; pass num_hops=1 (the default)"
+        )
+    tpm = num_trainers_per_machine
+    if isinstance(tpm, bool) or not isinstance(tpm, (int, np.integer)) or tpm < 1:
+        raise InvalidRequestError(f"num_trainers_per_machine must be an int >= 1, got {tpm!r}")
+    tpm = int(tpm)
+    if num_parts * tpm > n:
+        raise InvalidRequestError(
+            f"num_parts * num_trainers_per_machine = {num_parts * tpm} exceeds num_nodes={n}"
+        )
+    reserved = [k for k in ("trainer_id",) if tpm > 1 and (k in graph.ndata or k in graph.edata)]
+    if reserved:
+        raise InvalidRequestError(
+            "num_trainers_per_machine > 1 writes the tensor 'trainer_id'; the graph already has one"
+        )
+    if hetero is not None and int(num_trainers_per_machine) > 1:
+        raise InvalidRequestError(
+            "num_trainers_per_machine > 1 is not supported for heterogeneous graphs yet: "
+            "partition with 1 and use node_split(..., ntype=) per trainer"
+        )
     if ntype is not None and balance_ntypes is None:
         balance_ntypes = ntype  # even every node type across partitions
     categories = balance_categories(balance_ntypes, n)
@@ -232,19 +277,29 @@ def partition_graph(
 
     stage = _Stages(progress)
     # ---- 1. node -> partition ----
-    parts = assign_parts(graph, num_parts, part_method, categories, balance_edges, seed, stage)
+    sub_parts = assign_parts(graph, num_parts * tpm, part_method, categories, balance_edges, seed, stage)
+    ndata = dict(graph.ndata)
+    edata = dict(graph.edata)
+    if tpm > 1:  # relabelling by sub-part keeps each partition's trainers' ranges contiguous
+        ndata["trainer_id"] = sub_parts
+        edata["trainer_id"] = sub_parts[graph.dst]
+    parts = sub_parts
 
     # ---- 2./3. relabel nodes and edges ----
     with stage("relabelling"):
-        small = parts.astype(np.int16 if num_parts < 2**15 else np.int64)
+        small = parts.astype(np.int16 if num_parts * tpm < 2**15 else np.int64)
         del parts
         node_bounds = np.zeros(num_parts + 1, dtype=np.int64)
-        np.cumsum(np.bincount(small, minlength=num_parts), out=node_bounds[1:])
+        np.cumsum(np.bincount(small // tpm, minlength=num_parts), out=node_bounds[1:])
         num_t = 1 if hetero is None else len(hetero.ntypes)
         if ntype is not None:  # nodes of one type contiguous inside each partition: sort by (part, type)
-            small = small.astype(np.int64) * num_t + ntype
+            small = small.astype(np.int64) * num_t + ntype  # (tpm == 1 for heterogeneous graphs)
         orig_nids = np.argsort(small, kind="stable").astype(np.int64, copy=False)  # radix for int16
-        type_counts = np.bincount(small, minlength=num_parts * num_t).reshape(num_parts, num_t)
+        type_counts = (
+            np.bincount(small, minlength=num_parts * num_t).reshape(num_parts, num_t)
+            if ntype is not None
+            else None
+        )
         del small
         new_id = np.empty(n, dtype=np.int64)
         new_id[orig_nids] = np.arange(n, dtype=np.int64)
@@ -256,7 +311,6 @@ def partition_graph(
         np.cumsum(in_deg, out=indptr[1:])
         del in_deg
         edge_bounds = indptr[node_bounds]
-    ndata, edata = dict(graph.ndata), dict(graph.edata)
     etype_counts = None
     if hetero is not None and ntype is not None and etype is not None:
         num_r = len(hetero.canonical_etypes)
@@ -308,8 +362,13 @@ def partition_graph(
             parts=specs,
             node_feats={k: _spec(v) for k, v in ndata.items()},
             edge_feats={k: _spec(v) for k, v in edata.items()},
+            orig_nids=ORIG_NIDS_FILE,
+            orig_eids=ORIG_EIDS_FILE,
+            num_trainers_per_machine=tpm,
         )
-        if hetero is not None and etype_counts is not None:
+        np.save(tmp / ORIG_NIDS_FILE, orig_nids)
+        np.save(tmp / ORIG_EIDS_FILE, orig_eids)
+        if hetero is not None and etype_counts is not None and type_counts is not None:
             config.ntypes = hetero.ntypes
             config.canonical_etypes = hetero.canonical_etypes
             config.ntype_counts = type_counts.tolist()

@@ -161,15 +161,23 @@ class ServerSession(_Session):
         secret: bytes | None,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         nonce: bytes | None = None,
+        instance: str = "",
+        epoch: int = 0,
     ) -> None:
-        """The server hello is queued at once: write ``data_to_send()`` when the client connects."""
+        """The server hello is queued at once: write ``data_to_send()`` when the client connects.
+
+        ``instance`` (new at each server start) and ``epoch`` (its state epoch) let a
+        reconnecting client tell a restarted server, and one that lost state, from the old one.
+        """
         super().__init__(max_frame_size, SessionState.AWAIT_CLIENT_HELLO)
         self.graph_name = graph_name
         self.part_id = part_id
         self.nonce = new_nonce() if nonce is None else nonce
         self._secret = secret
         self.client_hello: ClientHello | None = None
-        hello = ServerHello(PROTOCOL_VERSION, graph_name, part_id, self.nonce, secret is not None)
+        hello = ServerHello(
+            PROTOCOL_VERSION, graph_name, part_id, self.nonce, secret is not None, instance, epoch
+        )
         self._out.append(encode_handshake(hello))
 
     def buffer_updated(self, nbytes: int) -> list[ServerEvent]:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from asyncgraph.errors import BarrierTimeoutError, UnknownOpError
+from asyncgraph.errors import BarrierTimeoutError, InvalidRequestError, UnknownOpError
 from asyncgraph.protocol.ops import (
     BarrierArgs,
     CreateTensorArgs,
@@ -28,12 +29,19 @@ from asyncgraph.protocol.ops import (
     Op,
     PullArgs,
     PushArgs,
+    ReleaseTensorsArgs,
     SampleArgs,
     SampleEdgesArgs,
+    SnapshotArgs,
     SparseUpdateArgs,
+    request_id,
 )
+from asyncgraph.server.durable import DurableState, RequestLog
 from asyncgraph.service.local import PartitionService
 from asyncgraph.storage.store import PartitionStore
+
+if TYPE_CHECKING:
+    from asyncgraph.server.metrics import ServerMetrics
 
 Handler = Callable[[Mapping[str, Any]], Any]
 
@@ -90,8 +98,16 @@ class RequestHandlers:
         shm_address: str | None = None,
         shm_token: bytes | None = None,
         on_shutdown: Callable[[], None] | None = None,
+        metrics: ServerMetrics | None = None,
+        durable: DurableState | None = None,
     ) -> None:
         self.store = store
+        self.metrics = metrics
+        self.durable = durable
+        self.requests = durable.requests if durable is not None else RequestLog()
+        #: Changes at every start: clients compare it to learn that the server restarted.
+        self.instance = uuid.uuid4().hex
+        self.writes = 0  # acknowledged writes since start (periodic snapshots skip idle periods)
         shm = (
             {"address": shm_address, "token": shm_token}
             if shm_address is not None and shm_token is not None
@@ -108,6 +124,7 @@ class RequestHandlers:
             Op.PUSH: self.push,
             Op.CREATE_TENSOR: self.create_tensor,
             Op.DELETE_TENSOR: self.delete_tensor,
+            Op.RELEASE_TENSORS: self.release_tensors,
             Op.LIST_TENSORS: self.list_tensors,
             Op.BARRIER: self.barrier,
             Op.SAMPLE: self.sample,
@@ -118,7 +135,37 @@ class RequestHandlers:
             Op.SPARSE_UPDATE: self.sparse_update,
             Op.DEGREES: self.degrees,
             Op.SAMPLE_EDGES: self.sample_edges,
+            Op.SNAPSHOT: self.snapshot,
         }
+        # Writes without logging or request ids: what a request and a log replay both apply.
+        self._apply: dict[str, Handler] = {
+            Op.PUSH: self._push,
+            Op.CREATE_TENSOR: self._create_tensor,
+            Op.DELETE_TENSOR: self._delete_tensor,
+            Op.SPARSE_UPDATE: self._sparse_update,
+        }
+
+    def replay(self, op: str, args: Mapping[str, Any]) -> None:
+        """Apply one logged write again (at start-up, after the snapshot)."""
+        self._apply[op](args)
+
+    def _write(self, op: str, args: Mapping[str, Any]) -> Any:
+        """Apply a write once per request id, log it, then let the reply go out."""
+        rid = request_id(args, op)
+        if rid is not None and rid in self.requests and op != Op.CREATE_TENSOR:
+            return None  # applied before; the client retried after losing our reply
+        result = self._apply[op](args)
+        self.writes += 1
+        if self.durable is not None:
+            self.durable.log(op, args, rid)
+        if rid is not None:
+            self.requests.add(rid)
+        return result
+
+    @property
+    def epoch(self) -> int:
+        """The state epoch (last snapshot) this server serves; 0 without a state folder."""
+        return self.durable.epoch if self.durable is not None else 0
 
     def lookup(self, op: str) -> Handler:
         handler = self.ops.get(op)
@@ -128,7 +175,11 @@ class RequestHandlers:
 
     # --- metadata -----------------------------------------------------------------------
     def info(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        return self.partition.info()
+        info = self.partition.info()
+        info["instance"] = self.instance
+        info["epoch"] = self.epoch
+        info["durable"] = self.durable is not None and self.durable.use_wal
+        return info
 
     def list_tensors(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         return [meta.to_dict() for meta in self.partition.list_tensors()]
@@ -152,19 +203,54 @@ class RequestHandlers:
     # --- tensors ------------------------------------------------------------------------
     def pull(self, args: Mapping[str, Any]) -> np.ndarray:
         a = PullArgs.decode(args)
-        return self.partition.pull(a.name, a.ids)
+        rows = self.partition.pull(a.name, a.ids)
+        if self.metrics is not None:
+            self.metrics.rows_out += len(rows)
+        return rows
 
     def push(self, args: Mapping[str, Any]) -> None:
+        self._write(Op.PUSH, args)
+
+    def _push(self, args: Mapping[str, Any]) -> None:
         a = PushArgs.decode(args)
         self.partition.push(a.name, a.ids, a.values, a.op)
+        if self.metrics is not None:
+            self.metrics.rows_in += len(a.ids)
 
     def create_tensor(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._write(Op.CREATE_TENSOR, args)
+        return result
+
+    def _create_tensor(self, args: Mapping[str, Any]) -> dict[str, Any]:
         a = CreateTensorArgs.decode(args)
-        meta, created = self.partition.create_tensor(a.name, a.policy, a.shape, a.dtype, a.init)
+        meta, created = self.partition.create_tensor(a.name, a.policy, a.shape, a.dtype, a.init, a.holder)
         return {**meta.to_dict(), "created": created}
 
     def delete_tensor(self, args: Mapping[str, Any]) -> None:
+        self._write(Op.DELETE_TENSOR, args)
+
+    def _delete_tensor(self, args: Mapping[str, Any]) -> None:
         self.partition.delete_tensor(DeleteTensorArgs.decode(args).name)
+
+    def release_tensors(self, args: Mapping[str, Any]) -> list[str]:
+        a = ReleaseTensorsArgs.decode(args)
+        return self.partition.release_tensors(a.holder, a.names, a.all)
+
+    def snapshot(self, args: Mapping[str, Any]) -> Awaitable[dict[str, Any]]:
+        """Write this server's state as snapshot ``epoch`` (needs ``--state-dir``).
+
+        The rows are copied at once; the files are written off the event loop.
+        """
+        a = SnapshotArgs.decode(args)
+        durable = self.durable
+        if durable is None:
+            raise InvalidRequestError("snapshot: this server was started without --state-dir")
+
+        async def run() -> dict[str, Any]:
+            path = await durable.snapshot_async(self.store, a.epoch)
+            return {"epoch": a.epoch, "path": str(path)}
+
+        return run()
 
     # --- coordination -------------------------------------------------------------------
     def barrier(self, args: Mapping[str, Any]) -> Awaitable[int]:
@@ -196,5 +282,10 @@ class RequestHandlers:
     # --- sparse optimizers --------------------------------------------------------------
     def sparse_update(self, args: Mapping[str, Any]) -> None:
         """One Adagrad/Adam step on owned rows, applied here under the store's write lock."""
+        self._write(Op.SPARSE_UPDATE, args)
+
+    def _sparse_update(self, args: Mapping[str, Any]) -> None:
         a = SparseUpdateArgs.decode(args)
         self.partition.sparse_update(a.name, a.ids, a.grads, a.spec)
+        if self.metrics is not None:
+            self.metrics.rows_in += len(a.ids)

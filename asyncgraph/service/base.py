@@ -56,12 +56,23 @@ class Partition(Protocol):
     ) -> None: ...
 
     async def create_tensor(
-        self, name: str, policy: str, shape: list[int], dtype: str, init: dict[str, Any] | None
+        self,
+        name: str,
+        policy: str,
+        shape: list[int],
+        dtype: str,
+        init: dict[str, Any] | None,
+        holder: str | None = None,
     ) -> tuple[TensorMeta, bool]:
-        """The tensor's meta and whether this call created it on this partition."""
+        """The tensor's meta and whether this call created it on this partition (``holder``:
+        non-persistent, reference counted by holder)."""
         ...
 
     async def delete_tensor(self, name: str) -> None: ...
+
+    async def release_tensors(self, holder: str, names: list[str], every: bool = False) -> list[str]:
+        """Drop ``holder``'s references to non-persistent tensors; returns the names deleted."""
+        ...
 
     async def list_tensors(self) -> list[TensorMeta]: ...
 

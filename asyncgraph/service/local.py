@@ -47,6 +47,7 @@ class PartitionService:
         self.num_clients = num_clients
         self.shm = dict(shm) if shm is not None else None
         self._out_index: OutIndex | None = None
+        self._refs: dict[str, dict[str, int]] = {}  # non-persistent tensor -> holder -> references
 
     @property
     def out_index(self) -> OutIndex:
@@ -83,15 +84,55 @@ class PartitionService:
         self.store.push(name, ids, values, op)
 
     def create_tensor(
-        self, name: str, policy: str, shape: list[int], dtype: str, init: dict[str, Any] | None = None
+        self,
+        name: str,
+        policy: str,
+        shape: list[int],
+        dtype: str,
+        init: dict[str, Any] | None = None,
+        holder: str | None = None,
     ) -> tuple[TensorMeta, bool]:
-        """The tensor's meta, and whether this call created it (False: it existed already)."""
+        """The tensor's meta, and whether this call created it (False: it existed already).
+
+        With a ``holder`` the tensor is non-persistent: a tensor created that way is reference
+        counted (one reference per call, by holder) and deleted when ``release_tensors`` drops
+        the last one; getting an existing non-persistent tensor adds a reference, getting a
+        persistent one adds none.
+        """
         existed = self.store.has_tensor(name)
         meta = self.store.create_tensor(name, cast(Policy, policy), shape, dtype, init)
+        if holder is not None and (not existed or name in self._refs):
+            held = self._refs.setdefault(name, {})
+            held[holder] = held.get(holder, 0) + 1
         return meta, not existed
 
     def delete_tensor(self, name: str) -> None:
         self.store.delete_tensor(name)
+        self._refs.pop(name, None)
+
+    def release_tensors(self, holder: str, names: list[str], every: bool = False) -> list[str]:
+        """Drop ``holder``'s references (one per name, or all); returns the tensors deleted."""
+        drops: dict[str, int] = {}
+        if every:
+            drops = {n: held[holder] for n, held in self._refs.items() if holder in held}
+        for n in names:
+            drops[n] = drops.get(n, 0) + 1
+        deleted: list[str] = []
+        for name, count in drops.items():
+            held = self._refs.get(name)
+            if held is None or holder not in held:
+                continue  # not a reference this holder has (already released, or persistent)
+            held[holder] -= count
+            if held[holder] <= 0:
+                del held[holder]
+            if not held:
+                del self._refs[name]
+                state = [m.name for m in self.store.list_tensors() if m.name.startswith(name + "#")]
+                for key in [name, *state]:
+                    if self.store.has_tensor(key):
+                        self.store.delete_tensor(key)
+                        deleted.append(key)
+        return deleted
 
     def sample(
         self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None
@@ -139,11 +180,15 @@ class LocalPartition:
         *,
         server: Partition | None = None,
         shm: Mapping[str, Any] | None = None,
+        instance: str | None = None,
     ) -> None:
         self.service = service
         self.part_id = service.store.part_id
         self.server = server
         self.shm = shm
+        self._instance: Any = instance
+        conn = getattr(server, "conn", None)
+        self._generation = conn.generation if conn is not None else 0
 
     @property
     def name(self) -> str:
@@ -158,12 +203,55 @@ class LocalPartition:
         return self.service.store.closed
 
     def runs_here(self, op: Op) -> bool:
+        if op == Op.PUSH and self.writes_via_server:
+            return False
         return self.server is None or op in _ATTACHED_OPS
 
     def _check_alive(self) -> None:
         server = self.server
         if server is not None and server.closed:
             raise ServerUnavailableError(f"server {server.name} of partition {self.part_id} is gone")
+
+    async def _current(self) -> None:
+        """Make sure the mapped memory is the live server's.
+
+        A server that restarted (its connection reconnected) holds new memory: the old mapping
+        belongs to a dead process, so it is dropped and the new server's store attached.
+        """
+        server = self.server
+        conn = getattr(server, "conn", None)
+        if server is None or conn is None:
+            return
+        if conn.closed:
+            if conn.reconnect_window <= 0:
+                self._check_alive()
+            await conn.reconnect()
+        if conn.generation == self._generation:
+            return
+        info = await server.info()
+        if info.get("instance") != self._instance:
+            await self._reattach(info)
+        self._generation = conn.generation
+
+    async def _reattach(self, info: Mapping[str, Any]) -> None:
+        from asyncgraph.storage.fdpass import attach_store
+
+        shm = info.get("shm")
+        if not shm:
+            raise ServerUnavailableError(
+                f"server {self.name} of partition {self.part_id} restarted without shared memory"
+            )
+        store = await asyncio.to_thread(attach_store, shm["address"], shm["token"], timeout=10.0)
+        old = self.service.store
+        self.service = PartitionService(store)
+        self.shm = shm
+        self._instance = info.get("instance")
+        old.close()
+
+    @property
+    def writes_via_server(self) -> bool:
+        """True when the server logs writes (WAL): pushes must go through it, not shared memory."""
+        return self.server is not None and bool(self.shm and self.shm.get("writes_via_server"))
 
     async def _map(self, shm: Mapping[str, Any], name: str) -> None:
         """Map tensor ``name``, created on the server after this store was attached."""
@@ -173,25 +261,28 @@ class LocalPartition:
         self.service.store.add_attached(descriptor, fds)
 
     async def pull(self, name: str, ids: np.ndarray) -> np.ndarray:
-        self._check_alive()
+        await self._current()
         if self.shm is not None and not self.service.store.has_tensor(name):
             await self._map(self.shm, name)
         return self.service.pull(name, ids)
 
     async def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str) -> None:
-        self._check_alive()
+        if self.server is not None and self.writes_via_server:
+            return await self.server.push(name, ids, values, op)
+        await self._current()
         if self.shm is not None and not self.service.store.has_tensor(name):
             await self._map(self.shm, name)
         self.service.push(name, ids, values, op)
+        return None
 
     async def sample(
         self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        self._check_alive()
+        await self._current()
         return self.service.sample(seeds, fanout, replace, seed)
 
     async def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        self._check_alive()
+        await self._current()
         return self.service.find_edges(eids)
 
     async def degrees(self, ids: np.ndarray | None, edge_dir: str) -> np.ndarray:
@@ -219,11 +310,25 @@ class LocalPartition:
         return None
 
     async def create_tensor(
-        self, name: str, policy: str, shape: list[int], dtype: str, init: dict[str, Any] | None
+        self,
+        name: str,
+        policy: str,
+        shape: list[int],
+        dtype: str,
+        init: dict[str, Any] | None,
+        holder: str | None = None,
     ) -> tuple[TensorMeta, bool]:
         if self.server is not None:
-            return await self.server.create_tensor(name, policy, shape, dtype, init)
-        return self.service.create_tensor(name, policy, shape, dtype, init)
+            return await self.server.create_tensor(name, policy, shape, dtype, init, holder)
+        return self.service.create_tensor(name, policy, shape, dtype, init, holder)
+
+    async def release_tensors(self, holder: str, names: list[str], every: bool = False) -> list[str]:
+        if self.server is None:
+            return self.service.release_tensors(holder, names, every)
+        deleted = await self.server.release_tensors(holder, names, every)
+        for name in deleted:
+            self.service.store.forget_tensor(name)
+        return deleted
 
     async def delete_tensor(self, name: str) -> None:
         if self.server is None:

@@ -327,6 +327,10 @@ class PartitionStore:
     def has_tensor(self, name: str) -> bool:
         return name in self._tensors
 
+    def local_sizes(self) -> dict[str, tuple[int, int]]:
+        """``name -> (rows, bytes)`` this partition holds of each tensor (for metrics)."""
+        return {name: (t.rows.shape[0], t.rows.nbytes) for name, t in list(self._tensors.items())}
+
     # --- data access ------------------------------------------------------------------------
     def _local_ids(self, t: _Tensor, ids: Any) -> np.ndarray:
         """Validate global IDs for tensor ``t`` and return int64 local row indices."""
