@@ -250,7 +250,7 @@ def node_split(
             raise InvalidRequestError("node_split(ntype=...) needs a partition book or an initialised graph")
         tb = book.ntype_bounds(ntype)
         return _split(mask, None, rank, world_size, force_even, "node", type_bounds=tb)
-    return _split(mask, partition_book, rank, world_size, force_even, "node", node_trainer_ids)
+    return _split(mask, partition_book, rank, world_size, force_even, "node", trainer_ids=node_trainer_ids)
 
 
 def edge_split(
@@ -266,4 +266,4 @@ def edge_split(
 
     Same rules as ``node_split``, over edge IDs and the book's edge ranges.
     """
-    return _split(mask, partition_book, rank, world_size, force_even, "edge", edge_trainer_ids)
+    return _split(mask, partition_book, rank, world_size, force_even, "edge", trainer_ids=edge_trainer_ids)
