@@ -16,6 +16,10 @@ __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     "Graph": "asyncgraph.graph",
+    "HeteroGraph": "asyncgraph.hetero",
+    "heterograph": "asyncgraph.hetero",
+    "sample_etype_neighbors": "asyncgraph.distributed.hetero",
+    "HeteroBlock": "asyncgraph.dataloading.hetero_block",
     "partition_graph": "asyncgraph.partition",
     "load_partition": "asyncgraph.partition",
     "Partition": "asyncgraph.partition",
@@ -71,6 +75,7 @@ if TYPE_CHECKING:
         NeighborSampler,
         to_block,
     )
+    from asyncgraph.dataloading.hetero_block import HeteroBlock
     from asyncgraph.distributed import (
         DistEmbedding,
         DistGraph,
@@ -86,6 +91,7 @@ if TYPE_CHECKING:
         uniform_init,
         zeros_init,
     )
+    from asyncgraph.distributed.hetero import sample_etype_neighbors
     from asyncgraph.distributed.queries import (
         ALL,
         EID,
@@ -97,6 +103,7 @@ if TYPE_CHECKING:
     from asyncgraph.distributed.sampling import sample_neighbors
     from asyncgraph.distributed.split import edge_split, node_split
     from asyncgraph.graph import Graph
+    from asyncgraph.hetero import HeteroGraph, heterograph
     from asyncgraph.partition import (
         Partition,
         PartitionConfig,
@@ -136,6 +143,8 @@ __all__ = [
     "DistTensor",
     "EdgePartitionPolicy",
     "Graph",
+    "HeteroBlock",
+    "HeteroGraph",
     "MiniBatch",
     "NeighborSampler",
     "NodePartitionPolicy",
@@ -148,12 +157,14 @@ __all__ = [
     "barrier",
     "edge_split",
     "finalize",
+    "heterograph",
     "initialize",
     "is_standalone",
     "load_partition",
     "node_split",
     "normal_init",
     "partition_graph",
+    "sample_etype_neighbors",
     "sample_neighbors",
     "shutdown_servers",
     "to_block",

@@ -65,6 +65,15 @@ class UnknownOpError(InvalidRequestError):
     code = "unknown_op"
 
 
+class UnknownTypeError(InvalidRequestError, KeyError):
+    """A node or edge type (or a dict keyed by types) names a type the graph does not have."""
+
+    code = "unknown_type"
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 class ProtocolError(AsyncGraphError):
     """Bytes on the wire do not form a valid frame or message."""
 
@@ -126,6 +135,7 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         TensorExistsError,
         PartialTensorError,
         UnknownOpError,
+        UnknownTypeError,
         ProtocolError,
         FrameTooLargeError,
         AuthenticationError,

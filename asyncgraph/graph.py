@@ -196,6 +196,19 @@ class Graph:
     def number_of_nodes(self) -> int:
         return self._num_nodes
 
+    # A homogeneous graph is a heterogeneous one with a single node and edge type (DGL's names).
+    @property
+    def ntypes(self) -> list[str]:
+        return ["_N"]
+
+    @property
+    def etypes(self) -> list[str]:
+        return ["_E"]
+
+    @property
+    def canonical_etypes(self) -> list[tuple[str, str, str]]:
+        return [("_N", "_E", "_N")]
+
     def number_of_edges(self) -> int:
         return int(self._src.size)
 

@@ -13,7 +13,7 @@ import asyncio
 import math
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -356,6 +356,29 @@ class AsyncClient:
             return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
         src, dst, eids = (np.concatenate([r[k] for r in results]) for k in ("src", "dst", "eids"))
         return src, dst, eids
+
+    async def sample_etypes(
+        self, seeds: Any, etype_fanouts: Any, *, seed: int | None = None, prob: str | None = None
+    ) -> dict[str, np.ndarray]:
+        """In-edges of homogeneous ``seeds`` with a fanout per edge type, sampled by each seed's
+        owner (the server reads each edge's type). Returns ``src``, ``dst``, ``eids`` (homogeneous)
+        and each edge's ``etype`` (index into the book's canonical_etypes) and ``type_eid``."""
+        gids = as_id_array(seeds, "seeds")
+        fan = as_id_array(etype_fanouts, "etype_fanouts")
+        if fan.size != len(self.book.canonical_etypes):
+            raise InvalidRequestError(
+                f"need one fanout per edge type ({len(self.book.canonical_etypes)}), got {fan.size}"
+            )
+        parts = split_by_owner(self.book.owner(gids, "node"), self.num_partitions)
+
+        def call(p: Partition, pos: np.ndarray | None) -> Awaitable[dict[str, np.ndarray]]:
+            return p.sample_edges(SampleEdgesArgs(take(gids, pos), -1, "in", False, seed, prob, None, fan))
+
+        results = [r for _, r in await scatter(self.partitions, parts, Op.SAMPLE_EDGES, call)]
+        keys = ("src", "dst", "eids", "etype", "type_eid")
+        if not results:
+            return {k: np.empty(0, np.int64) for k in keys}
+        return {k: np.concatenate([r[k] for r in results]) for k in keys}
 
     async def degrees(self, ids: Any, edge_dir: str) -> np.ndarray:
         """In- or out-degrees (int64) of global node ``ids`` in the caller's order (None: all nodes).

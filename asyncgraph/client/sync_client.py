@@ -192,6 +192,12 @@ class Client:
         """``AsyncClient.sample_edges``: direction, weights and excluded edges."""
         return self.loop.run(self.aio.sample_edges(seeds, fanout, **options))
 
+    def sample_etypes(
+        self, seeds: Any, etype_fanouts: np.ndarray, *, seed: int | None = None, prob: str | None = None
+    ) -> dict[str, np.ndarray]:
+        """``AsyncClient.sample_etypes``: in-edges with a fanout per edge type."""
+        return self.loop.run(self.aio.sample_etypes(seeds, etype_fanouts, seed=seed, prob=prob))
+
     def degrees(self, ids: Any, edge_dir: str) -> np.ndarray:
         """In- or out-degrees of node ``ids`` (None: all nodes)."""
         return self.loop.run(self.aio.degrees(ids, edge_dir))

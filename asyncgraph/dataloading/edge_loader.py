@@ -118,6 +118,11 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
         client = client_of(g)
         if exclude not in (None, "self"):
             raise InvalidRequestError(f"exclude must be None or 'self', got {exclude!r}")
+        if isinstance(eids, dict):  # {etype: per-type edge IDs}: not yet (edge IDs stay in CSC order)
+            raise InvalidRequestError(
+                "DistEdgeDataLoader does not take {etype: eids} yet: per-type edge IDs of a "
+                "heterogeneous partitioning are not range-mapped; pass homogeneous edge IDs"
+            )
         self.eids = as_id_array(mask_or_ids(eids), "eids")
         client.book.owner(self.eids, "edge")  # OutOfRangeError now rather than mid-epoch
         super().__init__(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Iterator, Sequence
+import time
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,8 +20,10 @@ from asyncgraph.dataloading.fetch import (
     node_tensor_names,
     sample_and_pull,
 )
+from asyncgraph.dataloading.hetero_block import sample_and_pull_hetero
 from asyncgraph.dataloading.prefetch import PrefetchingLoader
 from asyncgraph.dataloading.sampler import NeighborSampler
+from asyncgraph.errors import UnknownTypeError
 
 __all__ = ["DistNodeDataLoader", "MiniBatch"]
 
@@ -68,7 +71,18 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
         overlap: bool = True,
     ) -> None:
         client = client_of(g)
-        self.nids = mask_or_ids(nids).astype(np.int64, copy=False)
+        # Heterogeneous graphs: {ntype: ids or mask}; batches mix types, homogeneous IDs inside.
+        self.typed: list[tuple[str, np.ndarray]] | None = None
+        if isinstance(nids, Mapping):
+            book = client.book
+            bad = [k for k in nids if k not in book.ntypes]
+            if bad:
+                raise UnknownTypeError(f"nids: unknown node type(s) {bad}; known: {book.ntypes}")
+            typed = [(str(t), mask_or_ids(v).astype(np.int64, copy=False)) for t, v in nids.items()]
+            self.typed = typed
+            self.nids = np.concatenate([book.map_to_homo_nid(v, t) for t, v in typed])
+        else:
+            self.nids = mask_or_ids(nids).astype(np.int64, copy=False)
         super().__init__(
             client.loop, self.nids.size, batch_size, shuffle, drop_last, prefetch, seed, device, overlap
         )
@@ -81,6 +95,8 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
         return self._build(self.nids[positions], self._batch_seed(epoch, index))
 
     async def _build(self, seeds: np.ndarray, batch_seed: int) -> MiniBatch:
+        if self.typed is not None:
+            return await self._build_hetero(seeds, batch_seed)
         s = await sample_and_pull(
             self.aio,
             self.sampler,
@@ -97,3 +113,16 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
             sample_time=s.sample_time,
             pull_time=s.pull_time,
         )
+
+    async def _build_hetero(self, seeds: np.ndarray, batch_seed: int) -> MiniBatch:
+        """Typed batch: ``input_nodes``/``seeds`` are dicts by node type, blocks HeteroBlocks."""
+        t0 = time.perf_counter()
+        types, per_type = self.aio.book.map_to_per_ntype(seeds)
+        names = self.aio.book.ntypes
+        seed_dict = {names[t]: per_type[types == t] for t in np.unique(types).tolist()}
+        inputs, outputs, blocks = await sample_and_pull_hetero(
+            self.aio, self.sampler, seed_dict, batch_seed, node_feats=self.node_feats, labels=self.labels
+        )
+        dt = time.perf_counter() - t0
+        self.stats.sample += dt
+        return MiniBatch(inputs, outputs, blocks, sample_time=dt)  # type: ignore[arg-type]

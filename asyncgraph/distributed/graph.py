@@ -17,6 +17,7 @@ from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.storage.store import PartitionStore
 
 from .context import get_client
+from .hetero import EdgeTypes, HeteroSample, NodeTypes, sample_etype_neighbors
 from .queries import ALL, EdgePartitionPolicy, NodePartitionPolicy, SampledSubgraph, relabel
 from .split import _rank_world
 from .tensor import DistTensor
@@ -92,16 +93,45 @@ class DistGraph:
         self.graph_name = graph_name
         self.ndata = TensorView(self._client, "node")
         self.edata = TensorView(self._client, "edge")
+        self.nodes = NodeTypes(self)
+        self.edges_by_type = EdgeTypes(self)
 
     @property
     def client(self) -> Client:
         return self._client
 
-    def num_nodes(self) -> int:
-        return self._client.book.num_nodes
+    def num_nodes(self, ntype: str | None = None) -> int:
+        """Nodes of the graph, or of node type ``ntype``."""
+        if ntype is None:
+            return self._client.book.num_nodes
+        return self._client.book.num_nodes_of(ntype)
 
-    def num_edges(self) -> int:
-        return self._client.book.num_edges
+    def num_edges(self, etype: Any = None) -> int:
+        """Edges of the graph, or of edge type ``etype`` (relation name or canonical triple)."""
+        if etype is None:
+            return self._client.book.num_edges
+        return self._client.book.num_edges_of(etype)
+
+    # --- node and edge types ------------------------------------------------------------------
+    @property
+    def ntypes(self) -> list[str]:
+        return self._client.book.ntypes
+
+    @property
+    def etypes(self) -> list[str]:
+        return self._client.book.etypes
+
+    @property
+    def canonical_etypes(self) -> list[tuple[str, str, str]]:
+        return self._client.book.canonical_etypes
+
+    def to_canonical_etype(self, etype: Any) -> tuple[str, str, str]:
+        book = self._client.book
+        return book.canonical_etypes[book.etype_id(etype)]
+
+    def sample_etype_neighbors(self, seeds: Any, fanout: Any, *, seed: int | None = None) -> HeteroSample:
+        """In-edges of ``{ntype: ids}`` with a fanout per edge type (int or dict by edge type)."""
+        return sample_etype_neighbors(self, seeds, fanout, seed=seed)
 
     def number_of_nodes(self) -> int:
         return self.num_nodes()
@@ -138,6 +168,13 @@ class DistGraph:
     ) -> SampledSubgraph | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sampled edges of ``seeds`` (see ``asyncgraph.sample_neighbors``): a ``SampledSubgraph``
         that unpacks as ``(src, dst, eid)``, or that tuple with ``output="tuple"``."""
+        if isinstance(seeds, dict) or isinstance(fanout, dict):
+            if edge_dir != "in" or exclude is not None or replace:
+                raise InvalidRequestError(
+                    "typed sampling (dict seeds or fanouts) supports edge_dir='in', no exclude= and "
+                    "replace=False only"
+                )
+            return sample_etype_neighbors(self, seeds, fanout, seed=seed, prob=prob)  # type: ignore[return-value]
         if output not in ("graph", "tuple"):
             raise InvalidRequestError(f"output must be 'graph' or 'tuple', got {output!r}")
         if edge_dir == "in" and prob is None and exclude is None:

@@ -137,9 +137,10 @@ def _split(
     world_size: int | None,
     force_even: bool,
     kind: str,
+    type_bounds: IdArray | None = None,
     trainer_ids: Any = None,
 ) -> torch.Tensor:
-    """Shared implementation of ``node_split``/``edge_split``."""
+    """Shared implementation of ``node_split``/``edge_split`` (``type_bounds``: per-type ranges)."""
     rank, world = _rank_world(rank, world_size)
     if isinstance(mask, DistTensor):
         if mask.policy != kind:
@@ -154,9 +155,9 @@ def _split(
         mine = None if force_even else _trainer_parts(rank, world, n_parts)
         mask = _pull_mask(mask, mb, mine)
     sel = _mask_array(mask)
-    if book is None:
+    if book is None and type_bounds is None:
         book = _current_book(sel.size, kind)
-    bounds = None if book is None else book.bounds(kind)
+    bounds = type_bounds if type_bounds is not None else None if book is None else book.bounds(kind)
     if bounds is None:
         bounds = np.array([0, sel.size], dtype=np.int64)
     elif int(bounds[-1]) != sel.size:
@@ -218,9 +219,13 @@ def node_split(
     world_size: int | None = None,
     force_even: bool = True,
     seed: int = 0,
+    ntype: str | None = None,
     node_trainer_ids: Any = None,
 ) -> torch.Tensor:
     """Sorted int64 global node IDs of this rank's share of the nodes selected by ``mask``.
+
+    With ``ntype`` (heterogeneous graphs) ``mask`` covers that type's nodes and the result is
+    per-type IDs, split by the book's per-type ranges (each trainer gets its partition's nodes).
 
     ``mask`` is a bool array/tensor/``DistTensor`` over all global node IDs.
     ``partition_book=None`` means the mask's (or the initialised graph's) book, else one
@@ -232,7 +237,20 @@ def node_split(
     written by ``partition_graph(..., num_trainers_per_machine=T)``) orders each partition's IDs
     by trainer before the even split, so trainer ``k`` of a partition gets its own sub-range.
     """
-    return _split(mask, partition_book, rank, world_size, force_even, "node", node_trainer_ids)
+    if ntype is not None:
+        from .hetero import NodeTypeTensor
+
+        book: RangePartitionBook | None
+        if isinstance(mask, NodeTypeTensor):
+            book = partition_book or mask._book
+            mask = mask[slice(None)]
+        else:
+            book = partition_book or (_STATE.client.book if _STATE.client is not None else None)
+        if book is None:
+            raise InvalidRequestError("node_split(ntype=...) needs a partition book or an initialised graph")
+        tb = book.ntype_bounds(ntype)
+        return _split(mask, None, rank, world_size, force_even, "node", type_bounds=tb)
+    return _split(mask, partition_book, rank, world_size, force_even, "node", trainer_ids=node_trainer_ids)
 
 
 def edge_split(
@@ -248,4 +266,4 @@ def edge_split(
 
     Same rules as ``node_split``, over edge IDs and the book's edge ranges.
     """
-    return _split(mask, partition_book, rank, world_size, force_even, "edge", edge_trainer_ids)
+    return _split(mask, partition_book, rank, world_size, force_even, "edge", trainer_ids=edge_trainer_ids)

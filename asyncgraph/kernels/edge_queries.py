@@ -22,6 +22,7 @@ import numpy.typing as npt
 from asyncgraph.arrays import as_id_array
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, OutOfRangeError
 from asyncgraph.kernels.partition_sampling import keyed_rng
+from asyncgraph.names import ETYPE, TYPE_EID, tensor_key
 from asyncgraph.storage.store import PartitionStore
 
 __all__ = ["OutIndex", "degrees", "merge_samples", "sample_edges", "segment_topk"]
@@ -120,10 +121,15 @@ def sample_edges(
     seed: int | None = None,
     prob: str | None = None,
     exclude: np.ndarray | None = None,
+    etype_fanouts: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Sample edges of global ``seeds`` held here: in-edges of owned seeds, or this partition's
     out-edges of any seeds. Returns global ``src``, ``dst``, ``eids``, each edge's ``seed_pos``
-    (index into ``seeds``) and ``keys``; with replacement also each seed's weight ``totals``."""
+    (index into ``seeds``) and ``keys``; with replacement also each seed's weight ``totals``.
+
+    With ``etype_fanouts`` (heterogeneous partitions, in-edges, no replacement) each seed keeps up
+    to ``etype_fanouts[t]`` in-edges of each edge type ``t`` (-1: all), the type read from the
+    partition's ``_ETYPE`` edge tensor; the result adds each edge's ``etype`` and ``type_eid``."""
     if isinstance(fanout, bool) or int(fanout) < -1:
         raise InvalidRequestError(f"fanout must be -1 (all edges) or >= 0, got {fanout}")
     if replace and fanout < 0:
@@ -150,6 +156,8 @@ def sample_edges(
         seg, j, w = seg[keep], j[keep], w[keep]
     rng = keyed_rng(seed, store.part_id)
     totals = np.zeros(0)
+    if etype_fanouts is not None:
+        return _sample_typed(store, seg, j, w, etype_fanouts, edge_dir, replace, rng)
     if not replace:
         keys = -np.log1p(-rng.random(j.size))  # Exp(1); log1p(-u) avoids log(0)
         if w is not None:
@@ -176,6 +184,50 @@ def sample_edges(
     dst = (np.searchsorted(indptr, j, side="right") - 1 + store.node_range[0]).astype(np.int64)
     eids = eids_all[j].astype(np.int64, copy=False)
     return {"src": src, "dst": dst, "eids": eids, "seed_pos": seg, "keys": keys, "totals": totals}
+
+
+def _sample_typed(
+    store: PartitionStore,
+    seg: IdArray,
+    j: IdArray,
+    w: np.ndarray | None,
+    etype_fanouts: np.ndarray,
+    edge_dir: str,
+    replace: bool,
+    rng: np.random.Generator,
+) -> dict[str, np.ndarray]:
+    """Per-edge-type fanouts: group candidates by (seed, edge type), keep the smallest keys."""
+    if edge_dir != "in" or replace:
+        raise InvalidRequestError("per-edge-type fanouts need edge_dir='in' and replace=False")
+    key = tensor_key("edge", ETYPE)
+    if not store.has_tensor(key):
+        raise InvalidRequestError("per-edge-type fanouts need a heterogeneous partition (no _ETYPE tensor)")
+    fan = as_id_array(etype_fanouts, "etype_fanouts")
+    et = np.asarray(store.local_rows(key))[j].astype(np.int64, copy=False)
+    if et.size and int(et.max()) >= fan.size:
+        raise InvalidRequestError(f"etype_fanouts has {fan.size} entries; edge type {int(et.max())} exists")
+    if fan.size and int(fan.min()) < -1:
+        raise InvalidRequestError(f"fanouts must be -1 (all edges) or >= 0, got {fan.tolist()}")
+    keys = -np.log1p(-rng.random(j.size))
+    if w is not None:
+        keys /= w
+    group = seg * np.int64(max(1, fan.size)) + et
+    order = np.lexsort((keys, group))
+    sg = group[order]
+    rank = np.arange(order.size, dtype=np.int64) - np.searchsorted(sg, sg, side="left")
+    k = fan[et[order]]
+    pick = np.sort(order[(k < 0) | (rank < k)])  # by seed, then CSC position
+    seg, j, et = seg[pick], j[pick], et[pick]
+    indptr = np.asarray(store.indptr)
+    tkey = tensor_key("edge", TYPE_EID)
+    return {
+        "src": np.asarray(store.indices)[j].astype(np.int64, copy=False),
+        "dst": (np.searchsorted(indptr, j, side="right") - 1 + store.node_range[0]).astype(np.int64),
+        "eids": np.asarray(store.eids)[j].astype(np.int64, copy=False),
+        "seed_pos": seg,
+        "etype": et,
+        "type_eid": np.asarray(store.local_rows(tkey))[j].astype(np.int64, copy=False),
+    }
 
 
 def merge_samples(

@@ -35,6 +35,8 @@ import numpy as np
 
 from asyncgraph.errors import InvalidRequestError
 from asyncgraph.graph import Graph
+from asyncgraph.hetero import HeteroGraph
+from asyncgraph.names import ETYPE, NTYPE, TYPE_EID
 from asyncgraph.partition.assign import METHODS, assign_parts, balance_categories
 from asyncgraph.partition.book import IdArray
 from asyncgraph.partition.config import PartitionConfig, PartSpec, TensorSpec
@@ -136,7 +138,7 @@ def _spec(arr: np.ndarray[Any, Any]) -> TensorSpec:
 
 @overload
 def partition_graph(
-    graph: Graph,
+    graph: Graph | HeteroGraph,
     graph_name: str,
     num_parts: int,
     out_path: str | os.PathLike[str],
@@ -154,7 +156,7 @@ def partition_graph(
 
 @overload
 def partition_graph(
-    graph: Graph,
+    graph: Graph | HeteroGraph,
     graph_name: str,
     num_parts: int,
     out_path: str | os.PathLike[str],
@@ -173,7 +175,7 @@ def partition_graph(
 
 @overload
 def partition_graph(
-    graph: Graph,
+    graph: Graph | HeteroGraph,
     graph_name: str,
     num_parts: int,
     out_path: str | os.PathLike[str],
@@ -190,7 +192,7 @@ def partition_graph(
 
 
 def partition_graph(
-    graph: Graph,
+    graph: Graph | HeteroGraph,
     graph_name: str,
     num_parts: int,
     out_path: str | os.PathLike[str],
@@ -226,6 +228,11 @@ def partition_graph(
     a failed run leaves ``out_path`` as it was.
     """
     # ---- validate everything before touching the disk ----
+    hetero: HeteroGraph | None = None
+    ntype = etype = None
+    if isinstance(graph, HeteroGraph):
+        hetero = graph
+        graph, ntype, etype = hetero.to_homogeneous()
     if not isinstance(graph, Graph):
         raise InvalidRequestError(f"graph must be an asyncgraph.graph.Graph, got {type(graph).__name__}")
     if not isinstance(graph_name, str) or not graph_name or "/" in graph_name or graph_name.startswith("."):
@@ -262,6 +269,13 @@ def partition_graph(
         raise InvalidRequestError(
             "num_trainers_per_machine > 1 writes the tensor 'trainer_id'; the graph already has one"
         )
+    if hetero is not None and int(num_trainers_per_machine) > 1:
+        raise InvalidRequestError(
+            "num_trainers_per_machine > 1 is not supported for heterogeneous graphs yet: "
+            "partition with 1 and use node_split(..., ntype=) per trainer"
+        )
+    if ntype is not None and balance_ntypes is None:
+        balance_ntypes = ntype  # even every node type across partitions
     categories = balance_categories(balance_ntypes, n)
     out = Path(out_path)
     _check_out_path(out, overwrite)
@@ -280,9 +294,17 @@ def partition_graph(
     with stage("relabelling"):
         small = parts.astype(np.int16 if num_parts * tpm < 2**15 else np.int64)
         del parts
-        orig_nids = np.argsort(small, kind="stable").astype(np.int64, copy=False)  # radix for int16
         node_bounds = np.zeros(num_parts + 1, dtype=np.int64)
         np.cumsum(np.bincount(small // tpm, minlength=num_parts), out=node_bounds[1:])
+        num_t = 1 if hetero is None else len(hetero.ntypes)
+        if ntype is not None:  # nodes of one type contiguous inside each partition: sort by (part, type)
+            small = small.astype(np.int64) * num_t + ntype  # (tpm == 1 for heterogeneous graphs)
+        orig_nids = np.argsort(small, kind="stable").astype(np.int64, copy=False)  # radix for int16
+        type_counts = (
+            np.bincount(small, minlength=num_parts * num_t).reshape(num_parts, num_t)
+            if ntype is not None
+            else None
+        )
         del small
         new_id = np.empty(n, dtype=np.int64)
         new_id[orig_nids] = np.arange(n, dtype=np.int64)
@@ -294,6 +316,25 @@ def partition_graph(
         np.cumsum(in_deg, out=indptr[1:])
         del in_deg
         edge_bounds = indptr[node_bounds]
+    etype_counts = None
+    if hetero is not None and ntype is not None and etype is not None:
+        num_r = len(hetero.canonical_etypes)
+        et_new = etype[orig_eids]
+        edge_part = np.repeat(np.arange(num_parts, dtype=np.int64), np.diff(edge_bounds))
+        etype_counts = np.bincount(edge_part * num_r + et_new, minlength=num_parts * num_r).reshape(
+            num_parts, num_r
+        )
+        # per-type edge ID of every edge (new order), stored in old-ID order like any edge tensor
+        first = np.zeros(num_r + 1, dtype=np.int64)
+        order = np.argsort(et_new, kind="stable")
+        np.cumsum(np.bincount(et_new, minlength=num_r), out=first[1:])
+        rank = np.empty(orig_eids.size, dtype=np.int64)
+        rank[order] = np.arange(orig_eids.size, dtype=np.int64) - first[et_new[order]]
+        type_eid = np.empty(orig_eids.size, dtype=np.int64)
+        type_eid[orig_eids] = rank
+        ndata[NTYPE] = ntype
+        edata[ETYPE] = etype
+        edata[TYPE_EID] = type_eid
 
     # ---- 4. write into a temporary sibling, then rename into place ----
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -333,12 +374,25 @@ def partition_graph(
         )
         np.save(tmp / ORIG_NIDS_FILE, orig_nids)
         np.save(tmp / ORIG_EIDS_FILE, orig_eids)
+        if hetero is not None and etype_counts is not None and type_counts is not None:
+            config.ntypes = hetero.ntypes
+            config.canonical_etypes = hetero.canonical_etypes
+            config.ntype_counts = type_counts.tolist()
+            config.etype_counts = etype_counts.tolist()
+            config.ntype_feats = hetero.ntype_data_names()
+            config.etype_feats = hetero.etype_data_names()
         config_file(tmp, graph_name).write_text(config.model_dump_json(indent=2))
         with stage("committing"):
             _commit(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if return_mapping and hetero is not None and ntype is not None and etype is not None:
+        noff, eoff = hetero.node_offsets(), hetero.edge_offsets()
+        nt_new, et_new = ntype[orig_nids], etype[orig_eids]
+        nmap = {t: orig_nids[nt_new == i] - noff[i] for i, t in enumerate(hetero.ntypes)}
+        emap = {c: orig_eids[et_new == i] - eoff[i] for i, c in enumerate(hetero.canonical_etypes)}
+        return nmap, emap  # type: ignore[return-value]
     if return_mapping:
         return orig_nids, orig_eids
     return None

@@ -317,6 +317,9 @@ class SampleEdgesArgs:
     seed: int | None = None
     prob: str | None = None
     exclude: np.ndarray | None = None
+    # Heterogeneous graphs: a fanout per edge type (index = the type's position in the book's
+    # canonical_etypes); each seed gets up to that many in-edges of each type.
+    etype_fanouts: np.ndarray | None = None
 
     @classmethod
     def decode(cls, args: Mapping[str, Any]) -> SampleEdgesArgs:
@@ -326,7 +329,9 @@ class SampleEdgesArgs:
         if prob is not None and not isinstance(prob, str):
             raise InvalidRequestError(f"{op}: prob must be an edge tensor name or nil")
         exclude = _ids(args, op, "exclude") if args.get("exclude") is not None else None
-        return cls(base.seeds, base.fanout, _edge_dir(args, op), base.replace, base.seed, prob, exclude)
+        fanouts = _ids(args, op, "etype_fanouts") if args.get("etype_fanouts") is not None else None
+        edge_dir = _edge_dir(args, op)
+        return cls(base.seeds, base.fanout, edge_dir, base.replace, base.seed, prob, exclude, fanouts)
 
     def encode(self) -> dict[str, Any]:
         return {
@@ -337,6 +342,7 @@ class SampleEdgesArgs:
             "seed": self.seed,
             "prob": self.prob,
             "exclude": self.exclude,
+            "etype_fanouts": self.etype_fanouts,
         }
 
 

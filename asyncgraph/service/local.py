@@ -18,6 +18,7 @@ from asyncgraph.kernels.edge_queries import OutIndex, degrees, sample_edges
 from asyncgraph.kernels.edges import find_edges_partition
 from asyncgraph.kernels.partition_sampling import sample_partition
 from asyncgraph.kernels.sparse_optim import apply_sparse_update
+from asyncgraph.names import ETYPE, TYPE_EID, tensor_key
 from asyncgraph.protocol.messages import PROTOCOL_VERSION
 from asyncgraph.protocol.ops import Op, SampleEdgesArgs
 from asyncgraph.service.base import Partition
@@ -222,6 +223,7 @@ class PartitionService:
             seed=args.seed,
             prob=args.prob,
             exclude=args.exclude,
+            etype_fanouts=args.etype_fanouts,
         )
 
 
@@ -355,6 +357,10 @@ class LocalPartition:
             key = args.prob if args.prob.startswith("edge:") else f"edge:{args.prob}"
             if not self.service.store.has_tensor(key):
                 await self._map(self.shm, key)
+        if args.etype_fanouts is not None and self.shm is not None:
+            for key in (tensor_key("edge", ETYPE), tensor_key("edge", TYPE_EID)):
+                if not self.service.store.has_tensor(key):
+                    await self._map(self.shm, key)
         return self.service.sample_edges(args)
 
     async def sparse_update(
