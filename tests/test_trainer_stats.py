@@ -28,7 +28,8 @@ def test_loader_stats_per_epoch(cora2) -> None:
                 inputs += len(input_nodes)
                 time.sleep(0.01)  # the "compute" of this batch
             stats = loader.stats.as_dict()
-            assert set(stats) == {"epoch", "batches", "sample", "pull", "wait", "compute", "input_nodes", "copy"}
+            want = {"epoch", "batches", "sample", "pull", "wait", "compute", "input_nodes", "copy"}
+            assert set(stats) == want
             assert stats["epoch"] == epoch
             assert stats["batches"] == len(loader)
             assert stats["input_nodes"] == inputs
