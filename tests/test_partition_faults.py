@@ -44,7 +44,7 @@ def test_empty_truncated_or_wrong_npz_is_one_clear_error_line(tmp_path: Path, ki
     res = _cli(bad, tmp_path / "out")
     assert res.returncode == 2, res.stderr
     errors = [line for line in res.stderr.splitlines() if line.strip()]
-    assert errors[-1].startswith("error: graph file") and "Traceback" not in res.stderr, res.stderr
+    assert ": error: graph file " in errors[-1] and "Traceback" not in res.stderr, res.stderr
     assert not (tmp_path / "out").exists()
 
 
