@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncgraph
-from asyncgraph.launch import ServerExitedError, server_argv, wait_ready_files
 from asyncgraph.lifeline import die_with_parent
+from asyncgraph.processes import ServerExitedError, server_argv, wait_ready_files
 
 PACKAGE_ROOT = Path(asyncgraph.__file__).resolve().parent.parent
 

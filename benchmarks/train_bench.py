@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from asyncgraph.launch import free_port
+from asyncgraph.processes import free_port
 from asyncgraph.testing import start_servers
 from benchmarks.common import (
     RESULTS,

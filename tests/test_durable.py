@@ -8,6 +8,7 @@ state folder.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import shutil
 import signal
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 
 from asyncgraph.client import AsyncClient
-from asyncgraph.errors import PartialTensorError, ServerUnavailableError
+from asyncgraph.errors import PartialTensorError, RequestTimeoutError, ServerUnavailableError
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol.ops import Op
 from asyncgraph.server.durable import DurableState, SnapshotError, StateDir, WriteAheadLog
@@ -326,4 +327,81 @@ async def test_periodic_snapshot_restores_without_the_log(cora2, tmp_path: Path)
         np.testing.assert_array_equal(await client.pull_numpy("p", np.arange(n)), values)
         await client.close()
     finally:
+        group.stop()
+
+
+# --- a frozen server (SIGSTOP) -----------------------------------------------------------------
+async def _freeze(group: ServerGroup, index: int, seconds: float) -> None:
+    """SIGSTOP server ``index`` now and SIGCONT it ``seconds`` later (in a thread: it must not
+    depend on the event loop the frozen calls are waiting on)."""
+    pid = group.procs[index].pid
+    os.kill(pid, signal.SIGSTOP)
+    threading.Thread(target=lambda: (time.sleep(seconds), os.kill(pid, signal.SIGCONT)), daemon=True).start()
+
+
+@pytest.mark.timeout(120)
+async def test_a_short_freeze_mid_epoch_only_delays(cora2, tmp_path: Path) -> None:
+    """SIGSTOP shorter than the call timeout: calls wait, nothing fails, results equal a run without it."""
+    group = start_servers(
+        cora2.part_config, tmp_path / "run", num_parts=2, extra_args=["--log-level", "WARNING"]
+    )
+    try:
+        results = []
+        for freeze in (False, True):
+            client = await AsyncClient.connect(group.addresses, use_shared_memory=False, call_timeout=20.0)
+            n = client.book.num_nodes
+            name = f"w{int(freeze)}"
+            await client.create_tensor(name, "node", [n, 4], "float32")
+            rng = np.random.default_rng(5)
+            slowest = 0.0
+            for step in range(30):
+                if freeze and step == 10:
+                    await _freeze(group, 0, 1.5)
+                t0 = time.perf_counter()
+                ids = rng.integers(0, n, 256)
+                await client.pull(name, ids)
+                await client.push(name, ids, np.ones((256, 4), np.float32), op="add")
+                slowest = max(slowest, time.perf_counter() - t0)
+            if freeze:
+                assert slowest >= 1.0, "the freeze was not felt: the test did not test anything"
+            results.append(await client.pull_numpy(name, np.arange(n)))
+            await client.close()
+        np.testing.assert_array_equal(results[1], results[0])
+        assert results[0].sum() == 30 * 256 * 4
+    finally:
+        for i in range(2):
+            os.kill(group.procs[i].pid, signal.SIGCONT)
+        group.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_a_long_freeze_is_a_timeout_naming_the_server_and_loses_nothing(cora2, tmp_path: Path) -> None:
+    """SIGSTOP longer than the call timeout: the call fails typed and in time, the other server
+    keeps serving, and once thawed the frozen one serves the data it had."""
+    group = start_servers(
+        cora2.part_config, tmp_path / "run", num_parts=2, extra_args=["--log-level", "WARNING"]
+    )
+    try:
+        client = await AsyncClient.connect(group.addresses, use_shared_memory=False, call_timeout=1.0)
+        n = client.book.num_nodes
+        await client.create_tensor("v", "node", [n, 2], "int64")
+        values = np.arange(2 * n, dtype=np.int64).reshape(n, 2)
+        await client.push("v", np.arange(n), values)
+        lo0, hi0 = client.book.node_range(0)
+        lo1, hi1 = client.book.node_range(1)
+        await _freeze(group, 0, 4.0)
+        t0 = time.perf_counter()
+        with pytest.raises(RequestTimeoutError, match=f"{group.addresses[0][1]}"):
+            await client.pull_numpy("v", np.arange(lo0, hi0))
+        assert time.perf_counter() - t0 < 3.5
+        # the other partition is untouched by the freeze
+        np.testing.assert_array_equal(await client.pull_numpy("v", np.arange(lo1, hi1)), values[lo1:hi1])
+        await client.close()
+        time.sleep(max(0.0, 4.5 - (time.perf_counter() - t0)))
+        client = await AsyncClient.connect(group.addresses, use_shared_memory=False)
+        np.testing.assert_array_equal(await client.pull_numpy("v", np.arange(n)), values)
+        await client.close()
+    finally:
+        for i in range(2):
+            os.kill(group.procs[i].pid, signal.SIGCONT)
         group.stop()

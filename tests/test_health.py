@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from asyncgraph.launch import free_port
+from asyncgraph.processes import free_port
 from asyncgraph.testing import PACKAGE_ROOT as ROOT
 from asyncgraph.testing import start_servers
 

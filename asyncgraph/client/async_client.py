@@ -13,7 +13,7 @@ import asyncio
 import math
 import os
 import uuid
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,28 +25,30 @@ from asyncgraph.env import ENV_MALLOC_TUNING, ENV_RECONNECT_WINDOW
 from asyncgraph.errors import (
     DTypeMismatchError,
     InvalidRequestError,
-    OutOfRangeError,
-    PartialTensorError,
-    UnknownTensorError,
 )
-from asyncgraph.kernels.edge_queries import merge_samples
 from asyncgraph.kernels.sparse_optim import validate_spec
 from asyncgraph.malloc import retain_large_allocations
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
-from asyncgraph.protocol.ops import BarrierArgs, Op, SampleEdgesArgs, SnapshotArgs
+from asyncgraph.protocol.ops import BarrierArgs, Op, SnapshotArgs
 from asyncgraph.service import LocalPartition, Partition, PartitionService
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
 from .connection import Connection
 from .partitions import open_partitions
 from .scatter import broadcast, gather_rows, scatter, split_by_owner, take
+from .structure import StructureQueries
 
 DEFAULT_CALL_TIMEOUT = 60.0
 
 
-class AsyncClient:
-    """Typed async access to a partitioned graph's tensors, structure and barriers."""
+class AsyncClient(StructureQueries):
+    """Typed async access to a partitioned graph's tensors, structure and barriers.
+
+    Tensor metadata and life cycle come from ``TensorCatalog``, sampling and structure queries
+    from ``StructureQueries``; this class adds connecting, reads, writes, optimizer steps and
+    coordination.
+    """
 
     def __init__(
         self,
@@ -144,41 +146,12 @@ class AsyncClient:
 
     # --- metadata ---------------------------------------------------------------------------
     @property
-    def num_partitions(self) -> int:
-        return self.book.num_partitions()
-
-    @property
     def is_standalone(self) -> bool:
         """True when no server is involved: every partition is held in this process."""
         return not self.connections
 
     def local_partitions(self) -> list[int]:
         return [p.part_id for p in self.partitions if p.store is not None]
-
-    def tensor_names(self) -> list[str]:
-        return sorted(self._metas)
-
-    def cached_meta(self, name: str) -> TensorMeta | None:
-        return self._metas.get(name)
-
-    async def tensor_meta(self, name: str) -> TensorMeta:
-        meta = self._metas.get(name)
-        if meta is None:
-            await self.refresh_tensors()
-            meta = self._metas.get(name)
-        if meta is None:
-            raise UnknownTensorError(f"no tensor named {name!r}; known: {sorted(self._metas)}")
-        return meta
-
-    async def refresh_tensors(self) -> list[TensorMeta]:
-        metas = await self.partitions[0].list_tensors()
-        self._metas.clear()
-        self._remember(metas)
-        return list(self._metas.values())
-
-    def _remember(self, metas: Sequence[TensorMeta]) -> None:
-        for meta in metas:
-            self._metas[meta.name] = meta
 
     async def info(self, part_id: int = 0) -> dict[str, Any]:
         """Partition ``part_id``'s description, as its server (or, standalone, its store) gives it."""
@@ -213,211 +186,6 @@ class AsyncClient:
         await scatter(
             self.partitions, parts, Op.PUSH, lambda p, pos: p.push(name, take(gids, pos), take(vals, pos), op)
         )
-
-    async def create_tensor(
-        self,
-        name: str,
-        policy: str,
-        shape: Sequence[int],
-        dtype: str,
-        init: Mapping[str, Any] | None = None,
-    ) -> TensorMeta:
-        """Create (or get, if identical) a tensor sharded by node or edge ranges on every partition."""
-        meta, _ = await self.create_tensor_parts(name, policy, shape, dtype, init)
-        return meta
-
-    async def _refuse_partial_tensor(self, name: str) -> None:
-        """``PartialTensorError`` if ``name`` exists on some partitions only, never half data.
-
-        Trainers creating the same tensor at once see it partly present for a moment, so a
-        partial view is re-checked a few times (~0.7 s in all) before it counts as lost state.
-        """
-        for attempt in range(4):
-            present = await broadcast(self.partitions, lambda p: p.list_tensors())
-            have = [any(m.name == name for m in metas) for metas in present]
-            if all(have) or not any(have):
-                return
-            if attempt < 3:
-                await asyncio.sleep(0.1 * (attempt + 1))
-        where = [i for i, h in enumerate(have) if h]
-        raise PartialTensorError(
-            f"tensor {name!r} exists on partitions {where} only, of {self.num_partitions}: "
-            "a server lost it (restarted without its state?); delete it and create it again"
-        )
-
-    async def create_tensor_parts(
-        self,
-        name: str,
-        policy: str,
-        shape: Sequence[int],
-        dtype: str,
-        init: Mapping[str, Any] | None = None,
-        persistent: bool = True,
-    ) -> tuple[TensorMeta, list[int]]:
-        """``create_tensor``, also returning the partitions on which this call created the tensor.
-
-        ``persistent=False`` takes a reference as this client's ``holder``; the servers delete the
-        tensor when ``release_tensors`` has dropped every holder's references.
-        """
-        dims = [int(d) for d in shape]
-        dt = np.dtype(dtype).name
-        spec = dict(init) if init else None
-        if self.num_partitions > 1:
-            await self._refuse_partial_tensor(name)
-        holder = None if persistent else self.holder
-        out = await broadcast(
-            self.partitions, lambda p: p.create_tensor(name, policy, dims, dt, spec, holder)
-        )
-        self._metas[name] = out[0][0]
-        return out[0][0], [p.part_id for p, (_, created) in zip(self.partitions, out, strict=True) if created]
-
-    async def delete_tensor(self, name: str) -> None:
-        await broadcast(self.partitions, lambda p: p.delete_tensor(name))
-        self._metas.pop(name, None)
-
-    async def release_tensors(self, names: Sequence[str], every: bool = False) -> list[str]:
-        """Drop this client's references to non-persistent tensors (one per name, or all)."""
-        listed = list(names)
-        out = await broadcast(self.partitions, lambda p: p.release_tensors(self.holder, listed, every))
-        deleted = sorted({n for part in out for n in part})
-        for name in deleted:
-            self._metas.pop(name, None)
-        return deleted
-
-    # --- structure ----------------------------------------------------------------------------
-    async def sample_neighbors(
-        self, seeds: Any, fanout: int, *, replace: bool = False, seed: int | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Sample in-edges of global ``seeds``: each owner samples its seeds, all concurrently.
-
-        Returns global ``(src, dst, eids)``, grouped by owning partition in partition order.
-        """
-        gids = as_id_array(seeds, "seeds")
-        parts = split_by_owner(self.book.owner(gids, "node"), self.num_partitions)
-        fan, rep = int(fanout), bool(replace)
-        results = await scatter(
-            self.partitions, parts, Op.SAMPLE, lambda p, pos: p.sample(take(gids, pos), fan, rep, seed)
-        )
-        if len(results) == 1:
-            return results[0][1]
-        if not results:
-            return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
-        src, dst, eids = (np.concatenate([r[1][k] for r in results]) for k in range(3))
-        return src, dst, eids
-
-    async def sample_edges(
-        self,
-        seeds: Any,
-        fanout: int,
-        *,
-        edge_dir: str = "in",
-        replace: bool = False,
-        seed: int | None = None,
-        prob: str | None = None,
-        exclude: Any = None,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Sample with options: in-edges (by the seeds' owners) or out-edges (every partition
-        samples its edges from the seeds; the client merges exactly), weighted by edge tensor
-        ``prob`` (without replacement: Efraimidis-Spirakis), never picking edge IDs ``exclude``.
-
-        Returns global ``(src, dst, eids)``.
-        """
-        gids = as_id_array(seeds, "seeds")
-        if edge_dir not in ("in", "out"):
-            raise InvalidRequestError(f"edge_dir must be 'in' or 'out', got {edge_dir!r}")
-        if isinstance(fanout, bool) or not isinstance(fanout, int | np.integer) or int(fanout) < -1:
-            raise InvalidRequestError(f"fanout must be an integer >= -1, got {fanout!r}")
-        if prob is not None:
-            meta = await self.tensor_meta(prob if prob.startswith("edge:") else f"edge:{prob}")
-            if meta.policy != "edge" or len(meta.shape) != 1:
-                raise InvalidRequestError(f"prob must name a 1-D edge tensor, got {meta.name} {meta.shape}")
-        exc = as_id_array(exclude, "exclude") if exclude is not None else np.empty(0, np.int64)
-        exc_parts = split_by_owner(self.book.owner(exc, "edge"), self.num_partitions)
-        fan, rep = int(fanout), bool(replace)
-
-        def args(part: Partition, ids: np.ndarray) -> SampleEdgesArgs:
-            return SampleEdgesArgs(ids, fan, edge_dir, rep, seed, prob, exc[exc_parts[part.part_id]])
-
-        if edge_dir == "in":
-            parts = split_by_owner(self.book.owner(gids, "node"), self.num_partitions)
-            results = [
-                r
-                for _, r in await scatter(
-                    self.partitions,
-                    parts,
-                    Op.SAMPLE_EDGES,
-                    lambda p, pos: p.sample_edges(args(p, take(gids, pos))),
-                )
-            ]
-        else:
-            results = await broadcast(self.partitions, lambda p: p.sample_edges(args(p, gids)))
-            return merge_samples(results, gids.size, fan, rep, seed)
-        if not results:
-            return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
-        src, dst, eids = (np.concatenate([r[k] for r in results]) for k in ("src", "dst", "eids"))
-        return src, dst, eids
-
-    async def sample_etypes(
-        self, seeds: Any, etype_fanouts: Any, *, seed: int | None = None, prob: str | None = None
-    ) -> dict[str, np.ndarray]:
-        """In-edges of homogeneous ``seeds`` with a fanout per edge type, sampled by each seed's
-        owner (the server reads each edge's type). Returns ``src``, ``dst``, ``eids`` (homogeneous)
-        and each edge's ``etype`` (index into the book's canonical_etypes) and ``type_eid``."""
-        gids = as_id_array(seeds, "seeds")
-        fan = as_id_array(etype_fanouts, "etype_fanouts")
-        if fan.size != len(self.book.canonical_etypes):
-            raise InvalidRequestError(
-                f"need one fanout per edge type ({len(self.book.canonical_etypes)}), got {fan.size}"
-            )
-        parts = split_by_owner(self.book.owner(gids, "node"), self.num_partitions)
-
-        def call(p: Partition, pos: np.ndarray | None) -> Awaitable[dict[str, np.ndarray]]:
-            return p.sample_edges(SampleEdgesArgs(take(gids, pos), -1, "in", False, seed, prob, None, fan))
-
-        results = [r for _, r in await scatter(self.partitions, parts, Op.SAMPLE_EDGES, call)]
-        keys = ("src", "dst", "eids", "etype", "type_eid")
-        if not results:
-            return {k: np.empty(0, np.int64) for k in keys}
-        return {k: np.concatenate([r[k] for r in results]) for k in keys}
-
-    async def degrees(self, ids: Any, edge_dir: str) -> np.ndarray:
-        """In- or out-degrees (int64) of global node ``ids`` in the caller's order (None: all nodes).
-
-        In-degrees are answered by the owners; out-degrees add up every partition's count.
-        """
-        if edge_dir not in ("in", "out"):
-            raise InvalidRequestError(f"edge_dir must be 'in' or 'out', got {edge_dir!r}")
-        gids = None if ids is None else as_id_array(ids)
-        if gids is not None and gids.size:
-            lo, hi = int(gids.min()), int(gids.max())
-            if lo < 0 or hi >= self.book.num_nodes:
-                raise OutOfRangeError(f"node ID {lo if lo < 0 else hi} outside [0, {self.book.num_nodes})")
-        if edge_dir == "out":
-            counts = await broadcast(self.partitions, lambda p: p.degrees(gids, "out"))
-            total: np.ndarray = np.stack(counts).sum(axis=0, dtype=np.int64)
-            return total
-        if gids is None:
-            return np.concatenate(await broadcast(self.partitions, lambda p: p.degrees(None, "in")))
-        parts = split_by_owner(self.book.owner(gids, "node"), self.num_partitions)
-        results = await scatter(
-            self.partitions, parts, Op.DEGREES, lambda p, pos: p.degrees(take(gids, pos), "in")
-        )
-        return gather_rows(results, gids.size, (), np.int64)
-
-    async def find_edges(self, eids: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Global int64 ``(src, dst)`` of global edge IDs, in the caller's order.
-
-        Duplicates are allowed; an ID outside ``[0, num_edges)`` raises ``OutOfRangeError``
-        before any request is sent.
-        """
-        gids = as_id_array(eids, "eids")
-        parts = split_by_owner(self.book.owner(gids, "edge"), self.num_partitions)
-        results = await scatter(
-            self.partitions, parts, Op.FIND_EDGES, lambda p, pos: p.find_edges(take(gids, pos))
-        )
-        src = gather_rows([(pos, r[0]) for pos, r in results], gids.size, (), np.int64)
-        dst = gather_rows([(pos, r[1]) for pos, r in results], gids.size, (), np.int64)
-        return src, dst
 
     # --- sparse optimizers --------------------------------------------------------------------
     async def sparse_update(self, name: str, ids: Any, grads: Any, spec: Mapping[str, Any]) -> None:

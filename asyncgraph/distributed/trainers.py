@@ -75,7 +75,7 @@ def _trainer_main(
         {"RANK": str(rank), "LOCAL_RANK": str(rank), ENV_DEVICE: devices[rank], "ASYNCGRAPH_ROLE": "trainer"}
     )
     if "OMP_NUM_THREADS" not in os.environ:  # the machine's cores shared among its trainers
-        from asyncgraph.launch import omp_threads
+        from asyncgraph.processes import omp_threads
 
         torch.set_num_threads(omp_threads(os.cpu_count() or 1, len(devices)))
     device = torch.device(devices[rank])
@@ -119,8 +119,8 @@ def spawn_trainers(
     """
     from torch.multiprocessing.spawn import spawn
 
-    from asyncgraph.launch import free_port
     from asyncgraph.partition.config import PartitionConfig
+    from asyncgraph.processes import free_port
     from asyncgraph.testing import start_servers
 
     if nprocs < 1:

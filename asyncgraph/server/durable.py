@@ -30,20 +30,17 @@ import json
 import logging
 import os
 import shutil
-import struct
 import time
-import zlib
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from asyncgraph.errors import AsyncGraphError
-from asyncgraph.protocol.codec import decode_frame, encode_frame
-from asyncgraph.protocol.framing import LENGTH_PREFIX
+from asyncgraph.server.wal import FsyncPolicy, WriteAheadLog
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
 __all__ = [
@@ -58,8 +55,6 @@ __all__ = [
 
 log = logging.getLogger("asyncgraph.server")
 
-FsyncPolicy = Literal["always", "interval"]
-_CRC = struct.Struct(">I")
 _FORMAT = 1
 
 
@@ -167,71 +162,6 @@ def capture(store: PartitionStore, requests: RequestLog) -> Captured:
     with store.lock.read():
         copies = [(meta, np.array(store.local_rows(meta.name), copy=True)) for meta in store.list_tensors()]
     return Captured(store.graph_name, store.part_id, copies, requests.items())
-
-
-class WriteAheadLog:
-    """Append-only log of acknowledged writes for one epoch (see the module docstring)."""
-
-    def __init__(self, path: Path, fsync: FsyncPolicy, fsync_interval: float = 0.05) -> None:
-        self.path = path
-        self.fsync = fsync
-        self.fsync_interval = fsync_interval
-        self._fh = open(path, "ab")  # noqa: SIM115 - owned by this object, closed by close()
-        self._last_sync = time.monotonic()
-        self._dirty = False
-
-    def append(self, op: str, args: Mapping[str, Any], rid: str | None) -> None:
-        """Log one write before it is acknowledged (and fsync it under ``always``)."""
-        pieces = encode_frame({"op": op, "args": dict(args), "rid": rid, "t": time.time()})
-        crc = 0
-        for p in pieces:
-            crc = zlib.crc32(p, crc)
-        self._fh.write(_CRC.pack(crc))
-        for p in pieces:
-            self._fh.write(p)
-        self._fh.flush()  # in the kernel now: survives kill -9
-        self._dirty = True
-        if self.fsync == "always" or time.monotonic() - self._last_sync >= self.fsync_interval:
-            self.sync()
-
-    def sync(self) -> None:
-        if self._dirty and not self._fh.closed:
-            os.fsync(self._fh.fileno())
-            self._dirty = False
-        self._last_sync = time.monotonic()
-
-    def close(self) -> None:
-        if not self._fh.closed:
-            self.sync()
-            self._fh.close()
-
-    @staticmethod
-    def records(path: Path) -> Iterator[dict[str, Any]]:
-        """The log's intact records in order; truncates a torn or corrupt tail."""
-        data = path.read_bytes()
-        pos, n = 0, len(data)
-        head = _CRC.size + LENGTH_PREFIX.size
-        while pos < n:
-            if pos + head > n:
-                break
-            (crc,) = _CRC.unpack_from(data, pos)
-            (body_len,) = LENGTH_PREFIX.unpack_from(data, pos + _CRC.size)
-            end = pos + head + body_len
-            if end > n or zlib.crc32(memoryview(data)[pos + _CRC.size : end]) != crc:
-                break
-            try:
-                record = decode_frame(memoryview(data)[pos + head : end])
-            except AsyncGraphError:
-                break
-            yield record
-            pos = end
-        if pos < n:
-            log.warning(
-                "write-ahead log %s: dropping a torn tail of %d bytes at offset %d", path, n - pos, pos
-            )
-            with open(path, "r+b") as fh:
-                fh.truncate(pos)
-                os.fsync(fh.fileno())
 
 
 class StateDir:
