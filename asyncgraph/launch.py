@@ -424,6 +424,7 @@ def _launch(args: argparse.Namespace) -> int:
 
         def restart_server(part_id: int) -> Proc:
             """The same server again on the port it had, from its state folder, once ready."""
+            ready_files[part_id].unlink(missing_ok=True)  # the dead one's: wait for the new one's
             proc = spawn_server(part_id, bound[part_id][1])
             launcher.wait_ready([proc], [ready_files[part_id]])
             return proc
