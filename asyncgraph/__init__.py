@@ -16,6 +16,10 @@ __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     "Graph": "asyncgraph.graph",
+    "HeteroGraph": "asyncgraph.hetero",
+    "heterograph": "asyncgraph.hetero",
+    "sample_etype_neighbors": "asyncgraph.distributed.hetero",
+    "HeteroBlock": "asyncgraph.dataloading.hetero_block",
     "partition_graph": "asyncgraph.partition",
     "load_partition": "asyncgraph.partition",
     "Partition": "asyncgraph.partition",
@@ -35,6 +39,12 @@ _EXPORTS: dict[str, str] = {
     "uniform_init": "asyncgraph.distributed",
     "normal_init": "asyncgraph.distributed",
     "sample_neighbors": "asyncgraph.distributed.sampling",
+    "SampledSubgraph": "asyncgraph.distributed.queries",
+    "NodePartitionPolicy": "asyncgraph.distributed.queries",
+    "EdgePartitionPolicy": "asyncgraph.distributed.queries",
+    "NID": "asyncgraph.distributed.queries",
+    "EID": "asyncgraph.distributed.queries",
+    "ALL": "asyncgraph.distributed.queries",
     "node_split": "asyncgraph.distributed.split",
     "edge_split": "asyncgraph.distributed.split",
     "Block": "asyncgraph.dataloading",
@@ -48,7 +58,11 @@ _EXPORTS: dict[str, str] = {
     "AsyncClient": "asyncgraph.client",
 }
 
-_SUBMODULES = frozenset({"aio", "nn"})  # the async API, the GNN layers
+# the async API, the GNN layers, the exceptions, ``graph`` (a callable module: dgl.graph), and
+# DGL's namespaces (``dgl.distributed.*``, ``dgl.dataloading.*``, ``dgl.sampling.*``)
+_SUBMODULES = frozenset(
+    {"aio", "nn", "errors", "graph", "distributed", "dataloading", "partition", "sampling"}
+)
 
 if TYPE_CHECKING:
     from asyncgraph.client import AsyncClient, Client
@@ -61,6 +75,7 @@ if TYPE_CHECKING:
         NeighborSampler,
         to_block,
     )
+    from asyncgraph.dataloading.hetero_block import HeteroBlock
     from asyncgraph.distributed import (
         DistEmbedding,
         DistGraph,
@@ -76,9 +91,19 @@ if TYPE_CHECKING:
         uniform_init,
         zeros_init,
     )
+    from asyncgraph.distributed.hetero import sample_etype_neighbors
+    from asyncgraph.distributed.queries import (
+        ALL,
+        EID,
+        NID,
+        EdgePartitionPolicy,
+        NodePartitionPolicy,
+        SampledSubgraph,
+    )
     from asyncgraph.distributed.sampling import sample_neighbors
     from asyncgraph.distributed.split import edge_split, node_split
     from asyncgraph.graph import Graph
+    from asyncgraph.hetero import HeteroGraph, heterograph
     from asyncgraph.partition import (
         Partition,
         PartitionConfig,
@@ -104,6 +129,9 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "ALL",
+    "EID",
+    "NID",
     "AsyncClient",
     "Block",
     "Client",
@@ -113,23 +141,30 @@ __all__ = [
     "DistGraph",
     "DistNodeDataLoader",
     "DistTensor",
+    "EdgePartitionPolicy",
     "Graph",
+    "HeteroBlock",
+    "HeteroGraph",
     "MiniBatch",
     "NeighborSampler",
+    "NodePartitionPolicy",
     "Partition",
     "PartitionConfig",
     "RangePartitionBook",
+    "SampledSubgraph",
     "SparseAdagrad",
     "SparseAdam",
     "barrier",
     "edge_split",
     "finalize",
+    "heterograph",
     "initialize",
     "is_standalone",
     "load_partition",
     "node_split",
     "normal_init",
     "partition_graph",
+    "sample_etype_neighbors",
     "sample_neighbors",
     "shutdown_servers",
     "to_block",

@@ -53,10 +53,25 @@ class TensorExistsError(InvalidRequestError):
     code = "tensor_exists"
 
 
+class PartialTensorError(InvalidRequestError):
+    """A tensor exists on some partitions but not on others (e.g. after a restart without state)."""
+
+    code = "partial_tensor"
+
+
 class UnknownOpError(InvalidRequestError):
     """The server does not know the requested operation."""
 
     code = "unknown_op"
+
+
+class UnknownTypeError(InvalidRequestError, KeyError):
+    """A node or edge type (or a dict keyed by types) names a type the graph does not have."""
+
+    code = "unknown_type"
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
 
 
 class ProtocolError(AsyncGraphError):
@@ -95,6 +110,19 @@ class ServerUnavailableError(AsyncGraphError, ConnectionError):
     code = "unavailable"
 
 
+class ServersMissingError(ServerUnavailableError):
+    """Some servers were still unreachable when the connect deadline passed.
+
+    ``missing`` lists ``(part_id, "host:port", last error)`` for each of them.
+    """
+
+    code = "servers_missing"
+
+    def __init__(self, message: str, missing: list[tuple[int, str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.missing = missing or []
+
+
 _BY_CODE: dict[str, type[AsyncGraphError]] = {
     cls.code: cls
     for cls in (
@@ -105,13 +133,16 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         ShapeMismatchError,
         UnknownTensorError,
         TensorExistsError,
+        PartialTensorError,
         UnknownOpError,
+        UnknownTypeError,
         ProtocolError,
         FrameTooLargeError,
         AuthenticationError,
         RequestTimeoutError,
         BarrierTimeoutError,
         ServerUnavailableError,
+        ServersMissingError,
     )
 }
 

@@ -8,6 +8,10 @@ the partitioner can work on it with vectorised numpy.
 
 from __future__ import annotations
 
+import sys
+import types
+import zipfile
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -44,11 +48,46 @@ def _ids(value: Any, name: str) -> IdArray:
     return arr.astype(np.int64, copy=False)
 
 
+class Count(int):
+    """An int that may also be called: ``g.num_nodes`` and DGL's ``g.num_nodes()`` both work."""
+
+    def __call__(self) -> int:
+        return int(self)
+
+
+class TensorDict(dict[str, np.ndarray[Any, Any]]):
+    """``ndata``/``edata``: assigning a torch tensor, list or array stores a checked numpy array."""
+
+    def __init__(self, rows: int, kind: str, what: str) -> None:
+        super().__init__()
+        self._rows, self._kind, self._what = rows, kind, what
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+            raise InvalidRequestError(
+                f"{self._kind} name {name!r} is not valid: it must be a non-empty string usable as a "
+                "file name (no '/', no leading '.')"
+            )
+        arr = to_numpy(value, f"{self._kind}[{name!r}]")
+        if arr.ndim == 0 or arr.shape[0] != self._rows:
+            raise ShapeMismatchError(
+                f"{self._kind}[{name!r}] has shape {arr.shape}; its first dimension must be "
+                f"{self._what}={self._rows}"
+            )
+        super().__setitem__(name, arr)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for name, value in dict(*args, **kwargs).items():
+            self[name] = value
+
+
 class Graph:
     """A directed graph with node and edge tensors (numpy, int64 IDs).
 
     ``ndata[name]`` has first dimension ``num_nodes``; ``edata[name]`` has first dimension
-    ``num_edges`` (row ``i`` belongs to edge ``src[i] -> dst[i]``).
+    ``num_edges`` (row ``i`` belongs to edge ``src[i] -> dst[i]``). Torch tensors are accepted
+    everywhere (also assigned later, ``g.ndata["feat"] = tensor``) and stored as numpy.
+    ``num_nodes``/``num_edges`` are ints that can also be called, as DGL's methods.
     """
 
     def __init__(
@@ -82,23 +121,11 @@ class Graph:
         self._edata = self._tensors(edata, self.num_edges, "edata", "num_edges")
 
     @staticmethod
-    def _tensors(
-        data: Mapping[str, Any] | None, rows: int, kind: str, what: str
-    ) -> dict[str, np.ndarray[Any, Any]]:
+    def _tensors(data: Mapping[str, Any] | None, rows: int, kind: str, what: str) -> TensorDict:
         """Convert a mapping of tensors to numpy, checking names and first dimensions."""
-        out: dict[str, np.ndarray[Any, Any]] = {}
+        out = TensorDict(rows, kind, what)
         for name, value in (data or {}).items():
-            if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
-                raise InvalidRequestError(
-                    f"{kind} name {name!r} is not valid: it must be a non-empty string usable as a "
-                    "file name (no '/', no leading '.')"
-                )
-            arr = to_numpy(value, f"{kind}[{name!r}]")
-            if arr.ndim == 0 or arr.shape[0] != rows:
-                raise ShapeMismatchError(
-                    f"{kind}[{name!r}] has shape {arr.shape}; its first dimension must be {what}={rows}"
-                )
-            out[name] = arr
+            out[name] = value
         return out
 
     # --- construction -----------------------------------------------------------------------
@@ -113,8 +140,17 @@ class Graph:
         path = Path(path)
         if not path.is_file():
             raise InvalidRequestError(f"graph file {path} does not exist")
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
+        try:
+            data = np.load(path, allow_pickle=False)
+            if not isinstance(data, np.lib.npyio.NpzFile):
+                raise ValueError("it holds a single array, not an npz archive")
+            with data:
+                arrays = {k: data[k] for k in data.files}
+        except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error) as exc:
+            reason = "it is empty" if path.stat().st_size == 0 else str(exc) or type(exc).__name__
+            raise InvalidRequestError(
+                f"graph file {path} is not a readable .npz archive ({reason}); truncated or not an npz?"
+            ) from None
         for key in ("src", "dst"):
             if key not in arrays:
                 raise InvalidRequestError(f"{path}: missing array {key!r} (have {sorted(arrays)})")
@@ -148,13 +184,32 @@ class Graph:
 
     # --- properties ---------------------------------------------------------------------------
     @property
-    def num_nodes(self) -> int:
-        """Number of nodes; node IDs are ``0 .. num_nodes-1``."""
-        return self._num_nodes
+    def num_nodes(self) -> Count:
+        """Number of nodes; node IDs are ``0 .. num_nodes-1`` (also callable: ``num_nodes()``)."""
+        return Count(self._num_nodes)
 
     @property
-    def num_edges(self) -> int:
-        """Number of (directed) edges; edge IDs are ``0 .. num_edges-1``."""
+    def num_edges(self) -> Count:
+        """Number of (directed) edges; edge IDs are ``0 .. num_edges-1`` (also callable)."""
+        return Count(self._src.size)
+
+    def number_of_nodes(self) -> int:
+        return self._num_nodes
+
+    # A homogeneous graph is a heterogeneous one with a single node and edge type (DGL's names).
+    @property
+    def ntypes(self) -> list[str]:
+        return ["_N"]
+
+    @property
+    def etypes(self) -> list[str]:
+        return ["_E"]
+
+    @property
+    def canonical_etypes(self) -> list[tuple[str, str, str]]:
+        return [("_N", "_E", "_N")]
+
+    def number_of_edges(self) -> int:
         return int(self._src.size)
 
     @property
@@ -168,12 +223,12 @@ class Graph:
         return self._dst
 
     @property
-    def ndata(self) -> dict[str, np.ndarray[Any, Any]]:
+    def ndata(self) -> TensorDict:
         """Node tensors by name (first dimension ``num_nodes``)."""
         return self._ndata
 
     @property
-    def edata(self) -> dict[str, np.ndarray[Any, Any]]:
+    def edata(self) -> TensorDict:
         """Edge tensors by name (first dimension ``num_edges``)."""
         return self._edata
 
@@ -194,3 +249,35 @@ class Graph:
             f"Graph(num_nodes={self.num_nodes}, num_edges={self.num_edges}, "
             f"ndata={sorted(self._ndata)}, edata={sorted(self._edata)})"
         )
+
+
+def graph(
+    data: tuple[Any, Any],
+    num_nodes: int | None = None,
+    *,
+    ndata: Mapping[str, Any] | None = None,
+    edata: Mapping[str, Any] | None = None,
+    idtype: Any = None,
+    device: Any = None,
+) -> Graph:
+    """``dgl.graph((src, dst), num_nodes=N)``: a ``Graph`` (``num_nodes`` defaults to max ID + 1).
+
+    ``idtype``/``device`` are accepted for DGL call sites; IDs are int64 on the CPU.
+    """
+    if not isinstance(data, tuple | list) or len(data) != 2:
+        raise InvalidRequestError("graph() takes the edges as a pair (src, dst)")
+    src, dst = _ids(data[0], "src"), _ids(data[1], "dst")
+    if num_nodes is None:
+        num_nodes = int(max(src.max(initial=-1), dst.max(initial=-1))) + 1
+    return Graph(num_nodes, src, dst, ndata, edata)
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``asyncgraph.graph((src, dst), num_nodes=N)`` work although ``asyncgraph.graph`` is
+    also this module's name (importing a submodule sets the package attribute to the module)."""
+
+    def __call__(self, data: tuple[Any, Any], num_nodes: int | None = None, **kwargs: Any) -> Graph:
+        return graph(data, num_nodes, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -8,13 +8,13 @@ prints ``fail host:port: <reason>`` and exits 1. For Kubernetes readiness/livene
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import sys
 import time
 from pathlib import Path
 
+from asyncgraph.cli import Parser, configure_logging
 from asyncgraph.client.connection import Connection
 from asyncgraph.env import ENV_SECRET_FILE
 
@@ -43,18 +43,23 @@ def _read_secret(path: Path) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m asyncgraph.health", description=__doc__)
+    parser = Parser(prog="python -m asyncgraph.health", description=__doc__, raw_description=True)
     parser.add_argument("--host", default="127.0.0.1", help="server address (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", type=int, required=True, help="server port")
     parser.add_argument(
         "--secret-file", type=Path, help=f"the servers' secret (default: ${ENV_SECRET_FILE} if set)"
     )
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds for connect, handshake, ping")
     args = parser.parse_args(argv)
+    configure_logging(args.log_level, "health")
     where = f"{args.host}:{args.port}"
     secret_file = args.secret_file or (
         Path(os.environ[ENV_SECRET_FILE]) if ENV_SECRET_FILE in os.environ else None
     )
+    if not 1 <= args.port <= 65535:
+        parser.error(f"--port must be in 1..65535, got {args.port}")
+    if secret_file is not None and not secret_file.is_file():  # misconfigured, not "server down"
+        parser.exit(2, f"{parser.prog}: error: secret file {secret_file} does not exist\n")
     try:
         secret = _read_secret(secret_file) if secret_file is not None else None
         line = asyncio.run(

@@ -12,13 +12,22 @@ __all__ = [
     "ADAM_M_SUFFIX",
     "ADAM_STEP_SUFFIX",
     "ADAM_V_SUFFIX",
+    "ETYPE",
+    "NTYPE",
     "POLICIES",
+    "TYPE_EID",
     "is_state_key",
     "tensor_key",
     "tensor_prefix",
 ]
 
 POLICIES = ("node", "edge")
+
+# Written by partition_graph for heterogeneous graphs: each node's type index, each edge's type
+# index (what the sampler groups by for per-edge-type fanouts) and each edge's per-type ID.
+NTYPE = "_TYPE"
+ETYPE = "_ETYPE"
+TYPE_EID = "_TYPE_EID"
 
 ADAGRAD_STATE_SUFFIX = "#adagrad_state"
 ADAM_M_SUFFIX = "#adam_m"

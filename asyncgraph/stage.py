@@ -33,6 +33,7 @@ from pathlib import Path, PurePosixPath
 
 from pydantic import ValidationError
 
+from asyncgraph.cli import Parser, configure_logging, one_line
 from asyncgraph.client.ipconfig import IpConfig
 from asyncgraph.partition.config import PartitionConfig
 
@@ -146,13 +147,22 @@ def part_files(config_path: Path, config: PartitionConfig, part_id: int) -> list
     return sorted(p.relative_to(root).as_posix() for p in part_dir.rglob("*") if p.is_file())
 
 
+def mapping_files(config_path: Path, config: PartitionConfig) -> list[str]:
+    """The ID mapping files the config names (``orig_nids``/``orig_eids``), where they exist.
+
+    Every host gets them beside the config, so ``load_orig_ids`` works wherever a trainer runs.
+    """
+    named = [n for n in (config.orig_nids, config.orig_eids) if n]
+    return [n for n in named if (config_path.parent / n).is_file()]
+
+
 def manifest_name(config_path: Path) -> str:
     return f"{config_path.stem}.sha256"
 
 
 def build_manifest(config_path: Path, config: PartitionConfig) -> dict[str, str]:
     """SHA-256 of the config and every partition file, keyed by path relative to the config."""
-    names = [config_path.name]
+    names = [config_path.name, *mapping_files(config_path, config)]
     for part_id in range(config.num_parts):
         names += part_files(config_path, config, part_id)
     return {name: sha256_file(config_path.parent / name) for name in names}
@@ -167,8 +177,8 @@ def write_manifest(path: Path, manifest: dict[str, str]) -> None:
 
 
 def host_files(config_path: Path, config: PartitionConfig, host: HostPlan) -> list[str]:
-    """The files one host must end up with: the config and its partitions' files."""
-    names = [config_path.name]
+    """The files one host must end up with: the config, its ID mappings and its partitions' files."""
+    names = [config_path.name, *mapping_files(config_path, config)]
     for part_id in host.part_ids:
         names += part_files(config_path, config, part_id)
     return names
@@ -251,6 +261,9 @@ class Stager:
                 for path in host.part_paths:
                     shutil.copytree(self.src_root / path, dest / path, dirs_exist_ok=True)
                 shutil.copy2(self.config_path, dest / self.config_path.name)
+                for name in mapping_files(self.config_path, self.config):
+                    (dest / name).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(self.src_root / name, dest / name)
                 shutil.copy2(self.manifest_file, dest / self.manifest_file.name)
             except OSError as exc:
                 raise StageError(f"{host.host}: copy to {dest} failed: {exc}", 1) from None
@@ -291,6 +304,9 @@ class Stager:
             self.run(argv, f"{host.host}: copying {path}")
         for file in (self.config_path, self.manifest_file):
             self.run(self.copy_argv(host, file, file.name, is_dir=False), f"{host.host}: copying {file.name}")
+        for name in mapping_files(self.config_path, self.config):
+            argv = self.copy_argv(host, self.src_root / name, name, is_dir=False)
+            self.run(argv, f"{host.host}: copying {name}")
         # Recompute on the destination; sha256sum prints "<hex>  <name>" for each file it can read
         # and exits 1 if any is missing, which compare() then names (so do not fail on its status).
         command = f"cd {shlex.quote(str(self.dest))} && sha256sum -- " + " ".join(map(shlex.quote, names))
@@ -357,9 +373,7 @@ def stage(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m asyncgraph.stage", description=(__doc__ or "").split("\n\n")[0]
-    )
+    parser = Parser(prog="python -m asyncgraph.stage", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--part-config", type=Path, required=True, help="partition JSON file")
     parser.add_argument("--ip-config", type=Path, required=True, help="servers in partition order")
     parser.add_argument("--dest", type=Path, required=True, help="folder on every host (absolute)")
@@ -371,6 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    configure_logging(args.log_level, "stage")
     if not args.dest.is_absolute():
         print(f"stage: --dest {args.dest} must be an absolute path", file=sys.stderr)
         return 2
@@ -387,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stage: {exc}", file=sys.stderr)
         return exc.status
     except OSError as exc:  # e.g. an unreadable source file while hashing
-        print(f"stage: {exc}", file=sys.stderr)
+        print(f"stage: {one_line(exc)}", file=sys.stderr)
         return 2
     return 0
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncgraph
-from asyncgraph.launch import ServerExitedError, server_argv, wait_ready_files
+from asyncgraph.lifeline import die_with_parent
+from asyncgraph.processes import ServerExitedError, server_argv, wait_ready_files
 
 PACKAGE_ROOT = Path(asyncgraph.__file__).resolve().parent.parent
 
@@ -36,6 +37,8 @@ class ServerGroup:
     workdir: Path
     secret: bytes | None = None
     logs: list[Path] = field(default_factory=list)
+    argvs: list[list[str]] = field(default_factory=list)
+    ready_files: list[Path] = field(default_factory=list)
 
     def ip_config(self) -> Path:
         """Write ``ip_config.txt`` (one ``host port`` per line) into the work folder."""
@@ -49,6 +52,24 @@ class ServerGroup:
         if proc.poll() is None:
             proc.send_signal(sig)
             proc.wait(timeout=10)
+
+    def restart(self, index: int, timeout: float = 60.0) -> None:
+        """Start server ``index`` again (after it died or was killed) on the port it had."""
+        proc = self.procs[index]
+        if proc.poll() is None:
+            raise RuntimeError(f"server {index} is still running")
+        argv = list(self.argvs[index])
+        argv[argv.index("--port") + 1] = str(self.addresses[index][1])
+        ready = self.ready_files[index]
+        ready.unlink(missing_ok=True)
+        with open(self.logs[index], "ab") as fh:
+            self.procs[index] = subprocess.Popen(
+                argv, stdout=fh, stderr=subprocess.STDOUT, env=subprocess_env()
+            )
+        try:
+            wait_ready_files([self.procs[index]], [ready], timeout)
+        except (ServerExitedError, TimeoutError) as exc:
+            raise RuntimeError(f"restarting server {index}: {exc}:\n{self.log_text(index)}") from None
 
     def stop(self) -> None:
         """SIGTERM every live server, SIGKILL those still running after 10 s."""
@@ -76,8 +97,15 @@ def start_servers(
     secret: bytes | None = None,
     extra_args: list[str] | None = None,
     timeout: float = 60.0,
+    ports: list[int] | None = None,
 ) -> ServerGroup:
-    """Start one server per partition on 127.0.0.1 and wait until each is ready."""
+    """Start one server per partition on 127.0.0.1 and wait until each is ready.
+
+    ``ports`` binds partition ``p`` to ``ports[p]`` (for clients told the addresses before the
+    servers start); by default every server picks a free port.
+    """
+    if ports is not None and len(ports) != num_parts:
+        raise ValueError(f"{len(ports)} ports given for {num_parts} partitions")
     workdir.mkdir(parents=True, exist_ok=True)
     secret_file = None
     if secret is not None:
@@ -92,17 +120,28 @@ def start_servers(
             ready.unlink(missing_ok=True)
             log = workdir / f"server{part_id}.log"
             ready_files.append(ready)
+            group.ready_files.append(ready)
             group.logs.append(log)
             argv = server_argv(
                 part_config,
                 part_id,
                 ready,
+                port=ports[part_id] if ports is not None else 0,
                 num_clients=num_clients,
                 secret_file=secret_file,
                 extra_args=extra_args or (),
             )
+            group.argvs.append(argv)
             with open(log, "wb") as fh:
-                group.procs.append(subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env))
+                group.procs.append(
+                    subprocess.Popen(
+                        argv,
+                        stdout=fh,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        preexec_fn=die_with_parent(signal.SIGTERM),  # a killed test run leaves no server
+                    )
+                )
         try:
             group.addresses = wait_ready_files(group.procs, ready_files, timeout)
         except ServerExitedError as exc:

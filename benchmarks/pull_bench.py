@@ -21,7 +21,8 @@ the trainers.
 ``python -m benchmarks.pull_bench [--scale 20 | --graph PATH.npz] [--dgl-results R.json]`` writes
 benchmarks/results/pull_bench.json and .png; the graph is partitioned into
 ``benchmarks/data/<name>_metis2/`` once. Ratios to another system are printed only with
-``--dgl-results`` from a same-day run (``"pull_mixed": {"1000": {"rows_s": ...}}``, ``"startup_s"``).
+``--dgl-results`` from a same-day run (``"pull_mixed"``/``"push_mixed": {"1000": {"rows_s": ...}}``,
+``"startup_s"``; ``benchmarks.dgl_reference`` writes it from DGL's harness).
 """
 
 from __future__ import annotations
@@ -289,9 +290,9 @@ def print_table(report: dict[str, Any], ref: dict[str, Any] | None) -> None:
                     ceil_name, ceil = "blend", 1 / (0.5 / sock["rows_s"] + 0.5 / gather["rows_s"])
                 s["ceiling"] = ceil_name
                 s["pct_of_ceiling"] = 100 * s["rows_s"] / ceil
-                theirs = (ref or {}).get("pull_mixed", {}).get(str(size), {}).get("rows_s")
+                theirs = (ref or {}).get(f"{op}_mixed", {}).get(str(size), {}).get("rows_s")
                 vs = ""
-                if theirs and (op, case) == ("pull", "mixed"):
+                if theirs and case == "mixed":
                     s["vs_reference"] = s["rows_s"] / theirs
                     vs = f"{s['vs_reference']:.2f}x"
                 print(

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from asyncgraph.launch import free_port
+from asyncgraph.processes import free_port
 from asyncgraph.testing import start_servers
 from benchmarks.common import (
     RESULTS,
@@ -68,6 +68,8 @@ def run_training(
     max_batches: int,
     timeout: float,
     extra: tuple[str, ...] = (),
+    device: str = "cpu",
+    sync_copy: bool = False,
 ) -> list[dict[str, Any]]:
     """Start 2 servers and ``trainers`` train_dist.py processes; every rank's summary."""
     with tempfile.TemporaryDirectory(prefix="train-bench-") as tmp:
@@ -87,7 +89,7 @@ def run_training(
                     "MASTER_PORT": str(port),
                     "RANK": str(rank),
                     "WORLD_SIZE": str(trainers),
-                    "LOCAL_RANK": "0",
+                    "LOCAL_RANK": str(rank),
                 }
                 cmd = [
                     sys.executable, str(ROOT / "examples" / "train_dist.py"),
@@ -97,7 +99,10 @@ def run_training(
                     "--prefetch", str(prefetch), "--num-threads", str(threads),
                     "--max-batches", str(max_batches),
                     "--result-file", str(workdir / "result{rank}.json"), *extra,
+                    "--device", device if device != "cuda" else f"cuda:{rank}",
                 ]  # fmt: skip
+                if sync_copy:
+                    cmd.append("--sync-copy")
                 log = open(workdir / f"trainer{rank}.log", "wb")  # noqa: SIM115 (closed below)
                 procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
             deadline = time.monotonic() + timeout
@@ -127,8 +132,8 @@ def breakdown(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     last = [s["epoch_stats"][-1] for s in summaries]
     batches = int(np.mean([e["batches"] for e in last]))
     per_batch = {
-        k: round(1000 * float(np.mean([e[k] / max(e["batches"], 1) for e in last])), 2)
-        for k in ("sample", "pull", "compute", "wait")
+        k: round(1000 * float(np.mean([e.get(k, 0.0) / max(e["batches"], 1) for e in last])), 2)
+        for k in ("sample", "pull", "compute", "wait", "copy")
     }
     epoch = max(e["time"] for e in last)
     data = float(np.mean([e["sample"] + e["pull"] for e in last]))
@@ -362,6 +367,12 @@ def main() -> None:
     p.add_argument(
         "--traffic-cases", default="", help=f"comma list of {', '.join(TRAFFIC_CASES)} (default: all)"
     )
+    p.add_argument(
+        "--device", default="cpu", help="trainers' device: cpu (default) or cuda (trainer r on cuda:r)"
+    )
+    p.add_argument(
+        "--sync-copy", action="store_true", help="with --device cuda: copy batches synchronously (no overlap)"
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "train_bench.json")
     p.add_argument("--png", type=Path, default=RESULTS / "train_bench.png")
     args = p.parse_args()
@@ -381,7 +392,9 @@ def main() -> None:
             "batch_size": 1000,
             "hidden": 256,
             "optimizer": "Adam",
-            "ddp": "gloo",
+            "ddp": "gloo" if args.device == "cpu" else "nccl",
+            "device": args.device,
+            "sync_copy": bool(args.sync_copy),
             "epochs_run": args.epochs,
             "reported": "last epoch",
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
@@ -402,7 +415,13 @@ def main() -> None:
             continue
         t0 = time.perf_counter()
         summaries = run_training(
-            part_config, epochs=args.epochs, max_batches=args.max_batches, timeout=timeout, **cfg
+            part_config,
+            epochs=args.epochs,
+            max_batches=args.max_batches,
+            timeout=timeout,
+            device=args.device,
+            sync_copy=args.sync_copy,
+            **cfg,
         )
         r = {**cfg, **breakdown(summaries)}
         results["training"][name] = r

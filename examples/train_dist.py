@@ -12,6 +12,10 @@ Launched (2 partitions x 2 trainers, DDP over gloo)::
 Reports per-epoch loss and validation accuracy, the test accuracy of the best-validation epoch,
 and a timing breakdown (sample and pull run in the background; ``wait`` is time the training
 loop spent waiting for data).
+
+``--device cuda`` (or ``auto``: the launcher's ``ASYNCGRAPH_DEVICE``, e.g. with
+``--num-gpus-per-host``) trains on the GPU: batches are copied in the background on a side
+stream (``--sync-copy``: synchronously in the training loop, for comparison) and DDP uses nccl.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import asyncgraph
 from asyncgraph.dataloading import DistNodeDataLoader, NeighborSampler
+from asyncgraph.distributed import ddp_backend, trainer_device
 from asyncgraph.nn import GraphSAGE
 
 
@@ -82,17 +87,21 @@ def parse_args() -> argparse.Namespace:
         default=0.0,
         help="replace forward/backward/step with a sleep of this many ms (an accelerator-like step)",
     )
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, or auto (the launcher's choice)")
+    p.add_argument("--sync-copy", action="store_true", help="copy batches to the device synchronously")
     return p.parse_args()
 
 
-def all_reduce_sum(values: list[float], distributed: bool) -> list[float]:
-    tensor = torch.tensor(values, dtype=torch.float64)
+def all_reduce_sum(values: list[float], distributed: bool, device: torch.device) -> list[float]:
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
     if distributed:
         dist.all_reduce(tensor)
     return tensor.tolist()
 
 
-def evaluate(model: torch.nn.Module, loader: DistNodeDataLoader, distributed: bool) -> tuple[float, float]:
+def evaluate(
+    model: torch.nn.Module, loader: DistNodeDataLoader, distributed: bool, device: torch.device
+) -> tuple[float, float]:
     """Accuracy over this rank's share, summed over ranks: (correct, total)."""
     model.eval()
     correct = total = 0
@@ -104,7 +113,7 @@ def evaluate(model: torch.nn.Module, loader: DistNodeDataLoader, distributed: bo
             correct += int((pred == y).sum())
             total += int(y.numel())
     model.train()
-    c, t = all_reduce_sum([correct, total], distributed)
+    c, t = all_reduce_sum([correct, total], distributed, device)
     return c, t
 
 
@@ -121,8 +130,12 @@ def main() -> None:
         local_parts = [rank * num_parts // world_size]
     asyncgraph.initialize(args.ip_config, local_partitions=local_parts)
     distributed = world_size > 1
+    device = trainer_device() if args.device == "auto" else torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if distributed:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        backend = "gloo" if device.type == "cpu" else ddp_backend()
+        dist.init_process_group(backend, rank=rank, world_size=world_size)
     graph_name = args.graph_name
     if graph_name is None:
         if args.part_config is None:
@@ -143,9 +156,15 @@ def main() -> None:
     in_feats = int(feat.shape[1])
     fanouts = [int(f) for f in args.fanouts.split(",")]
     sampler = NeighborSampler(fanouts)
-    model: torch.nn.Module = GraphSAGE(in_feats, args.hidden, num_classes, len(fanouts), dropout=args.dropout)
+    model: torch.nn.Module = GraphSAGE(
+        in_feats, args.hidden, num_classes, len(fanouts), dropout=args.dropout
+    ).to(device)
     if distributed:
-        model = DistributedDataParallel(model)
+        model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    # CPU training keeps the loaders' default (no copy); a GPU gets every batch on the device
+    on_device: dict[str, Any] = (
+        {} if device.type == "cpu" else {"device": device, "overlap": not args.sync_copy}
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     cache_bytes = 0
     if args.cache_fraction > 0:
@@ -161,17 +180,33 @@ def main() -> None:
         seed=args.seed * 1000 + rank,
         feature_cache_bytes=cache_bytes,
         carry_features=not args.no_carry_features,
+        **on_device,
     )
     val_loader = DistNodeDataLoader(
-        g, val_nids, sampler, args.eval_batch_size, shuffle=False, prefetch=args.prefetch, seed=7 + rank
+        g,
+        val_nids,
+        sampler,
+        args.eval_batch_size,
+        shuffle=False,
+        prefetch=args.prefetch,
+        seed=7 + rank,
+        **on_device,
     )
     test_loader = DistNodeDataLoader(
-        g, test_nids, sampler, args.eval_batch_size, shuffle=False, prefetch=args.prefetch, seed=11 + rank
+        g,
+        test_nids,
+        sampler,
+        args.eval_batch_size,
+        shuffle=False,
+        prefetch=args.prefetch,
+        seed=11 + rank,
+        **on_device,
     )
     if rank == 0:
         print(
             f"{g!r}: {len(train_nids)} train / {len(val_nids)} val / {len(test_nids)} test nodes on rank 0, "
-            f"{world_size} trainer(s), fanouts {fanouts}, prefetch {args.prefetch}",
+            f"{world_size} trainer(s), fanouts {fanouts}, prefetch {args.prefetch}, device {device}"
+            + (" (synchronous copies)" if args.sync_copy and device.type != "cpu" else ""),
             flush=True,
         )
     progress = None
@@ -180,7 +215,7 @@ def main() -> None:
 
         progress = tqdm(total=args.epochs, desc="epochs", unit="ep", file=sys.stdout, mininterval=1.0)
 
-    totals = {"sample": 0.0, "pull": 0.0, "compute": 0.0, "wait": 0.0, "epoch": 0.0}
+    totals = {"sample": 0.0, "pull": 0.0, "compute": 0.0, "wait": 0.0, "copy": 0.0, "epoch": 0.0}
     epoch_stats: list[dict[str, Any]] = []
     best_val = -1.0
     best = {"epoch": -1, "val_acc": 0.0, "test_acc": 0.0}
@@ -216,6 +251,7 @@ def main() -> None:
         totals["sample"] += stats.sample
         totals["pull"] += stats.pull
         totals["wait"] += stats.wait
+        totals["copy"] += stats.copy
         totals["compute"] += compute
         totals["epoch"] += epoch_time
         epoch_stats.append(
@@ -227,18 +263,19 @@ def main() -> None:
                 "pull": round(stats.pull, 4),
                 "compute": round(compute, 4),
                 "wait": round(stats.wait, 4),
+                "copy": round(stats.copy, 4),
                 "traffic": stats.traffic.as_dict(),
                 "cache": train_loader.cache_info,
             }
         )
-        loss_total, n_total = all_reduce_sum([loss_sum, count], distributed)
+        loss_total, n_total = all_reduce_sum([loss_sum, count], distributed, device)
         record = {"epoch": epoch, "loss": loss_total / max(n_total, 1), "time": epoch_time}
         if args.eval_every > 0 and ((epoch + 1) % args.eval_every == 0 or epoch == args.epochs - 1):
-            vc, vt = evaluate(model, val_loader, distributed)
+            vc, vt = evaluate(model, val_loader, distributed, device)
             record["val_acc"] = vc / max(vt, 1)
             if record["val_acc"] > best_val:
                 best_val = record["val_acc"]
-                tc, tt = evaluate(model, test_loader, distributed)
+                tc, tt = evaluate(model, test_loader, distributed, device)
                 best = {"epoch": epoch, "val_acc": record["val_acc"], "test_acc": tc / max(tt, 1)}
         history.append(record)
         if progress is not None:
@@ -266,6 +303,8 @@ def main() -> None:
         "time": {k: round(v, 4) for k, v in totals.items()},
         "rank": rank,
         "epoch_stats": epoch_stats,
+        "device": str(device),
+        "sync_copy": bool(args.sync_copy),
     }
     if args.result_file is not None and "{rank}" in str(args.result_file):
         Path(str(args.result_file).replace("{rank}", str(rank))).write_text(json.dumps(summary, indent=2))

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from servers import ServerGroup, start_servers
 
 import asyncgraph
 from asyncgraph.arrays import WIRE_DTYPE_KINDS, as_id_array, check_rows
@@ -36,6 +35,7 @@ from asyncgraph.protocol.ops import (
 )
 from asyncgraph.server.handlers import RequestHandlers
 from asyncgraph.storage.store import PartitionStore
+from asyncgraph.testing import ServerGroup, start_servers
 
 
 # --- scatter -------------------------------------------------------------------------------------

@@ -113,4 +113,4 @@ def test_sample_neighbors_api(g: asyncgraph.DistGraph, pubmed2) -> None:
     again = asyncgraph.sample_neighbors(g, seeds, 4, seed=3)
     assert all(torch.equal(a, b) for a, b in zip((src, dst, eids), again, strict=True))
     with pytest.raises(InvalidRequestError, match="edge_dir"):
-        asyncgraph.sample_neighbors(g, seeds, 4, edge_dir="out")
+        asyncgraph.sample_neighbors(g, seeds, 4, edge_dir="both")

@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator, Iterator
 import numpy as np
 import pytest
 from fault_proxy import FaultProxy
-from servers import ServerGroup, start_servers
 
 from asyncgraph.client import AsyncClient
 from asyncgraph.errors import RequestTimeoutError, ServerUnavailableError
+from asyncgraph.testing import ServerGroup, start_servers
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from servers import ROOT, start_servers
-
-from asyncgraph.launch import free_port
+from asyncgraph.processes import free_port
+from asyncgraph.testing import PACKAGE_ROOT as ROOT
+from asyncgraph.testing import start_servers
 
 
 def probe(*args: str) -> subprocess.CompletedProcess[str]:

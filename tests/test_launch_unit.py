@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import shlex
 
-from asyncgraph.launch import _remote, free_port, main
+from asyncgraph.launch import main
+from asyncgraph.processes import free_port
+from asyncgraph.processes import ssh_argv as _remote
 
 
 def test_remote_command_quotes_everything() -> None:
@@ -25,3 +27,33 @@ def test_missing_command_and_bad_trainer_count_exit_2(cora2, capsys) -> None:  #
     assert main(["--part-config", str(cora2.part_config)]) == 2
     assert "trainer command" in capsys.readouterr().err
     assert main(["--part-config", str(cora2.part_config), "--num-trainers", "0", "--", "true"]) == 2
+
+
+def test_omp_threads_share_and_remote_form() -> None:
+    from asyncgraph.processes import omp_threads
+
+    assert omp_threads(16, 4) == 4 and omp_threads(2, 4) == 1 and omp_threads(7, 2) == 3
+    words = shlex.split(_remote("h", ["python", "t.py"], {"RANK": "0"}, "/w", omp_share=3)[6])
+    assert words[3] == "OMP_NUM_THREADS=$((" and "3" in words and words.index("env") > 3
+
+
+def test_launcher_sets_omp_num_threads_unless_user_did(cora2, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    from asyncgraph.processes import local_cores, omp_threads
+    from asyncgraph.testing import subprocess_env
+
+    probe = [sys.executable, "-c", "import os; print('OMP=' + os.environ['OMP_NUM_THREADS'])"]
+    cmd = [sys.executable, "-m", "asyncgraph.launch", "--part-config", str(cora2.part_config)]
+    cmd += ["--num-trainers", "2", "--", *probe]
+    env = subprocess_env()
+    env.pop("OMP_NUM_THREADS", None)
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    want = omp_threads(local_cores(), 4)  # 2 partitions x 2 trainers, all on this host
+    assert res.stdout.count(f"OMP={want}") == 4, res.stdout
+    res = subprocess.run(
+        cmd, env={**env, "OMP_NUM_THREADS": "3"}, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert res.returncode == 0 and res.stdout.count("OMP=3") == 4, res.stdout + res.stderr[-2000:]

@@ -134,7 +134,7 @@ def test_existing_out_path(tmp_path: Path) -> None:
         partition_graph(_tiny(), "g", 2, out)
     assert os.listdir(out) == ["keep.txt"] and sorted(os.listdir(tmp_path)) == ["out"]
     partition_graph(_tiny(), "g", 2, out, overwrite=True)
-    assert sorted(os.listdir(out)) == ["g.json", "part0", "part1"]
+    assert sorted(os.listdir(out)) == ["g.json", "orig_eids.npy", "orig_nids.npy", "part0", "part1"]
     assert sorted(os.listdir(tmp_path)) == ["out"]
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -26,6 +26,7 @@ from asyncgraph.protocol import (
     encode_message,
 )
 from asyncgraph.protocol.framing import LENGTH_PREFIX
+from asyncgraph.protocol.session import HANDSHAKE_MAX_FRAME_SIZE
 
 SECRET = b"pair-secret"
 
@@ -257,3 +258,31 @@ def test_frame_reader_needed_never_reads_past_one_frame() -> None:
         got = reader.buffer_updated(n)
     assert pos == len(frame) and reader.needed == 4 and reads > 1
     assert bytes(got[0]) == frame[4:]
+
+
+def test_preauth_frames_are_small_until_the_hello_succeeds() -> None:
+    pair = SessionPair()
+    assert pair.server.max_frame_size == HANDSHAKE_MAX_FRAME_SIZE < 1 << 16
+    pair.handshake()
+    assert pair.server.max_frame_size == 1 << 16
+    pair = SessionPair()
+    pair.server.data_to_send()
+    [failed] = pair.to_server(LENGTH_PREFIX.pack(HANDSHAKE_MAX_FRAME_SIZE + 1))
+    assert isinstance(failed, ConnectionFailed) and isinstance(failed.error, FrameTooLargeError)
+
+
+def test_oversized_reply_is_an_error_for_that_request_only() -> None:
+    pair = SessionPair()
+    pair.handshake()
+    rid, pieces = pair.client.send_request("pull", {"name": "x"})
+    rid2, pieces2 = pair.client.send_request("ping", {})
+    pair.to_server(join(pieces) + join(pieces2))
+    with pytest.raises(FrameTooLargeError, match=r"reply to request 1 is .* over the maximum frame size"):
+        pair.server.send_response(rid, np.zeros(1 << 16, np.uint8))
+    assert pair.server.state is SessionState.READY
+    out = join(pair.server.send_error(rid, FrameTooLargeError("too big")))
+    out += join(pair.server.send_response(rid2, 1.5))
+    error, reply = pair.to_client(out)
+    assert error == ErrorResponse(1, "frame_too_large", "too big")
+    assert isinstance(reply, Response) and reply.result == 1.5
+    assert pair.client.state is SessionState.READY

@@ -26,6 +26,7 @@ from asyncgraph.client.ipconfig import IpConfig
 from asyncgraph.partition.config import PartitionConfig
 
 ROOT = Path(__file__).resolve().parent.parent
+MAPPINGS = ("orig_nids.npy", "orig_eids.npy")  # ID mapping files written beside the config
 
 
 @pytest.fixture(scope="module")
@@ -196,16 +197,20 @@ def test_dry_run_prints_ssh_and_rsync_for_remote_hosts_only(src: Path, tmp_path:
         [f"{src.parent}/part1/", "alice@10.1.2.3:/local/graphs/part1/"],
         [str(src), "alice@10.1.2.3:/local/graphs/cora.json"],
         [str(src.parent / "cora.sha256"), "alice@10.1.2.3:/local/graphs/cora.sha256"],
+        [str(src.parent / "orig_nids.npy"), "alice@10.1.2.3:/local/graphs/orig_nids.npy"],
+        [str(src.parent / "orig_eids.npy"), "alice@10.1.2.3:/local/graphs/orig_eids.npy"],
         [f"{src.parent}/part2/", "alice@node-b:/local/graphs/part2/"],
         [str(src), "alice@node-b:/local/graphs/cora.json"],
         [str(src.parent / "cora.sha256"), "alice@node-b:/local/graphs/cora.sha256"],
+        [str(src.parent / "orig_nids.npy"), "alice@node-b:/local/graphs/orig_nids.npy"],
+        [str(src.parent / "orig_eids.npy"), "alice@node-b:/local/graphs/orig_eids.npy"],
     ]
     assert all(c[c.index("-e") + 1].startswith("ssh -o BatchMode=yes") for c in rsyncs)
     sshs = [c for c in commands if c[0] == "ssh"]
     assert [c[5] for c in sshs] == ["alice@10.1.2.3"] * 2 + ["alice@node-b"] * 2
     assert sshs[0][6].startswith("mkdir -p -- /local/graphs /local/graphs/part1")
     verify = sshs[1][6]
-    assert verify.startswith("cd /local/graphs && sha256sum -- cora.json part1/")
+    assert verify.startswith("cd /local/graphs && sha256sum -- cora.json " + " ".join(MAPPINGS) + " part1/")
     assert "part0/" not in verify and "part2/" not in verify
     assert not (src.parent / "cora.sha256").exists()  # a dry run writes nothing
 
@@ -283,9 +288,9 @@ def test_remote_path_stages_only_served_partitions_and_verifies(
     for host, part in (("node-b", "part1"), ("node-c", "part2")):
         staged = files_under(sandbox / host / str(dest).lstrip("/"))
         expected = {n for n in files_under(src.parent) if n.startswith(f"{part}/")}
-        assert staged == expected | {"cora.json", "cora.sha256"}, host
+        assert staged == expected | {"cora.json", "cora.sha256", *MAPPINGS}, host
     local = files_under(dest)
-    assert {n.split("/")[0] for n in local} == {"part0", "cora.json", "cora.sha256"}
+    assert {n.split("/")[0] for n in local} == {"part0", "cora.json", "cora.sha256", *MAPPINGS}
 
     env["FAKE_CORRUPT"] = "indices.npy"
     bad = run_cli(*args, env=env)

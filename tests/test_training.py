@@ -121,3 +121,34 @@ def test_launched_training_accuracy_matches_standalone(
     assert float(launched["test_acc"]) >= threshold, launched  # type: ignore[arg-type]
     assert float(alone["test_acc"]) >= threshold, alone  # type: ignore[arg-type]
     assert abs(float(launched["test_acc"]) - float(alone["test_acc"])) <= 0.03, (alone, launched)  # type: ignore[arg-type]
+
+
+def test_launcher_restarts_a_killed_server_from_its_state(cora2, tmp_path: Path) -> None:
+    """--restart-servers: server 0 is SIGKILLed mid-loop, restarted from --state-dir with its WAL,
+    and the trainers ride through; every push-add is counted exactly once."""
+    proc = run(
+        [
+            *LAUNCH,
+            "--part-config",
+            str(cora2.part_config),
+            "--restart-servers",
+            "1",
+            "--reconnect-window",
+            "60",
+            f"--server-arg=--state-dir={tmp_path / 'state'}",
+            "--server-arg=--wal",
+            "--",
+            sys.executable,
+            str(ROOT / "tests" / "workers" / "ride_restart.py"),
+        ],
+        timeout=240,
+    )
+    result = result_of(proc)
+    assert result["total"] == result["expected"]
+    assert "restarting it from its state" in proc.stderr
+
+
+def test_launcher_refuses_restarts_without_a_state_folder(cora2) -> None:
+    proc = run([*LAUNCH, "--part-config", str(cora2.part_config), "--restart-servers", "1", "--", "true"])
+    assert proc.returncode == 2
+    assert "needs servers with a state folder" in proc.stderr

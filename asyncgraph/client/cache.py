@@ -10,13 +10,23 @@ is why only tensors nobody writes during training (partition features) should be
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
 
 from asyncgraph.errors import InvalidRequestError
+from asyncgraph.protocol.ops import Op
+from asyncgraph.service.base import Partition
+from asyncgraph.storage.store import TensorMeta
 
-__all__ = ["FeatureCache", "Traffic", "pick_cached_ids"]
+__all__ = ["FeatureCache", "Traffic", "count_remote", "meta_row_bytes", "pick_cached_ids"]
+
+
+def meta_row_bytes(meta: TensorMeta) -> int:
+    """Bytes of one row of ``meta``'s tensor."""
+    return int(math.prod(meta.row_shape) * np.dtype(meta.dtype).itemsize)
 
 
 @dataclass
@@ -46,6 +56,19 @@ class Traffic:
     def hit_rate(self) -> float:
         total = self.cache_hits + self.cache_misses
         return self.cache_hits / total if total else 0.0
+
+
+def count_remote(
+    partitions: Sequence[Partition], parts: Sequence[np.ndarray], op: Op, traffic: Traffic
+) -> int:
+    """Count in ``traffic`` the requests of ``parts`` (positions per partition) that go over a
+    socket; returns their rows."""
+    rows = 0
+    for part, pos in zip(partitions, parts, strict=True):
+        if pos.size and not part.runs_here(op):
+            rows += int(pos.size)
+            traffic.remote_requests += 1
+    return rows
 
 
 class FeatureCache:

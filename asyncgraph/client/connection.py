@@ -7,11 +7,19 @@ requests in flight (back-pressure: callers wait rather than queueing without lim
 server goes away every pending and later call fails at once with ``ServerUnavailableError``
 naming the server; a server that stops answering makes calls fail at their timeout. Nothing
 here knows about partitions or tensors.
+
+Riding through a restart: with ``reconnect_window > 0`` a call that finds the connection lost
+reconnects (jittered exponential backoff, for at most the window; one reconnect shared by every
+caller) and, if its op may be resent (``RETRYABLE_OPS``: reads, and writes carrying a request id
+the server deduplicates), sends it again. ``generation`` counts reconnects so that users of the
+server's shared memory know to re-attach.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
 from typing import Any, cast
 
 from asyncgraph.errors import (
@@ -30,6 +38,9 @@ from asyncgraph.protocol import (
     Response,
     ServerHello,
 )
+from asyncgraph.protocol.ops import RETRYABLE_OPS
+
+log = logging.getLogger("asyncgraph.client")
 
 __all__ = ["CONNECTION_ERROR_ID", "Connection"]
 
@@ -41,14 +52,22 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self._conn = conn
         self._session = conn._session
 
+    def _current(self) -> bool:
+        """False once the connection has moved on to a newer session (after a reconnect)."""
+        return self._conn._session is self._session
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._conn._transport = cast(asyncio.Transport, transport)
+        if self._current():
+            self._conn._transport = cast(asyncio.Transport, transport)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._session.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
         conn = self._conn
+        if not self._current():
+            self._session.buffer_updated(nbytes)
+            return
         pending = conn._pending
         for event in self._session.buffer_updated(nbytes):
             kind = type(event)
@@ -73,6 +92,8 @@ class _ClientProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._session.close()
+        if not self._current():
+            return
         reason = f": {exc}" if exc else ""
         self._conn._fail(ServerUnavailableError(f"connection to server {self._conn.name} lost{reason}"))
 
@@ -81,6 +102,11 @@ class _ClientProtocol(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self._conn._writable.set()
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 class Connection:
@@ -96,11 +122,19 @@ class Connection:
         max_inflight: int,
         graph_name: str | None = None,
         secret: bytes | None = None,
+        reconnect_window: float = 0.0,
     ) -> None:
         self.host = host
         self.port = port
         self.name = name
         self.max_frame_size = max_frame_size
+        self.graph_name = graph_name
+        self.secret = secret
+        self.reconnect_window = reconnect_window
+        self.generation = 0
+        self.retries = 0
+        self._closed_by_user = False
+        self._reconnecting: asyncio.Future[None] | None = None
         self._session = ClientSession(
             graph_name=graph_name, secret=secret, name=name, max_frame_size=max_frame_size
         )
@@ -124,6 +158,7 @@ class Connection:
         timeout: float = 10.0,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         max_inflight: int = 32,
+        reconnect_window: float = 0.0,
     ) -> Connection:
         """Connect and complete the handshake; ``graph_name=None`` accepts whatever is served."""
         conn = cls(
@@ -134,31 +169,126 @@ class Connection:
             max_inflight=max_inflight,
             graph_name=graph_name,
             secret=secret,
+            reconnect_window=reconnect_window,
         )
-        loop = asyncio.get_running_loop()
-        conn._handshake = loop.create_future()
-        try:
-            await asyncio.wait_for(loop.create_connection(lambda: _ClientProtocol(conn), host, port), timeout)
-        except (TimeoutError, OSError) as exc:
-            raise ServerUnavailableError(
-                f"cannot connect to server {conn.name}: {exc or 'timed out'}"
-            ) from None
-        try:
-            await asyncio.wait_for(asyncio.shield(conn._handshake), timeout)
-        except TimeoutError:
-            conn.close()
-            raise ServerUnavailableError(
-                f"handshake with server {conn.name} timed out after {timeout} s"
-            ) from None
-        except BaseException:
-            conn.close()
-            raise
-        conn._handshake = None
+        await conn._connect(timeout)
+        hello = conn.server_hello
+        if hello is not None:
+            conn.graph_name = hello.graph_name  # a reconnect must find the same graph
         return conn
 
+    async def _connect(self, timeout: float) -> None:
+        """Open the socket and complete the handshake on the current session."""
+        loop = asyncio.get_running_loop()
+        self._handshake = loop.create_future()
+        # The handshake's failure is raised to our caller below, except when we stopped waiting
+        # first (timeout, cancellation): mark it retrieved so asyncio does not also print
+        # "Future exception was never retrieved" for an error the caller already has.
+        self._handshake.add_done_callback(_retrieve)
+        try:
+            await asyncio.wait_for(
+                loop.create_connection(lambda: _ClientProtocol(self), self.host, self.port), timeout
+            )
+        except (TimeoutError, OSError) as exc:
+            self._handshake = None
+            raise ServerUnavailableError(
+                f"cannot connect to server {self.name}: {exc or 'timed out'}"
+            ) from None
+        try:
+            await asyncio.wait_for(asyncio.shield(self._handshake), timeout)
+        except TimeoutError:
+            self._drop_transport()
+            raise ServerUnavailableError(
+                f"handshake with server {self.name} timed out after {timeout} s"
+            ) from None
+        except BaseException:
+            self._drop_transport()
+            raise
+        finally:
+            self._handshake = None
+
+    async def reconnect(self) -> None:
+        """Reconnect after a lost connection, within ``reconnect_window``; shared by all callers.
+
+        Raises ``ServerUnavailableError`` when the server did not come back in time.
+        """
+        if self._error is None:
+            return
+        if self._reconnecting is None:
+            self._reconnecting = asyncio.ensure_future(self._reconnect_loop())
+            self._reconnecting.add_done_callback(self._reconnect_done)
+        await asyncio.shield(self._reconnecting)
+
+    def _reconnect_done(self, fut: asyncio.Future[None]) -> None:
+        self._reconnecting = None
+        if not fut.cancelled():
+            fut.exception()  # retrieved: each waiter got it through the shield
+
+    async def _reconnect_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.reconnect_window
+        delay = 0.05
+        last: BaseException | None = None
+        while not self._closed_by_user:
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            old = self.server_hello
+            self._session = ClientSession(
+                graph_name=self.graph_name,
+                secret=self.secret,
+                name=self.name,
+                max_frame_size=self.max_frame_size,
+            )
+            self._transport = None
+            try:
+                await self._connect(min(left, 10.0))
+            except (ServerUnavailableError, ConnectionError) as exc:
+                last = exc
+                await asyncio.sleep(min(delay * random.uniform(0.5, 1.5), max(deadline - loop.time(), 0)))
+                delay = min(delay * 2, 1.0)
+                continue
+            hello = self.server_hello
+            problem = None
+            if hello is not None and old is not None:
+                if hello.part_id != old.part_id:
+                    problem = f"came back serving partition {hello.part_id}, not {old.part_id}"
+                elif hello.epoch < old.epoch:
+                    problem = (
+                        f"came back at state epoch {hello.epoch}, older than the {old.epoch} it had: "
+                        "it lost state (restarted without its --state-dir?)"
+                    )
+            if problem is not None:
+                self._error = None
+                self._fail(ServerUnavailableError(f"server {self.name} {problem}"))
+                raise cast(AsyncGraphError, self._error)
+            self._error = None
+            self.generation += 1
+            log.info("reconnected to server %s (generation %d)", self.name, self.generation)
+            return
+        raise ServerUnavailableError(
+            f"server {self.name} did not come back within the reconnect window of "
+            f"{self.reconnect_window:g} s{f': {last}' if last else ''}"
+        )
+
     # --- calls ----------------------------------------------------------------------------
-    async def call(self, op: str, args: dict[str, Any], timeout: float) -> Any:
-        """Send one request and wait for its result; raises the server's typed error."""
+    async def call(self, op: str, args: dict[str, Any], timeout: float, *, retry: bool | None = None) -> Any:
+        """Send one request and wait for its result; raises the server's typed error.
+
+        With a reconnect window, a lost connection is reopened and the request sent again if
+        ``retry`` (default: ``op in RETRYABLE_OPS``).
+        """
+        may_retry = (op in RETRYABLE_OPS) if retry is None else retry
+        while True:
+            try:
+                return await self._call_once(op, args, timeout)
+            except ServerUnavailableError:
+                if not may_retry or self.reconnect_window <= 0 or self._closed_by_user:
+                    raise
+            await self.reconnect()
+            self.retries += 1
+
+    async def _call_once(self, op: str, args: dict[str, Any], timeout: float) -> Any:
         if self._error is not None:
             raise type(self._error)(str(self._error))
         request_id, pieces = self._session.send_request(op, args)
@@ -210,7 +340,15 @@ class Connection:
     def closed(self) -> bool:
         return self._error is not None
 
+    def _drop_transport(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+        self._session.close()
+
     def close(self) -> None:
+        self._closed_by_user = True
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
         self._session.close()

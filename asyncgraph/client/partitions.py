@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from asyncgraph.errors import AsyncGraphError, InvalidRequestError
+from asyncgraph.errors import (
+    AsyncGraphError,
+    InvalidRequestError,
+    ServersMissingError,
+    ServerUnavailableError,
+)
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol.ops import Op
 from asyncgraph.service import LocalPartition, Partition, PartitionService, boot_id
@@ -53,6 +60,65 @@ def _wanted(local_partitions: Sequence[int] | None, num_servers: int) -> frozens
     return wanted
 
 
+#: Longest pause between two connection attempts to one server (the first is 50 ms).
+MAX_BACKOFF = 2.0
+#: Longest single attempt (connect + handshake) within the overall deadline.
+ATTEMPT_TIMEOUT = 10.0
+
+
+async def open_retrying(
+    part_id: int,
+    host: str,
+    port: int,
+    deadline: float,
+    *,
+    graph_name: str | None,
+    secret: bytes | None,
+    max_frame_size: int,
+    max_inflight: int,
+    reconnect_window: float = 0.0,
+) -> Connection:
+    """Connect to one server, retrying refused or lost connections with jittered exponential
+    backoff until ``deadline`` (``time.monotonic()``), since servers may start after trainers.
+
+    Authentication and version failures are final and raised at once; running out of time
+    raises ``ServersMissingError`` naming this server and its last error.
+    """
+    delay = 0.05
+    attempts = 0
+    while True:
+        attempts += 1
+        remaining = deadline - time.monotonic()
+        try:
+            return await Connection.open(
+                host,
+                port,
+                graph_name=graph_name,
+                secret=secret,
+                timeout=max(0.05, min(ATTEMPT_TIMEOUT, remaining)),
+                max_frame_size=max_frame_size,
+                max_inflight=max_inflight,
+                reconnect_window=reconnect_window,
+            )
+        except ServerUnavailableError as exc:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ServersMissingError(
+                    f"server {host}:{port} (partition {part_id}) unreachable after "
+                    f"{attempts} attempts: {exc}",
+                    [(part_id, f"{host}:{port}", str(exc))],
+                ) from None
+            if attempts == 1:
+                log.info("server %s:%d not up yet (%s); retrying", host, port, exc)
+            await asyncio.sleep(min(remaining, random.uniform(0.5 * delay, delay)))
+            delay = min(MAX_BACKOFF, delay * 2)
+
+
+def _is_final(exc: BaseException | None) -> bool:
+    """A failure retrying cannot cure (anything but a server still missing at the deadline)."""
+    return exc is not None and not isinstance(exc, ServersMissingError)
+
+
 async def open_partitions(
     servers: Sequence[tuple[str, int]],
     *,
@@ -64,36 +130,69 @@ async def open_partitions(
     max_frame_size: int,
     max_inflight: int,
     local_partitions: Sequence[int] | None,
+    reconnect_window: float = 0.0,
 ) -> ServedGraph:
-    """Connect to every server concurrently (see ``AsyncClient.connect``); all or nothing."""
+    """Connect to every server concurrently (see ``AsyncClient.connect``); all or nothing.
+
+    Each server is retried until ``connect_timeout`` seconds have passed; then one
+    ``ServersMissingError`` lists every server still missing.
+    """
     if not servers:
         raise InvalidRequestError("no servers given")
     wanted = _wanted(local_partitions, len(servers))
-    conns = await asyncio.gather(
-        *(
-            Connection.open(
+    deadline = time.monotonic() + connect_timeout
+    tasks = [
+        asyncio.ensure_future(
+            open_retrying(
+                part_id,
                 host,
                 port,
+                deadline,
                 graph_name=graph_name,
                 secret=secret,
-                timeout=connect_timeout,
                 max_frame_size=max_frame_size,
                 max_inflight=max_inflight,
+                reconnect_window=reconnect_window,
             )
-            for host, port in servers
-        ),
-        return_exceptions=True,
-    )
-    failures = [c for c in conns if isinstance(c, BaseException)]
-    if failures:
-        for c in conns:
-            if isinstance(c, Connection):
-                c.close()
-        raise failures[0]
+        )
+        for part_id, (host, port) in enumerate(servers)
+    ]
+    try:
+        # A final failure (wrong secret, another graph) ends the wait at once; servers not up
+        # yet are retried until the deadline.
+        pending: set[asyncio.Future[Connection]] = set(tasks)
+        while pending:
+            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            final = next(
+                (t for t in tasks if t.done() and not t.cancelled() and _is_final(t.exception())), None
+            )
+            if final is not None:
+                raise cast(BaseException, final.exception())
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for t in tasks:
+            if t.done() and not t.cancelled() and t.exception() is None:
+                t.result().close()
+        raise
+    missing = [m for t in tasks if isinstance(t.exception(), ServersMissingError)
+               for m in cast(ServersMissingError, t.exception()).missing]  # fmt: skip
+    if missing:
+        for t in tasks:
+            if t.exception() is None:
+                t.result().close()
+        names = ", ".join(f"partition {p} at {where}" for p, where, _ in missing)
+        raise ServersMissingError(
+            f"{len(missing)} of {len(servers)} servers unreachable after {connect_timeout:g} s: "
+            f"{names} (last error: {missing[0][2]})",
+            missing,
+        )
+    conns = [t.result() for t in tasks]
     opened = [c for c in conns if isinstance(c, Connection)]
     try:
-        infos = await asyncio.gather(*(c.call(Op.INFO, {}, connect_timeout) for c in opened))
-        return await _from_infos(opened, infos, call_timeout, use_shared_memory, connect_timeout, wanted)
+        infos = await asyncio.gather(*(c.call(Op.INFO, {}, call_timeout) for c in opened))
+        return await _from_infos(opened, infos, call_timeout, use_shared_memory, ATTEMPT_TIMEOUT, wanted)
     except BaseException:
         for c in opened:
             c.close()
@@ -126,7 +225,8 @@ async def _from_infos(
     here = boot_id()
     partitions: list[Partition] = []
     for conn, info in zip(conns, infos, strict=True):
-        part: Partition = RemotePartition(info["part_id"], conn, call_timeout)
+        frame = min(conn.max_frame_size, int(info.get("max_frame_size", conn.max_frame_size)))
+        part: Partition = RemotePartition(info["part_id"], conn, call_timeout, max_frame_size=frame)
         shm = info.get("shm")
         if (
             use_shared_memory
@@ -136,7 +236,9 @@ async def _from_infos(
         ):
             store = await _try_attach(shm, timeout)
             if store is not None:
-                part = LocalPartition(PartitionService(store), server=part, shm=shm)
+                part = LocalPartition(
+                    PartitionService(store), server=part, shm=shm, instance=info.get("instance")
+                )
         partitions.append(part)
     return ServedGraph(
         first["graph_name"],

@@ -1,37 +1,66 @@
-"""``Partition`` over a connection to the partition's server: each method is one request."""
+"""``Partition`` over a connection to the partition's server: each method is one request,
+except pulls and pushes too large for one frame, which go as several (pipelined) requests."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from asyncgraph.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.protocol.ops import (
     CreateTensorArgs,
+    DegreesArgs,
     DeleteTensorArgs,
     FindEdgesArgs,
     Op,
     PullArgs,
     PushArgs,
+    ReleaseTensorsArgs,
     SampleArgs,
+    SampleEdgesArgs,
     SparseUpdateArgs,
 )
 from asyncgraph.service.base import SampledRows
+from asyncgraph.service.limits import REPLY_OVERHEAD
 from asyncgraph.storage.store import TensorMeta
 
 from .connection import Connection
 
 
+def row_chunks(num_rows: int, row_bytes: int, budget: int) -> list[slice]:
+    """Slices of ``range(num_rows)`` whose rows take at most ``budget`` bytes (one row at least)."""
+    per = max(1, budget // max(row_bytes, 1))
+    return [slice(i, min(i + per, num_rows)) for i in range(0, num_rows, per)]
+
+
 class RemotePartition:
-    """One partition served over ``conn``; every call waits at most ``timeout`` seconds."""
+    """One partition served over ``conn``; every call waits at most ``timeout`` seconds.
+
+    ``max_frame_size`` is the smaller of both sides' frame limits: a pull whose rows, or a push
+    whose IDs and values, exceed it (less ``REPLY_OVERHEAD`` for the envelope) is sent as several
+    requests, all written before the first reply is awaited.
+    """
 
     store = None
 
-    def __init__(self, part_id: int, conn: Connection, timeout: float) -> None:
+    def __init__(
+        self, part_id: int, conn: Connection, timeout: float, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    ) -> None:
         self.part_id = part_id
         self.conn = conn
         self.timeout = timeout
+        self.budget = max(1, max_frame_size - REPLY_OVERHEAD)
+        self._rid_prefix = uuid.uuid4().hex
+        self._rids = itertools.count()
+
+    def _rid(self) -> str:
+        """A fresh request id: the server applies a write with a given id at most once."""
+        return f"{self._rid_prefix}:{next(self._rids)}"
 
     @property
     def name(self) -> str:
@@ -44,12 +73,31 @@ class RemotePartition:
     def runs_here(self, op: Op) -> bool:
         return False
 
-    async def pull(self, name: str, ids: np.ndarray) -> np.ndarray:
+    async def pull(self, name: str, ids: np.ndarray, row_bytes: int = 0) -> np.ndarray:
+        n = int(ids.shape[0]) if ids.ndim else 0
+        if n * max(row_bytes, ids.itemsize) <= self.budget:
+            return await self._pull(name, ids)
+        parts = row_chunks(n, max(row_bytes, ids.itemsize), self.budget)
+        return np.concatenate(await asyncio.gather(*(self._pull(name, ids[s]) for s in parts)))
+
+    async def _pull(self, name: str, ids: np.ndarray) -> np.ndarray:
         rows = await self.conn.call(Op.PULL, PullArgs(name, ids).encode(), self.timeout)
         return np.asarray(rows)
 
     async def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str) -> None:
-        await self.conn.call(Op.PUSH, PushArgs(name, ids, values, op).encode(), self.timeout)
+        n = int(ids.shape[0]) if ids.ndim else 0
+        if n < 2 or ids.nbytes + values.nbytes <= self.budget:
+            args = PushArgs(name, ids, values, op).encode()
+            args["rid"] = self._rid()
+            await self.conn.call(Op.PUSH, args, self.timeout)
+            return
+        per_row = (ids.nbytes + values.nbytes) // n
+        chunks = []
+        for s in row_chunks(n, per_row, self.budget):
+            args = PushArgs(name, ids[s], values[s], op).encode()
+            args["rid"] = self._rid()  # each chunk is its own write, applied once
+            chunks.append(self.conn.call(Op.PUSH, args, self.timeout))
+        await asyncio.gather(*chunks)
 
     async def sample(
         self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None
@@ -77,20 +125,43 @@ class RemotePartition:
         out = await self.conn.call(Op.FIND_EDGES, FindEdgesArgs(eids).encode(), self.timeout)
         return np.asarray(out["src"]), np.asarray(out["dst"])
 
+    async def degrees(self, ids: np.ndarray | None, edge_dir: str) -> np.ndarray:
+        out = await self.conn.call(Op.DEGREES, DegreesArgs(ids, edge_dir).encode(), self.timeout)
+        return np.asarray(out)
+
+    async def sample_edges(self, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
+        out = await self.conn.call(Op.SAMPLE_EDGES, args.encode(), self.timeout)
+        return {k: np.asarray(v) for k, v in out.items()}
+
     async def sparse_update(
         self, name: str, ids: np.ndarray, grads: np.ndarray, spec: Mapping[str, Any]
     ) -> None:
         args = SparseUpdateArgs(name, ids, grads, dict(spec)).encode()
+        args["rid"] = self._rid()
         await self.conn.call(Op.SPARSE_UPDATE, args, self.timeout)
 
     async def create_tensor(
-        self, name: str, policy: str, shape: list[int], dtype: str, init: dict[str, Any] | None
-    ) -> TensorMeta:
-        args = CreateTensorArgs(name, policy, shape, dtype, init).encode()
-        return TensorMeta.from_dict(await self.conn.call(Op.CREATE_TENSOR, args, self.timeout))
+        self,
+        name: str,
+        policy: str,
+        shape: list[int],
+        dtype: str,
+        init: dict[str, Any] | None,
+        holder: str | None = None,
+    ) -> tuple[TensorMeta, bool]:
+        args = CreateTensorArgs(name, policy, shape, dtype, init, holder).encode()
+        out = await self.conn.call(Op.CREATE_TENSOR, args, self.timeout)
+        return TensorMeta.from_dict(out), bool(out.get("created", False))
 
     async def delete_tensor(self, name: str) -> None:
-        await self.conn.call(Op.DELETE_TENSOR, DeleteTensorArgs(name).encode(), self.timeout)
+        args = DeleteTensorArgs(name).encode()
+        args["rid"] = self._rid()
+        await self.conn.call(Op.DELETE_TENSOR, args, self.timeout)
+
+    async def release_tensors(self, holder: str, names: list[str], every: bool = False) -> list[str]:
+        args = ReleaseTensorsArgs(holder, names, every).encode()
+        deleted: list[str] = await self.conn.call(Op.RELEASE_TENSORS, args, self.timeout)
+        return deleted
 
     async def list_tensors(self) -> list[TensorMeta]:
         metas = await self.conn.call(Op.LIST_TENSORS, {}, self.timeout)

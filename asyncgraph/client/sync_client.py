@@ -9,6 +9,8 @@ surface stays in two small classes (async and sync) instead of one class whose m
 from __future__ import annotations
 
 import asyncio
+import collections
+import logging
 import threading
 from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
@@ -23,6 +25,8 @@ from asyncgraph.storage.store import TensorMeta
 from .async_client import AsyncClient
 
 T = TypeVar("T")
+
+logger = logging.getLogger("asyncgraph.client")
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -80,6 +84,7 @@ class Client:
     def __init__(self, aio: AsyncClient, loop: EventLoopThread) -> None:
         self.aio = aio
         self.loop = loop
+        self._releases: collections.deque[str] = collections.deque()  # appended from any thread
 
     @classmethod
     def connect(cls, servers: Sequence[tuple[str, int]], **kwargs: Any) -> Client:
@@ -131,6 +136,48 @@ class Client:
     ) -> TensorMeta:
         return self.loop.run(self.aio.create_tensor(name, policy, shape, dtype, init))
 
+    def create_tensor_parts(
+        self,
+        name: str,
+        policy: str,
+        shape: Sequence[int],
+        dtype: str,
+        init: Mapping[str, Any] | None = None,
+        persistent: bool = True,
+    ) -> tuple[TensorMeta, list[int]]:
+        """``create_tensor`` and the partitions this call created it on."""
+        return self.loop.run(self.aio.create_tensor_parts(name, policy, shape, dtype, init, persistent))
+
+    def release_later(self, name: str) -> None:
+        """Queue the release of one reference to non-persistent tensor ``name``; never blocks.
+
+        Safe from any thread, a garbage-collection finalizer on the loop thread included: the
+        name is queued and a flush is scheduled on the loop.
+        """
+        self._releases.append(name)
+        if self.loop.loop.is_closed():
+            return
+        flush = self._flush_releases()
+        try:
+            asyncio.run_coroutine_threadsafe(flush, self.loop.loop)
+        except RuntimeError:  # the loop is shutting down; close() releases everything anyway
+            flush.close()
+
+    async def _flush_releases(self) -> None:
+        names: list[str] = []
+        while self._releases:
+            names.append(self._releases.popleft())
+        if not names:
+            return
+        try:
+            await self.aio.release_tensors(names)
+        except Exception as exc:  # a finalizer has nobody to raise to
+            logger.warning("releasing tensors %s failed: %s", names, exc)
+
+    def flush_releases(self) -> None:
+        """Send the queued releases now (they are otherwise sent as soon as the loop runs)."""
+        self.loop.run(self._flush_releases())
+
     def delete_tensor(self, name: str) -> None:
         self.loop.run(self.aio.delete_tensor(name))
 
@@ -139,8 +186,32 @@ class Client:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return self.loop.run(self.aio.sample_neighbors(seeds, fanout, replace=replace, seed=seed))
 
+    def sample_edges(
+        self, seeds: Any, fanout: int, **options: Any
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``AsyncClient.sample_edges``: direction, weights and excluded edges."""
+        return self.loop.run(self.aio.sample_edges(seeds, fanout, **options))
+
+    def sample_etypes(
+        self, seeds: Any, etype_fanouts: np.ndarray, *, seed: int | None = None, prob: str | None = None
+    ) -> dict[str, np.ndarray]:
+        """``AsyncClient.sample_etypes``: in-edges with a fanout per edge type."""
+        return self.loop.run(self.aio.sample_etypes(seeds, etype_fanouts, seed=seed, prob=prob))
+
+    def degrees(self, ids: Any, edge_dir: str) -> np.ndarray:
+        """In- or out-degrees of node ``ids`` (None: all nodes)."""
+        return self.loop.run(self.aio.degrees(ids, edge_dir))
+
+    @property
+    def num_clients(self) -> int:
+        return self.aio.num_clients
+
     def barrier(self, name: str = "default", timeout: float = 300.0) -> None:
         self.loop.run(self.aio.barrier(name, timeout))
+
+    def snapshot(self) -> int:
+        """Snapshot every server's state as one new epoch (see ``AsyncClient.snapshot``)."""
+        return self.loop.run(self.aio.snapshot())
 
     def server_stats(self) -> list[dict[str, Any]]:
         return self.loop.run(self.aio.server_stats())
@@ -149,7 +220,13 @@ class Client:
         self.loop.run(self.aio.shutdown_servers())
 
     def close(self) -> None:
+        """Release every non-persistent tensor reference of this client, then disconnect."""
         try:
+            self._releases.clear()
+            try:
+                self.loop.run(self.aio.release_tensors([], every=True), timeout=10)
+            except Exception as exc:  # servers already gone: nothing left to free
+                logger.debug("releasing tensors at close failed: %s", exc)
             self.loop.run(self.aio.close(), timeout=10)
         finally:
             self.loop.stop()

@@ -17,7 +17,9 @@ from asyncgraph.dataloading.sampler import NeighborSampler, SampleFn
 
 if TYPE_CHECKING:
     from asyncgraph.dataloading.edge_loader import DistEdgeDataLoader, EdgeMiniBatch, PairGraph
+    from asyncgraph.dataloading.edge_loader import DistEdgeDataLoader as EdgeDataLoader
     from asyncgraph.dataloading.node_loader import DistNodeDataLoader, MiniBatch
+    from asyncgraph.dataloading.node_loader import DistNodeDataLoader as NodeDataLoader
     from asyncgraph.dataloading.prefetch import DistDataLoader
 
 __all__ = [
@@ -25,9 +27,12 @@ __all__ = [
     "DistDataLoader",
     "DistEdgeDataLoader",
     "DistNodeDataLoader",
+    "EdgeDataLoader",
     "EdgeMiniBatch",
     "MiniBatch",
+    "MultiLayerNeighborSampler",
     "NeighborSampler",
+    "NodeDataLoader",
     "PairGraph",
     "SampleFn",
     "negative",
@@ -37,18 +42,28 @@ __all__ = [
 
 negative_sampler = negative  # DGL's module name: ``negative_sampler.Uniform(k)``
 
+#: DGL's older name of ``NeighborSampler`` (still in its distributed tutorials).
+MultiLayerNeighborSampler = NeighborSampler
+
 _LAZY = {
     "DistDataLoader": "prefetch",
     "DistEdgeDataLoader": "edge_loader",
     "DistNodeDataLoader": "node_loader",
     "EdgeMiniBatch": "edge_loader",
     "MiniBatch": "node_loader",
+    "NodeDataLoader": "node_loader",  # DGL's older names: on a DistGraph they are the Dist* loaders
+    "EdgeDataLoader": "edge_loader",
     "PairGraph": "edge_loader",
 }
+
+_OLD_NAMES = {"NodeDataLoader": "DistNodeDataLoader", "EdgeDataLoader": "DistEdgeDataLoader"}
 
 
 def __getattr__(name: str) -> Any:
     """Import the loader classes on first use (they depend on the client stack)."""
     if name in _LAZY:
-        return getattr(importlib.import_module(f"asyncgraph.dataloading.{_LAZY[name]}"), name)
+        real = {"NodeDataLoader": "DistNodeDataLoader", "EdgeDataLoader": "DistEdgeDataLoader"}.get(
+            name, name
+        )
+        return getattr(importlib.import_module(f"asyncgraph.dataloading.{_LAZY[name]}"), real)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,6 +34,9 @@ _TABLE_LIMIT = 1 << 25
 _scratch = threading.local()
 
 
+_ID_FIELD = "_ID"  # DGL's dgl.NID / dgl.EID
+
+
 @dataclass
 class Block:
     """One layer's bipartite message-flow graph with global IDs and per-side features."""
@@ -67,8 +70,16 @@ class Block:
         Row ``d`` holds the local sources of destination ``d``'s in-edges, in edge order. Built
         in numpy on first use (loaders call it while preparing a batch, off the training loop);
         sampled edges come grouped by destination per partition, so the stable sort is a merge.
+        A block on an accelerator builds it there with torch ops (no host round trip).
         """
         cached: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = self._cache.get("csr")
+        if cached is None and self.edge_index.device.type != "cpu":  # built where the edges are
+            src_t, dst_t = self.edge_index[0], self.edge_index[1]
+            deg_t = torch.bincount(dst_t, minlength=self.num_dst_nodes)
+            crow_t = torch.cat([deg_t.new_zeros(1), torch.cumsum(deg_t, 0)])
+            col_t = src_t[torch.sort(dst_t, stable=True).indices]
+            cached = (crow_t, col_t, deg_t)
+            self._cache["csr"] = cached
         if cached is None:
             src = self.edge_index[0].cpu().numpy()
             dst = self.edge_index[1].cpu().numpy()
@@ -82,16 +93,20 @@ class Block:
         assert cached is not None
         return cached
 
-    def to(self, device: torch.device | str) -> Block:
-        """A copy with every tensor (IDs, edges, features) on ``device``."""
-        return Block(
-            srcnodes=self.srcnodes.to(device),
-            dstnodes=self.dstnodes.to(device),
-            edge_index=self.edge_index.to(device),
-            eids=self.eids.to(device),
-            srcdata={k: v.to(device) for k, v in self.srcdata.items()},
-            dstdata={k: v.to(device) for k, v in self.dstdata.items()},
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Block:
+        """A copy with every tensor (IDs, edges, features, the cached CSR) on ``device``."""
+        out = Block(
+            srcnodes=self.srcnodes.to(device, non_blocking=non_blocking),
+            dstnodes=self.dstnodes.to(device, non_blocking=non_blocking),
+            edge_index=self.edge_index.to(device, non_blocking=non_blocking),
+            eids=self.eids.to(device, non_blocking=non_blocking),
+            srcdata={k: v.to(device, non_blocking=non_blocking) for k, v in self.srcdata.items()},
+            dstdata={k: v.to(device, non_blocking=non_blocking) for k, v in self.dstdata.items()},
         )
+        csr = self._cache.get("csr")
+        if csr is not None:
+            out._cache["csr"] = tuple(t.to(device, non_blocking=non_blocking) for t in csr)
+        return out
 
     def __repr__(self) -> str:
         return (
@@ -216,14 +231,22 @@ def _relabel_sort(
     return src_local, dst_local, new_src[first[by_appearance]]
 
 
-def to_block(src: Any, dst: Any, dst_nodes: Any, eids: Any = None) -> Block:
+def to_block(src: Any, dst: Any = None, dst_nodes: Any = None, eids: Any = None) -> Block:
     """Build a ``Block`` from global edges ``src -> dst`` whose destinations are ``dst_nodes``.
+
+    DGL's form ``to_block(frontier, dst_nodes)`` works too: ``frontier`` is a graph-like object
+    with ``edges()`` and optionally ``edata["_ID"]`` (e.g. what ``sample_neighbors`` returns);
+    the block's ``srcdata["_ID"]``/``dstdata["_ID"]`` (``dgl.NID``) then hold the global node IDs.
 
     ``dst_nodes`` must be unique and contain every ``dst`` (``InvalidRequestError``, a
     ``ValueError``, otherwise). Sources that are not destinations are appended to ``srcnodes`` in
     order of first appearance in ``src``. ``eids`` (global edge IDs) is stored as given, or empty.
     Accepts numpy arrays, lists and tensors; the result holds tensors (on the inputs' device).
     """
+    if hasattr(src, "edges") and callable(src.edges):
+        return _graph_to_block(src, dst if dst_nodes is None else dst_nodes)
+    if dst is None or dst_nodes is None:
+        raise InvalidRequestError("to_block needs (src, dst, dst_nodes) or (graph, dst_nodes)")
     inputs = (src, dst, dst_nodes, eids)
     if any(isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in inputs):
         return _to_block_torch(src, dst, dst_nodes, eids)
@@ -250,6 +273,18 @@ def to_block(src: Any, dst: Any, dst_nodes: Any, eids: Any = None) -> Block:
         edge_index=torch.from_numpy(np.stack([src_local, dst_local])),
         eids=_tensor(eids_a),
     )
+
+
+def _graph_to_block(frontier: Any, dst_nodes: Any) -> Block:
+    """DGL's ``to_block(frontier, dst_nodes)``: the frontier's edges, IDs in ``srcdata["_ID"]``."""
+    if dst_nodes is None:
+        raise InvalidRequestError("to_block(frontier, dst_nodes): dst_nodes is required")
+    src, dst = frontier.edges()[:2]
+    edata = getattr(frontier, "edata", {})
+    block = to_block(src, dst, dst_nodes, edata.get(_ID_FIELD))
+    block.srcdata[_ID_FIELD] = block.srcnodes
+    block.dstdata[_ID_FIELD] = block.dstnodes
+    return block
 
 
 def _to_block_torch(src: Any, dst: Any, dst_nodes: Any, eids: Any = None) -> Block:

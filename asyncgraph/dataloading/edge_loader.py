@@ -12,7 +12,14 @@ import torch
 
 from asyncgraph.client.async_client import AsyncClient
 from asyncgraph.dataloading.block import Block
-from asyncgraph.dataloading.fetch import client_of, mask_or_ids, sample_and_pull
+from asyncgraph.dataloading.fetch import (
+    AUTO,
+    Auto,
+    client_of,
+    mask_or_ids,
+    node_tensor_names,
+    sample_and_pull,
+)
 from asyncgraph.dataloading.negative import NegativeSampler
 from asyncgraph.dataloading.prefetch import PrefetchingLoader
 from asyncgraph.dataloading.sampler import NeighborSampler
@@ -88,7 +95,8 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
     Per batch: the edges' endpoints are found, negative pairs added by ``negative_sampler``, the
     unique endpoints become the seeds whose blocks ``sampler`` samples (with ``exclude="self"``
     the batch's own edges are dropped from every block), and ``node_feats`` are pulled into
-    ``blocks[0].srcdata``. Yields ``EdgeMiniBatch`` objects.
+    ``blocks[0].srcdata``. Yields ``EdgeMiniBatch`` objects, on ``device`` when given (copied in
+    the background unless ``overlap=False``).
     """
 
     def __init__(
@@ -102,21 +110,30 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
         prefetch: int = 2,
         negative_sampler: NegativeSampler | None = None,
         exclude: str | None = None,
-        node_feats: Sequence[str] = ("feat",),
+        node_feats: Sequence[str] | Auto = AUTO,
         seed: int | None = None,
+        device: str | torch.device | None = None,
+        overlap: bool = True,
     ) -> None:
         client = client_of(g)
         if exclude not in (None, "self"):
             raise InvalidRequestError(f"exclude must be None or 'self', got {exclude!r}")
+        if isinstance(eids, dict):  # {etype: per-type edge IDs}: not yet (edge IDs stay in CSC order)
+            raise InvalidRequestError(
+                "DistEdgeDataLoader does not take {etype: eids} yet: per-type edge IDs of a "
+                "heterogeneous partitioning are not range-mapped; pass homogeneous edge IDs"
+            )
         self.eids = as_id_array(mask_or_ids(eids), "eids")
         client.book.owner(self.eids, "edge")  # OutOfRangeError now rather than mid-epoch
-        super().__init__(client.loop, self.eids.size, batch_size, shuffle, drop_last, prefetch, seed)
+        super().__init__(
+            client.loop, self.eids.size, batch_size, shuffle, drop_last, prefetch, seed, device, overlap
+        )
         self.client = client
         self.aio: AsyncClient = client.aio
         self.sampler = sampler
         self.negative_sampler = negative_sampler
         self.exclude = exclude
-        self.node_feats = tuple(node_feats)
+        self.node_feats, _ = node_tensor_names(client, node_feats, None)
 
     def _make_batch(self, positions: np.ndarray, epoch: int, index: int) -> Awaitable[EdgeMiniBatch]:
         return self._build(self.eids[positions], self._batch_seed(epoch, index))

@@ -4,6 +4,7 @@ sample-and-pull step (blocks for the seeds through the sampler, then their featu
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,15 +13,39 @@ from typing import Any
 import numpy as np
 import torch
 
-from asyncgraph.client.async_client import AsyncClient, meta_row_bytes
-from asyncgraph.client.cache import Traffic, pick_cached_ids
+from asyncgraph.client.async_client import AsyncClient
+from asyncgraph.client.cache import Traffic, meta_row_bytes, pick_cached_ids
 from asyncgraph.client.sync_client import Client
 from asyncgraph.dataloading.block import Block
 from asyncgraph.dataloading.prefetch import LoaderStats
 from asyncgraph.dataloading.sampler import NeighborSampler
+from asyncgraph.errors import DTypeMismatchError, UnknownTensorError
+from asyncgraph.names import is_state_key, tensor_prefix
 from asyncgraph.service.base import SampledRows
 
-__all__ = ["Sampled", "build_feature_cache", "client_of", "mask_or_ids", "sample_and_pull"]
+__all__ = [
+    "AUTO",
+    "Auto",
+    "Sampled",
+    "build_feature_cache",
+    "client_of",
+    "mask_or_ids",
+    "node_tensor_names",
+    "sample_and_pull",
+]
+
+
+class Auto(enum.Enum):
+    """Marks a loader argument left at its default (``AUTO``)."""
+
+    AUTO = "auto"
+
+
+AUTO = Auto.AUTO
+"""Default ``node_feats``/``labels``: fetch ``"feat"``/``"label"`` only if the graph has them."""
+
+DEFAULT_FEAT = "feat"
+DEFAULT_LABEL = "label"
 
 
 def client_of(graph: Any) -> Client:
@@ -37,6 +62,46 @@ def mask_or_ids(ids: Any) -> np.ndarray:
     if arr.dtype == bool:
         arr = np.flatnonzero(arr)
     return arr
+
+
+def node_tensor_names(
+    client: Client, node_feats: Sequence[str] | Auto, labels: str | Auto | None
+) -> tuple[tuple[str, ...], str | None]:
+    """Check the node tensors a loader is asked to fetch; returns ``(node_feats, labels)``.
+
+    Names given explicitly must exist, else ``UnknownTensorError`` lists the node tensors that
+    do (raised when the loader is built, not on its first batch). Left at ``AUTO``, ``"feat"``
+    and ``"label"`` are fetched when the graph has them and skipped otherwise, so DGL-style
+    scripts that read ``g.ndata[...]`` themselves work with any tensor names.
+    """
+    prefix = tensor_prefix("node")
+    existing = sorted(
+        m.name[len(prefix) :]
+        for m in client.refresh_tensors()
+        if m.name.startswith(prefix) and not is_state_key(m.name)
+    )
+    have = set(existing)
+
+    def check(name: object, what: str) -> str:
+        if not isinstance(name, str):
+            raise DTypeMismatchError(f"{what} must name node tensors (str), got {name!r}")
+        if name not in have:
+            raise UnknownTensorError(
+                f"{what}: the graph has no node tensor {name!r}; node tensors: {existing}"
+            )
+        return name
+
+    if node_feats is AUTO:
+        feats: tuple[str, ...] = (DEFAULT_FEAT,) if DEFAULT_FEAT in have else ()
+    else:
+        if isinstance(node_feats, str):
+            node_feats = (node_feats,)
+        feats = tuple(check(n, "node_feats") for n in node_feats)
+    if labels is AUTO:
+        label: str | None = DEFAULT_LABEL if DEFAULT_LABEL in have else None
+    else:
+        label = None if labels is None else check(labels, "labels")
+    return feats, label
 
 
 @dataclass
@@ -126,6 +191,7 @@ async def sample_and_pull(
         blocks[-1].dstdata[labels] = tensors[-1]
     stats.sample += t1 - t0
     stats.pull += t2 - t1
+    stats.input_nodes += len(input_nodes)
     stats.traffic.add(traffic)
     return Sampled(input_nodes, output_nodes, blocks, sample_time=t1 - t0, pull_time=t2 - t1)
 

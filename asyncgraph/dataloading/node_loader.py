@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Iterator, Sequence
+import time
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,9 +12,19 @@ import torch
 
 from asyncgraph.client.async_client import AsyncClient
 from asyncgraph.dataloading.block import Block
-from asyncgraph.dataloading.fetch import build_feature_cache, client_of, mask_or_ids, sample_and_pull
+from asyncgraph.dataloading.fetch import (
+    AUTO,
+    Auto,
+    build_feature_cache,
+    client_of,
+    mask_or_ids,
+    node_tensor_names,
+    sample_and_pull,
+)
+from asyncgraph.dataloading.hetero_block import sample_and_pull_hetero
 from asyncgraph.dataloading.prefetch import PrefetchingLoader
 from asyncgraph.dataloading.sampler import NeighborSampler
+from asyncgraph.errors import InvalidRequestError, UnknownTypeError
 
 __all__ = ["DistNodeDataLoader", "MiniBatch"]
 
@@ -36,15 +47,21 @@ class MiniBatch:
 class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
     """Mini-batches of seed nodes with sampled blocks, input features and labels.
 
-    Yields ``MiniBatch`` objects that unpack to ``(input_nodes, seeds, blocks)``; features are in
-    ``blocks[0].srcdata[name]`` and labels in ``blocks[-1].dstdata["label"]``.
+    Yields ``MiniBatch`` objects that unpack to ``(input_nodes, seeds, blocks)``; the node tensors
+    named by ``node_feats`` are in ``blocks[0].srcdata[name]`` and ``labels`` in
+    ``blocks[-1].dstdata[labels]``. A named tensor the graph lacks raises ``UnknownTensorError``
+    (listing the node tensors it has) here. Left at their defaults, ``"feat"`` and ``"label"``
+    are fetched if the graph has them; DGL-style code reads ``g.ndata[name][input_nodes]`` itself.
+    With ``device=`` every tensor of a batch arrives on that device (copied in the background
+    unless ``overlap=False``; see ``dataloading/device.py``).
 
     ``feature_cache_bytes > 0`` caches, in this process, the remote rows of ``node_feats`` most
     likely to be needed (ranked by ``cache_presample_batches`` batches sampled up front; see
-    ``build_feature_cache``): only for tensors no process writes during training. ``cache_info``
-    says what was cached; hits and misses are counted in ``stats.traffic``. ``carry_features``
-    (default) has the last sampling layer's answers carry the input features their servers own,
-    saving most batches a request wave (``stats.traffic.waves``); results are the same either way.
+    ``build_feature_cache``): only for tensors no process writes during training, and not yet
+    for typed (heterogeneous) ``nids``. ``cache_info`` says what was cached; hits and misses are
+    counted in ``stats.traffic``. ``carry_features`` (default) has the last sampling layer's
+    answers carry the input features their servers own, saving most batches a request wave
+    (``stats.traffic.waves``); results are the same either way.
     """
 
     def __init__(
@@ -56,24 +73,42 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
         shuffle: bool = True,
         drop_last: bool = False,
         prefetch: int = 2,
-        node_feats: Sequence[str] = ("feat",),
-        labels: str | None = "label",
+        node_feats: Sequence[str] | Auto = AUTO,
+        labels: str | Auto | None = AUTO,
         seed: int | None = None,
+        device: str | torch.device | None = None,
+        overlap: bool = True,
         feature_cache_bytes: int = 0,
         cache_presample_batches: int = 8,
         carry_features: bool = True,
     ) -> None:
         client = client_of(g)
-        self.nids = mask_or_ids(nids).astype(np.int64, copy=False)
-        super().__init__(client.loop, self.nids.size, batch_size, shuffle, drop_last, prefetch, seed)
+        # Heterogeneous graphs: {ntype: ids or mask}; batches mix types, homogeneous IDs inside.
+        self.typed: list[tuple[str, np.ndarray]] | None = None
+        if isinstance(nids, Mapping):
+            book = client.book
+            bad = [k for k in nids if k not in book.ntypes]
+            if bad:
+                raise UnknownTypeError(f"nids: unknown node type(s) {bad}; known: {book.ntypes}")
+            typed = [(str(t), mask_or_ids(v).astype(np.int64, copy=False)) for t, v in nids.items()]
+            self.typed = typed
+            self.nids = np.concatenate([book.map_to_homo_nid(v, t) for t, v in typed])
+        else:
+            self.nids = mask_or_ids(nids).astype(np.int64, copy=False)
+        super().__init__(
+            client.loop, self.nids.size, batch_size, shuffle, drop_last, prefetch, seed, device, overlap
+        )
         self.client = client
         self.aio: AsyncClient = client.aio
         self.sampler = sampler
-        self.node_feats = tuple(node_feats)
-        self.labels = labels
+        self.node_feats, self.labels = node_tensor_names(client, node_feats, labels)
         self.carry_features = carry_features
         self.cache_info: dict[str, int] = {}
         if feature_cache_bytes > 0:
+            if self.typed is not None:
+                raise InvalidRequestError(
+                    "feature_cache_bytes: a feature cache for typed (heterogeneous) nids is not supported yet"
+                )
             self.cache_info = client.loop.run(
                 build_feature_cache(
                     self.aio,
@@ -92,6 +127,8 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
         return self._build(self.nids[positions], self._batch_seed(epoch, index))
 
     async def _build(self, seeds: np.ndarray, batch_seed: int) -> MiniBatch:
+        if self.typed is not None:
+            return await self._build_hetero(seeds, batch_seed)
         s = await sample_and_pull(
             self.aio,
             self.sampler,
@@ -109,3 +146,16 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
             sample_time=s.sample_time,
             pull_time=s.pull_time,
         )
+
+    async def _build_hetero(self, seeds: np.ndarray, batch_seed: int) -> MiniBatch:
+        """Typed batch: ``input_nodes``/``seeds`` are dicts by node type, blocks HeteroBlocks."""
+        t0 = time.perf_counter()
+        types, per_type = self.aio.book.map_to_per_ntype(seeds)
+        names = self.aio.book.ntypes
+        seed_dict = {names[t]: per_type[types == t] for t in np.unique(types).tolist()}
+        inputs, outputs, blocks = await sample_and_pull_hetero(
+            self.aio, self.sampler, seed_dict, batch_seed, node_feats=self.node_feats, labels=self.labels
+        )
+        dt = time.perf_counter() - t0
+        self.stats.sample += dt
+        return MiniBatch(inputs, outputs, blocks, sample_time=dt)  # type: ignore[arg-type]

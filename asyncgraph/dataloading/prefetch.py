@@ -9,6 +9,10 @@ Every batch's randomness is keyed by (seed, epoch, batch index), so a loader giv
 batches whatever its ``prefetch``. An exception raised while preparing a batch is re-raised in
 the training loop when that batch is reached; ``break`` or the end of an epoch cancels every
 batch still in flight, leaving no task or thread behind.
+
+With ``device=`` each prepared batch is also packed and copied to that device in the background
+(``dataloading/device.py``: pinned staging pool, side CUDA stream, an event the training loop's
+stream waits on); the time spent is ``stats.copy``.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 
 from asyncgraph.client.cache import Traffic
 from asyncgraph.client.sync_client import EventLoopThread
+from asyncgraph.dataloading.device import DeviceCopier, as_device
 
 __all__ = ["DistDataLoader", "LoaderStats", "Prefetcher", "PrefetchingLoader"]
 
@@ -38,21 +43,36 @@ _SEED_STRIDE = 1_000_003
 
 @dataclass
 class LoaderStats:
-    """Seconds spent per phase over an epoch (sample and pull run in the background), and what
-    the graph loaders' requests cost (``traffic``: remote rows/bytes, request waves, cache hits)."""
+    """One epoch of a loader, in seconds: ``sample`` and ``pull`` run in the background (their sum
+    can exceed the epoch's wall time), ``wait`` is what the training loop spent blocked on the
+    next batch, ``compute`` what it spent between receiving a batch and asking for the next.
+    ``input_nodes`` counts the rows whose features were pulled. ``traffic`` is what the graph
+    loaders' requests cost: remote rows/bytes and requests, request waves per batch, and hits and
+    misses of the feature cache (``DistNodeDataLoader(feature_cache_bytes=)``; co-located
+    partitions are read through shared memory, not cached).
+    """
 
+    epoch: int = -1
     batches: int = 0
     sample: float = 0.0
     pull: float = 0.0
     wait: float = 0.0
+    compute: float = 0.0
+    input_nodes: int = 0
+    copy: float = 0.0  # packing + queueing device copies (background), or synchronous copies
     traffic: Traffic = field(default_factory=Traffic)
 
     def as_dict(self) -> dict[str, float]:
+        """The stats as a flat dict (for logs, JSON, or metrics of the trainer's choosing)."""
         out: dict[str, float] = {
+            "epoch": self.epoch,
             "batches": self.batches,
             "sample": self.sample,
             "pull": self.pull,
             "wait": self.wait,
+            "compute": self.compute,
+            "input_nodes": self.input_nodes,
+            "copy": self.copy,
         }
         out.update(self.traffic.as_dict())
         out["cache_hit_rate"] = self.traffic.hit_rate
@@ -110,7 +130,11 @@ class Prefetcher(Generic[T]):
 
 
 class PrefetchingLoader(Generic[T]):
-    """Epochs of batches built by ``_make_batch`` (subclasses), ``prefetch`` batches ahead."""
+    """Epochs of batches built by ``_make_batch`` (subclasses), ``prefetch`` batches ahead.
+
+    ``device`` (None: leave tensors where they are built) moves every batch there; ``overlap``
+    chooses background copies (default) or synchronous ones in the training loop.
+    """
 
     def __init__(
         self,
@@ -121,6 +145,8 @@ class PrefetchingLoader(Generic[T]):
         drop_last: bool,
         prefetch: int,
         seed: int | None,
+        device: str | torch.device | None = None,
+        overlap: bool = True,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -135,6 +161,11 @@ class PrefetchingLoader(Generic[T]):
         self.seed = int(np.random.default_rng().integers(1 << 31)) if seed is None else int(seed)
         self.epoch = 0
         self.stats = LoaderStats()
+        self.device = as_device(device)
+        self.overlap = overlap
+        self._copier = (
+            None if self.device is None else DeviceCopier(self.device, slots=prefetch + 1, overlap=overlap)
+        )
 
     def __len__(self) -> int:
         if self.drop_last:
@@ -166,17 +197,36 @@ class PrefetchingLoader(Generic[T]):
         def make(i: int) -> Awaitable[T]:
             return self._make_batch(order[i * bs : (i + 1) * bs], epoch, i)
 
-        return count, make
+        copier = self._copier
+        if copier is None:
+            return count, make
+
+        async def make_and_stage(i: int) -> Any:
+            batch = await make(i)
+            t0 = time.perf_counter()
+            staged = await asyncio.to_thread(copier.stage, batch)
+            self.stats.copy += time.perf_counter() - t0
+            return staged
+
+        return count, make_and_stage
 
     def _start_epoch(self) -> tuple[int, Prefetcher[T]]:
         """Fresh stats and a prefetcher over the next epoch's batches."""
-        self.stats = LoaderStats()
+        self.stats = LoaderStats(epoch=self.epoch)
         count, make = self._epoch_maker()
         return count, Prefetcher(self._loop, make, count, self.prefetch)
 
-    def _received(self, waited_since: float) -> None:
+    def _received(self, waited_since: float, result: Any) -> T:
+        """Account the wait for ``result``; on a device, make it usable on the current stream."""
         self.stats.wait += time.perf_counter() - waited_since
         self.stats.batches += 1
+        if self._copier is None:
+            return result  # type: ignore[no-any-return]
+        t0 = time.perf_counter()
+        batch = self._copier.deliver(result)
+        if not self._copier.overlap:
+            self.stats.copy += time.perf_counter() - t0
+        return batch  # type: ignore[no-any-return]
 
     def __iter__(self) -> Iterator[T]:
         count, prefetcher = self._start_epoch()
@@ -185,8 +235,10 @@ class PrefetchingLoader(Generic[T]):
                 future = prefetcher.next_future(i)
                 t0 = time.perf_counter()
                 result = future.result()
-                self._received(t0)
-                yield result
+                batch = self._received(t0, result)
+                handed = time.perf_counter()
+                yield batch
+                self.stats.compute += time.perf_counter() - handed
         finally:
             prefetcher.cancel()
 
@@ -197,8 +249,10 @@ class PrefetchingLoader(Generic[T]):
                 future = prefetcher.next_future(i)
                 t0 = time.perf_counter()
                 result = await asyncio.wrap_future(future)
-                self._received(t0)
-                yield result
+                batch = self._received(t0, result)
+                handed = time.perf_counter()
+                yield batch
+                self.stats.compute += time.perf_counter() - handed
         finally:
             await asyncio.to_thread(prefetcher.cancel)
 
@@ -220,6 +274,8 @@ class DistDataLoader(PrefetchingLoader[Any]):
         prefetch: int = 2,
         seed: int | None = None,
         loop: EventLoopThread | None = None,
+        device: str | torch.device | None = None,
+        overlap: bool = True,
     ) -> None:
         if loop is None:
             from asyncgraph.distributed.context import _STATE
@@ -227,7 +283,7 @@ class DistDataLoader(PrefetchingLoader[Any]):
             loop = (
                 _STATE.client.loop if _STATE.client is not None else EventLoopThread("asyncgraph-dataloader")
             )
-        super().__init__(loop, len(dataset), batch_size, shuffle, drop_last, prefetch, seed)
+        super().__init__(loop, len(dataset), batch_size, shuffle, drop_last, prefetch, seed, device, overlap)
         self.dataset = dataset
         self.collate_fn = collate_fn
         self._executor = concurrent.futures.ThreadPoolExecutor(

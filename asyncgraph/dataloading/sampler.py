@@ -8,7 +8,8 @@ first, and each block's source nodes become the next layer's seeds.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -30,10 +31,19 @@ class NeighborSampler:
     servers.
     """
 
-    def __init__(self, fanouts: Sequence[int], replace: bool = False) -> None:
+    def __init__(self, fanouts: Sequence[Any], replace: bool = False) -> None:
         fanout_list = list(fanouts)
         if not fanout_list:
             raise InvalidRequestError("fanouts must name at least one layer")
+        # Heterogeneous graphs: a layer's fanout may be a dict {edge type: fanout} (checked against
+        # the graph's edge types when sampling); ``etype_fanouts`` keeps them as given.
+        self.etype_fanouts: list[Any] = list(fanout_list)
+        if any(isinstance(f, Mapping) for f in fanout_list):
+            for f in fanout_list:
+                for v in f.values() if isinstance(f, Mapping) else [f]:
+                    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < -1:
+                        raise InvalidRequestError(f"fanouts must be integers >= -1, got {v!r}")
+            fanout_list = [-1 if isinstance(f, Mapping) else f for f in fanout_list]
         for f in fanout_list:
             if isinstance(f, bool) or not isinstance(f, (int, np.integer)):
                 raise DTypeMismatchError(f"fanouts must be integers, got {f!r}")

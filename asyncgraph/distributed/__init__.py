@@ -1,27 +1,106 @@
-"""The DGL-like user API: initialize, DistGraph, DistTensor, DistEmbedding, sparse optimizers, barrier."""
+"""The DGL-like user API: initialize, DistGraph, DistTensor, DistEmbedding, sparse optimizers, barrier.
 
-from .context import barrier, finalize, get_client, initialize, is_standalone, shutdown_servers
+DGL's ``dgl.distributed`` names that live elsewhere here are re-exported so ported scripts find
+them under ``dgl.distributed``: ``node_split``/``edge_split``, ``sample_neighbors``, the partition
+tools (``partition_graph``, ``load_partition``, ``load_partition_book``) and the loaders
+(``DistDataLoader``, ``DistNodeDataLoader``, ``DistEdgeDataLoader``, imported on first use).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .context import (
+    barrier,
+    finalize,
+    get_client,
+    initialize,
+    is_standalone,
+    shutdown_servers,
+    snapshot,
+)
 from .embedding import DistEmbedding
 from .graph import DistGraph, TensorView
 from .optim import SparseAdagrad, SparseAdam, SparseOptimizer
+from .queries import EdgePartitionPolicy, NodePartitionPolicy
+from .sampling import find_edges, in_subgraph, sample_neighbors
+from .split import edge_split, node_split
 from .tensor import DistTensor, Initializer, normal_init, uniform_init, zeros_init
+from .trainers import ddp_backend, spawn_trainers, trainer_device
+
+if TYPE_CHECKING:
+    from asyncgraph.dataloading.edge_loader import DistEdgeDataLoader
+    from asyncgraph.dataloading.node_loader import DistNodeDataLoader
+    from asyncgraph.dataloading.prefetch import DistDataLoader
+    from asyncgraph.partition import (
+        load_partition,
+        load_partition_book,
+        load_partition_feats,
+        partition_graph,
+    )
+    from asyncgraph.partition.book import RangePartitionBook as GraphPartitionBook
 
 __all__ = [
+    "DistDataLoader",
+    "DistEdgeDataLoader",
     "DistEmbedding",
     "DistGraph",
+    "DistNodeDataLoader",
     "DistTensor",
+    "EdgePartitionPolicy",
+    "GraphPartitionBook",
     "Initializer",
+    "NodePartitionPolicy",
     "SparseAdagrad",
     "SparseAdam",
     "SparseOptimizer",
     "TensorView",
     "barrier",
+    "ddp_backend",
+    "edge_split",
+    "exit_client",
     "finalize",
+    "find_edges",
     "get_client",
+    "in_subgraph",
     "initialize",
     "is_standalone",
+    "load_partition",
+    "load_partition_book",
+    "load_partition_feats",
+    "node_split",
     "normal_init",
+    "partition_graph",
+    "sample_neighbors",
     "shutdown_servers",
+    "snapshot",
+    "spawn_trainers",
+    "trainer_device",
     "uniform_init",
     "zeros_init",
 ]
+
+#: DGL's name for ``finalize``.
+exit_client = finalize
+
+_LAZY: dict[str, tuple[str, str]] = {
+    "DistDataLoader": ("asyncgraph.dataloading.prefetch", "DistDataLoader"),
+    "DistNodeDataLoader": ("asyncgraph.dataloading.node_loader", "DistNodeDataLoader"),
+    "DistEdgeDataLoader": ("asyncgraph.dataloading.edge_loader", "DistEdgeDataLoader"),
+    "partition_graph": ("asyncgraph.partition", "partition_graph"),
+    "load_partition": ("asyncgraph.partition", "load_partition"),
+    "load_partition_book": ("asyncgraph.partition", "load_partition_book"),
+    "load_partition_feats": ("asyncgraph.partition", "load_partition_feats"),
+    "GraphPartitionBook": ("asyncgraph.partition.book", "RangePartitionBook"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the loaders and partition tools on first use (they pull in more modules)."""
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(target[0]), target[1])
+    globals()[name] = value
+    return value

@@ -7,15 +7,29 @@ loads the partitions in-process. Either way later calls find the client here.
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from asyncgraph.client.ipconfig import IpConfig
 from asyncgraph.client.sync_client import Client
-from asyncgraph.env import ENV_IP_CONFIG, ENV_PART_CONFIG, ENV_SECRET_FILE, ENV_SERVERS
-from asyncgraph.errors import AsyncGraphError
+from asyncgraph.env import (
+    ENV_CONNECT_TIMEOUT,
+    ENV_IP_CONFIG,
+    ENV_PART_CONFIG,
+    ENV_SECRET_FILE,
+    ENV_SERVERS,
+)
+from asyncgraph.errors import AsyncGraphError, InvalidRequestError
+
+_log = logging.getLogger("asyncgraph")
+
+#: Seconds ``initialize`` waits for every server when neither the argument nor
+#: ``$ASYNCGRAPH_CONNECT_TIMEOUT`` says otherwise.
+DEFAULT_CONNECT_TIMEOUT = 60.0
 
 
 @dataclass
@@ -30,34 +44,84 @@ class _State:
 _STATE = _State()
 
 
+def _launched_servers(ip_config: str | Path | None) -> str | Path | None:
+    """Inside a launched job the launcher's servers win over an ``ip_config`` argument."""
+    launched = os.environ.get(ENV_IP_CONFIG) or None
+    if launched is None and os.environ.get(ENV_SERVERS):
+        if ip_config is not None:
+            _log.warning("initialize: ip_config %s ignored: servers are in $%s", ip_config, ENV_SERVERS)
+        return None
+    same = ip_config is None or launched is None or Path(ip_config).resolve() == Path(launched).resolve()
+    if not same:
+        _log.warning(
+            "initialize: ip_config %s ignored: this launched job's servers are in $%s=%s",
+            ip_config,
+            ENV_IP_CONFIG,
+            launched,
+        )
+    return launched if launched is not None else ip_config
+
+
 def initialize(
     ip_config: str | Path | None = None,
+    num_servers: int = 1,
+    num_workers: int = 0,
+    max_queue_size: int | None = None,
+    net_type: str | None = None,
+    num_worker_threads: int = 1,
+    use_graphbolt: bool = False,
     *,
     secret: bytes | None = None,
     secret_file: str | Path | None = None,
     call_timeout: float = 60.0,
-    connect_timeout: float = 30.0,
+    connect_timeout: float | None = None,
     use_shared_memory: bool = True,
+    reconnect_window: float | None = None,
     local_partitions: Sequence[int] | None = None,
 ) -> None:
     """Set up this trainer process: connect to the servers, or choose standalone mode.
 
-    Servers come from ``ip_config`` (DGL's ``host [port]`` per line, one line per partition in
-    partition order), else ``$ASYNCGRAPH_IP_CONFIG`` or ``$ASYNCGRAPH_SERVERS``; with none of
-    them the process is standalone. ``local_partitions`` restricts shared memory to those
+    Servers come from ``$ASYNCGRAPH_IP_CONFIG`` / ``$ASYNCGRAPH_SERVERS`` when a launcher set
+    them (an ``ip_config`` argument is then ignored, with a logged warning, so a DGL script's
+    ``initialize("ip_config.txt")`` runs unchanged under ``asyncgraph.launch``), else from
+    ``ip_config`` (DGL's ``host [port]`` per line, one per partition in partition order); with
+    none of them the process is standalone. DGL's ``num_servers``, ``max_queue_size``,
+    ``net_type`` and ``num_worker_threads`` are accepted and unused, and so is ``use_graphbolt``:
+    partitions here are CSC arrays sampled by their owners already (what GraphBolt switches DGL
+    to), so there is no second format to choose. ``num_workers`` (DGL's
+    sampler processes) is accepted but ignored: sampling runs concurrently in each data
+    loader's prefetcher (its event-loop thread), so no worker processes are needed; a value
+    above 0 warns.
+
+    Trainers may start before their servers (any launcher: torchrun, srun, Kubernetes): each
+    server is retried with jittered backoff until ``connect_timeout`` seconds (default
+    ``$ASYNCGRAPH_CONNECT_TIMEOUT``, else 60) have passed, then ``ServersMissingError`` names
+    every server still unreachable. A wrong secret fails at once (``AuthenticationError``).
+    ``reconnect_window`` (seconds; default ``$ASYNCGRAPH_RECONNECT_WINDOW``, else 0) lets calls
+    ride through a server restart. ``local_partitions`` restricts shared memory to those
     co-located partitions (``None``: every co-located one; see ``AsyncClient.connect``).
     """
     if _STATE.client is not None:
         raise AsyncGraphError("asyncgraph is already initialised in this process; call finalize() first")
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise InvalidRequestError(f"num_workers must be a non-negative int, got {num_workers!r}")
+    if num_workers > 0:
+        warnings.warn(
+            f"initialize(num_workers={num_workers}) is ignored: asyncgraph samples in each data "
+            "loader's prefetcher thread, without sampler processes",
+            UserWarning,
+            stacklevel=2,
+        )
     servers: list[tuple[str, int]] | None = None
+    ip_config = _launched_servers(ip_config)
     if ip_config is None:
         ip_config = os.environ.get(ENV_IP_CONFIG) or None
     if ip_config is not None:
         servers = IpConfig.load(ip_config).addresses()
     elif os.environ.get(ENV_SERVERS):
-        servers = IpConfig.parse(
-            os.environ[ENV_SERVERS].replace(",", "\n").replace(":", " "), source=f"${ENV_SERVERS}"
-        ).addresses()
+        servers = parse_server_list(os.environ[ENV_SERVERS], source=f"${ENV_SERVERS}")
+    if connect_timeout is None:
+        connect_timeout = _env_timeout()
     if secret is None:
         secret_file = secret_file or os.environ.get(ENV_SECRET_FILE) or None
         if secret_file is not None:
@@ -77,8 +141,28 @@ def initialize(
             call_timeout=call_timeout,
             connect_timeout=connect_timeout,
             use_shared_memory=use_shared_memory,
+            reconnect_window=reconnect_window,
             local_partitions=local_partitions,
         )
+
+
+def parse_server_list(text: str, source: str = "<servers>") -> list[tuple[str, int]]:
+    """``"host[:port],host[:port]"`` (commas or whitespace) as ``(host, port)`` in order."""
+    entries = text.replace(",", " ").split()
+    return IpConfig.parse("\n".join(e.replace(":", " ") for e in entries), source=source).addresses()
+
+
+def _env_timeout() -> float:
+    raw = os.environ.get(ENV_CONNECT_TIMEOUT)
+    if not raw:
+        return DEFAULT_CONNECT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise InvalidRequestError(f"${ENV_CONNECT_TIMEOUT} must be a positive number of seconds, got {raw!r}")
+    return value
 
 
 def is_standalone() -> bool:
@@ -105,6 +189,23 @@ def barrier(name: str = "default", timeout: float = 300.0) -> None:
     """Block until every trainer of the job reaches this barrier (no-op when standalone)."""
     if _STATE.client is not None:
         _STATE.client.barrier(name, timeout)
+
+
+def snapshot(name: str = "asyncgraph-snapshot", timeout: float = 300.0) -> int | None:
+    """Snapshot every server's state as one epoch; every trainer calls it (collective).
+
+    Trainers meet at a barrier (no writes in flight), trainer 0's call snapshots every server
+    under one new epoch number, and a second barrier releases everyone. Servers need
+    ``--state-dir``. Returns the epoch on the trainer that took it, else None; no-op standalone.
+    """
+    client = _STATE.client
+    if client is None or client.is_standalone:
+        return None
+    client.barrier(f"{name}:before", timeout)
+    rank = int(os.environ.get("RANK", "0"))
+    epoch = client.snapshot() if rank == 0 else None
+    client.barrier(f"{name}:after", timeout)
+    return epoch
 
 
 def shutdown_servers() -> None:

@@ -13,16 +13,18 @@ from __future__ import annotations
 import itertools
 import zlib
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from asyncgraph.arrays import as_id_array
+from asyncgraph.arrays import as_id_array, to_numpy
 from asyncgraph.client.sync_client import Client
 from asyncgraph.errors import InvalidRequestError
 
-from .tensor import DistTensor, uniform_init
+from .checkpoint import load_rows, read_meta, read_rows, save_rows, write_meta, write_rows
+from .tensor import DistTensor, InitFunc, resolve_init, uniform_init
 
 _ANON = itertools.count()
 
@@ -41,8 +43,11 @@ class DistEmbedding:
     """A ``[num_embeddings, embedding_dim]`` float32 table sharded by the partition policy.
 
     ``init_func`` is a named initialiser (``asyncgraph.zeros_init()``, ``uniform_init(...)``,
-    ``normal_init(...)``): servers run it, so no code crosses the wire. The default is
-    ``default_embedding_init(name)``. Creating a ``DistEmbedding`` with the same name in several
+    ``normal_init(...)``), which servers run, or DGL's callable ``(shape, dtype) -> tensor``, which
+    the creating client runs chunk by chunk (see ``DistTensor``). The default is
+    ``default_embedding_init(name)``, uniform(-1, 1), not DGL's zeros: it is what DGL's examples
+    do by hand, and seeded by the name it draws the same table in every trainer and run; pass
+    ``zeros_init()`` for DGL's default. Creating a ``DistEmbedding`` with the same name in several
     trainers gives all of them the same rows (the first creation initialises them).
     """
 
@@ -51,7 +56,7 @@ class DistEmbedding:
         num_embeddings: int,
         embedding_dim: int,
         name: str | None = None,
-        init_func: Mapping[str, Any] | None = None,
+        init_func: Mapping[str, Any] | InitFunc | None = None,
         part_policy: str | None = None,
         *,
         client: Client | None = None,
@@ -64,6 +69,7 @@ class DistEmbedding:
         self.num_embeddings = int(num_embeddings)
         self.embedding_dim = int(embedding_dim)
         self.name = name if name is not None else f"_emb{next(_ANON)}"
+        resolve_init(init_func)  # a typed error for anything else, before a tensor is made
         init = init_func if init_func is not None else default_embedding_init(self.name)
         self._tensor = DistTensor(
             (self.num_embeddings, self.embedding_dim),
@@ -126,3 +132,33 @@ class DistEmbedding:
             rows.requires_grad_(True)
             self._trace.append((idx, rows))
         return rows
+
+    # --- checkpoints --------------------------------------------------------------------------
+    def state_dict(self, orig_ids: Any = None) -> dict[str, torch.Tensor]:
+        """``{"weight": every row}``, pulled in bounded chunks; with ``orig_ids`` (new -> original
+        IDs, from ``partition_graph(..., return_mapping=True)``) row ``i`` is original ID ``i``."""
+        return {"weight": torch.from_numpy(read_rows(self.client, self._tensor._meta, orig_ids))}
+
+    def load_state_dict(self, state: Mapping[str, Any], orig_ids: Any = None) -> None:
+        """Write ``state["weight"]`` (as ``state_dict`` gives it) into the table, in chunks."""
+        if "weight" not in state:
+            raise InvalidRequestError(f"{self!r}: state has no 'weight' (keys: {sorted(state)})")
+        write_rows(self.client, self._tensor._meta, to_numpy(state["weight"]), orig_ids)
+
+    def save(self, path: str | Path, orig_ids: Any = None) -> None:
+        """Write every row to ``path/weight.npy`` (+ ``checkpoint.json``), chunk by chunk."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        save_rows(self.client, self._tensor._meta, path / "weight.npy", orig_ids)
+        info = {"kind": "embedding", "name": self.name, "shape": list(self.shape), "policy": self.policy}
+        write_meta(path, {**info, "orig_ids": orig_ids is not None})
+
+    def load(self, path: str | Path, orig_ids: Any = None) -> None:
+        """Load a ``save``d table; pass ``orig_ids`` exactly when it was saved with them."""
+        path = Path(path)
+        info = read_meta(path, "embedding", orig_ids is not None)
+        if list(info["shape"]) != list(self.shape):
+            raise InvalidRequestError(
+                f"{path} holds a table of shape {info['shape']}, {self!r} is {self.shape}"
+            )
+        load_rows(self.client, self._tensor._meta, path / "weight.npy", orig_ids)

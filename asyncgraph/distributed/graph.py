@@ -6,8 +6,10 @@ from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from asyncgraph.arrays import as_id_array
 from asyncgraph.client.sync_client import Client
 from asyncgraph.errors import InvalidRequestError, UnknownTensorError
 from asyncgraph.names import is_state_key, tensor_prefix
@@ -15,6 +17,9 @@ from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.storage.store import PartitionStore
 
 from .context import get_client
+from .hetero import EdgeTypes, HeteroSample, NodeTypes, sample_etype_neighbors
+from .queries import ALL, EdgePartitionPolicy, NodePartitionPolicy, SampledSubgraph, relabel
+from .split import _rank_world
 from .tensor import DistTensor
 
 
@@ -56,14 +61,13 @@ class TensorView(MutableMapping[str, DistTensor]):
             )
         if tensor.policy != self._policy:
             raise InvalidRequestError(f"{tensor!r} is sharded by {tensor.policy}s, not {self._policy}s")
-        if name != tensor.name:
-            self._aliases[name] = tensor
+        self._aliases[name] = tensor  # the view holds the handle, as DGL's ndata does
 
     def __delitem__(self, name: str) -> None:
-        if name in self._aliases:
-            del self._aliases[name]
-            return
-        self[name].delete()
+        alias = self._aliases.pop(name, None)
+        if alias is not None and alias.name != name:
+            return  # only the alias goes; the tensor keeps its own name
+        (alias if alias is not None else self[name]).delete()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names())
@@ -89,16 +93,45 @@ class DistGraph:
         self.graph_name = graph_name
         self.ndata = TensorView(self._client, "node")
         self.edata = TensorView(self._client, "edge")
+        self.nodes = NodeTypes(self)
+        self.edges_by_type = EdgeTypes(self)
 
     @property
     def client(self) -> Client:
         return self._client
 
-    def num_nodes(self) -> int:
-        return self._client.book.num_nodes
+    def num_nodes(self, ntype: str | None = None) -> int:
+        """Nodes of the graph, or of node type ``ntype``."""
+        if ntype is None:
+            return self._client.book.num_nodes
+        return self._client.book.num_nodes_of(ntype)
 
-    def num_edges(self) -> int:
-        return self._client.book.num_edges
+    def num_edges(self, etype: Any = None) -> int:
+        """Edges of the graph, or of edge type ``etype`` (relation name or canonical triple)."""
+        if etype is None:
+            return self._client.book.num_edges
+        return self._client.book.num_edges_of(etype)
+
+    # --- node and edge types ------------------------------------------------------------------
+    @property
+    def ntypes(self) -> list[str]:
+        return self._client.book.ntypes
+
+    @property
+    def etypes(self) -> list[str]:
+        return self._client.book.etypes
+
+    @property
+    def canonical_etypes(self) -> list[tuple[str, str, str]]:
+        return self._client.book.canonical_etypes
+
+    def to_canonical_etype(self, etype: Any) -> tuple[str, str, str]:
+        book = self._client.book
+        return book.canonical_etypes[book.etype_id(etype)]
+
+    def sample_etype_neighbors(self, seeds: Any, fanout: Any, *, seed: int | None = None) -> HeteroSample:
+        """In-edges of ``{ntype: ids}`` with a fanout per edge type (int or dict by edge type)."""
+        return sample_etype_neighbors(self, seeds, fanout, seed=seed)
 
     def number_of_nodes(self) -> int:
         return self.num_nodes()
@@ -122,11 +155,109 @@ class DistGraph:
         return self._client.aio.local_partitions()
 
     def sample_neighbors(
-        self, seeds: Any, fanout: int, *, replace: bool = False, seed: int | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Global ``(src, dst, eid)`` of sampled in-edges, as ``asyncgraph.sample_neighbors`` returns."""
-        src, dst, eids = self._client.sample_neighbors(seeds, fanout, replace=replace, seed=seed)
-        return torch.from_numpy(src), torch.from_numpy(dst), torch.from_numpy(eids)
+        self,
+        seeds: Any,
+        fanout: int,
+        edge_dir: str = "in",
+        prob: str | None = None,
+        exclude: Any = None,
+        replace: bool = False,
+        *,
+        seed: int | None = None,
+        output: str = "graph",
+    ) -> SampledSubgraph | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sampled edges of ``seeds`` (see ``asyncgraph.sample_neighbors``): a ``SampledSubgraph``
+        that unpacks as ``(src, dst, eid)``, or that tuple with ``output="tuple"``."""
+        if isinstance(seeds, dict) or isinstance(fanout, dict):
+            if edge_dir != "in" or exclude is not None or replace:
+                raise InvalidRequestError(
+                    "typed sampling (dict seeds or fanouts) supports edge_dir='in', no exclude= and "
+                    "replace=False only"
+                )
+            return sample_etype_neighbors(self, seeds, fanout, seed=seed, prob=prob)  # type: ignore[return-value]
+        if output not in ("graph", "tuple"):
+            raise InvalidRequestError(f"output must be 'graph' or 'tuple', got {output!r}")
+        if edge_dir == "in" and prob is None and exclude is None:
+            src, dst, eids = self._client.sample_neighbors(seeds, fanout, replace=replace, seed=seed)
+        else:
+            opts = {"edge_dir": edge_dir, "replace": replace, "seed": seed, "prob": prob, "exclude": exclude}
+            src, dst, eids = self._client.sample_edges(seeds, fanout, **opts)
+        sub = SampledSubgraph(src, dst, eids, self.num_nodes())
+        return sub.to_tuple() if output == "tuple" else sub
+
+    # --- structure queries --------------------------------------------------------------------
+    def _degrees(self, ids: Any, edge_dir: str) -> torch.Tensor | int:
+        if ids is None or (isinstance(ids, slice) and ids == ALL):
+            return torch.from_numpy(self._client.degrees(None, edge_dir))
+        scalar = isinstance(ids, int | np.integer) or (isinstance(ids, torch.Tensor) and ids.dim() == 0)
+        out = torch.from_numpy(self._client.degrees(ids, edge_dir))
+        return int(out[0]) if scalar else out
+
+    def in_degrees(self, v: Any = ALL) -> torch.Tensor | int:
+        """In-degrees (int64) of nodes ``v`` (every node by default); an int for one node."""
+        return self._degrees(v, "in")
+
+    def out_degrees(self, u: Any = ALL) -> torch.Tensor | int:
+        """Out-degrees of nodes ``u``: every partition counts its edges from them."""
+        return self._degrees(u, "out")
+
+    def edges(self, form: str = "uv", order: str = "eid") -> tuple[torch.Tensor, ...]:
+        """Every edge's global ``(src, dst)`` in edge-ID order (``form="all"`` adds the IDs)."""
+        eids = np.arange(self.num_edges(), dtype=np.int64)
+        src, dst = self._client.find_edges(eids)
+        return SampledSubgraph(src, dst, eids, self.num_nodes()).edges(form)
+
+    def in_subgraph(self, nodes: Any, relabel_nodes: bool = False) -> SampledSubgraph:
+        """Every in-edge of ``nodes`` (global IDs; ``relabel_nodes`` compacts the node set)."""
+        seeds = np.unique(as_id_array(nodes, "nodes"))
+        src, dst, eids = self._client.sample_neighbors(seeds, -1)
+        if relabel_nodes:
+            nids, lsrc, ldst = relabel(src, dst)
+            return SampledSubgraph(lsrc, ldst, eids, nids.size, nids)
+        return SampledSubgraph(src, dst, eids, self.num_nodes())
+
+    def edge_subgraph(self, edges: Any, relabel_nodes: bool = True) -> SampledSubgraph:
+        """The edges ``edges`` (global IDs) and, relabelled, their endpoints as ``ndata[NID]``."""
+        eids = as_id_array(edges, "edges")
+        src, dst = self._client.find_edges(eids)
+        if relabel_nodes:
+            nids, lsrc, ldst = relabel(src, dst)
+            return SampledSubgraph(lsrc, ldst, eids, nids.size, nids)
+        return SampledSubgraph(src, dst, eids, self.num_nodes())
+
+    # --- job and partition metadata ---------------------------------------------------------
+    def rank(self) -> int:
+        """This trainer's rank (torch.distributed, else $RANK, else 0)."""
+        return _rank_world(None, None)[0]
+
+    def get_num_clients(self) -> int:
+        """Trainers the servers expect (1 standalone)."""
+        return self._client.num_clients
+
+    @property
+    def num_clients(self) -> int:
+        return self._client.num_clients
+
+    def _home_partition(self) -> int:
+        local = self.local_partition_ids
+        if local:
+            return local[0]
+        rank, world = _rank_world(None, None)
+        return rank * self._client.book.num_partitions() // world
+
+    def get_node_partition_policy(self, ntype: str | None = None) -> NodePartitionPolicy:
+        return NodePartitionPolicy(self._client.book, self._home_partition())
+
+    def get_edge_partition_policy(self, etype: str | None = None) -> EdgePartitionPolicy:
+        return EdgePartitionPolicy(self._client.book, self._home_partition())
+
+    @property
+    def idtype(self) -> torch.dtype:
+        return torch.int64
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
 
     def barrier(self, name: str = "default", timeout: float = 300.0) -> None:
         self._client.barrier(name, timeout)

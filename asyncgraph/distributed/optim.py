@@ -14,15 +14,19 @@ so every trainer of the job shares it, as in DGL.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from asyncgraph.arrays import to_numpy
 from asyncgraph.errors import InvalidRequestError
 from asyncgraph.kernels.sparse_optim import state_tensor_metas, validate_spec
+from asyncgraph.storage.store import TensorMeta
 
+from .checkpoint import load_rows, read_meta, read_rows, save_rows, write_meta, write_rows
 from .embedding import DistEmbedding
 
 
@@ -95,6 +99,64 @@ class SparseOptimizer:
         for emb in self.params:
             for _, rows in emb.trace:
                 rows.grad = None
+
+    # --- checkpoints --------------------------------------------------------------------------
+    def _states(self, emb: DistEmbedding) -> list[tuple[str, TensorMeta]]:
+        """``(short name, meta)`` of ``emb``'s state tensors, e.g. ``("adam_m", ...)``."""
+        metas = state_tensor_metas(emb.client.tensor_meta(emb.key), self.kind)
+        return [(m.name[len(emb.key) + 1 :], m) for m in metas]
+
+    @staticmethod
+    def _orig(orig_ids: Any, emb: DistEmbedding) -> Any:
+        return orig_ids.get(emb.name) if isinstance(orig_ids, Mapping) else orig_ids
+
+    def state_dict(self, orig_ids: Any = None) -> dict[str, Any]:
+        """``{"kind", "spec", "state": {embedding name: {"adam_m": rows, ...}}}``, every row pulled in
+        chunks; ``orig_ids`` (one mapping, or one per embedding name) orders rows by original ID."""
+        state = {
+            emb.name: {
+                short: torch.from_numpy(read_rows(emb.client, meta, self._orig(orig_ids, emb)))
+                for short, meta in self._states(emb)
+            }
+            for emb in self.params
+        }
+        return {"kind": self.kind, "spec": self.spec, "state": state}
+
+    def load_state_dict(self, state: Mapping[str, Any], orig_ids: Any = None) -> None:
+        """Write optimizer state from ``state_dict()`` output (hyperparameters stay as constructed)."""
+        if state.get("kind") != self.kind:
+            raise InvalidRequestError(
+                f"{type(self).__name__}: state is for {state.get('kind')!r}, not {self.kind!r}"
+            )
+        for emb in self.params:
+            rows = state.get("state", {}).get(emb.name)
+            if rows is None:
+                raise InvalidRequestError(
+                    f"{type(self).__name__}: state has no entry for embedding {emb.name!r}"
+                )
+            for short, meta in self._states(emb):
+                write_rows(emb.client, meta, to_numpy(rows[short]), self._orig(orig_ids, emb))
+
+    def save(self, path: str | Path, orig_ids: Any = None) -> None:
+        """Write every state row to ``path/<embedding>.<state>.npy`` (+ ``checkpoint.json``)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        for emb in self.params:
+            for short, meta in self._states(emb):
+                save_rows(emb.client, meta, path / f"{emb.name}.{short}.npy", self._orig(orig_ids, emb))
+        shapes = {emb.name: list(emb.shape) for emb in self.params}
+        info = {"kind": f"sparse_{self.kind}", "spec": self.spec, "embeddings": shapes}
+        write_meta(path, {**info, "orig_ids": orig_ids is not None})
+
+    def load(self, path: str | Path, orig_ids: Any = None) -> None:
+        """Load ``save``d state into this optimizer's embeddings (matched by name)."""
+        path = Path(path)
+        info = read_meta(path, f"sparse_{self.kind}", orig_ids is not None)
+        for emb in self.params:
+            if list(info["embeddings"].get(emb.name, [])) != list(emb.shape):
+                raise InvalidRequestError(f"{path} has no state for {emb!r} (it has {info['embeddings']})")
+            for short, meta in self._states(emb):
+                load_rows(emb.client, meta, path / f"{emb.name}.{short}.npy", self._orig(orig_ids, emb))
 
 
 class SparseAdagrad(SparseOptimizer):

@@ -15,11 +15,15 @@ randomness, so the shares are disjoint and together cover the mask:
   order. This keeps the largest possible share of IDs local.
 * ``force_even=False``: each trainer gets the selected IDs of its partition, split evenly (in
   ascending order) among the partition's trainers; sizes follow the mask.
+
+The mask may be a ``DistTensor`` (e.g. ``g.ndata["train_mask"]``): it is pulled by owner range
+in bounded chunks (with ``force_even=False`` only the ranges this trainer can get), and its
+client's partition book is used when none is given. Without a book, a plain mask uses the book
+of the graph this process is initialised for when the sizes match, else one partition.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -27,12 +31,41 @@ import numpy.typing as npt
 import torch
 
 from asyncgraph.arrays import to_numpy
+from asyncgraph.env import process_rank
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, ShapeMismatchError
 from asyncgraph.partition.book import RangePartitionBook
+
+from .context import _STATE
+from .tensor import DistTensor
 
 __all__ = ["edge_split", "node_split"]
 
 IdArray = npt.NDArray[np.int64]
+
+
+_PULL_CHUNK = 1 << 24  # mask rows per pull
+
+
+def _pull_mask(mask: DistTensor, bounds: IdArray, parts: IdArray | None) -> np.ndarray:
+    """The rows of a DistTensor mask over the ranges of ``parts`` (all when None), zeros elsewhere."""
+    if len(mask.shape) != 1:
+        raise ShapeMismatchError(f"mask must be one-dimensional, got shape {mask.shape}")
+    out = np.zeros(len(mask), dtype=np.dtype(mask._meta.dtype))
+    wanted = range(bounds.size - 1) if parts is None else parts.tolist()
+    for p in wanted:
+        for lo in range(int(bounds[p]), int(bounds[p + 1]), _PULL_CHUNK):
+            hi = min(int(bounds[p + 1]), lo + _PULL_CHUNK)
+            out[lo:hi] = mask._client.pull(mask.key, np.arange(lo, hi, dtype=np.int64)).numpy()
+    return out
+
+
+def _current_book(size: int, kind: str) -> RangePartitionBook | None:
+    """The book of the graph this process is initialised for, if its ``kind`` count is ``size``."""
+    client = _STATE.client
+    if client is None:
+        return None
+    book = client.book
+    return book if (book.num_nodes if kind == "node" else book.num_edges) == size else None
 
 
 def _mask_array(mask: Any) -> npt.NDArray[np.bool_]:
@@ -48,18 +81,28 @@ def _mask_array(mask: Any) -> npt.NDArray[np.bool_]:
 
 
 def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Fill ``rank``/``world_size`` from torch.distributed, else env RANK/WORLD_SIZE, else 0/1."""
+    """Fill ``rank``/``world_size`` from torch.distributed, else the launcher's environment
+    (torchrun's RANK/WORLD_SIZE, srun's SLURM_PROCID/SLURM_NTASKS; ``env.process_rank``), else 0/1."""
     if rank is None or world_size is None:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             env_rank, env_world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         else:
-            env_rank = int(os.environ.get("RANK", "0"))
-            env_world = int(os.environ.get("WORLD_SIZE", "1"))
+            found = process_rank()
+            env_rank, env_world = found.rank, found.world_size
         rank = env_rank if rank is None else rank
         world_size = env_world if world_size is None else world_size
     if world_size < 1 or not 0 <= rank < world_size:
         raise InvalidRequestError(f"need 0 <= rank < world_size, got rank {rank}, world_size {world_size}")
     return int(rank), int(world_size)
+
+
+def _trainer_parts(rank: int, world: int, num_parts: int) -> IdArray:
+    """Partitions whose IDs trainer ``rank`` may get with ``force_even=False``."""
+    parts = np.arange(num_parts, dtype=np.int64)
+    trainer_part = np.arange(world, dtype=np.int64) * num_parts // world
+    orphan = ~np.isin(parts, trainer_part)
+    mine: IdArray = parts[(parts == trainer_part[rank]) | (orphan & (parts * world // num_parts == rank))]
+    return mine
 
 
 def _even_cuts(total: IdArray, k: IdArray, j: IdArray) -> tuple[IdArray, IdArray]:
@@ -69,17 +112,52 @@ def _even_cuts(total: IdArray, k: IdArray, j: IdArray) -> tuple[IdArray, IdArray
     return lo, lo + base + (j < extra)
 
 
+def _trainer_order(ids: IdArray, bounds: IdArray, trainer_ids: Any) -> IdArray:
+    """``ids`` (sorted) reordered by (partition, trainer ID, ID): each partition stays one slice."""
+    if isinstance(trainer_ids, DistTensor):
+        full = _pull_mask(trainer_ids, trainer_ids._client.book.bounds(trainer_ids.policy), None)
+    else:
+        full = to_numpy(trainer_ids)
+    if full.ndim != 1 or full.size != int(bounds[-1]):
+        raise ShapeMismatchError(
+            f"trainer IDs must be one per ID ({int(bounds[-1])}), got shape {tuple(full.shape)}"
+        )
+    if full.dtype.kind not in "iu":
+        raise DTypeMismatchError(f"trainer IDs must be integers, got dtype {full.dtype}")
+    part = np.searchsorted(bounds, ids, side="right") - 1
+    order = np.lexsort((ids, full[ids], part))
+    out: IdArray = ids[order]
+    return out
+
+
 def _split(
     mask: Any,
-    bounds: IdArray | None,
+    book: RangePartitionBook | None,
     rank: int | None,
     world_size: int | None,
     force_even: bool,
     kind: str,
+    type_bounds: IdArray | None = None,
+    trainer_ids: Any = None,
 ) -> torch.Tensor:
-    """Shared implementation of ``node_split``/``edge_split`` over partition ``bounds``."""
-    sel = _mask_array(mask)
+    """Shared implementation of ``node_split``/``edge_split`` (``type_bounds``: per-type ranges)."""
     rank, world = _rank_world(rank, world_size)
+    if isinstance(mask, DistTensor):
+        if mask.policy != kind:
+            raise InvalidRequestError(
+                f"{kind}_split needs a {kind} mask; {mask!r} is sharded by {mask.policy}s"
+            )
+        book = book if book is not None else mask._client.book
+        mb = book.bounds(kind)
+        if int(mb[-1]) != len(mask):
+            raise ShapeMismatchError(f"{kind} mask has {len(mask)} entries but the book has {int(mb[-1])}")
+        n_parts = mb.size - 1
+        mine = None if force_even else _trainer_parts(rank, world, n_parts)
+        mask = _pull_mask(mask, mb, mine)
+    sel = _mask_array(mask)
+    if book is None and type_bounds is None:
+        book = _current_book(sel.size, kind)
+    bounds = type_bounds if type_bounds is not None else None if book is None else book.bounds(kind)
     if bounds is None:
         bounds = np.array([0, sel.size], dtype=np.int64)
     elif int(bounds[-1]) != sel.size:
@@ -87,6 +165,8 @@ def _split(
             f"{kind} mask has {sel.size} entries but the partition book has {int(bounds[-1])} {kind}s"
         )
     ids = np.flatnonzero(sel).astype(np.int64)
+    if trainer_ids is not None:
+        ids = _trainer_order(ids, bounds, trainer_ids)
     num_parts = bounds.size - 1
     ranks = np.arange(world, dtype=np.int64)
     parts = np.arange(num_parts, dtype=np.int64)
@@ -139,17 +219,38 @@ def node_split(
     world_size: int | None = None,
     force_even: bool = True,
     seed: int = 0,
+    ntype: str | None = None,
+    node_trainer_ids: Any = None,
 ) -> torch.Tensor:
     """Sorted int64 global node IDs of this rank's share of the nodes selected by ``mask``.
 
-    ``mask`` is a bool array/tensor over all global node IDs. ``partition_book=None`` means one
+    With ``ntype`` (heterogeneous graphs) ``mask`` covers that type's nodes and the result is
+    per-type IDs, split by the book's per-type ranges (each trainer gets its partition's nodes).
+
+    ``mask`` is a bool array/tensor/``DistTensor`` over all global node IDs.
+    ``partition_book=None`` means the mask's (or the initialised graph's) book, else one
     partition. ``rank``/``world_size`` default to torch.distributed (if initialised), else the
-    RANK/WORLD_SIZE environment variables, else 0/1. See the module docstring for the
+    launcher's environment (torchrun or srun, see ``asyncgraph.env.process_rank``), else 0/1.
+    See the module docstring for the
     assignment; it is deterministic, so ``seed`` is accepted for DGL-style call sites only and
-    does not change the result.
+    does not change the result. ``node_trainer_ids`` (DGL's; e.g. ``g.ndata["trainer_id"]``
+    written by ``partition_graph(..., num_trainers_per_machine=T)``) orders each partition's IDs
+    by trainer before the even split, so trainer ``k`` of a partition gets its own sub-range.
     """
-    bounds = None if partition_book is None else partition_book.bounds("node")
-    return _split(mask, bounds, rank, world_size, force_even, "node")
+    if ntype is not None:
+        from .hetero import NodeTypeTensor
+
+        book: RangePartitionBook | None
+        if isinstance(mask, NodeTypeTensor):
+            book = partition_book or mask._book
+            mask = mask[slice(None)]
+        else:
+            book = partition_book or (_STATE.client.book if _STATE.client is not None else None)
+        if book is None:
+            raise InvalidRequestError("node_split(ntype=...) needs a partition book or an initialised graph")
+        tb = book.ntype_bounds(ntype)
+        return _split(mask, None, rank, world_size, force_even, "node", type_bounds=tb)
+    return _split(mask, partition_book, rank, world_size, force_even, "node", trainer_ids=node_trainer_ids)
 
 
 def edge_split(
@@ -159,10 +260,10 @@ def edge_split(
     world_size: int | None = None,
     force_even: bool = True,
     seed: int = 0,
+    edge_trainer_ids: Any = None,
 ) -> torch.Tensor:
     """Sorted int64 global edge IDs of this rank's share of the edges selected by ``mask``.
 
     Same rules as ``node_split``, over edge IDs and the book's edge ranges.
     """
-    bounds = None if partition_book is None else partition_book.bounds("edge")
-    return _split(mask, bounds, rank, world_size, force_even, "edge")
+    return _split(mask, partition_book, rank, world_size, force_even, "edge", trainer_ids=edge_trainer_ids)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -61,11 +62,71 @@ def normal_init(mean: float = 0.0, std: float = 1.0, seed: int = 0) -> Initializ
     return Initializer(kind="normal", mean=float(mean), std=float(std), seed=int(seed))
 
 
+InitFunc = Callable[[tuple[int, ...], torch.dtype], Any]
+#: Rows per ``init_func`` call are bounded so that one call returns at most this many bytes.
+INIT_CHUNK_BYTES = 64 << 20
+_INIT_FORMS = (
+    "None, a named initialiser (zeros_init(), uniform_init(...), normal_init(...) or a mapping "
+    "like {'kind': 'zeros'}), or a callable init_func(shape, dtype) -> tensor as in DGL"
+)
+
+
+def resolve_init(init: Any, init_func: Any = None) -> tuple[Mapping[str, Any] | None, InitFunc | None]:
+    """Split ``init``/``init_func`` into a named spec (run by servers) or a callable (run here)."""
+    if init is not None and init_func is not None:
+        raise InvalidRequestError("pass either init or init_func, not both")
+    spec = init if init is not None else init_func
+    if spec is None or isinstance(spec, Mapping):
+        return spec, None
+    if callable(spec):
+        return None, spec
+    raise InvalidRequestError(f"init must be {_INIT_FORMS}; got {spec!r}")
+
+
+def _checked_cast(arr: np.ndarray, want: np.dtype[Any], name: str) -> np.ndarray:
+    """``arr.astype(want)`` within a kind, refusing values the cast would wrap or turn into inf."""
+    if want.kind in "iu" and arr.size:
+        info = np.iinfo(want)
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < info.min or hi > info.max:
+            bad = lo if lo < info.min else hi
+            raise DTypeMismatchError(
+                f"value {bad} cannot be stored in {name!r} ({want}): outside [{info.min}, {info.max}], "
+                "it would wrap around"
+            )
+        return arr.astype(want)
+    with np.errstate(over="ignore"):
+        out = arr.astype(want)
+    if want.kind == "f" and arr.size:
+        overflowed = np.isinf(out) & np.isfinite(arr)
+        if overflowed.any():
+            bad = arr[overflowed].flat[0].item()
+            raise DTypeMismatchError(
+                f"value {bad!r} cannot be stored in {name!r} ({want}): beyond its largest finite value "
+                f"{np.finfo(want).max}, it would become inf"
+            )
+    return out
+
+
 class DistTensor:
     """Rows sharded by the partition book; ``t[ids]`` pulls, ``t[ids] = v`` pushes.
 
     Creating a DistTensor with the same name, shape and dtype in several trainers gives all of
     them the same server tensor; a different shape or dtype under that name is an error.
+    ``init`` (or DGL's keyword ``init_func``) is a named initialiser the servers run, or DGL's
+    callable ``(shape, dtype) -> tensor``: no code crosses the wire, the client that creates the
+    tensor calls it for each partition it created, in chunks of at most ``INIT_CHUNK_BYTES``, and
+    pushes the rows (a client that attaches to an existing tensor does not). As in DGL, other
+    trainers should pass a barrier before reading rows initialised that way.
+
+    Indexing: a plain integer follows Python (``t[-1]`` is the last row, ``t[-N - 1]`` raises
+    ``OutOfRangeError``), as for a list or a torch tensor; an array, list or tensor of IDs holds
+    global node/edge IDs, which must lie in ``[0, N)`` (a negative ID is ``OutOfRangeError``,
+    as in DGL). Writing: values are cast to the tensor's dtype within a kind (int to int, float
+    to float); a cast that would change a value's magnitude is ``DTypeMismatchError`` and writes
+    nothing: integers outside the target's range (they would wrap) and finite floats beyond the
+    target's largest finite value (they would become inf). Rounding to the nearest representable
+    float is the usual float semantics; inf and nan are stored as given.
     """
 
     def __init__(
@@ -73,10 +134,11 @@ class DistTensor:
         shape: Sequence[int],
         dtype: torch.dtype | str | np.dtype[Any],
         name: str | None = None,
-        init: Mapping[str, Any] | None = None,
+        init: Mapping[str, Any] | InitFunc | None = None,
         persistent: bool = False,
         part_policy: str | None = None,
         *,
+        init_func: InitFunc | Mapping[str, Any] | None = None,
         client: Client | None = None,
         attach: bool = False,
     ) -> None:
@@ -95,19 +157,45 @@ class DistTensor:
                 )
         if part_policy not in ("node", "edge"):
             raise InvalidRequestError(f"part_policy must be 'node' or 'edge', got {part_policy!r}")
-        if init is not None and callable(init) and not isinstance(init, Mapping):
-            raise TypeError(
-                "init must be a named initialiser (zeros_init(), uniform_init(...), normal_init(...)): "
-                "servers run it, no code crosses the wire"
-            )
+        spec, func = resolve_init(init, init_func)
         self.name = name if name is not None else f"_anon{next(_ANON)}"
-        self.persistent = persistent
+        self.persistent = bool(persistent)
         self.policy = part_policy
         self.key = tensor_key(part_policy, self.name)
         if attach:
             self._meta = self._client.tensor_meta(self.key)
         else:
-            self._meta = self._client.create_tensor(self.key, part_policy, shape, numpy_dtype(dtype), init)
+            dt = numpy_dtype(dtype)
+            self._meta, created = self._client.create_tensor_parts(
+                self.key, part_policy, shape, dt, spec, persistent=self.persistent
+            )
+            if not self.persistent:  # DGL: freed when the last handle goes
+                weakref.finalize(self, self._client.release_later, self.key)
+            try:
+                for part in created:
+                    if func is not None:
+                        self._run_init_func(func, part)
+            except BaseException:
+                self._client.delete_tensor(self.key)  # a failed init_func leaves no half-made tensor
+                raise
+
+    def _run_init_func(self, func: InitFunc, part: int) -> None:
+        """Fill partition ``part``'s rows with ``func(shape, dtype)``, chunk by chunk."""
+        book = self._client.book
+        lo, hi = book.node_range(part) if self.policy == "node" else book.edge_range(part)
+        row_shape = tuple(self._meta.shape[1:])
+        row_bytes = max(1, int(np.prod(row_shape, dtype=np.int64)) * np.dtype(self._meta.dtype).itemsize)
+        step = max(1, INIT_CHUNK_BYTES // row_bytes)
+        for start in range(lo, hi, step):
+            stop = min(hi, start + step)
+            want = (stop - start, *row_shape)
+            values = func(want, self.dtype)
+            got = tuple(getattr(values, "shape", ()))
+            if got != want:
+                raise InvalidRequestError(
+                    f"init_func of {self.name!r} returned shape {got} for a request of shape {want}"
+                )
+            self.push(np.arange(start, stop, dtype=np.int64), values)
 
     @classmethod
     def _attach(cls, client: Client, meta: TensorMeta) -> DistTensor:
@@ -167,7 +255,7 @@ class DistTensor:
                 raise DTypeMismatchError(
                     f"values of dtype {arr.dtype} cannot be stored in {self.name!r} ({want})"
                 )
-            arr = arr.astype(want)
+            arr = _checked_cast(arr, want, self.name)
         return arr
 
     def _broadcast(self, values: Any, n: int) -> Any:

@@ -1,10 +1,16 @@
 """GraphSAGE layers over ``Block``s, in pure torch (DGL's ``SAGEConv`` semantics).
 
 Messages are aggregated with ``index_add`` / ``scatter_reduce`` over the block's edges, so a
-layer is a handful of vectorised kernels and works with autograd. When the features being
-aggregated are float32/64 on the CPU, ``mean``/``sum``/``gcn`` use sparse CSR matrix products
-instead (forward ``A @ x``, backward ``A^T @ g``; no ``[edges, feats]`` gather).
+layer is a handful of vectorised kernels and works with autograd. For floating-point features
+on the CPU or CUDA, ``mean``/``sum``/``gcn`` use sparse CSR matrix products instead (forward
+``A @ x``, backward ``A^T @ g`` with the transpose cached on the block; no ``[edges, feats]``
+gather).
 A destination with no in-edges aggregates to zeros (for every aggregator, as DGL does).
+
+Every kernel runs on the block's device (no host round trips: the CSR comes cached with the
+block, or is built there with torch ops). Under ``torch.autocast`` (or with float16/bfloat16
+features) sums are accumulated in float32 and cast back to the features' dtype: there are no
+half-precision sparse kernels on CPU, and half-precision sums over many neighbours lose digits.
 
 ``Dropout`` is ``nn.Dropout`` with masks drawn by numpy's PCG64 (16-bit uniform thresholds,
 seeded from torch's generator, so ``torch.manual_seed`` still fixes them): torch's CPU
@@ -29,11 +35,17 @@ from asyncgraph.errors import InvalidRequestError, ShapeMismatchError
 __all__ = ["Dropout", "GraphSAGE", "SAGEConv"]
 
 _AGGREGATORS = ("mean", "sum", "max", "pool", "gcn")
-# dtypes with a CPU sparse CSR x dense kernel (torch has none for float16/bfloat16)
+# dtypes aggregated as they are; others (float16/bfloat16) are summed in float32 and cast back
 _SPMM_DTYPES = (torch.float32, torch.float64)
+_SPMM_DEVICES = ("cpu", "cuda")
 # Aggregate features that need a gradient with CSR products too (forward A @ x, backward A^T @ g);
 # False falls back to gather + index_add (kept for A/B measurement: benchmarks/sage_ab.py).
 SPMM_GRAD = True
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype sums over neighbours accumulate in."""
+    return dtype if dtype in _SPMM_DTYPES else torch.float32
 
 
 class SAGEConv(nn.Module):
@@ -92,21 +104,24 @@ class SAGEConv(nn.Module):
         if agg in ("mean", "sum", "gcn"):
             feat = self.fc_neigh(h_src) if lin_first else h_src
             if (
-                feat.device.type == "cpu"
-                and feat.dtype in _SPMM_DTYPES
+                feat.device.type in _SPMM_DEVICES
+                and feat.is_floating_point()
                 and (SPMM_GRAD or not feat.requires_grad)
             ):
                 h_neigh = _spmm_aggregate(block, feat, agg)
             else:
-                summed = feat.new_zeros((num_dst, feat.shape[1])).index_add(0, dst, feat[src])
+                acc = _acc_dtype(feat.dtype)
+                feat_acc = feat.to(acc)
+                summed = feat_acc.new_zeros((num_dst, feat.shape[1])).index_add(0, dst, feat_acc[src])
                 if agg == "sum":
                     h_neigh = summed
                 else:
-                    deg = torch.bincount(dst, minlength=num_dst).to(feat.dtype).unsqueeze(1)
+                    deg = torch.bincount(dst, minlength=num_dst).to(acc).unsqueeze(1)
                     if agg == "mean":
                         h_neigh = summed / deg.clamp(min=1)
                     else:  # gcn: the node itself counts as one more neighbour
-                        h_neigh = (summed + feat[:num_dst]) / (deg + 1)
+                        h_neigh = (summed + feat_acc[:num_dst]) / (deg + 1)
+                h_neigh = h_neigh.to(feat.dtype)
             if not lin_first:
                 h_neigh = self.fc_neigh(h_neigh)
         else:  # max / pool
@@ -120,7 +135,7 @@ class SAGEConv(nn.Module):
         # fc_self(h_dst) + h_neigh + bias with the sum fused into the matmuls (fewer passes over
         # [num_dst, out_feats] activations, forward and backward): same maths as DGL's.
         if self.fc_self is None:
-            out = h_neigh if self.bias is None else h_neigh + self.bias
+            out = h_neigh if self.bias is None else h_neigh + self.bias.to(h_neigh.dtype)
         else:
             if self.bias is not None:
                 h_neigh = h_neigh + self.bias
@@ -143,30 +158,31 @@ def _csr_matrix(
         return torch.sparse_csr_tensor(crow, col, values, size=size, check_invariants=False)
 
 
-def _adjacency(block: Block, agg: str, dtype: torch.dtype, transposed: bool) -> torch.Tensor:
-    """The block's ``[num_dst, num_src]`` aggregation matrix (or its transpose) as CSR, cached."""
-    key = f"spmm:{agg}:{dtype}:{transposed}"
+def _adjacency(
+    block: Block, agg: str, dtype: torch.dtype, device: torch.device, transposed: bool
+) -> torch.Tensor:
+    """The block's ``[num_dst, num_src]`` aggregation matrix (or its transpose) as CSR on
+    ``device``, cached on the block; built with torch ops there (no host round trip)."""
+    key = f"spmm:{agg}:{dtype}:{device}:{transposed}"
     adj: torch.Tensor | None = block._cache.get(key)
     if adj is not None:
         return adj
-    crow, col, deg = block.csr()
+    crow, col, deg = (t.to(device) for t in block.csr())
     if agg == "mean":
-        values = (1.0 / deg.clamp(min=1).to(dtype)).repeat_interleave(deg)
+        values = (1.0 / deg.clamp(min=1).to(dtype)).repeat_interleave(deg, output_size=col.numel())
     else:
-        values = torch.ones(col.numel(), dtype=dtype)
+        values = torch.ones(col.numel(), dtype=dtype, device=device)
     n_dst, n_src = block.num_dst_nodes, block.num_src_nodes
     if not transposed:
         adj = _csr_matrix(crow, col, values, (n_dst, n_src))
     else:  # rows = sources: entries sorted by source (stable), row index = their destination
-        col_np = col.cpu().numpy()
-        order = np.argsort(col_np, kind="stable")
-        crow_t = np.zeros(n_src + 1, dtype=np.int64)
-        np.cumsum(np.bincount(col_np, minlength=n_src), out=crow_t[1:])
-        row = np.repeat(np.arange(n_dst, dtype=np.int64), deg.cpu().numpy())
-        order_t = torch.from_numpy(order)
-        adj = _csr_matrix(
-            torch.from_numpy(crow_t), torch.from_numpy(row[order]), values[order_t], (n_src, n_dst)
+        order = torch.sort(col, stable=True).indices
+        counts = torch.bincount(col, minlength=n_src)
+        crow_t = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+        row = torch.arange(n_dst, dtype=col.dtype, device=device).repeat_interleave(
+            deg, output_size=col.numel()
         )
+        adj = _csr_matrix(crow_t, row[order], values[order], (n_src, n_dst))
     block._cache[key] = adj
     return adj
 
@@ -185,22 +201,29 @@ class _SpMM(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, torch.Tensor]:
-        return None, None, torch.sparse.mm(ctx.adj_t(), grad.contiguous())
+        with torch.autocast(grad.device.type, enabled=False):  # the product stays in grad's dtype
+            return None, None, torch.sparse.mm(ctx.adj_t(), grad.contiguous())
 
 
 def _spmm_aggregate(block: Block, feat: torch.Tensor, agg: str) -> torch.Tensor:
-    """``sum``/``mean``/``gcn`` aggregation of ``feat`` (CPU) as CSR products, forward and backward."""
-    adj = _adjacency(block, agg, feat.dtype, transposed=False)
-    with torch.autocast("cpu", enabled=False):  # no bf16/fp16 sparse kernels on CPU: stay in feat's dtype
-        if feat.requires_grad:
-            adj_t = functools.partial(_adjacency, block, agg, feat.dtype, True)
-            out: torch.Tensor = _SpMM.apply(adj, adj_t, feat)  # type: ignore[no-untyped-call]
+    """``sum``/``mean``/``gcn`` aggregation of ``feat`` as CSR products on its device, forward
+    and (when ``feat`` needs a gradient) backward.
+
+    Half-precision features are multiplied in float32 and the result cast back.
+    """
+    acc = _acc_dtype(feat.dtype)
+    adj = _adjacency(block, agg, acc, feat.device, transposed=False)
+    feat_acc = feat.to(acc)
+    with torch.autocast(feat.device.type, enabled=False):  # the product stays in ``acc``
+        if feat_acc.requires_grad:
+            adj_t = functools.partial(_adjacency, block, agg, acc, feat.device, True)
+            out: torch.Tensor = _SpMM.apply(adj, adj_t, feat_acc)  # type: ignore[no-untyped-call]
         else:
-            out = torch.sparse.mm(adj, feat)
+            out = torch.sparse.mm(adj, feat_acc)
     if agg == "gcn":  # the node itself counts as one more neighbour
-        _, _, deg = block.csr()
-        out = (out + feat[: block.num_dst_nodes]) / (deg.to(feat.dtype) + 1).unsqueeze(1)
-    return out
+        deg = block.csr()[2].to(feat.device)
+        out = (out + feat_acc[: block.num_dst_nodes]) / (deg.to(acc) + 1).unsqueeze(1)
+    return out.to(feat.dtype)
 
 
 class Dropout(nn.Dropout):

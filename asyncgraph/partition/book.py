@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from asyncgraph.arrays import IdArray, as_id_array
-from asyncgraph.errors import OutOfRangeError
+from asyncgraph.errors import OutOfRangeError, UnknownTypeError
 
 __all__ = ["IdArray", "RangePartitionBook", "as_id_array"]
 
@@ -21,7 +21,16 @@ __all__ = ["IdArray", "RangePartitionBook", "as_id_array"]
 class RangePartitionBook:
     """Maps global node/edge IDs to (partition, local ID) and back; vectorised."""
 
-    def __init__(self, node_bounds: Any, edge_bounds: Any) -> None:
+    def __init__(
+        self,
+        node_bounds: Any,
+        edge_bounds: Any,
+        *,
+        ntypes: list[str] | None = None,
+        canonical_etypes: list[tuple[str, str, str]] | None = None,
+        ntype_counts: Any = None,
+        etype_counts: Any = None,
+    ) -> None:
         nb = np.asarray(node_bounds, dtype=np.int64)
         eb = np.asarray(edge_bounds, dtype=np.int64)
         if nb.ndim != 1 or eb.ndim != 1 or nb.size < 2 or nb.size != eb.size:
@@ -30,6 +39,21 @@ class RangePartitionBook:
             raise ValueError("partition bounds must start at 0 and be non-decreasing")
         self._node_bounds = nb
         self._edge_bounds = eb
+        p = nb.size - 1
+        self._hetero = ntypes is not None
+        self._ntypes = list(ntypes) if ntypes is not None else ["_N"]
+        self._canon = [tuple(c) for c in canonical_etypes] if canonical_etypes else [("_N", "_E", "_N")]
+        nc = np.diff(nb)[:, None] if ntype_counts is None else np.asarray(ntype_counts, dtype=np.int64)
+        ec = np.diff(eb)[:, None] if etype_counts is None else np.asarray(etype_counts, dtype=np.int64)
+        if nc.shape != (p, len(self._ntypes)) or not np.array_equal(nc.sum(axis=1), np.diff(nb)):
+            raise ValueError("ntype_counts must be [num_parts, num_ntypes] and add up to each part's nodes")
+        if ec.shape != (p, len(self._canon)) or not np.array_equal(ec.sum(axis=1), np.diff(eb)):
+            raise ValueError("etype_counts must be [num_parts, num_etypes] and add up to each part's edges")
+        self._ntype_counts, self._etype_counts = nc, ec
+        # Homogeneous start of (part p, type t) at [p * T + t]; nodes of a type are contiguous in a part.
+        self._type_starts = (nb[:-1, None] + np.cumsum(nc, axis=1) - nc).ravel()
+        # Per-type ID bounds over partitions: type t's IDs in part p are [tb[p, t], tb[p + 1, t]).
+        self._type_bounds = np.vstack([np.zeros((1, nc.shape[1]), np.int64), np.cumsum(nc, axis=0)])
 
     # --- sizes -----------------------------------------------------------------------------
     def num_partitions(self) -> int:
@@ -93,19 +117,103 @@ class RangePartitionBook:
         start, end = self.edge_range(partid)
         return np.arange(start, end, dtype=np.int64)
 
+    # --- node and edge types (DGL's hetero partition book) ------------------------------------------
+    @property
+    def is_hetero(self) -> bool:
+        return self._hetero
+
+    @property
+    def ntypes(self) -> list[str]:
+        return list(self._ntypes)
+
+    @property
+    def etypes(self) -> list[str]:
+        return [c[1] for c in self._canon]
+
+    @property
+    def canonical_etypes(self) -> list[tuple[str, str, str]]:
+        return [tuple(c) for c in self._canon]  # type: ignore[misc]
+
+    def ntype_id(self, ntype: Any) -> int:
+        """Index of ``ntype`` in ``ntypes`` (``UnknownTypeError`` otherwise)."""
+        if ntype is None and len(self._ntypes) == 1:
+            return 0
+        try:
+            return self._ntypes.index(ntype)
+        except ValueError:
+            raise UnknownTypeError(f"unknown node type {ntype!r}; known: {self._ntypes}") from None
+
+    def etype_id(self, etype: Any) -> int:
+        """Index of a relation name or canonical triple in ``canonical_etypes``."""
+        from asyncgraph.hetero import resolve_etype
+
+        if etype is None and len(self._canon) == 1:
+            return 0
+        return self._canon.index(resolve_etype(etype, self.canonical_etypes))
+
+    def num_nodes_of(self, ntype: Any) -> int:
+        return int(self._ntype_counts[:, self.ntype_id(ntype)].sum())
+
+    def num_edges_of(self, etype: Any) -> int:
+        return int(self._etype_counts[:, self.etype_id(etype)].sum())
+
+    def ntype_bounds(self, ntype: Any) -> IdArray:
+        """Per-type ID bounds: partition ``p`` owns type IDs ``[b[p], b[p+1])`` of ``ntype``."""
+        return self._type_bounds[:, self.ntype_id(ntype)].copy()
+
+    def map_to_homo_nid(self, ids: Any, ntype: Any) -> IdArray:
+        """Homogeneous node IDs of per-type ``ids`` of ``ntype`` (vectorised)."""
+        t = self.ntype_id(ntype)
+        tid = as_id_array(ids)
+        tb = self._type_bounds[:, t]
+        part = self._owner(tid, tb, f"{self._ntypes[t]} node")
+        starts = self._type_starts[part * len(self._ntypes) + t]
+        out: IdArray = tid - tb[part] + starts
+        return out
+
+    def map_to_per_ntype(self, ids: Any) -> tuple[IdArray, IdArray]:
+        """``(ntype index, per-type ID)`` of homogeneous node ``ids``."""
+        hid = as_id_array(ids)
+        self._owner(hid, self._node_bounds, "node")
+        nt = len(self._ntypes)
+        flat = np.searchsorted(self._type_starts, hid, side="right").astype(np.int64) - 1
+        part, t = np.divmod(flat, nt)
+        return t, hid - self._type_starts[flat] + self._type_bounds[part, t]
+
     # --- wire form ----------------------------------------------------------------------
-    def to_dict(self) -> dict[str, list[int]]:
-        return {"node_bounds": self._node_bounds.tolist(), "edge_bounds": self._edge_bounds.tolist()}
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "node_bounds": self._node_bounds.tolist(),
+            "edge_bounds": self._edge_bounds.tolist(),
+        }
+        if self._hetero:
+            out["ntypes"] = list(self._ntypes)
+            out["canonical_etypes"] = [list(c) for c in self._canon]
+            out["ntype_counts"] = self._ntype_counts.tolist()
+            out["etype_counts"] = self._etype_counts.tolist()
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RangePartitionBook:
-        return cls(data["node_bounds"], data["edge_bounds"])
+        if "ntypes" not in data:
+            return cls(data["node_bounds"], data["edge_bounds"])
+        return cls(
+            data["node_bounds"],
+            data["edge_bounds"],
+            ntypes=[str(t) for t in data["ntypes"]],
+            canonical_etypes=[(str(c[0]), str(c[1]), str(c[2])) for c in data["canonical_etypes"]],
+            ntype_counts=data["ntype_counts"],
+            etype_counts=data["etype_counts"],
+        )
 
     def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, RangePartitionBook)
             and np.array_equal(self._node_bounds, other._node_bounds)
             and np.array_equal(self._edge_bounds, other._edge_bounds)
+            and self._ntypes == other._ntypes
+            and self._canon == other._canon
+            and np.array_equal(self._ntype_counts, other._ntype_counts)
         )
 
     def __hash__(self) -> int:

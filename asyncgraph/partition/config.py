@@ -41,11 +41,32 @@ class PartitionConfig(BaseModel):
     parts: list[PartSpec]
     node_feats: dict[str, TensorSpec] = Field(default_factory=dict)
     edge_feats: dict[str, TensorSpec] = Field(default_factory=dict)
+    #: ID mapping files (relative to the JSON file): ``orig_nids[new_id] == original_id``.
+    orig_nids: str | None = None
+    orig_eids: str | None = None
+    #: ``partition_graph``'s ``num_trainers_per_machine`` (node tensor ``trainer_id`` when > 1).
+    num_trainers_per_machine: int = 1
+    # Heterogeneous graphs only: type names, per-part per-type counts, which tensors each type has.
+    ntypes: list[str] | None = None
+    canonical_etypes: list[tuple[str, str, str]] | None = None
+    ntype_counts: list[list[int]] | None = None
+    etype_counts: list[list[int]] | None = None
+    ntype_feats: dict[str, list[str]] | None = None
+    etype_feats: dict[str, list[str]] | None = None
 
     def book(self) -> RangePartitionBook:
         nb = [p.node_range[0] for p in self.parts] + [self.parts[-1].node_range[1]]
         eb = [p.edge_range[0] for p in self.parts] + [self.parts[-1].edge_range[1]]
-        return RangePartitionBook(nb, eb)
+        if self.ntypes is None:
+            return RangePartitionBook(nb, eb)
+        return RangePartitionBook(
+            nb,
+            eb,
+            ntypes=self.ntypes,
+            canonical_etypes=self.canonical_etypes,
+            ntype_counts=self.ntype_counts,
+            etype_counts=self.etype_counts,
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> PartitionConfig:

@@ -3,6 +3,8 @@
 ::
 
     out/<graph_name>.json               PartitionConfig
+    out/orig_nids.npy                   int64 [num_nodes]: original ID of every new node ID
+    out/orig_eids.npy                   int64 [num_edges]: original ID of every new edge ID
     out/part<p>/indptr.npy              int64 [n_owned + 1]
     out/part<p>/indices.npy             int64 [e_owned], global source IDs
     out/part<p>/eids.npy                int64 [e_owned], global edge IDs
@@ -15,7 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PartFiles", "config_file", "part_dir_name"]
+__all__ = ["ORIG_EIDS_FILE", "ORIG_NIDS_FILE", "PartFiles", "config_file", "part_dir_name"]
+
+#: The ID mappings ``partition_graph`` writes beside the config (``orig_nids[new] == old``).
+ORIG_NIDS_FILE = "orig_nids.npy"
+ORIG_EIDS_FILE = "orig_eids.npy"
 
 
 def config_file(out: Path, graph_name: str) -> Path:

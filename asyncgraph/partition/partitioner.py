@@ -11,13 +11,18 @@ Pipeline (all vectorised numpy, no Python loop over nodes or edges):
    ``eids`` are ``edge_start + arange``;
 4. write ``<graph_name>.json`` plus ``part<p>/`` folders (``asyncgraph.partition.layout``)
    into a temporary sibling folder that is renamed into place only when everything is written.
+   The folder's name carries the writer's pid and host; a run removes the temporary folders
+   that killed runs on this host left behind (their pid is gone), and the CLI turns SIGTERM
+   into an exception so its own temporary folder is removed on the way out.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
+import socket
 import sys
 import time
 import uuid
@@ -30,10 +35,12 @@ import numpy as np
 
 from asyncgraph.errors import InvalidRequestError
 from asyncgraph.graph import Graph
+from asyncgraph.hetero import HeteroGraph
+from asyncgraph.names import ETYPE, NTYPE, TYPE_EID
 from asyncgraph.partition.assign import METHODS, assign_parts, balance_categories
 from asyncgraph.partition.book import IdArray
 from asyncgraph.partition.config import PartitionConfig, PartSpec, TensorSpec
-from asyncgraph.partition.layout import PartFiles, config_file, part_dir_name
+from asyncgraph.partition.layout import ORIG_EIDS_FILE, ORIG_NIDS_FILE, PartFiles, config_file, part_dir_name
 
 __all__ = ["METHODS", "partition_graph"]
 
@@ -131,7 +138,7 @@ def _spec(arr: np.ndarray[Any, Any]) -> TensorSpec:
 
 @overload
 def partition_graph(
-    graph: Graph,
+    graph: Graph | HeteroGraph,
     graph_name: str,
     num_parts: int,
     out_path: str | os.PathLike[str],
@@ -142,12 +149,14 @@ def partition_graph(
     seed: int = ...,
     overwrite: bool = ...,
     progress: bool = ...,
+    num_hops: int = ...,
+    num_trainers_per_machine: int = ...,
 ) -> None: ...
 
 
 @overload
 def partition_graph(
-    graph: Graph,
+    graph: Graph | HeteroGraph,
     graph_name: str,
     num_parts: int,
     out_path: str | os.PathLike[str],
@@ -159,12 +168,14 @@ def partition_graph(
     seed: int = ...,
     overwrite: bool = ...,
     progress: bool = ...,
+    num_hops: int = ...,
+    num_trainers_per_machine: int = ...,
 ) -> tuple[IdArray, IdArray]: ...
 
 
 @overload
 def partition_graph(
-    graph: Graph,
+    graph: Graph | HeteroGraph,
     graph_name: str,
     num_parts: int,
     out_path: str | os.PathLike[str],
@@ -175,11 +186,13 @@ def partition_graph(
     seed: int = ...,
     overwrite: bool = ...,
     progress: bool = ...,
+    num_hops: int = ...,
+    num_trainers_per_machine: int = ...,
 ) -> tuple[IdArray, IdArray] | None: ...
 
 
 def partition_graph(
-    graph: Graph,
+    graph: Graph | HeteroGraph,
     graph_name: str,
     num_parts: int,
     out_path: str | os.PathLike[str],
@@ -190,6 +203,8 @@ def partition_graph(
     seed: int = 0,
     overwrite: bool = False,
     progress: bool = False,
+    num_hops: int = 1,
+    num_trainers_per_machine: int = 1,
 ) -> tuple[IdArray, IdArray] | None:
     """Partition ``graph`` into ``num_parts`` range-owned partitions written under ``out_path``.
 
@@ -197,11 +212,27 @@ def partition_graph(
     ``balance_ntypes`` categories evened to within one node per part, ``balance_edges`` in-edges
     per part to within 5% of the mean, both by repair passes after METIS) or ``"random"``
     (seeded balanced split). Each edge belongs to its destination's partition. With
-    ``return_mapping`` returns ``(orig_nids, orig_eids)`` (numpy int64): ``orig_nids[new] == old``.
+    ``return_mapping`` returns ``(orig_nids, orig_eids)`` (numpy int64): ``orig_nids[new] == old``;
+    the same arrays are always written as ``orig_nids.npy``/``orig_eids.npy`` beside the config
+    (named in it as ``orig_nids``/``orig_eids``), so CLI users can map results back too.
+
+    ``num_hops`` is DGL's halo depth: a partition here always holds every in-edge of its nodes
+    (sources as global IDs), which is DGL's 1 hop, and deeper layers are sampled from their owners,
+    so only ``num_hops=1`` is accepted. ``num_trainers_per_machine=T > 1`` (DGL's meaning) first
+    splits the graph into ``num_parts * T`` parts, then coalesces each run of ``T`` into one
+    partition, so each partition's IDs are ``T`` contiguous sub-ranges, one per trainer; the
+    sub-part of every node is stored as node tensor ``trainer_id`` (``part * T + local``, and of
+    every edge's destination as edge tensor ``trainer_id``), which ``node_split(...,
+    node_trainer_ids=g.ndata["trainer_id"])`` uses to give each trainer its own sub-range.
     Invalid arguments raise ``InvalidRequestError`` (a ``ValueError``) before anything is written;
     a failed run leaves ``out_path`` as it was.
     """
     # ---- validate everything before touching the disk ----
+    hetero: HeteroGraph | None = None
+    ntype = etype = None
+    if isinstance(graph, HeteroGraph):
+        hetero = graph
+        graph, ntype, etype = hetero.to_homogeneous()
     if not isinstance(graph, Graph):
         raise InvalidRequestError(f"graph must be an asyncgraph.graph.Graph, got {type(graph).__name__}")
     if not isinstance(graph_name, str) or not graph_name or "/" in graph_name or graph_name.startswith("."):
@@ -217,21 +248,63 @@ def partition_graph(
         raise InvalidRequestError(f"num_parts must be in [1, num_nodes={n}], got {num_parts}")
     if part_method not in METHODS:
         raise InvalidRequestError(f"unknown part_method {part_method!r}; expected one of {list(METHODS)}")
+    if isinstance(num_hops, bool) or not isinstance(num_hops, (int, np.integer)) or num_hops < 1:
+        raise InvalidRequestError(f"num_hops must be a positive int, got {num_hops!r}")
+    if num_hops != 1:
+        raise InvalidRequestError(
+            f"num_hops={num_hops} is not supported: an asyncgraph partition keeps every in-edge of "
+            "its nodes (DGL's num_hops=1) and deeper layers are sampled from the nodes' owners at "
+            "training time, so no deeper halo is needed; pass num_hops=1 (the default)"
+        )
+    tpm = num_trainers_per_machine
+    if isinstance(tpm, bool) or not isinstance(tpm, (int, np.integer)) or tpm < 1:
+        raise InvalidRequestError(f"num_trainers_per_machine must be an int >= 1, got {tpm!r}")
+    tpm = int(tpm)
+    if num_parts * tpm > n:
+        raise InvalidRequestError(
+            f"num_parts * num_trainers_per_machine = {num_parts * tpm} exceeds num_nodes={n}"
+        )
+    reserved = [k for k in ("trainer_id",) if tpm > 1 and (k in graph.ndata or k in graph.edata)]
+    if reserved:
+        raise InvalidRequestError(
+            "num_trainers_per_machine > 1 writes the tensor 'trainer_id'; the graph already has one"
+        )
+    if hetero is not None and int(num_trainers_per_machine) > 1:
+        raise InvalidRequestError(
+            "num_trainers_per_machine > 1 is not supported for heterogeneous graphs yet: "
+            "partition with 1 and use node_split(..., ntype=) per trainer"
+        )
+    if ntype is not None and balance_ntypes is None:
+        balance_ntypes = ntype  # even every node type across partitions
     categories = balance_categories(balance_ntypes, n)
     out = Path(out_path)
     _check_out_path(out, overwrite)
 
     stage = _Stages(progress)
     # ---- 1. node -> partition ----
-    parts = assign_parts(graph, num_parts, part_method, categories, balance_edges, seed, stage)
+    sub_parts = assign_parts(graph, num_parts * tpm, part_method, categories, balance_edges, seed, stage)
+    ndata = dict(graph.ndata)
+    edata = dict(graph.edata)
+    if tpm > 1:  # relabelling by sub-part keeps each partition's trainers' ranges contiguous
+        ndata["trainer_id"] = sub_parts
+        edata["trainer_id"] = sub_parts[graph.dst]
+    parts = sub_parts
 
     # ---- 2./3. relabel nodes and edges ----
     with stage("relabelling"):
-        small = parts.astype(np.int16 if num_parts < 2**15 else np.int64)
+        small = parts.astype(np.int16 if num_parts * tpm < 2**15 else np.int64)
         del parts
-        orig_nids = np.argsort(small, kind="stable").astype(np.int64, copy=False)  # radix for int16
         node_bounds = np.zeros(num_parts + 1, dtype=np.int64)
-        np.cumsum(np.bincount(small, minlength=num_parts), out=node_bounds[1:])
+        np.cumsum(np.bincount(small // tpm, minlength=num_parts), out=node_bounds[1:])
+        num_t = 1 if hetero is None else len(hetero.ntypes)
+        if ntype is not None:  # nodes of one type contiguous inside each partition: sort by (part, type)
+            small = small.astype(np.int64) * num_t + ntype  # (tpm == 1 for heterogeneous graphs)
+        orig_nids = np.argsort(small, kind="stable").astype(np.int64, copy=False)  # radix for int16
+        type_counts = (
+            np.bincount(small, minlength=num_parts * num_t).reshape(num_parts, num_t)
+            if ntype is not None
+            else None
+        )
         del small
         new_id = np.empty(n, dtype=np.int64)
         new_id[orig_nids] = np.arange(n, dtype=np.int64)
@@ -243,10 +316,30 @@ def partition_graph(
         np.cumsum(in_deg, out=indptr[1:])
         del in_deg
         edge_bounds = indptr[node_bounds]
+    etype_counts = None
+    if hetero is not None and ntype is not None and etype is not None:
+        num_r = len(hetero.canonical_etypes)
+        et_new = etype[orig_eids]
+        edge_part = np.repeat(np.arange(num_parts, dtype=np.int64), np.diff(edge_bounds))
+        etype_counts = np.bincount(edge_part * num_r + et_new, minlength=num_parts * num_r).reshape(
+            num_parts, num_r
+        )
+        # per-type edge ID of every edge (new order), stored in old-ID order like any edge tensor
+        first = np.zeros(num_r + 1, dtype=np.int64)
+        order = np.argsort(et_new, kind="stable")
+        np.cumsum(np.bincount(et_new, minlength=num_r), out=first[1:])
+        rank = np.empty(orig_eids.size, dtype=np.int64)
+        rank[order] = np.arange(orig_eids.size, dtype=np.int64) - first[et_new[order]]
+        type_eid = np.empty(orig_eids.size, dtype=np.int64)
+        type_eid[orig_eids] = rank
+        ndata[NTYPE] = ntype
+        edata[ETYPE] = etype
+        edata[TYPE_EID] = type_eid
 
     # ---- 4. write into a temporary sibling, then rename into place ----
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:12]}"
+    remove_stale_temp(out)
+    tmp = out.parent / _temp_name(out, "tmp")
     try:
         tmp.mkdir()
         specs: list[PartSpec] = []
@@ -260,9 +353,9 @@ def partition_graph(
                 np.save(files.indptr, indptr[n0 : n1 + 1] - e0)
                 np.save(files.indices, new_src[e0:e1])
                 np.save(files.eids, np.arange(e0, e1, dtype=np.int64))
-                for name, arr in graph.ndata.items():
+                for name, arr in ndata.items():
                     _write_rows(files.node_feat(name), arr, orig_nids[n0:n1])
-                for name, arr in graph.edata.items():
+                for name, arr in edata.items():
                     _write_rows(files.edge_feat(name), arr, orig_eids[e0:e1])
             specs.append(PartSpec(part_id=p, node_range=(n0, n1), edge_range=(e0, e1), path=part_dir_name(p)))
         del new_src, indptr
@@ -273,18 +366,77 @@ def partition_graph(
             num_parts=num_parts,
             part_method=part_method,
             parts=specs,
-            node_feats={k: _spec(v) for k, v in graph.ndata.items()},
-            edge_feats={k: _spec(v) for k, v in graph.edata.items()},
+            node_feats={k: _spec(v) for k, v in ndata.items()},
+            edge_feats={k: _spec(v) for k, v in edata.items()},
+            orig_nids=ORIG_NIDS_FILE,
+            orig_eids=ORIG_EIDS_FILE,
+            num_trainers_per_machine=tpm,
         )
+        np.save(tmp / ORIG_NIDS_FILE, orig_nids)
+        np.save(tmp / ORIG_EIDS_FILE, orig_eids)
+        if hetero is not None and etype_counts is not None and type_counts is not None:
+            config.ntypes = hetero.ntypes
+            config.canonical_etypes = hetero.canonical_etypes
+            config.ntype_counts = type_counts.tolist()
+            config.etype_counts = etype_counts.tolist()
+            config.ntype_feats = hetero.ntype_data_names()
+            config.etype_feats = hetero.etype_data_names()
         config_file(tmp, graph_name).write_text(config.model_dump_json(indent=2))
         with stage("committing"):
             _commit(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if return_mapping and hetero is not None and ntype is not None and etype is not None:
+        noff, eoff = hetero.node_offsets(), hetero.edge_offsets()
+        nt_new, et_new = ntype[orig_nids], etype[orig_eids]
+        nmap = {t: orig_nids[nt_new == i] - noff[i] for i, t in enumerate(hetero.ntypes)}
+        emap = {c: orig_eids[et_new == i] - eoff[i] for i, c in enumerate(hetero.canonical_etypes)}
+        return nmap, emap  # type: ignore[return-value]
     if return_mapping:
         return orig_nids, orig_eids
     return None
+
+
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)@(?P<host>.+)-[0-9a-f]{12}$")
+
+
+def _temp_name(out: Path, kind: str) -> str:
+    """A sibling folder name for ``out`` that says who wrote it (pid@host), so leftovers are known."""
+    return f".{out.name}.{kind}-{os.getpid()}@{socket.gethostname()}-{uuid.uuid4().hex[:12]}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temp(out: Path) -> list[Path]:
+    """Remove temporary siblings of ``out`` left by killed runs on this host; returns them."""
+    removed: list[Path] = []
+    if not out.parent.is_dir():
+        return removed
+    host = socket.gethostname()
+    for path in out.parent.glob(f".{glob_escape(out.name)}.*-*@*-*"):
+        m = _TEMP.match(path.name)
+        if m is None or m["name"] != out.name or m["host"] != host or not path.is_dir():
+            continue
+        if _pid_alive(int(m["pid"])):
+            continue  # a run in progress (or a live process that reused the pid: leave it)
+        shutil.rmtree(path, ignore_errors=True)
+        logger.info("removed %s left by a killed run", path)
+        removed.append(path)
+    return removed
+
+
+def glob_escape(name: str) -> str:
+    """``name`` with glob metacharacters escaped."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 def _commit(tmp: Path, out: Path) -> None:
@@ -292,7 +444,7 @@ def _commit(tmp: Path, out: Path) -> None:
     if not (out.exists() or out.is_symlink()):
         os.rename(tmp, out)
         return
-    trash = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
+    trash = out.parent / _temp_name(out, "old")
     os.rename(out, trash)
     try:
         os.rename(tmp, out)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,68 @@ class Partition:
         """Number of edges (in-edges of owned nodes) this partition owns."""
         return self.edge_range[1] - self.edge_range[0]
 
+    def __iter__(self) -> Iterator[Any]:
+        """Unpack like DGL's ``load_partition``: ``(graph, node_feats, edge_feats, gpb,
+        graph_name, ntypes, etypes)``; ``graph`` is this partition (its CSC arrays)."""
+        ntypes, etypes = homogeneous_types()
+        return iter(
+            (self, self.node_feats, self.edge_feats, self.book, self.config.graph_name, ntypes, etypes)
+        )
+
+
+def homogeneous_types() -> tuple[dict[str, int], dict[tuple[str, str, str], int]]:
+    """DGL's type dictionaries of a homogeneous graph: ``{"_N": 0}`` and ``{("_N", "_E", "_N"): 0}``."""
+    return {"_N": 0}, {("_N", "_E", "_N"): 0}
+
+
+def _read_config(cfg_path: Path) -> PartitionConfig:
+    """The config at ``cfg_path``, or ``InvalidRequestError`` saying why it cannot be read."""
+    if not cfg_path.is_file():
+        raise InvalidRequestError(f"partition config {cfg_path} does not exist")
+    try:
+        return PartitionConfig.load(cfg_path)
+    except ValueError as exc:  # pydantic.ValidationError is a ValueError
+        raise InvalidRequestError(f"partition config {cfg_path} is invalid: {exc}") from exc
+
+
+def load_partition_book(
+    part_config: str | os.PathLike[str], part_id: int = 0
+) -> tuple[RangePartitionBook, str, dict[str, int], dict[tuple[str, str, str], int]]:
+    """DGL's ``load_partition_book``: ``(gpb, graph_name, ntypes, etypes)`` from the config.
+
+    The book covers the whole graph (it does not depend on ``part_id``, which is checked only).
+    """
+    cfg_path = Path(part_config)
+    config = _read_config(cfg_path)
+    if isinstance(part_id, bool) or not isinstance(part_id, (int, np.integer)):
+        raise InvalidRequestError(f"part_id must be an int, got {type(part_id).__name__}")
+    if not 0 <= int(part_id) < config.num_parts:
+        raise OutOfRangeError(f"part_id {part_id} out of range [0, {config.num_parts}) for {cfg_path}")
+    ntypes, etypes = homogeneous_types()
+    return config.book(), config.graph_name, ntypes, etypes
+
+
+def load_partition_feats(
+    part_config: str | os.PathLike[str], part_id: int, load_nodes: bool = True, load_edges: bool = True
+) -> tuple[dict[str, np.ndarray[Any, Any]] | None, dict[str, np.ndarray[Any, Any]] | None]:
+    """DGL's ``load_partition_feats``: the owned rows of partition ``part_id``'s node and edge
+    tensors (memory-mapped), ``None`` for a side not asked for."""
+    part = load_partition(part_config, part_id)
+    return (part.node_feats if load_nodes else None, part.edge_feats if load_edges else None)
+
+
+def load_orig_ids(part_config: str | os.PathLike[str]) -> tuple[IdArray, IdArray]:
+    """The ``(orig_nids, orig_eids)`` mapping written beside the config (``orig_nids[new] == old``)."""
+    cfg_path = Path(part_config)
+    config = _read_config(cfg_path)
+    if config.orig_nids is None or config.orig_eids is None:
+        raise InvalidRequestError(f"{cfg_path} names no ID mapping (partitioned by an older asyncgraph)")
+    nids = _load(cfg_path.parent / config.orig_nids, mmap=False)
+    eids = _load(cfg_path.parent / config.orig_eids, mmap=False)
+    _check(cfg_path.parent / config.orig_nids, nids, "int64", (config.num_nodes,))
+    _check(cfg_path.parent / config.orig_eids, eids, "int64", (config.num_edges,))
+    return nids, eids
+
 
 def _load(path: Path, mmap: bool) -> np.ndarray[Any, Any]:
     """Load an ``.npy`` file (read-only memory map when ``mmap``), naming it when missing."""
@@ -83,16 +145,14 @@ def load_partition(part_config: str | os.PathLike[str], part_id: int, mmap: bool
     """Load partition ``part_id`` of the graph described by the JSON file ``part_config``.
 
     Arrays are read-only memory maps when ``mmap`` (the default), so several processes share
-    the page cache. Raises ``OutOfRangeError`` for a bad ``part_id`` and ``InvalidRequestError``
-    when a file is missing or disagrees with the config.
+    the page cache. The result also unpacks like DGL's ``load_partition``: ``graph, node_feats,
+    edge_feats, gpb, graph_name, ntypes, etypes = load_partition(part_config, part_id)`` (tensor
+    dictionaries keyed by plain names, ``"feat"``, where DGL writes ``"_N/feat"``). Raises ``OutOfRangeError``
+    for a bad ``part_id`` and ``InvalidRequestError`` when a file is missing or disagrees with
+    the config.
     """
     cfg_path = Path(part_config)
-    if not cfg_path.is_file():
-        raise InvalidRequestError(f"partition config {cfg_path} does not exist")
-    try:
-        config = PartitionConfig.load(cfg_path)
-    except ValueError as exc:  # pydantic.ValidationError is a ValueError
-        raise InvalidRequestError(f"partition config {cfg_path} is invalid: {exc}") from exc
+    config = _read_config(cfg_path)
     if isinstance(part_id, bool) or not isinstance(part_id, (int, np.integer)):
         raise InvalidRequestError(f"part_id must be an int, got {type(part_id).__name__}")
     part_id = int(part_id)

@@ -149,6 +149,8 @@ class ServerHello:
     part_id: int
     nonce: bytes
     auth_required: bool
+    instance: str = ""  # new at every server start: a change tells a client the server restarted
+    epoch: int = 0  # the server's state epoch (its last snapshot); 0 without a state folder
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,11 +183,14 @@ _HANDSHAKE_FIELDS: dict[str, tuple[type[Any], dict[str, tuple[type, ...]]]] = {
             "part_id": (int,),
             "nonce": (bytes,),
             "auth_required": (bool,),
+            "instance": (str,),
+            "epoch": (int,),
         },
     ),
     "client_hello": (ClientHello, {"version": (int,), "graph_name": (str,), "mac": (bytes, type(None))}),
     "hello_result": (HelloResult, {"ok": (bool,), "code": (str,), "message": (str,)}),
 }
+_OPTIONAL_FIELDS = frozenset({"instance", "epoch"})
 _HANDSHAKE_KIND: dict[type[Any], str] = {cls: kind for kind, (cls, _) in _HANDSHAKE_FIELDS.items()}
 
 
@@ -214,15 +219,17 @@ def decode_handshake(body: bytes | bytearray | memoryview) -> Handshake:
     if spec is None:
         raise ProtocolError(f"unknown handshake kind {kind!r}")
     cls, fields = spec
-    values: list[Any] = []
+    values: dict[str, Any] = {}
     for name, types in fields.items():
         if name not in obj:
+            if name in _OPTIONAL_FIELDS:
+                continue  # an older peer: the dataclass default stands
             raise ProtocolError(f"handshake {kind} lacks field {name!r}")
         value = obj[name]
         if type(value) not in types:
             raise ProtocolError(f"handshake {kind} field {name!r} has wrong type {type(value).__name__}")
-        values.append(value)
-    result: Handshake = cls(*values)
+        values[name] = value
+    result: Handshake = cls(**values)
     return result
 
 

@@ -17,15 +17,21 @@ import numpy as np
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError
 
 __all__ = [
+    "RETRYABLE_OPS",
+    "WRITE_OPS",
     "BarrierArgs",
     "CreateTensorArgs",
+    "DegreesArgs",
     "DeleteTensorArgs",
     "FindEdgesArgs",
     "Op",
     "PullArgs",
     "PushArgs",
     "SampleArgs",
+    "SampleEdgesArgs",
+    "SnapshotArgs",
     "SparseUpdateArgs",
+    "request_id",
 ]
 
 
@@ -37,6 +43,7 @@ class Op(enum.StrEnum):
     PUSH = "push"
     CREATE_TENSOR = "create_tensor"
     DELETE_TENSOR = "delete_tensor"
+    RELEASE_TENSORS = "release_tensors"
     LIST_TENSORS = "list_tensors"
     BARRIER = "barrier"
     SAMPLE = "sample"
@@ -45,6 +52,38 @@ class Op(enum.StrEnum):
     PING = "ping"
     SHUTDOWN = "shutdown"
     SPARSE_UPDATE = "sparse_update"
+    DEGREES = "degrees"
+    SAMPLE_EDGES = "sample_edges"
+    SNAPSHOT = "snapshot"
+
+
+#: Ops that change stored data: logged by a server's write-ahead log, and carrying an optional
+#: client request id (``"rid"``) so that a retry after a lost reply is applied once.
+WRITE_OPS = frozenset({Op.PUSH, Op.CREATE_TENSOR, Op.DELETE_TENSOR, Op.SPARSE_UPDATE})
+
+#: Ops a client may resend after reconnecting: reads, and writes that carry a request id.
+RETRYABLE_OPS = frozenset(
+    {Op.INFO, Op.PULL, Op.LIST_TENSORS, Op.SAMPLE, Op.FIND_EDGES, Op.STATS, Op.PING, Op.SNAPSHOT}
+    | {Op.DEGREES, Op.SAMPLE_EDGES}
+    | WRITE_OPS
+)
+
+
+def request_id(args: Mapping[str, Any], op: str) -> str | None:
+    """The optional client request id of a write (a non-empty str), or None."""
+    rid = args.get("rid")
+    if rid is None:
+        return None
+    if not isinstance(rid, str) or not rid or len(rid) > 128:
+        raise InvalidRequestError(f"{op}: argument 'rid' must be a non-empty str of at most 128 chars")
+    return rid
+
+
+def _edge_dir(args: Mapping[str, Any], op: str) -> str:
+    edge_dir = _get(args, op, "edge_dir", str)
+    if edge_dir not in ("in", "out"):
+        raise InvalidRequestError(f"{op}: edge_dir must be 'in' or 'out', got {edge_dir!r}")
+    return str(edge_dir)
 
 
 def _get(args: Mapping[str, Any], op: str, key: str, kind: type | tuple[type, ...]) -> Any:
@@ -108,6 +147,8 @@ class CreateTensorArgs:
     shape: list[int]
     dtype: str
     init: dict[str, Any] | None = None
+    #: Non-persistent tensors: the client handle holding a reference (see ``ReleaseTensorsArgs``).
+    holder: str | None = None
 
     @classmethod
     def decode(cls, args: Mapping[str, Any]) -> CreateTensorArgs:
@@ -123,16 +164,45 @@ class CreateTensorArgs:
             raise InvalidRequestError(f"create_tensor: policy must be 'node' or 'edge', got {policy!r}")
         if not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
             raise InvalidRequestError(f"create_tensor: shape must be a list of ints, got {shape!r}")
-        return cls(name, policy, shape, dtype, init)
+        holder = args.get("holder")
+        if holder is not None and not isinstance(holder, str):
+            raise InvalidRequestError("create_tensor: argument 'holder' must be a string or nil")
+        return cls(name, policy, shape, dtype, init, holder)
 
     def encode(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name,
             "policy": self.policy,
             "shape": self.shape,
             "dtype": self.dtype,
             "init": self.init,
         }
+        if self.holder is not None:
+            out["holder"] = self.holder
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseTensorsArgs:
+    """Drop references ``holder`` took by creating non-persistent tensors: one per name in
+    ``names`` (a name may repeat), or all of them when ``all``. A tensor whose last reference goes
+    is deleted with its optimizer state."""
+
+    holder: str
+    names: list[str]
+    all: bool = False
+
+    @classmethod
+    def decode(cls, args: Mapping[str, Any]) -> ReleaseTensorsArgs:
+        op = Op.RELEASE_TENSORS
+        names = _get(args, op, "names", list)
+        if not all(isinstance(n, str) for n in names):
+            raise InvalidRequestError("release_tensors: 'names' must be a list of strings")
+        every = _get(args, op, "all", bool) if "all" in args else False
+        return cls(_get(args, op, "holder", str), names, bool(every))
+
+    def encode(self) -> dict[str, Any]:
+        return {"holder": self.holder, "names": self.names, "all": self.all}
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,3 +305,77 @@ class SparseUpdateArgs:
 
     def encode(self) -> dict[str, Any]:
         return {"name": self.name, "ids": self.ids, "grads": self.grads, "spec": self.spec}
+
+
+@dataclass(frozen=True, slots=True)
+class DegreesArgs:
+    """In-degrees of owned ``ids``, or this partition's out-edge counts of ``ids``; None: all."""
+
+    ids: np.ndarray | None
+    edge_dir: str
+
+    @classmethod
+    def decode(cls, args: Mapping[str, Any]) -> DegreesArgs:
+        op = Op.DEGREES
+        ids = _ids(args, op) if args.get("ids") is not None else None
+        return cls(ids, _edge_dir(args, op))
+
+    def encode(self) -> dict[str, Any]:
+        return {"ids": self.ids, "edge_dir": self.edge_dir}
+
+
+@dataclass(frozen=True, slots=True)
+class SampleEdgesArgs:
+    """Sampling with options: direction, edge weights (an edge tensor's name), excluded edge IDs."""
+
+    seeds: np.ndarray
+    fanout: int
+    edge_dir: str = "in"
+    replace: bool = False
+    seed: int | None = None
+    prob: str | None = None
+    exclude: np.ndarray | None = None
+    # Heterogeneous graphs: a fanout per edge type (index = the type's position in the book's
+    # canonical_etypes); each seed gets up to that many in-edges of each type.
+    etype_fanouts: np.ndarray | None = None
+
+    @classmethod
+    def decode(cls, args: Mapping[str, Any]) -> SampleEdgesArgs:
+        op = Op.SAMPLE_EDGES
+        base = SampleArgs.decode(args)
+        prob = args.get("prob")
+        if prob is not None and not isinstance(prob, str):
+            raise InvalidRequestError(f"{op}: prob must be an edge tensor name or nil")
+        exclude = _ids(args, op, "exclude") if args.get("exclude") is not None else None
+        fanouts = _ids(args, op, "etype_fanouts") if args.get("etype_fanouts") is not None else None
+        edge_dir = _edge_dir(args, op)
+        return cls(base.seeds, base.fanout, edge_dir, base.replace, base.seed, prob, exclude, fanouts)
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "seeds": self.seeds,
+            "fanout": self.fanout,
+            "edge_dir": self.edge_dir,
+            "replace": self.replace,
+            "seed": self.seed,
+            "prob": self.prob,
+            "exclude": self.exclude,
+            "etype_fanouts": self.etype_fanouts,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotArgs:
+    """Write a snapshot of this server's state as ``epoch`` (every server gets the same one)."""
+
+    epoch: int
+
+    @classmethod
+    def decode(cls, args: Mapping[str, Any]) -> SnapshotArgs:
+        epoch = _get(args, Op.SNAPSHOT, "epoch", int)
+        if epoch < 1:
+            raise InvalidRequestError(f"snapshot: epoch must be positive, got {epoch}")
+        return cls(epoch)
+
+    def encode(self) -> dict[str, Any]:
+        return {"epoch": self.epoch}

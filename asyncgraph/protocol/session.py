@@ -48,7 +48,10 @@ from asyncgraph.protocol.messages import (
     new_nonce,
 )
 
-__all__ = ["ClientSession", "ServerSession", "SessionState"]
+__all__ = ["HANDSHAKE_MAX_FRAME_SIZE", "ClientSession", "ServerSession", "SessionState"]
+
+HANDSHAKE_MAX_FRAME_SIZE: int = 16 * 1024
+"""Largest frame a server accepts before the hello succeeded (a client hello is ~100 bytes)."""
 
 Pieces = list[bytes | memoryview]
 
@@ -151,7 +154,7 @@ class _Session:
 class ServerSession(_Session):
     """The server's side: sends its hello first, checks the client's, then yields requests."""
 
-    __slots__ = ("_secret", "client_hello", "graph_name", "nonce", "part_id")
+    __slots__ = ("_full_max_frame_size", "_secret", "client_hello", "graph_name", "nonce", "part_id")
 
     def __init__(
         self,
@@ -161,15 +164,27 @@ class ServerSession(_Session):
         secret: bytes | None,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         nonce: bytes | None = None,
+        instance: str = "",
+        epoch: int = 0,
     ) -> None:
-        """The server hello is queued at once: write ``data_to_send()`` when the client connects."""
-        super().__init__(max_frame_size, SessionState.AWAIT_CLIENT_HELLO)
+        """The server hello is queued at once: write ``data_to_send()`` when the client connects.
+
+        Until the client hello is accepted frames are limited to ``HANDSHAKE_MAX_FRAME_SIZE``
+        (an unauthenticated peer cannot make the server allocate more); ``max_frame_size``
+        applies from then on. ``instance`` (new at each server start) and ``epoch`` (its state
+        epoch) let a reconnecting client tell a restarted server, and one that lost state, from
+        the old one.
+        """
+        super().__init__(min(max_frame_size, HANDSHAKE_MAX_FRAME_SIZE), SessionState.AWAIT_CLIENT_HELLO)
+        self._full_max_frame_size = max_frame_size
         self.graph_name = graph_name
         self.part_id = part_id
         self.nonce = new_nonce() if nonce is None else nonce
         self._secret = secret
         self.client_hello: ClientHello | None = None
-        hello = ServerHello(PROTOCOL_VERSION, graph_name, part_id, self.nonce, secret is not None)
+        hello = ServerHello(
+            PROTOCOL_VERSION, graph_name, part_id, self.nonce, secret is not None, instance, epoch
+        )
         self._out.append(encode_handshake(hello))
 
     def buffer_updated(self, nbytes: int) -> list[ServerEvent]:
@@ -221,6 +236,7 @@ class ServerSession(_Session):
             self.state = _CLOSED
             return ConnectionFailed(error_from_code(result.code, result.message))
         self.client_hello = hello
+        self._reader.max_frame_size = self._full_max_frame_size
         self.state = _READY
         return HandshakeComplete(hello)
 
@@ -233,10 +249,22 @@ class ServerSession(_Session):
         return super()._fail(exc)
 
     def send_response(self, request_id: int, result: Any) -> Pieces:
-        """Pieces answering ``request_id`` with ``result``; TypeError/OverflowError if unencodable."""
+        """Pieces answering ``request_id`` with ``result``; TypeError/OverflowError if unencodable.
+
+        A reply over ``max_frame_size`` raises FrameTooLargeError instead of being sent (the
+        peer's reader would refuse it and lose its place in the stream): answer that request
+        with ``send_error`` and the connection stays usable.
+        """
         if self.state is not _READY:
             raise ProtocolError(f"cannot answer request {request_id}: session is {self.state.value}")
-        return encode_message(Response(request_id, result))
+        pieces = encode_message(Response(request_id, result))
+        size = frame_size(pieces) - LENGTH_PREFIX.size
+        if size > self._full_max_frame_size:
+            raise FrameTooLargeError(
+                f"the reply to request {request_id} is {size} bytes, over the maximum frame size "
+                f"{self._full_max_frame_size}; ask for less per call"
+            )
+        return pieces
 
     def send_error(self, request_id: int, exc: BaseException) -> Pieces:
         """Pieces reporting ``exc`` for ``request_id`` as ``(code, message)``."""

@@ -1,19 +1,31 @@
-"""``python -m asyncgraph.server``: serve one partition of a partitioned graph."""
+"""``python -m asyncgraph.server``: serve one partition of a partitioned graph.
+
+Exit status: 0 after SIGTERM, SIGINT or a ``shutdown`` request (a requested, clean stop: the
+listener, shared memory and store are closed first); 2 for bad options; 1 for a start-up
+error; a server killed by any other signal dies of it (the launcher reports 128 + N).
+
+Limits (see ``asyncgraph.server.admission`` and ``asyncgraph.service.limits``):
+``--handshake-timeout`` (5 s), a 16 KiB frame limit until the hello succeeds,
+``--max-pending-connections`` (128 still in their handshake), ``--max-frame-size`` (1 GiB,
+which also bounds a pull's rows x row bytes), ``--max-sampled-edges`` (8 Mi per request),
+``--max-tensor-bytes`` (one tensor's rows here; default physical memory).
+"""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import logging
 import sys
 from pathlib import Path
 
+from asyncgraph.cli import CliError, Parser, configure_logging, part_config_checked, run_main
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
+from asyncgraph.server.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_PENDING
 from asyncgraph.server.app import ServerOptions, serve
+from asyncgraph.service.limits import DEFAULT_MAX_SAMPLED_EDGES
 
 
-def parse_args(argv: list[str] | None = None) -> ServerOptions:
-    parser = argparse.ArgumentParser(prog="python -m asyncgraph.server", description=__doc__)
+def build_parser() -> Parser:
+    parser = Parser(prog="python -m asyncgraph.server", description=__doc__)
     parser.add_argument("--part-config", type=Path, required=True, help="the partition JSON file")
     parser.add_argument("--part-id", type=int, required=True, help="which partition to serve")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -21,21 +33,98 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
     parser.add_argument("--num-clients", type=int, default=1, help="trainer clients in barriers")
     parser.add_argument("--secret-file", type=Path, help="shared secret clients must prove")
     parser.add_argument("--ready-file", type=Path, help="write the bound address here (JSON)")
-    parser.add_argument("--max-frame-size", type=int, default=DEFAULT_MAX_FRAME_SIZE)
-    parser.add_argument("--max-inflight", type=int, default=64, help="async requests per connection")
+    parser.add_argument(
+        "--max-frame-size",
+        type=int,
+        default=DEFAULT_MAX_FRAME_SIZE,
+        help=f"largest frame accepted from a client, bytes (default {DEFAULT_MAX_FRAME_SIZE})",
+    )
+    parser.add_argument(
+        "--max-inflight", type=int, default=64, help="async requests (barriers) pending per connection"
+    )
+    parser.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=DEFAULT_HANDSHAKE_TIMEOUT,
+        help="seconds a new connection has to complete its hello",
+    )
+    parser.add_argument(
+        "--max-pending-connections",
+        type=int,
+        default=DEFAULT_MAX_PENDING,
+        help="connections still in their handshake; new ones beyond this are closed at once",
+    )
+    parser.add_argument(
+        "--max-sampled-edges",
+        type=int,
+        default=DEFAULT_MAX_SAMPLED_EDGES,
+        help="most edges one sample request may return",
+    )
+    parser.add_argument(
+        "--max-tensor-bytes",
+        type=int,
+        default=0,
+        help="most bytes of one tensor's rows on this server (0: physical memory)",
+    )
     parser.add_argument("--no-shared-memory", action="store_true", help="serve over TCP only")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (0: a free port, written to the "
+        "ready file as metrics_port and logged); default: no metrics",
+    )
+    parser.add_argument(
+        "--metrics-host", default="0.0.0.0", help="address for the metrics endpoint (default 0.0.0.0)"
+    )
+    parser.add_argument(
+        "--state-dir", type=Path, help="keep snapshots (and the WAL) here; restore from it on start"
+    )
+    parser.add_argument("--wal", action="store_true", help="log every acknowledged write (needs --state-dir)")
+    parser.add_argument(
+        "--wal-fsync",
+        choices=("always", "interval"),
+        default="always",
+        help="always: fsync before each reply (survives power loss); interval: fsync every "
+        "--wal-fsync-interval s (survives a process crash; a power loss may lose that interval)",
+    )
+    parser.add_argument(
+        "--wal-fsync-interval",
+        type=float,
+        default=0.05,
+        help="seconds between fsyncs with --wal-fsync interval",
+    )
+    parser.add_argument(
+        "--snapshot-interval",
+        type=float,
+        default=0.0,
+        help="also snapshot this server every S seconds when it was written to (0: only on request)",
+    )
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> ServerOptions:
+    """Options from the command line; bad input raises ``CliError`` or exits 2 (argparse)."""
+    parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.num_clients < 1:
         parser.error("--num-clients must be at least 1")
+    if not 0 <= ns.port <= 65535 or (ns.metrics_port is not None and not 0 <= ns.metrics_port <= 65535):
+        parser.error("ports must be in 0..65535")
+    part_config_checked(ns.part_config, ns.part_id)
+    if ns.secret_file is not None and not ns.secret_file.is_file():
+        raise CliError(f"--secret-file {ns.secret_file} does not exist")
+    if (ns.wal or ns.snapshot_interval) and ns.state_dir is None:
+        parser.error("--wal and --snapshot-interval need --state-dir")
+    if not ns.handshake_timeout > 0:
+        parser.error("--handshake-timeout must be positive")
+    if ns.max_sampled_edges < 0 or ns.max_tensor_bytes < 0:
+        parser.error("--max-sampled-edges and --max-tensor-bytes must be >= 0")
+    if ns.max_pending_connections < 1:
+        parser.error("--max-pending-connections must be at least 1")
     secret = ns.secret_file.read_bytes().strip() if ns.secret_file else None
     if secret is not None and not secret:
-        parser.error(f"--secret-file {ns.secret_file} is empty")
-    logging.basicConfig(
-        level=ns.log_level.upper(),
-        format=f"%(asctime)s server[{ns.part_id}] %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+        raise CliError(f"--secret-file {ns.secret_file} is empty")
+    configure_logging(ns.log_level, f"server[{ns.part_id}]")
     return ServerOptions(
         part_config=ns.part_config,
         part_id=ns.part_id,
@@ -47,18 +136,34 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         max_frame_size=ns.max_frame_size,
         max_inflight=ns.max_inflight,
         shared_memory=not ns.no_shared_memory,
+        metrics_port=ns.metrics_port,
+        metrics_host=ns.metrics_host,
+        state_dir=ns.state_dir,
+        wal=ns.wal,
+        wal_fsync=ns.wal_fsync,
+        wal_fsync_interval=ns.wal_fsync_interval,
+        snapshot_interval=ns.snapshot_interval,
+        handshake_timeout=ns.handshake_timeout,
+        max_pending_connections=ns.max_pending_connections,
+        max_sampled_edges=ns.max_sampled_edges,
+        max_tensor_bytes=ns.max_tensor_bytes,
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    options = parse_args(argv)
-    try:
-        import uvloop
+def main(argv: list[str] | None = None) -> int:
+    """Serve until stopped; bad arguments or files: one line on stderr and status 2."""
 
-        uvloop.run(serve(options))
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
-        asyncio.run(serve(options))
+    def run() -> None:
+        options = parse_args(argv)
+        try:
+            import uvloop
+
+            uvloop.run(serve(options))
+        except ImportError:  # pragma: no cover - uvloop is a dependency on Linux and macOS
+            asyncio.run(serve(options))
+
+    return run_main("python -m asyncgraph.server", run)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

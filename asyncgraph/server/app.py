@@ -10,14 +10,22 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from asyncgraph.errors import AsyncGraphError
 from asyncgraph.malloc import retain_large_allocations
 from asyncgraph.partition import load_partition
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
+from asyncgraph.server.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_PENDING, Admission
+from asyncgraph.server.durable import DurableState, FsyncPolicy
 from asyncgraph.server.handlers import RequestHandlers
 from asyncgraph.server.transport import ServerConnection
+from asyncgraph.service.limits import DEFAULT_MAX_SAMPLED_EDGES, WorkLimits
 from asyncgraph.storage.fdpass import FdExporter
 from asyncgraph.storage.store import PartitionStore
+
+if TYPE_CHECKING:
+    from asyncgraph.server.metrics import ServerMetrics
 
 log = logging.getLogger("asyncgraph.server")
 
@@ -36,6 +44,19 @@ class ServerOptions:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_inflight: int = 64
     shared_memory: bool = True
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
+    max_pending_connections: int = DEFAULT_MAX_PENDING
+    max_sampled_edges: int = DEFAULT_MAX_SAMPLED_EDGES
+    max_tensor_bytes: int = 0  # 0: the machine's physical memory
+    #: Serve Prometheus metrics on this port (0: a free one, reported in the ready file and
+    #: the log); None: no metrics.
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
+    state_dir: Path | None = None
+    wal: bool = False
+    wal_fsync: FsyncPolicy = "always"
+    wal_fsync_interval: float = 0.05
+    snapshot_interval: float = 0.0
 
 
 class GraphServer:
@@ -46,9 +67,14 @@ class GraphServer:
         self.store: PartitionStore | None = None
         self.exporter: FdExporter | None = None
         self.handlers: RequestHandlers | None = None
+        self.durable: DurableState | None = None
+        self._syncer: asyncio.Task[None] | None = None
+        self._snapshotter: asyncio.Task[None] | None = None
         self._server: asyncio.base_events.Server | None = None
         self._stopped = asyncio.Event()
         self.address: tuple[str, int] | None = None
+        self.metrics: ServerMetrics | None = None
+        self.connections: set[ServerConnection] = set()
 
     async def start(self) -> tuple[str, int]:
         opts = self.options
@@ -65,14 +91,61 @@ class GraphServer:
             self.exporter = FdExporter(self.store, label=f"{graph_name}.p{opts.part_id}")
             await self.exporter.start()
             shm_address, shm_token = self.exporter.address, self.exporter.token
+        if opts.state_dir is not None:
+            self.durable = DurableState(
+                opts.state_dir,
+                opts.part_id,
+                wal=opts.wal,
+                fsync=opts.wal_fsync,
+                fsync_interval=opts.wal_fsync_interval,
+            )
+        if opts.metrics_port is not None:
+            from asyncgraph.server.metrics import ServerMetrics
+
+            self.metrics = ServerMetrics(part_id=opts.part_id, store=lambda: self.store)
+            live = self.connections
+            self.metrics.watch(
+                inflight=lambda: sum(c.inflight for c in list(live)),
+                paused=lambda: sum(c.read_paused for c in list(live)),
+            )
+        metrics = self.metrics
         self.handlers = RequestHandlers(
             self.store,
             num_clients=opts.num_clients,
             shm_address=shm_address,
             shm_token=shm_token,
             on_shutdown=self.stop,
+            limits=WorkLimits.for_frame_size(
+                opts.max_frame_size,
+                max_sampled_edges=opts.max_sampled_edges,
+                max_tensor_bytes=opts.max_tensor_bytes,
+            ),
+            max_frame_size=opts.max_frame_size,
+            metrics=metrics,
+            durable=self.durable,
         )
         handlers = self.handlers
+        admission = Admission(
+            handshake_timeout=opts.handshake_timeout, max_pending=opts.max_pending_connections
+        )
+        connections = self.connections
+        if self.durable is not None:
+            base, replayed = self.durable.restore(self.store, handlers.replay)
+            log.info(
+                "state %s: restored snapshot epoch %d, replayed %d logged writes (WAL %s)",
+                self.durable.dir.path,
+                base,
+                replayed,
+                f"on, fsync {opts.wal_fsync}" if opts.wal else "off",
+            )
+            if handlers.partition.shm is not None and opts.wal:
+                # Writes through shared memory would bypass the log: co-located clients must
+                # send them to the server (reads still go through shared memory).
+                handlers.partition.shm["writes_via_server"] = True
+            if opts.snapshot_interval > 0:
+                self._snapshotter = asyncio.ensure_future(self._snapshot_periodically(opts.snapshot_interval))
+            if opts.wal and opts.wal_fsync == "interval":
+                self._syncer = asyncio.ensure_future(self._sync_periodically(opts.wal_fsync_interval))
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: ServerConnection(
@@ -82,6 +155,9 @@ class GraphServer:
                 secret=opts.secret,
                 max_frame_size=opts.max_frame_size,
                 max_inflight=opts.max_inflight,
+                metrics=metrics,
+                live=connections,
+                admission=admission,
             ),
             host=opts.host,
             port=opts.port,
@@ -98,12 +174,45 @@ class GraphServer:
             time.perf_counter() - t0,
             opts.num_clients,
         )
+        metrics_port = None
+        if metrics is not None and opts.metrics_port is not None:
+            metrics_port = metrics.start_http(opts.metrics_host, opts.metrics_port)
+            log.info("metrics on http://%s:%d/metrics", opts.metrics_host, metrics_port)
         if opts.ready_file is not None:
-            write_ready_file(opts.ready_file, self.address[0], self.address[1], opts.part_id)
+            write_ready_file(
+                opts.ready_file, self.address[0], self.address[1], opts.part_id, metrics_port=metrics_port
+            )
         return self.address
 
     def stop(self) -> None:
         self._stopped.set()
+
+    async def _snapshot_periodically(self, interval: float) -> None:
+        """``--snapshot-interval``: this server alone snapshots as its next epoch when written to.
+
+        Bounds the log's length and restart time; epochs taken this way are per server, so a
+        job-wide consistent point still comes from ``snapshot()`` (every server, one epoch).
+        """
+        served = -1
+        while self.durable is not None and self.store is not None and self.handlers is not None:
+            await asyncio.sleep(interval)
+            writes = self.handlers.writes
+            if self.durable is None or self.store is None or writes == served:
+                continue
+            try:
+                path = await self.durable.snapshot_async(self.store, self.durable.epoch + 1)
+            except (OSError, AsyncGraphError) as exc:
+                log.error("periodic snapshot failed (the log still holds every write): %s", exc)
+                continue
+            served = writes
+            log.info("periodic snapshot %s", path)
+
+    async def _sync_periodically(self, interval: float) -> None:
+        """``--wal-fsync interval``: fsync the log at least every ``interval`` seconds."""
+        while self.durable is not None:
+            await asyncio.sleep(interval)
+            if self.durable is not None:
+                self.durable.sync()
 
     async def serve_until_stopped(self) -> None:
         await self._stopped.wait()
@@ -113,6 +222,15 @@ class GraphServer:
         if self._server is not None:
             self._server.close()
             self._server = None
+        if self.metrics is not None:
+            self.metrics.stop_http()
+        for task in (self._syncer, self._snapshotter):
+            if task is not None:
+                task.cancel()
+        self._syncer = self._snapshotter = None
+        if self.durable is not None:
+            self.durable.close()
+            self.durable = None
         if self.exporter is not None:
             await self.exporter.close()
             self.exporter = None
@@ -122,10 +240,15 @@ class GraphServer:
         log.info("server stopped")
 
 
-def write_ready_file(path: Path, host: str, port: int, part_id: int) -> None:
-    """Atomically publish the bound address, for launchers and tests waiting on start-up."""
+def write_ready_file(
+    path: Path, host: str, port: int, part_id: int, *, metrics_port: int | None = None
+) -> None:
+    """Atomically publish the bound address (and metrics port), for launchers and tests."""
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"host": host, "port": port, "part_id": part_id, "pid": os.getpid()}))
+    info: dict[str, object] = {"host": host, "port": port, "part_id": part_id, "pid": os.getpid()}
+    if metrics_port is not None:
+        info["metrics_port"] = metrics_port
+    tmp.write_text(json.dumps(info))
     os.replace(tmp, path)
 
 

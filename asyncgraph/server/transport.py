@@ -10,6 +10,10 @@ Back-pressure: when the transport's write buffer passes its high-water mark, or 
 requests (barriers) are pending, the connection stops reading, so a client that floods the
 server (or stops reading its replies) waits in its own socket buffer instead of growing the
 server's memory.
+
+Logs: one ``key=value`` line per connection opened, closed and refused (auth or protocol
+failure), with the peer, so ``grep peer=10.0.0.7`` finds a client's whole story. Metrics (when
+the server has ``--metrics-port``): see ``server/metrics.py``.
 """
 
 from __future__ import annotations
@@ -18,11 +22,22 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable
-from typing import Any, cast
+from time import perf_counter
+from typing import TYPE_CHECKING, Any, cast
 
 from asyncgraph.errors import AsyncGraphError
-from asyncgraph.protocol import CONNECTION_ERROR_ID, ConnectionFailed, Request, ServerSession
+from asyncgraph.protocol import (
+    CONNECTION_ERROR_ID,
+    ConnectionFailed,
+    HandshakeComplete,
+    Request,
+    ServerSession,
+)
+from asyncgraph.server.admission import Admission
 from asyncgraph.server.handlers import RequestHandlers
+
+if TYPE_CHECKING:
+    from asyncgraph.server.metrics import ServerMetrics
 
 __all__ = ["CONNECTION_ERROR_ID", "ServerConnection"]
 
@@ -42,10 +57,24 @@ class ServerConnection(asyncio.BufferedProtocol):
         max_frame_size: int,
         max_inflight: int = 64,
         write_high_water: int = 64 << 20,
+        metrics: ServerMetrics | None = None,
+        live: set[ServerConnection] | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self._handlers = handlers
+        self._metrics = metrics
+        self._live = live if live is not None else set()
+        self._requests = 0
+        self._failure: str | None = None
+        self._admission = admission
+        self._handshake_timer: asyncio.TimerHandle | None = None
         self._session = ServerSession(
-            graph_name=graph_name, part_id=part_id, secret=secret, max_frame_size=max_frame_size
+            graph_name=graph_name,
+            part_id=part_id,
+            secret=secret,
+            max_frame_size=max_frame_size,
+            instance=handlers.instance,
+            epoch=handlers.epoch,
         )
         self._closed = False
         self._transport: asyncio.Transport | None = None
@@ -61,24 +90,56 @@ class ServerConnection(asyncio.BufferedProtocol):
         self._transport = tr = cast(asyncio.Transport, transport)
         peer = tr.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        if self._admission is not None:
+            self._handshake_timer = self._admission.admit(self.peer, self._handshake_expired)
+            if self._handshake_timer is None:
+                self._close()
+                return
         tr.set_write_buffer_limits(high=self._write_high_water)
+        self._live.add(self)
+        if self._metrics is not None:
+            self._metrics.connections_open += 1
+            self._metrics.connections_total += 1
+        log.info("connection open peer=%s open=%d", self.peer, len(self._live))
         tr.writelines(self._session.data_to_send())  # the server hello
+
+    @property
+    def inflight(self) -> int:
+        """Async requests (barriers) of this connection still waiting for their result."""
+        return len(self._inflight)
+
+    @property
+    def read_paused(self) -> bool:
+        """True while back-pressure holds this connection's further requests in its socket."""
+        return self._read_paused
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._session.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
         session = self._session
+        if self._metrics is not None:
+            self._metrics.bytes_in += nbytes
         for event in session.buffer_updated(nbytes):
             if self._closed:
                 return
             if type(event) is Request:
                 self._dispatch(event)
             elif type(event) is ConnectionFailed:
-                log.warning("closing connection from %s: %s", self.peer, event.error)
+                error = event.error
+                self._failure = type(error).__name__
+                kind = "auth" if error.code == "auth" else "protocol"
+                log.warning(
+                    "connection refused peer=%s reason=%s error=%s message=%r",
+                    self.peer, kind, self._failure, str(error),
+                )  # fmt: skip
+                if self._metrics is not None:
+                    self._metrics.connection_failures += 1
                 self._write(session.data_to_send())
                 self._close()
                 return
+            elif type(event) is HandshakeComplete:
+                self._end_handshake()
         out = session.data_to_send()
         if out:
             self._write(out)  # the hello result
@@ -89,6 +150,16 @@ class ServerConnection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self._session.close()
+        self._end_handshake()
+        if self in self._live:
+            self._live.discard(self)
+            if self._metrics is not None:
+                self._metrics.connections_open -= 1
+            reason = self._failure or (type(exc).__name__ if exc is not None else "eof")
+            log.info(
+                "connection closed peer=%s requests=%d reason=%s open=%d",
+                self.peer, self._requests, reason, len(self._live),
+            )  # fmt: skip
         for task in self._inflight:
             task.cancel()
 
@@ -100,46 +171,76 @@ class ServerConnection(asyncio.BufferedProtocol):
         self._write_paused = False
         self._update_reading()
 
+    # --- handshake deadline ---------------------------------------------------------------
+    def _end_handshake(self) -> None:
+        timer = self._handshake_timer
+        if timer is not None and self._admission is not None:
+            self._handshake_timer = None
+            self._admission.release(timer)
+
+    def _handshake_expired(self) -> None:
+        if self._handshake_timer is None or self._closed:
+            return
+        assert self._admission is not None
+        self._admission.timed_out += 1
+        log.warning(
+            "closing connection from %s: no hello within %g s", self.peer, self._admission.handshake_timeout
+        )
+        self._end_handshake()
+        self._close()
+
     # --- requests ---------------------------------------------------------------------------
     def _dispatch(self, request: Request) -> None:
+        self._requests += 1
+        metrics = self._metrics
+        t0 = perf_counter() if metrics is not None else 0.0
         try:
             result = self._handlers.lookup(request.op)(request.args)
         except Exception as exc:
             self._reply_error(request.id, exc)
+            if metrics is not None:
+                metrics.observe(request.op, False, t0)
             return
         if inspect.isawaitable(result):
-            task = asyncio.ensure_future(self._finish(request.id, result))
+            task = asyncio.ensure_future(self._finish(request.id, request.op, t0, result))
             self._inflight.add(task)
             task.add_done_callback(self._task_done)
             self._update_reading()
         else:
-            self._reply(request.id, result)
+            ok = self._reply(request.id, result)
+            if metrics is not None:
+                metrics.observe(request.op, ok, t0)
 
-    async def _finish(self, request_id: int, pending: Awaitable[Any]) -> None:
+    async def _finish(self, request_id: int, op: str, t0: float, pending: Awaitable[Any]) -> None:
         try:
             result = await pending
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self._reply_error(request_id, exc)
+            ok = False
         else:
-            self._reply(request_id, result)
+            ok = self._reply(request_id, result)
+        if self._metrics is not None:
+            self._metrics.observe(op, ok, t0)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
         self._update_reading()
 
     # --- replies --------------------------------------------------------------------------
-    def _reply(self, request_id: int, result: Any) -> None:
+    def _reply(self, request_id: int, result: Any) -> bool:
+        """Queue the result; False when it could not be encoded (an error went instead)."""
         self._handlers.requests_served += 1
         if self._closed:
-            return
+            return True
         try:
             pieces = self._session.send_response(request_id, result)
         except (TypeError, ValueError, OverflowError, AsyncGraphError) as exc:
             self._reply_error(request_id, exc, counted=True)
-            return
+            return False
         self._write(pieces)
+        return True
 
     def _reply_error(self, request_id: int, exc: BaseException, *, counted: bool = False) -> None:
         if not counted:
@@ -153,6 +254,8 @@ class ServerConnection(asyncio.BufferedProtocol):
     def _write(self, pieces: list[bytes | memoryview]) -> None:
         if self._closed or self._transport is None or self._transport.is_closing():
             return
+        if self._metrics is not None:
+            self._metrics.bytes_out += sum(p.nbytes if type(p) is memoryview else len(p) for p in pieces)
         self._transport.writelines(pieces)
 
     # --- flow control and closing ----------------------------------------------------------

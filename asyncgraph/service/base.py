@@ -7,7 +7,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from asyncgraph.protocol.ops import Op
+from asyncgraph.protocol.ops import Op, SampleEdgesArgs
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
 
@@ -44,7 +44,10 @@ class Partition(Protocol):
         """Whether ``op`` runs in this process (no round trip): such calls are awaited inline."""
         ...
 
-    async def pull(self, name: str, ids: np.ndarray) -> np.ndarray: ...
+    async def pull(self, name: str, ids: np.ndarray, row_bytes: int = 0) -> np.ndarray:
+        """Rows ``ids``; ``row_bytes`` (one row's size, if known) lets a remote partition split
+        a pull whose reply would not fit one frame."""
+        ...
 
     async def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str) -> None: ...
 
@@ -64,15 +67,36 @@ class Partition(Protocol):
 
     async def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
+    async def degrees(self, ids: np.ndarray | None, edge_dir: str) -> np.ndarray:
+        """In-degrees of owned ``ids``, or this partition's out-edge counts of ``ids`` (None: all)."""
+        ...
+
+    async def sample_edges(self, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
+        """``asyncgraph.kernels.edge_queries.sample_edges`` on this partition."""
+        ...
+
     async def sparse_update(
         self, name: str, ids: np.ndarray, grads: np.ndarray, spec: Mapping[str, Any]
     ) -> None: ...
 
     async def create_tensor(
-        self, name: str, policy: str, shape: list[int], dtype: str, init: dict[str, Any] | None
-    ) -> TensorMeta: ...
+        self,
+        name: str,
+        policy: str,
+        shape: list[int],
+        dtype: str,
+        init: dict[str, Any] | None,
+        holder: str | None = None,
+    ) -> tuple[TensorMeta, bool]:
+        """The tensor's meta and whether this call created it on this partition (``holder``:
+        non-persistent, reference counted by holder)."""
+        ...
 
     async def delete_tensor(self, name: str) -> None: ...
+
+    async def release_tensors(self, holder: str, names: list[str], every: bool = False) -> list[str]:
+        """Drop ``holder``'s references to non-persistent tensors; returns the names deleted."""
+        ...
 
     async def list_tensors(self) -> list[TensorMeta]: ...
 

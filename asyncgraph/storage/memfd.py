@@ -164,4 +164,3 @@ class SharedArray:
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"fd={self._fd}"
         return f"SharedArray(shape={self.shape}, dtype={self.dtype}, {state})"
-

@@ -21,6 +21,7 @@ from asyncgraph.storage.memfd import memfd
 
 __all__ = ["LocalRWLock", "RWLock", "SharedRWLock"]
 
+
 class RWLock(Protocol):
     """What a store needs from a lock: shared reads and exclusive writes."""
 

@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from asyncgraph.arrays import WIRE_DTYPE_KINDS, check_rows
+from asyncgraph.arrays import check_rows
 from asyncgraph.errors import (
-    DTypeMismatchError,
     InvalidRequestError,
     ShapeMismatchError,
     TensorExistsError,
@@ -30,49 +28,18 @@ from asyncgraph.errors import (
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.storage import sharing
 from asyncgraph.storage.accumulate import scatter_add as _scatter_add
-from asyncgraph.storage.init import InitSpec, fill_init, validate_init
+from asyncgraph.storage.init import InitSpec, validate_init
 from asyncgraph.storage.memfd import SharedArray
 from asyncgraph.storage.meta import Policy, TensorMeta, check_policy
 from asyncgraph.storage.rwlock import LocalRWLock, RWLock, SharedRWLock
+from asyncgraph.storage.tensors import PendingTensor, StoredTensor, as_numpy, check_dtype
 
 if TYPE_CHECKING:
     from asyncgraph.partition.reader import Partition
 
-__all__ = ["InitSpec", "PartitionStore", "Policy", "TensorMeta", "validate_init"]
+__all__ = ["InitSpec", "PartitionStore", "PendingTensor", "Policy", "TensorMeta", "validate_init"]
 
 _STRUCTURE = ("indptr", "indices", "eids")
-_ALLOWED_DTYPE_KINDS = WIRE_DTYPE_KINDS
-
-
-# --- validation helpers -------------------------------------------------------------------
-def _check_dtype(dtype: Any, what: str) -> np.dtype[Any]:
-    """A native-endian numeric/bool dtype, or DTypeMismatchError."""
-    try:
-        dt = np.dtype(dtype)
-    except (TypeError, ValueError) as exc:
-        raise DTypeMismatchError(f"{what}: {dtype!r} is not a numpy dtype") from exc
-    if dt.kind not in _ALLOWED_DTYPE_KINDS or dt.fields is not None or dt.subdtype is not None:
-        raise DTypeMismatchError(f"{what}: dtype {dt} is not a numeric or bool dtype")
-    if not dt.isnative:
-        raise DTypeMismatchError(f"{what}: dtype {dt.str} is not in native byte order")
-    return cast("np.dtype[Any]", dt)
-
-
-def _as_numpy(x: Any) -> np.ndarray:
-    if hasattr(x, "detach") and hasattr(x, "numpy"):  # torch tensor, without importing torch
-        x = x.detach().cpu().numpy()
-    return np.asarray(x)
-
-
-@dataclass
-class _Tensor:
-    meta: TensorMeta
-    data: SharedArray | np.ndarray
-    start: int  # first owned global row
-
-    @property
-    def rows(self) -> np.ndarray:
-        return self.data.array if isinstance(self.data, SharedArray) else self.data
 
 
 class PartitionStore:
@@ -114,7 +81,7 @@ class PartitionStore:
         self._lock = lock
         self._shared = shared
         self._attached = attached
-        self._tensors: dict[str, _Tensor] = {}
+        self._tensors: dict[str, StoredTensor] = {}
         self._closed = False
 
     @staticmethod
@@ -144,7 +111,7 @@ class PartitionStore:
         """
         n_lo, n_hi = book.node_range(part_id)
         e_lo, e_hi = book.edge_range(part_id)
-        struct_in = {"indptr": _as_numpy(indptr), "indices": _as_numpy(indices), "eids": _as_numpy(eids)}
+        struct_in = {"indptr": as_numpy(indptr), "indices": as_numpy(indices), "eids": as_numpy(eids)}
         for key, arr in struct_in.items():
             if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
                 raise InvalidRequestError(f"{key} must be a 1-D integer array, got {arr.dtype} {arr.shape}")
@@ -163,8 +130,8 @@ class PartitionStore:
             ("edge", edge_feats, e_hi - e_lo, book.num_edges),
         ):
             for fname, feat in group.items():
-                arr = _as_numpy(feat)
-                _check_dtype(arr.dtype, f"{policy} feature {fname!r}")
+                arr = as_numpy(feat)
+                check_dtype(arr.dtype, f"{policy} feature {fname!r}")
                 if arr.ndim == 0 or arr.shape[0] != owned:
                     raise ShapeMismatchError(
                         f"{policy} feature {fname!r} has shape {arr.shape}; partition {part_id} owns "
@@ -197,7 +164,8 @@ class PartitionStore:
             for name, policy, arr in feats:
                 total = book.num_nodes if policy == "node" else book.num_edges
                 meta = TensorMeta(name, policy, (total, *arr.shape[1:]), np.dtype(arr.dtype).name)
-                t = store._new_tensor(meta)
+                t = store._allocate(meta)
+                store._tensors[name] = t
                 t.rows[...] = arr
         except BaseException:
             store.close()
@@ -222,8 +190,8 @@ class PartitionStore:
     def _owned(self, policy: Policy) -> tuple[int, int]:
         return self.node_range if policy == "node" else self.edge_range
 
-    def _new_tensor(self, meta: TensorMeta) -> _Tensor:
-        """Allocate zeroed local rows for ``meta`` and register it."""
+    def _allocate(self, meta: TensorMeta) -> StoredTensor:
+        """Zeroed local rows for ``meta``, not registered."""
         lo, hi = self._owned(meta.policy)
         local_shape = (hi - lo, *meta.shape[1:])
         data: SharedArray | np.ndarray
@@ -232,11 +200,11 @@ class PartitionStore:
             data = SharedArray.create(label, local_shape, meta.dtype)
         else:
             data = np.zeros(local_shape, dtype=meta.dtype)
-        return self._register(meta, data)
+        return StoredTensor(meta, data, lo)
 
-    def _register(self, meta: TensorMeta, data: SharedArray | np.ndarray) -> _Tensor:
+    def _register(self, meta: TensorMeta, data: SharedArray | np.ndarray) -> StoredTensor:
         """Make ``data`` (this partition's rows) tensor ``meta.name``."""
-        t = _Tensor(meta, data, self._owned(meta.policy)[0])
+        t = StoredTensor(meta, data, self._owned(meta.policy)[0])
         self._tensors[meta.name] = t
         return t
 
@@ -254,6 +222,21 @@ class PartitionStore:
 
         ``shape`` is GLOBAL: ``shape[0]`` must be the graph's num_nodes/num_edges for the policy.
         """
+        pending = self.begin_create(name, policy, shape, dtype, init)
+        if isinstance(pending, TensorMeta):
+            return pending
+        pending.fill()
+        return self.finish_create(pending)
+
+    def begin_create(
+        self, name: str, policy: Policy, shape: Sequence[int], dtype: str, init: InitSpec | None = None
+    ) -> TensorMeta | PendingTensor:
+        """Validate a create and allocate its rows unregistered (the existing meta if identical).
+
+        The caller runs ``PendingTensor.fill`` (anywhere: it touches only the new rows, so a
+        server runs a big init in a worker thread) and then ``finish_create``; until then the
+        tensor does not exist for anyone else.
+        """
         self._check_open()
         if self._attached:
             raise InvalidRequestError(
@@ -268,7 +251,7 @@ class PartitionStore:
             raise ShapeMismatchError(
                 f"tensor {name!r}: shape must be a sequence of integers, got {shape!r}"
             ) from exc
-        dt = _check_dtype(dtype, f"tensor {name!r}")
+        dt = check_dtype(dtype, f"tensor {name!r}")
         total = self.book.num_nodes if policy == "node" else self.book.num_edges
         if not shape_t or shape_t[0] != total or any(d < 0 for d in shape_t):
             raise ShapeMismatchError(
@@ -276,21 +259,37 @@ class PartitionStore:
                 f"in the graph ({total}) and have no negative dimensions"
             )
         meta = TensorMeta(name, policy, shape_t, dt.name)
-        existing = self._tensors.get(name)
+        existing = self._existing(meta)
         if existing is not None:
-            if existing.meta == meta:
-                return existing.meta
-            raise TensorExistsError(
-                f"tensor {name!r} exists as {_describe(existing.meta)}; requested {_describe(meta)}"
-            )
+            return existing
         spec = validate_init(init, dt)
-        t = self._new_tensor(meta)
+        return PendingTensor(self._allocate(meta), spec)
+
+    def finish_create(self, pending: PendingTensor) -> TensorMeta:
+        """Register a filled ``PendingTensor`` (or, if the same tensor appeared meanwhile, drop it)."""
+        t = pending.tensor
         try:
-            fill_init(t.rows, spec, t.start)
+            self._check_open()
+            existing = self._existing(t.meta)
         except BaseException:
-            self._drop(name)
+            pending.discard()
             raise
-        return meta
+        if existing is not None:
+            pending.discard()
+            return existing
+        self._tensors[t.meta.name] = t
+        return t.meta
+
+    def _existing(self, meta: TensorMeta) -> TensorMeta | None:
+        """The meta of tensor ``meta.name`` if it exists as ``meta``; TensorExistsError if otherwise."""
+        existing = self._tensors.get(meta.name)
+        if existing is None:
+            return None
+        if existing.meta == meta:
+            return existing.meta
+        raise TensorExistsError(
+            f"tensor {meta.name!r} exists as {_describe(existing.meta)}; requested {_describe(meta)}"
+        )
 
     def delete_tensor(self, name: str) -> None:
         """Delete a tensor and free its memory (co-located mappings stay valid until dropped)."""
@@ -307,7 +306,7 @@ class PartitionStore:
         if isinstance(t.data, SharedArray):
             t.data.close()
 
-    def _get(self, name: str) -> _Tensor:
+    def _get(self, name: str) -> StoredTensor:
         t = self._tensors.get(name)
         if t is None:
             self._check_open()
@@ -327,12 +326,16 @@ class PartitionStore:
     def has_tensor(self, name: str) -> bool:
         return name in self._tensors
 
+    def local_sizes(self) -> dict[str, tuple[int, int]]:
+        """``name -> (rows, bytes)`` this partition holds of each tensor (for metrics)."""
+        return {name: (t.rows.shape[0], t.rows.nbytes) for name, t in list(self._tensors.items())}
+
     # --- data access ------------------------------------------------------------------------
-    def _local_ids(self, t: _Tensor, ids: Any) -> np.ndarray:
+    def _local_ids(self, t: StoredTensor, ids: Any) -> np.ndarray:
         """Validate global IDs for tensor ``t`` and return int64 local row indices."""
         return self._check_rows(t, ids)[0]
 
-    def _check_rows(self, t: _Tensor, ids: Any, values: Any = None) -> tuple[np.ndarray, Any]:
+    def _check_rows(self, t: StoredTensor, ids: Any, values: Any = None) -> tuple[np.ndarray, Any]:
         meta = t.meta
         return check_rows(
             f"tensor {meta.name!r}",

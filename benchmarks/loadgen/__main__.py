@@ -1,5 +1,7 @@
 """``python -m benchmarks.loadgen``."""
 
+import sys
+
 from benchmarks.loadgen.cli import main
 
-main()
+sys.exit(main())

@@ -50,16 +50,28 @@ def own_servers(part_config: Path, num_parts: int, extra_args: list[str] | None 
         group.stop()
 
 
+def config_partitions(part_config: Path) -> int:
+    """How many partitions ``part_config`` has (each gets its own server)."""
+    from asyncgraph.cli import part_config_checked
+
+    return int(part_config_checked(part_config).num_parts)
+
+
 @contextmanager
 def cluster_for(args: argparse.Namespace, partitions: int) -> Iterator[Cluster]:
-    """Our own servers for ``partitions`` parts of ``--graph``, or the ``--ip-config`` servers."""
+    """The ``--ip-config`` servers; else our own: one per partition of ``--part-config``, or of
+    ``--graph`` cut into ``partitions`` parts (cached)."""
     if args.ip_config:
         from asyncgraph.client.ipconfig import IpConfig
 
         secret = args.secret_file.read_bytes().strip() if args.secret_file else None
         yield Cluster(IpConfig.load(args.ip_config).addresses(), secret, [], args.part_config)
         return
-    part_config = args.part_config or ensure_partitions(graph_npz(args), partitions)
+    if args.part_config:
+        part_config = args.part_config
+        partitions = config_partitions(part_config)
+    else:
+        part_config = ensure_partitions(graph_npz(args), partitions)
     extra = ["--max-inflight", str(args.server_max_inflight), "--log-level", "WARNING"]
     with own_servers(part_config, partitions, extra) as cluster:
         yield cluster

@@ -118,9 +118,10 @@ def saturation(points: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def save(data: dict[str, Any], name: str) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+def save(data: dict[str, Any], name: str, out: Path = RESULTS) -> Path:
+    """Write ``out/<name>.json`` (creating ``out``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
     path.write_text(json.dumps(data, indent=1, default=float))
     return path
 

@@ -3,7 +3,7 @@
 ``benchmarks.loadgen`` spawns ``--processes`` of these. Each opens its clients (one ``AsyncClient``
 per simulated client, so the servers see one connection per client and partition), waits for the
 common start, drives the request mix closed-loop or open-loop, sends cumulative counts to the
-parent every second and finally its histograms (bucket counts, merged by the parent).
+parent every second and finally its latency histograms (HDR, encoded; merged by the parent).
 
 Open loop is coordinated-omission-correct: request ``k`` of this process is *scheduled* at
 ``t0 + phase + k / rate`` and its latency is measured from that scheduled time, so a slow server
@@ -15,7 +15,6 @@ of being queued without limit.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 import traceback
 from collections.abc import Awaitable, Callable
@@ -23,78 +22,62 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from hdrh.histogram import HdrHistogram
 
 OPS = ("pull", "push", "sample")
 
-# HDR-style log buckets: 1 µs .. 100 s at 1% resolution.
-BUCKET_RATIO = 1.01
-MIN_LATENCY = 1e-6
-MAX_LATENCY = 100.0
-_LOG_RATIO = math.log(BUCKET_RATIO)
-NUM_BUCKETS = math.ceil(math.log(MAX_LATENCY / MIN_LATENCY) / _LOG_RATIO) + 1
+# Latencies are recorded in microseconds, 1 µs .. 1 h, at 3 significant digits (0.1%).
+HIST_UNIT_S = 1e-6
+HIST_MAX_US = 3_600_000_000
+HIST_DIGITS = 3
 LATE_AFTER_S = 0.010
 
 
 class LatencyHistogram:
-    """Log-bucketed latency counts (1% wide buckets); mergeable across processes."""
+    """Latency counts in an HDR histogram (the ``hdrhistogram`` library), mergeable across
+    processes through its compressed encoding. Values are seconds; stored as whole microseconds
+    at 3 significant digits, so a percentile is within 0.1% (or 1 µs) of the recorded value."""
 
-    def __init__(self) -> None:
-        self.counts = np.zeros(NUM_BUCKETS, dtype=np.int64)
-        self.max_s = 0.0
-        self.total = 0
+    def __init__(self, hist: HdrHistogram | None = None) -> None:
+        self.hist = hist if hist is not None else HdrHistogram(1, HIST_MAX_US, HIST_DIGITS)
 
-    @staticmethod
-    def bucket(seconds: float) -> int:
-        """Index of the bucket holding ``seconds``."""
-        if seconds <= MIN_LATENCY:
-            return 0
-        return min(int(math.log(seconds / MIN_LATENCY) / _LOG_RATIO), NUM_BUCKETS - 1)
+    @property
+    def total(self) -> int:
+        return int(self.hist.get_total_count())
 
-    @staticmethod
-    def upper_edge(index: int) -> float:
-        """Upper bound of bucket ``index`` (what a percentile in that bucket reports)."""
-        return float(MIN_LATENCY * BUCKET_RATIO ** (index + 1))
+    @property
+    def max_s(self) -> float:
+        return float(self.hist.get_max_value()) * HIST_UNIT_S if self.total else 0.0
 
     def record(self, seconds: float) -> None:
-        self.counts[self.bucket(seconds)] += 1
-        self.total += 1
-        if seconds > self.max_s:
-            self.max_s = seconds
+        self.hist.record_value(min(max(1, round(seconds * 1e6)), HIST_MAX_US))
 
     def merge(self, other: LatencyHistogram) -> None:
-        self.counts += other.counts
-        self.total += other.total
-        self.max_s = max(self.max_s, other.max_s)
+        self.hist.add(other.hist)
 
     def percentile(self, q: float) -> float:
-        """Latency at percentile ``q`` (0..100): the upper edge of its bucket, capped at the max."""
+        """Latency at percentile ``q`` (0..100), in seconds."""
         if self.total == 0:
             return float("nan")
-        rank = max(1, math.ceil(q / 100.0 * self.total))
-        index = int(np.searchsorted(np.cumsum(self.counts), rank))
-        return min(self.upper_edge(index), self.max_s)
+        return float(self.hist.get_value_at_percentile(q)) * HIST_UNIT_S
 
     def cdf(self) -> tuple[np.ndarray, np.ndarray]:
-        """(latency upper edges, cumulative fraction) over the non-empty buckets."""
-        nz = np.nonzero(self.counts)[0]
-        if nz.size == 0:
+        """(latency in seconds, cumulative fraction) at every recorded value."""
+        steps = [
+            (it.value_iterated_to, it.total_count_to_this_value) for it in self.hist.get_recorded_iterator()
+        ]
+        if not steps:
             return np.empty(0), np.empty(0)
-        frac = np.cumsum(self.counts[nz]) / max(self.total, 1)
-        edges = np.minimum(MIN_LATENCY * BUCKET_RATIO ** (nz + 1.0), self.max_s)
-        return edges, frac
+        values, counts = np.array(steps, dtype=np.float64).T
+        return values * HIST_UNIT_S, counts / max(self.total, 1)
 
     def to_dict(self) -> dict[str, Any]:
-        nz = np.nonzero(self.counts)[0]
-        return {"buckets": {int(i): int(self.counts[i]) for i in nz}, "max_s": self.max_s}
+        encoded = self.hist.encode()
+        return {"hdr": encoded.decode() if isinstance(encoded, bytes) else str(encoded)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LatencyHistogram:
-        hist = cls()
-        for index, count in data["buckets"].items():
-            hist.counts[int(index)] = int(count)
-        hist.total = int(hist.counts.sum())
-        hist.max_s = float(data["max_s"])
-        return hist
+        return cls(HdrHistogram.decode(data["hdr"]))
 
 
 @dataclass

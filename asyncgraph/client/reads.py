@@ -1,0 +1,104 @@
+"""The client's reads of tensor rows: the one pull path, with a per-tensor feature cache.
+
+``TensorReads`` is the part of ``AsyncClient`` that pulls rows (split by owner, each owner's
+share split again by a remote partition when it would not fit one frame) and answers the rows a
+``FeatureCache`` holds from this process's memory. A cache is built for read-only tensors only
+(``build_cache``); the client drops it on its own writes to the tensor (push, sparse_update,
+create, delete, release). ``Traffic`` (optional) counts what a pull cost over sockets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from asyncgraph.arrays import as_id_array
+from asyncgraph.protocol.ops import Op
+from asyncgraph.storage.store import TensorMeta
+
+from .cache import FeatureCache, Traffic, count_remote, meta_row_bytes
+from .catalog import TensorCatalog
+from .scatter import gather_rows, scatter, split_by_owner, take
+
+__all__ = ["TensorReads"]
+
+
+class TensorReads(TensorCatalog):
+    """Pulls of rows, and the feature caches they read from (a base of ``AsyncClient``)."""
+
+    async def pull(self, name: str, ids: Any) -> torch.Tensor:
+        """Rows ``ids`` (global, any order, duplicates allowed) of tensor ``name``."""
+        return torch.from_numpy(await self.pull_numpy(name, ids))
+
+    async def pull_numpy(self, name: str, ids: Any, traffic: Traffic | None = None) -> np.ndarray:
+        """Rows ``ids`` of ``name`` as numpy; served from the tensor's feature cache where it holds
+        them. ``traffic`` (optional) accumulates remote rows/bytes/requests and cache hits/misses."""
+        meta = await self.tensor_meta(name)
+        gids = as_id_array(ids)
+        cache = self._caches.get(name)
+        if cache is None:
+            return await self._pull_uncached(name, meta, gids, traffic)
+        hit, slot = cache.lookup(gids)
+        hits = int(np.count_nonzero(hit))
+        before = traffic.remote_rows if traffic is not None else 0
+        if hits == 0:
+            out = await self._pull_uncached(name, meta, gids, traffic)
+        else:
+            out = np.empty((gids.size, *meta.row_shape), dtype=meta.dtype)
+            out[hit] = cache.rows[slot[hit]]
+            if hits < gids.size:
+                miss = np.flatnonzero(~hit)
+                out[miss] = await self._pull_uncached(name, meta, gids[miss], traffic)
+        if traffic is not None:
+            traffic.cache_hits += hits
+            traffic.cache_misses += traffic.remote_rows - before
+        return out
+
+    async def _pull_uncached(
+        self, name: str, meta: TensorMeta, gids: np.ndarray, traffic: Traffic | None
+    ) -> np.ndarray:
+        parts = split_by_owner(self.book.owner(gids, meta.policy), self.num_partitions)
+        row_bytes = meta_row_bytes(meta)
+        if traffic is not None:
+            rows = count_remote(self.partitions, parts, Op.PULL, traffic)
+            traffic.remote_rows += rows
+            traffic.remote_bytes += rows * row_bytes
+        rows_by_part = await scatter(
+            self.partitions, parts, Op.PULL, lambda p, pos: p.pull(name, take(gids, pos), row_bytes)
+        )
+        return gather_rows(rows_by_part, gids.size, meta.row_shape, meta.dtype)
+
+    def remote_ids(self, policy: str = "node") -> np.ndarray:
+        """Global IDs owned by partitions reached over a socket (candidates for a feature cache)."""
+        book = self.book
+        ranges = []
+        for part in self.partitions:
+            if not part.runs_here(Op.PULL):
+                lo, hi = book.node_range(part.part_id) if policy == "node" else book.edge_range(part.part_id)
+                ranges.append(np.arange(lo, hi, dtype=np.int64))
+        return np.concatenate(ranges) if ranges else np.empty(0, np.int64)
+
+    # --- feature cache ------------------------------------------------------------------------
+    async def build_cache(self, name: str, ids: Any) -> FeatureCache:
+        """Cache rows ``ids`` of read-only tensor ``name`` in this process (replacing its cache).
+
+        Later pulls of ``name`` read cached rows here; this client's own writes to ``name`` drop
+        the cache. Only cache tensors no other process writes while the cache is in use.
+        """
+        meta = await self.tensor_meta(name)
+        gids = np.unique(as_id_array(ids))
+        self._caches.pop(name, None)
+        rows = await self._pull_uncached(name, meta, gids, None)
+        cache = FeatureCache(name, gids, np.ascontiguousarray(rows))
+        self._caches[name] = cache
+        return cache
+
+    def feature_cache(self, name: str) -> FeatureCache | None:
+        """The feature cache of tensor ``name``, if this client holds one."""
+        return self._caches.get(name)
+
+    def drop_cache(self, name: str) -> None:
+        """Forget the feature cache of tensor ``name`` (if any)."""
+        self._caches.pop(name, None)

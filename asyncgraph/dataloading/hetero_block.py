@@ -1,0 +1,181 @@
+"""Heterogeneous message-flow blocks (DGL's hetero ``to_block``) built from a typed sample.
+
+The block is made in the homogeneous ID space first (``to_block``: destinations are a prefix of
+the sources), then split by node type with the partition book: ``srcnodes[ntype]`` are the
+per-type IDs of that type's sources in order, so ``dstnodes[ntype]`` is again a prefix of
+``srcnodes[ntype]``. Each canonical edge type gets a homogeneous :class:`Block` in which the
+sources are ``dst nodes of dst type ++ src nodes of src type``, so any homogeneous layer
+(``SAGEConv``) applies to one relation unchanged with ``h_src = cat(h_dst[dtype], h_src[stype])``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from asyncgraph.partition.book import RangePartitionBook
+
+from .block import Block, to_block
+
+__all__ = ["HeteroBlock", "to_hetero_block"]
+
+CanonicalEType = tuple[str, str, str]
+
+
+def _type_local(types: np.ndarray, num_types: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Index of each entry among entries of its type, and the positions of each type (in order)."""
+    order = np.argsort(types, kind="stable")
+    counts = np.bincount(types, minlength=num_types)
+    first = np.zeros(num_types + 1, dtype=np.int64)
+    np.cumsum(counts, out=first[1:])
+    local = np.empty(types.size, dtype=np.int64)
+    local[order] = np.arange(types.size, dtype=np.int64) - first[types[order]]
+    return local, [order[first[t] : first[t + 1]] for t in range(num_types)]
+
+
+class HeteroBlock:
+    """One layer's typed bipartite graph: per-type node IDs and features, per-relation edges."""
+
+    def __init__(
+        self,
+        ntypes: list[str],
+        canonical_etypes: list[CanonicalEType],
+        srcnodes: dict[str, torch.Tensor],
+        dstnodes: dict[str, torch.Tensor],
+        edges: dict[CanonicalEType, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+        homo: Block,
+        src_pos: dict[str, np.ndarray] | None = None,
+    ) -> None:
+        self.ntypes, self.canonical_etypes = ntypes, canonical_etypes
+        self.srcnodes, self.dstnodes, self._edges = srcnodes, dstnodes, edges
+        self.homo = homo  # the same block in homogeneous IDs
+        # positions in homo.srcnodes of each type's sources (dst positions: the first ones)
+        self.src_pos = src_pos or {}
+        self.srcdata: dict[str, dict[str, torch.Tensor]] = {t: {} for t in ntypes}
+        self.dstdata: dict[str, dict[str, torch.Tensor]] = {t: {} for t in ntypes}
+        self._rel: dict[CanonicalEType, Block] = {}
+
+    def num_src_nodes(self, ntype: str) -> int:
+        return int(self.srcnodes[ntype].numel())
+
+    def num_dst_nodes(self, ntype: str) -> int:
+        return int(self.dstnodes[ntype].numel())
+
+    def num_edges(self, etype: CanonicalEType) -> int:
+        return int(self._edges[etype][0].numel())
+
+    def edges(self, etype: CanonicalEType) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(local src in srcnodes[stype], local dst in dstnodes[dtype], per-type edge IDs)``."""
+        return self._edges[etype]
+
+    def relation_block(self, etype: CanonicalEType) -> Block:
+        """A homogeneous block of one relation whose sources are ``dst[dtype] ++ src[stype]``."""
+        blk = self._rel.get(etype)
+        if blk is None:
+            s, _, d = etype
+            lsrc, ldst, eids = self._edges[etype]
+            nd = self.num_dst_nodes(d)
+            blk = Block(
+                srcnodes=torch.cat([self.dstnodes[d], self.srcnodes[s]]),
+                dstnodes=self.dstnodes[d],
+                edge_index=torch.stack([lsrc + nd, ldst]),
+                eids=eids,
+            )
+            self._rel[etype] = blk
+        return blk
+
+    def __repr__(self) -> str:
+        src = {t: self.num_src_nodes(t) for t in self.ntypes}
+        dst = {t: self.num_dst_nodes(t) for t in self.ntypes}
+        ne = {c[1]: self.num_edges(c) for c in self.canonical_etypes}
+        return f"HeteroBlock(num_src_nodes={src}, num_dst_nodes={dst}, num_edges={ne})"
+
+
+def to_hetero_block(
+    book: RangePartitionBook,
+    src: np.ndarray,
+    dst: np.ndarray,
+    etype: np.ndarray,
+    type_eid: np.ndarray,
+    dst_nodes: np.ndarray,
+) -> HeteroBlock:
+    """A :class:`HeteroBlock` from homogeneous sampled edges (``etype`` indexes the book's
+    canonical types, ``type_eid`` are per-type edge IDs) whose destinations are ``dst_nodes``."""
+    homo = to_block(src, dst, dst_nodes)
+    nt = len(book.ntypes)
+    s_types, s_ids = book.map_to_per_ntype(homo.srcnodes.numpy())
+    s_local, s_pos = _type_local(s_types, nt)
+    ndst = homo.num_dst_nodes
+    srcnodes: dict[str, torch.Tensor] = {}
+    dstnodes: dict[str, torch.Tensor] = {}
+    for t, name in enumerate(book.ntypes):
+        pos = s_pos[t]
+        srcnodes[name] = torch.from_numpy(s_ids[pos])
+        dstnodes[name] = torch.from_numpy(s_ids[pos[pos < ndst]])  # dst first in src: a prefix
+    lsrc_all = homo.edge_index[0].numpy()
+    ldst_all = homo.edge_index[1].numpy()
+    edges: dict[CanonicalEType, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    et = np.asarray(etype, dtype=np.int64)
+    teid = np.asarray(type_eid, dtype=np.int64)
+    for r, c in enumerate(book.canonical_etypes):
+        mask = et == r
+        edges[c] = (
+            torch.from_numpy(s_local[lsrc_all[mask]]),
+            torch.from_numpy(s_local[ldst_all[mask]]),
+            torch.from_numpy(teid[mask]),
+        )
+    src_pos = {name: s_pos[t] for t, name in enumerate(book.ntypes)}
+    return HeteroBlock(book.ntypes, book.canonical_etypes, srcnodes, dstnodes, edges, homo, src_pos)
+
+
+async def sample_and_pull_hetero(
+    aio: Any,
+    sampler: Any,
+    seeds: dict[str, Any],
+    batch_seed: int,
+    *,
+    node_feats: Sequence[str],
+    labels: str | None,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[HeteroBlock]]:
+    """Typed blocks for ``{ntype: ids}`` seeds (each layer's fanout an int or a dict by edge
+    type, honoured by the servers), then ``node_feats`` of the inputs into
+    ``blocks[0].srcdata[ntype]`` and ``labels`` of the seeds into ``blocks[-1].dstdata[ntype]``."""
+    from asyncgraph.distributed.hetero import etype_fanouts
+
+    book: RangePartitionBook = aio.book
+    current = homo_seeds(book, seeds)
+    blocks: list[HeteroBlock] = []
+    for layer, fanout in enumerate(reversed(sampler.etype_fanouts)):
+        out = await aio.sample_etypes(current, etype_fanouts(book, fanout), seed=batch_seed * 8 + layer + 1)
+        block = to_hetero_block(book, out["src"], out["dst"], out["etype"], out["type_eid"], current)
+        block.homo.csr()
+        blocks.append(block)
+        current = block.homo.srcnodes.numpy()
+    blocks.reverse()
+    first, last = blocks[0], blocks[-1]
+    pulls = [aio.pull(f"node:{name}", current) for name in node_feats]
+    output = last.homo.dstnodes.numpy()
+    if labels is not None:
+        pulls.append(aio.pull(f"node:{labels}", output))
+    tensors = await asyncio.gather(*pulls)
+    for name, rows in zip(node_feats, tensors[: len(node_feats)], strict=True):
+        for t, pos in first.src_pos.items():
+            first.srcdata[t][name] = rows[torch.from_numpy(pos)]
+    if labels is not None:
+        rows = tensors[-1]
+        for t, pos in last.src_pos.items():
+            last.dstdata[t][labels] = rows[torch.from_numpy(pos[pos < output.size])]
+    inputs = {t: first.srcnodes[t] for t in first.ntypes}
+    outputs = {t: last.dstnodes[t] for t in last.ntypes}
+    return inputs, outputs, blocks
+
+
+def homo_seeds(book: RangePartitionBook, seeds: dict[str, Any]) -> np.ndarray:
+    """Homogeneous IDs of ``{ntype: per-type IDs}``."""
+    from asyncgraph.distributed.hetero import seeds_to_homo
+
+    return seeds_to_homo(book, seeds)

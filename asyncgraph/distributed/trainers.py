@@ -1,0 +1,155 @@
+"""Trainer placement: the device and DDP backend of this trainer, and DGL's multi-GPU pattern.
+
+``trainer_device()`` / ``ddp_backend()`` read what the launcher (or :func:`spawn_trainers`)
+exported (``ASYNCGRAPH_DEVICE``, ``ASYNCGRAPH_DDP_BACKEND``), falling back to ``cuda:LOCAL_RANK``
+and nccl when CUDA is available, else ``cpu`` and gloo.
+
+``spawn_trainers(fn, nprocs, part_config)`` is the tutorial's ``torch.multiprocessing.spawn``
+over one machine's data: it starts one server per partition on loopback (ephemeral ports, a fresh
+secret), spawns ``nprocs`` trainers with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, their device and
+the servers' addresses in their environment, initialises asyncgraph and the DDP process group in
+each (unless ``initialize=False``), calls ``fn(rank, *args)``, and stops every server and removes
+its files afterwards, also when a trainer fails (the failure is re-raised).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asyncgraph.env import ENV_DDP_BACKEND, ENV_DEVICE, ENV_IP_CONFIG, ENV_PART_CONFIG, ENV_SECRET_FILE
+
+__all__ = ["ddp_backend", "spawn_trainers", "trainer_device"]
+
+
+def ddp_backend() -> str:
+    """The torch.distributed backend for this trainer: ``$ASYNCGRAPH_DDP_BACKEND``, else nccl/gloo."""
+    chosen = os.environ.get(ENV_DDP_BACKEND)
+    if chosen:
+        return chosen
+    return "nccl" if trainer_device().type == "cuda" else "gloo"
+
+
+def trainer_device() -> torch.device:
+    """This trainer's device: ``$ASYNCGRAPH_DEVICE``, else ``cuda:LOCAL_RANK`` (mod GPUs) or cpu."""
+    chosen = os.environ.get(ENV_DEVICE)
+    if chosen:
+        return torch.device(chosen)
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def _devices(device: str, nprocs: int) -> list[str]:
+    """One device string per rank for ``device`` = ``auto``, ``cpu`` or ``cuda``."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device == "auto":
+        device = "cuda" if gpus > 0 else "cpu"
+    if device == "cpu":
+        return ["cpu"] * nprocs
+    if device != "cuda":
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    if gpus == 0:
+        raise RuntimeError("spawn_trainers(device='cuda'): no CUDA device on this machine")
+    return [f"cuda:{rank % gpus}" for rank in range(nprocs)]
+
+
+def _trainer_main(
+    rank: int,
+    fn: Callable[..., Any],
+    env: dict[str, str],
+    devices: list[str],
+    initialize: bool,
+    args: tuple[Any, ...],
+) -> None:
+    """Entry point of one spawned trainer (module level, so ``spawn`` can pickle it)."""
+    os.environ.update(env)
+    os.environ.update(
+        {"RANK": str(rank), "LOCAL_RANK": str(rank), ENV_DEVICE: devices[rank], "ASYNCGRAPH_ROLE": "trainer"}
+    )
+    if "OMP_NUM_THREADS" not in os.environ:  # the machine's cores shared among its trainers
+        from asyncgraph.processes import omp_threads
+
+        torch.set_num_threads(omp_threads(os.cpu_count() or 1, len(devices)))
+    device = torch.device(devices[rank])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not initialize:
+        fn(rank, *args)
+        return
+    import torch.distributed as dist
+
+    import asyncgraph
+
+    asyncgraph.initialize()
+    try:
+        dist.init_process_group(env[ENV_DDP_BACKEND], rank=rank, world_size=int(env["WORLD_SIZE"]))
+        try:
+            fn(rank, *args)
+        finally:
+            dist.destroy_process_group()
+    finally:
+        asyncgraph.finalize()
+
+
+def spawn_trainers(
+    fn: Callable[..., Any],
+    nprocs: int,
+    part_config: str | Path,
+    args: Sequence[Any] = (),
+    *,
+    device: str = "auto",
+    initialize: bool = True,
+    ready_timeout: float = 60.0,
+    workdir: str | Path | None = None,
+) -> None:
+    """Serve ``part_config`` on this machine and run ``fn(rank, *args)`` in ``nprocs`` trainers.
+
+    ``fn`` must be picklable (a module-level function). ``device``: ``auto`` (one GPU per rank
+    when CUDA is available, else CPU), ``cpu`` or ``cuda``; the backend is nccl on CUDA, gloo on
+    CPU. With ``initialize`` each trainer has called ``asyncgraph.initialize()`` and
+    ``torch.distributed.init_process_group`` before ``fn`` (and tears both down after).
+    """
+    from torch.multiprocessing.spawn import spawn
+
+    from asyncgraph.partition.config import PartitionConfig
+    from asyncgraph.processes import free_port
+    from asyncgraph.testing import start_servers
+
+    if nprocs < 1:
+        raise ValueError(f"nprocs must be at least 1, got {nprocs}")
+    devices = _devices(device, nprocs)
+    part_config = Path(part_config).resolve()
+    num_parts = PartitionConfig.load(part_config).num_parts
+    own_dir = workdir is None
+    folder = Path(tempfile.mkdtemp(prefix="asyncgraph-spawn-")) if workdir is None else Path(workdir)
+    try:
+        secret = secrets.token_hex(32).encode()
+        group = start_servers(
+            part_config, folder, num_parts=num_parts, num_clients=nprocs, secret=secret, timeout=ready_timeout
+        )
+        try:
+            env = {
+                ENV_IP_CONFIG: str(group.ip_config()),
+                ENV_SECRET_FILE: str(folder / "secret"),
+                ENV_PART_CONFIG: str(part_config),
+                ENV_DDP_BACKEND: "nccl" if devices[0].startswith("cuda") else "gloo",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port()),
+                "WORLD_SIZE": str(nprocs),
+            }
+            spawn(  # type: ignore[no-untyped-call]
+                _trainer_main, args=(fn, env, devices, initialize, tuple(args)), nprocs=nprocs, join=True
+            )
+        finally:
+            group.stop()
+    finally:
+        if own_dir:
+            shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,169 @@
+"""Starting processes: server command lines, ready files, free ports, GPU and core counts,
+ssh wrapping and each trainer's ``OMP_NUM_THREADS``.
+
+Shared by the launcher (``asyncgraph.launch``), the test and benchmark helper
+(``asyncgraph.testing``) and ``asyncgraph.distributed.trainers``; nothing here keeps state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = [
+    "LOCAL_HOSTS",
+    "OMP_ENV",
+    "ServerExitedError",
+    "detect_gpus",
+    "free_port",
+    "local_cores",
+    "omp_threads",
+    "parse_gpus",
+    "server_argv",
+    "ssh_argv",
+    "wait_ready_files",
+]
+
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", socket.gethostname()}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """An ephemeral port free right now (for torch.distributed's rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def detect_gpus() -> int:
+    """CUDA devices visible on this host (0 without torch or CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def parse_gpus(value: str | None) -> int | None:
+    """``--num-gpus-per-host``: ``None`` (not given), ``auto`` (detected here) or a count >= 1.
+
+    Raises ``ValueError`` naming the problem for a bad count or ``auto`` without GPUs.
+    """
+    if value is None:
+        return None
+    if value == "auto":
+        found = detect_gpus()
+        if found == 0:
+            raise ValueError(
+                "--num-gpus-per-host auto: no CUDA device on this host; use --num-trainers for CPU trainers"
+            )
+        return found
+    try:
+        count = int(value)
+    except ValueError:
+        raise ValueError(f"--num-gpus-per-host must be 'auto' or an integer, got {value!r}") from None
+    if count < 1:
+        raise ValueError(f"--num-gpus-per-host must be at least 1 (or 'auto'), got {count}")
+    return count
+
+
+def server_argv(
+    part_config: Path,
+    part_id: int,
+    ready_file: Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    num_clients: int = 1,
+    secret_file: Path | None = None,
+    python: str = sys.executable,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """The command line of one partition's server (``python -m asyncgraph.server ...``)."""
+    argv = [
+        python, "-m", "asyncgraph.server",
+        "--part-config", str(part_config),
+        "--part-id", str(part_id),
+        "--host", host,
+        "--port", str(port),
+        "--num-clients", str(num_clients),
+        "--ready-file", str(ready_file),
+    ]  # fmt: skip
+    if secret_file is not None:
+        argv += ["--secret-file", str(secret_file)]
+    return [*argv, *extra_args]
+
+
+class ServerExitedError(RuntimeError):
+    """Server ``index`` exited with ``status`` before writing its ready file."""
+
+    def __init__(self, index: int, status: int) -> None:
+        super().__init__(f"server {index} exited with status {status} before it was ready")
+        self.index = index
+        self.status = status
+
+
+def wait_ready_files(
+    procs: Sequence[subprocess.Popen[bytes]], ready_files: Sequence[Path], timeout: float
+) -> list[tuple[str, int]]:
+    """Wait until every server has written its ready file; their ``(host, port)`` in order.
+
+    Raises :class:`ServerExitedError` when one exits first and ``TimeoutError`` after ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    addresses: list[tuple[str, int] | None] = [None] * len(procs)
+    while any(a is None for a in addresses):
+        for i, (proc, path) in enumerate(zip(procs, ready_files, strict=True)):
+            if addresses[i] is None and path.exists():
+                info = json.loads(path.read_text())
+                addresses[i] = (str(info["host"]), int(info["port"]))
+            code = proc.poll()
+            if code is not None and addresses[i] is None:
+                raise ServerExitedError(i, code)
+        if any(a is None for a in addresses):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"servers not ready after {timeout:g} s")
+            time.sleep(0.01)
+    return [a for a in addresses if a is not None]
+
+
+OMP_ENV = "OMP_NUM_THREADS"
+
+
+def omp_threads(cores: int, trainers_on_host: int) -> int:
+    """``OMP_NUM_THREADS`` for each of ``trainers_on_host`` trainers sharing ``cores`` cores.
+
+    Like torchrun, the launcher sets it (here to an even share, at least 1) unless the user did:
+    otherwise every trainer's torch starts one OpenMP thread per core and they oversubscribe.
+    """
+    return max(1, int(cores) // max(1, int(trainers_on_host)))
+
+
+def local_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the platform reports it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def ssh_argv(
+    host: str, argv: Sequence[str], env: dict[str, str], cwd: str, omp_share: int | None = None
+) -> list[str]:
+    """Wrap a command to run on ``host`` over ssh with the given environment.
+
+    With ``omp_share=N`` the remote shell sets ``OMP_NUM_THREADS`` to its ``nproc`` divided by
+    ``N`` (at least 1), the remote host's share for each of its ``N`` trainers.
+    """
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    omp = ""
+    if omp_share is not None:
+        n = max(1, int(omp_share))
+        omp = f"{OMP_ENV}=$(( $(nproc) / {n} > 1 ? $(nproc) / {n} : 1 )) "
+    command = f"cd {shlex.quote(cwd)} && {omp}env {exports} {shlex.join(argv)}"
+    return ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", host, command]

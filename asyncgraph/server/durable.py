@@ -1,0 +1,414 @@
+"""Durable server state: snapshots of every tensor and a write-ahead log of acknowledged writes.
+
+Layout of a server's state folder (``--state-dir DIR``; one sub-folder per partition)::
+
+    DIR/part<p>/snap-<epoch>/manifest.json   every tensor's meta, file, size and SHA-256; the
+    DIR/part<p>/snap-<epoch>/t<i>.bin        epoch; recent request ids. Raw C-order rows.
+    DIR/part<p>/wal-<epoch>.log              writes acknowledged after snapshot <epoch>
+
+A snapshot is written into ``snap-<epoch>.tmp`` (files fsynced, manifest last) and renamed into
+place, so a folder named ``snap-<epoch>`` is complete; a snapshot whose files do not match their
+checksums is skipped with a warning and the previous complete one is used. The two newest
+snapshots and the logs from the older one on are kept, so falling back loses nothing: replaying
+``wal-<e>`` for every ``e >=`` the restored epoch, in order, rebuilds every acknowledged write.
+
+A log record is ``crc32 (4 bytes, big endian) + one protocol frame`` (``encode_frame``: msgpack
+header, arrays as raw bytes, never pickle) holding ``{"op", "args", "rid"}``. Replay stops at the
+first torn or corrupt record (the tail a crash cut short) and truncates the log there.
+
+Fsync policy (``--wal-fsync``): ``always`` fsyncs the log before a write is acknowledged (survives
+power loss); ``interval`` fsyncs at most every ``fsync_interval`` seconds (an acknowledged write
+survives a process crash, ``kill -9`` included, since it is in the kernel's page cache, but up to
+that interval of writes may be lost on power loss or a kernel crash).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asyncgraph.errors import AsyncGraphError
+from asyncgraph.server.wal import FsyncPolicy, WriteAheadLog
+from asyncgraph.storage.store import PartitionStore, TensorMeta
+
+__all__ = [
+    "DurableState",
+    "FsyncPolicy",
+    "RequestLog",
+    "SnapshotError",
+    "StateDir",
+    "WriteAheadLog",
+    "read_snapshot",
+]
+
+log = logging.getLogger("asyncgraph.server")
+
+_FORMAT = 1
+
+
+class SnapshotError(AsyncGraphError):
+    """A state folder holds no usable snapshot (missing, incomplete or corrupt files)."""
+
+    code = "snapshot"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class RequestLog:
+    """Client request ids of applied non-idempotent writes, remembered for ``window`` seconds.
+
+    A retried write whose id is here was applied before (its reply was lost): it is acknowledged
+    again without being applied twice. Persisted with the WAL and the snapshot's manifest.
+    """
+
+    def __init__(self, window: float = 600.0, max_entries: int = 1 << 20) -> None:
+        self.window = window
+        self.max_entries = max_entries
+        self._seen: OrderedDict[str, float] = OrderedDict()
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._seen
+
+    def add(self, rid: str, when: float | None = None) -> None:
+        now = time.time() if when is None else when
+        self._seen[rid] = now
+        self._seen.move_to_end(rid)
+        cutoff = time.time() - self.window
+        while self._seen and (len(self._seen) > self.max_entries or next(iter(self._seen.values())) < cutoff):
+            self._seen.popitem(last=False)
+
+    def items(self) -> list[list[Any]]:
+        return [[rid, t] for rid, t in self._seen.items()]
+
+    def load(self, items: Any) -> None:
+        for rid, when in items:
+            self.add(str(rid), float(when))
+
+
+# --- snapshots ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Snapshot:
+    """A verified snapshot on disk."""
+
+    path: Path
+    epoch: int
+    manifest: dict[str, Any]
+
+
+def read_snapshot(path: Path, *, verify: bool = True) -> Snapshot:
+    """Read and (by default) checksum-verify one ``snap-<epoch>`` folder; SnapshotError if bad."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise SnapshotError(f"snapshot {path}: unreadable manifest ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
+        raise SnapshotError(f"snapshot {path}: not a format-{_FORMAT} manifest")
+    if verify:
+        for entry in manifest["tensors"]:
+            file = path / entry["file"]
+            try:
+                size = file.stat().st_size
+            except OSError:
+                raise SnapshotError(f"snapshot {path}: file {entry['file']} is missing") from None
+            if size != entry["nbytes"]:
+                raise SnapshotError(
+                    f"snapshot {path}: {entry['file']} has {size} bytes, manifest says {entry['nbytes']}"
+                )
+            if _sha256(file) != entry["sha256"]:
+                raise SnapshotError(
+                    f"snapshot {path}: checksum mismatch in {entry['file']} ({entry['name']})"
+                )
+    return Snapshot(path, int(manifest["epoch"]), manifest)
+
+
+@dataclass(frozen=True)
+class Captured:
+    """A point-in-time copy of a store's tensors and the remembered request ids."""
+
+    graph_name: str
+    part_id: int
+    copies: list[tuple[TensorMeta, np.ndarray]]
+    request_ids: list[list[Any]]
+
+
+def capture(store: PartitionStore, requests: RequestLog) -> Captured:
+    """Copy every tensor's rows under the store's read lock (co-located writers wait)."""
+    with store.lock.read():
+        copies = [(meta, np.array(store.local_rows(meta.name), copy=True)) for meta in store.list_tensors()]
+    return Captured(store.graph_name, store.part_id, copies, requests.items())
+
+
+class StateDir:
+    """One partition's snapshots and write-ahead logs under ``root/part<p>``."""
+
+    def __init__(self, root: Path, part_id: int) -> None:
+        self.path = Path(root) / f"part{part_id}"
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.part_id = part_id
+
+    def _epochs(self, prefix: str, suffix: str = "") -> list[int]:
+        out = []
+        for p in self.path.iterdir():
+            name = p.name
+            if name.startswith(prefix) and name.endswith(suffix) and not name.endswith(".tmp"):
+                core = name[len(prefix) : len(name) - len(suffix)]
+                if core.isdigit():
+                    out.append(int(core))
+        return sorted(out)
+
+    def snapshot_path(self, epoch: int) -> Path:
+        return self.path / f"snap-{epoch:08d}"
+
+    def wal_path(self, epoch: int) -> Path:
+        return self.path / f"wal-{epoch:08d}.log"
+
+    def snapshot_epochs(self) -> list[int]:
+        return self._epochs("snap-")
+
+    def wal_epochs(self) -> list[int]:
+        return self._epochs("wal-", ".log")
+
+    def latest_epoch(self) -> int:
+        """The newest epoch with a snapshot or a log (0 when empty)."""
+        return max([0, *self.snapshot_epochs(), *self.wal_epochs()])
+
+    # --- writing -------------------------------------------------------------------------
+    def write_snapshot(self, store: PartitionStore, epoch: int, requests: RequestLog) -> Path:
+        """Write every tensor's rows atomically as ``snap-<epoch>``; returns its folder."""
+        final = self.snapshot_path(epoch)
+        if final.exists():
+            read_snapshot(final)  # already taken (a retried SNAPSHOT): keep it if it verifies
+            return final
+        return self.write_captured(capture(store, requests), epoch)
+
+    def write_captured(self, captured: Captured, epoch: int) -> Path:
+        """Write captured rows as ``snap-<epoch>`` (temp folder, fsync, rename); no store access."""
+        final = self.snapshot_path(epoch)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        entries = []
+        for i, (meta, rows) in enumerate(captured.copies):
+            file = f"t{i}.bin"
+            raw = np.ascontiguousarray(rows).reshape(-1).view(np.uint8).data
+            with open(tmp / file, "wb") as fh:
+                fh.write(raw)
+                fh.flush()
+                os.fsync(fh.fileno())
+            entries.append(
+                {
+                    **meta.to_dict(),
+                    "file": file,
+                    "nbytes": int(rows.nbytes),
+                    "local_rows": int(rows.shape[0]),
+                    "sha256": hashlib.sha256(raw).hexdigest(),
+                }
+            )
+        manifest = {
+            "format": _FORMAT,
+            "graph_name": captured.graph_name,
+            "part_id": captured.part_id,
+            "epoch": epoch,
+            "created": time.time(),
+            "tensors": entries,
+            "request_ids": captured.request_ids,
+        }
+        with open(tmp / "manifest.json", "w") as fh:
+            json.dump(manifest, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        _fsync_dir(tmp)
+        os.rename(tmp, final)
+        _fsync_dir(self.path)
+        return final
+
+    def prune(self, keep_from_epoch: int) -> None:
+        """Delete snapshots older than the two newest and logs older than the older kept one."""
+        snaps = self.snapshot_epochs()
+        kept = snaps[-2:]
+        oldest = min(kept) if kept else keep_from_epoch
+        for e in snaps[:-2]:
+            shutil.rmtree(self.snapshot_path(e), ignore_errors=True)
+        for e in self.wal_epochs():
+            if e < oldest:
+                self.wal_path(e).unlink(missing_ok=True)
+        for p in self.path.glob("*.tmp"):
+            shutil.rmtree(p, ignore_errors=True)
+
+    # --- reading -------------------------------------------------------------------------
+    def latest_snapshot(self) -> Snapshot | None:
+        """The newest snapshot that verifies; older ones are tried in turn, with a warning each."""
+        epochs = self.snapshot_epochs()
+        errors = []
+        for e in reversed(epochs):
+            try:
+                return read_snapshot(self.snapshot_path(e))
+            except SnapshotError as exc:
+                log.warning("%s; trying an older snapshot", exc)
+                errors.append(str(exc))
+                bad = self.snapshot_path(e)
+                bad.rename(bad.with_name(f"{bad.name}.corrupt-{int(time.time())}"))
+        if epochs:
+            if 0 in self.wal_epochs():  # the full history is still logged: replay it all
+                log.warning("no snapshot verifies; replaying every write-ahead log from the start")
+                return None
+            raise SnapshotError(
+                f"state folder {self.path} has no usable snapshot and no complete log: " + "; ".join(errors)
+            )
+        return None
+
+
+def restore_rows(store: PartitionStore, snap: Snapshot) -> None:
+    """Make ``store`` hold exactly the snapshot's tensors and rows (partition files are the base)."""
+    manifest = snap.manifest
+    if manifest["graph_name"] != store.graph_name or manifest["part_id"] != store.part_id:
+        raise SnapshotError(
+            f"snapshot {snap.path} is of graph {manifest['graph_name']!r} partition {manifest['part_id']}, "
+            f"not graph {store.graph_name!r} partition {store.part_id}"
+        )
+    wanted = {e["name"] for e in manifest["tensors"]}
+    for meta in store.list_tensors():
+        if meta.name not in wanted:
+            store.delete_tensor(meta.name)
+    for entry in manifest["tensors"]:
+        meta = TensorMeta.from_dict(entry)
+        if store.has_tensor(meta.name) and store.tensor_meta(meta.name) != meta:
+            store.delete_tensor(meta.name)
+        store.create_tensor(meta.name, meta.policy, meta.shape, meta.dtype, None)
+        rows = store.local_rows(meta.name)
+        if rows.nbytes != entry["nbytes"]:
+            raise SnapshotError(
+                f"snapshot {snap.path}: tensor {meta.name!r} has {entry['nbytes']} bytes, "
+                f"this partition holds {rows.nbytes}"
+            )
+        data = np.fromfile(snap.path / entry["file"], dtype=meta.dtype).reshape(rows.shape)
+        with store.lock.write():
+            rows[...] = data
+
+
+class DurableState:
+    """A server's snapshots, write-ahead log and remembered request ids, in one state folder."""
+
+    def __init__(
+        self,
+        root: Path,
+        part_id: int,
+        *,
+        wal: bool,
+        fsync: FsyncPolicy = "always",
+        fsync_interval: float = 0.05,
+        requests: RequestLog | None = None,
+    ) -> None:
+        self.dir = StateDir(root, part_id)
+        self.use_wal = wal
+        self.fsync: FsyncPolicy = fsync
+        self.fsync_interval = fsync_interval
+        self.requests = requests if requests is not None else RequestLog()
+        self.epoch = 0
+        self.wal: WriteAheadLog | None = None
+        self._lock: asyncio.Lock | None = None
+
+    def restore(self, store: PartitionStore, apply: Any) -> tuple[int, int]:
+        """Load the newest verified snapshot, replay the logs after it with ``apply(op, args)``.
+
+        Returns ``(snapshot epoch, records replayed)`` and opens the log for new writes.
+        """
+        snap = self.dir.latest_snapshot()
+        base = 0
+        if snap is not None:
+            restore_rows(store, snap)
+            self.requests.load(snap.manifest.get("request_ids", []))
+            base = snap.epoch
+        replayed = 0
+        for e in self.dir.wal_epochs():
+            if e < base:
+                continue
+            for record in WriteAheadLog.records(self.dir.wal_path(e)):
+                apply(str(record["op"]), record["args"])
+                if record.get("rid"):
+                    self.requests.add(str(record["rid"]), float(record.get("t", time.time())))
+                replayed += 1
+        self.epoch = self.dir.latest_epoch()
+        if self.use_wal:
+            self.wal = WriteAheadLog(self.dir.wal_path(self.epoch), self.fsync, self.fsync_interval)
+        return base, replayed
+
+    def log(self, op: str, args: Mapping[str, Any], rid: str | None) -> None:
+        if self.wal is not None:
+            self.wal.append(op, args, rid)
+
+    async def snapshot_async(self, store: PartitionStore, epoch: int) -> Path:
+        """``snapshot`` with the files written on a worker thread, so requests keep being served.
+
+        The rows are copied and the new log started at once (on the event loop, so no write
+        falls between the two); a crash before the rename leaves the older snapshot plus both
+        logs, which a restore replays.
+        """
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if epoch < self.epoch:
+                raise SnapshotError(f"snapshot epoch {epoch} is older than this server's epoch {self.epoch}")
+            final = self.dir.snapshot_path(epoch)
+            if final.exists():
+                await asyncio.to_thread(read_snapshot, final)
+                return final
+            captured = capture(store, self.requests)
+            self._next_log(epoch)
+            path = await asyncio.to_thread(self.dir.write_captured, captured, epoch)
+            self.dir.prune(epoch)
+            return path
+
+    def _next_log(self, epoch: int) -> None:
+        if self.wal is not None:
+            self.wal.sync()
+        if epoch != self.epoch and self.use_wal:
+            old = self.wal
+            self.wal = WriteAheadLog(self.dir.wal_path(epoch), self.fsync, self.fsync_interval)
+            if old is not None:
+                old.close()
+        self.epoch = epoch
+
+    def snapshot(self, store: PartitionStore, epoch: int) -> Path:
+        """Write snapshot ``epoch`` and start its log (the previous logs are pruned later)."""
+        if epoch < self.epoch:
+            raise SnapshotError(f"snapshot epoch {epoch} is older than this server's epoch {self.epoch}")
+        path = self.dir.write_snapshot(store, epoch, self.requests)
+        self._next_log(epoch)
+        self.dir.prune(epoch)
+        return path
+
+    def sync(self) -> None:
+        if self.wal is not None:
+            self.wal.sync()
+
+    def close(self) -> None:
+        if self.wal is not None:
+            self.wal.close()
+            self.wal = None

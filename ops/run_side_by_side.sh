@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# DGL 2.1 and asyncgraph on the same graph, one after the other (never at the same time), same day.
+#   1. DGL's peer harness (../shared/peers/dgl/run_all.sh, large graph: 2^20 nodes, 10.58M edges)
+#   2. its results -> benchmarks/results/dgl_reference.json (benchmarks.dgl_reference)
+#   3. our partition, pull and train benchmarks on the very graph DGL's harness generated, with
+#      --dgl-results so they print same-day ratios
+# Needs the DGL venv of ../shared/peers/dgl/README.md under $DGLBENCH_ROOT. About 25-30 min.
+#   SKIP_DGL=1 reuses the newest DGL run of today; SKIP_GEN=1 is passed to the harness.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=${DGLBENCH_ROOT:?set DGLBENCH_ROOT (see ../shared/peers/dgl/README.md)}
+PEER=${DGL_PEER_DIR:-../shared/peers/dgl}
+PY=.venv/bin/python
+LOGS=benchmarks/results/logs
+mkdir -p "$LOGS" benchmarks/data
+if [ "${SKIP_DGL:-0}" != 1 ]; then
+  echo "== DGL harness"
+  bash "$PEER/run_all.sh" 2>&1 | tee "$LOGS/dgl_harness.log"
+fi
+RUN=$(find "$ROOT/results" -maxdepth 1 -name "large-$(date +%Y%m%d)-*" | sort | tail -1)
+$PY -m benchmarks.dgl_reference "$RUN" --out benchmarks/results/dgl_reference.json > /dev/null
+NPZ=benchmarks/data/dgl20.npz
+[ -f "$NPZ" ] || "$ROOT/venv/bin/python" "$PEER/to_npz.py" "$ROOT/data/large/graph.bin" "$NPZ"
+REF=(--dgl-results benchmarks/results/dgl_reference.json)
+run() { local name=$1; shift; echo "== $name: $*"; "$@" 2>&1 | tee "$LOGS/$name.log"; }
+run partition_bench_dgl20 $PY -m benchmarks.partition_bench --graph "$NPZ" --parts 2 \
+    --out benchmarks/results/partition_bench_dgl20.json
+run pull_bench_dgl20 $PY -m benchmarks.pull_bench --graph "$NPZ" "${REF[@]}" \
+    --out benchmarks/results/pull_bench_dgl20.json
+run train_bench_dgl20 $PY -m benchmarks.train_bench --graph "$NPZ" "${REF[@]}" \
+    --out benchmarks/results/train_bench_dgl20.json --png benchmarks/results/train_bench_dgl20.png
