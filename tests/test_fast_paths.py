@@ -381,9 +381,10 @@ def test_sage_sparse_path_matches_gather(agg: str, dtype: torch.dtype) -> None:
 
             conv.zero_grad()
             x_g = x.clone().requires_grad_(True)
-            slow = conv(block, x_g)
-            (slow * weights).sum().backward()
-            assert sp.call_count == 1, "sparse path taken for features that need grad"
+            with mock.patch.object(sage_mod, "SPMM_GRAD", False):  # the gather path, for reference
+                slow = conv(block, x_g)
+                (slow * weights).sum().backward()
+            assert sp.call_count == 1, "sparse path taken for features that need grad with SPMM_GRAD off"
             slow_grads = {n: p.grad.clone() for n, p in conv.named_parameters()}
 
         assert fast.dtype == slow.dtype == dtype
@@ -406,7 +407,8 @@ def test_sage_sparse_path_matches_gather(agg: str, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("agg", ["mean", "sum", "gcn", "max"])
 def test_sage_no_grad_matches_grad_lin_first(agg: str, dtype: torch.dtype) -> None:
-    """in_feats > out_feats (fc_neigh first): the sparse path runs under no_grad only."""
+    """in_feats > out_feats (fc_neigh first): CSR products under no_grad, and with grad (SPMM_GRAD)
+    equal to the gather path."""
     block = make_block(7)
     conv = make_conv(9, 4, agg, dtype, 7)
     x = torch.randn(block.num_src_nodes, 9, dtype=dtype)
@@ -414,8 +416,12 @@ def test_sage_no_grad_matches_grad_lin_first(agg: str, dtype: torch.dtype) -> No
         with torch.no_grad():
             fast = conv(block, x)
         assert sp.call_count == (0 if agg == "max" else 1)
-        slow = conv(block, x.clone().requires_grad_(True))
+        with mock.patch.object(sage_mod, "SPMM_GRAD", False):  # the gather path, for reference
+            slow = conv(block, x.clone().requires_grad_(True))
         assert sp.call_count == (0 if agg == "max" else 1)
+        slow_csr = conv(block, x.clone().requires_grad_(True))  # with grad through CSR products
+        assert sp.call_count == (0 if agg == "max" else 2)
+    torch.testing.assert_close(slow_csr.detach(), slow.detach(), **TOL[dtype])
     torch.testing.assert_close(fast, slow.detach(), **TOL[dtype])
     torch.testing.assert_close(fast, reference_sage(conv, block, x).to(dtype), **TOL[dtype])
 

@@ -244,3 +244,59 @@ async def test_big_sample_off_the_loop_equals_standalone(one_server: ServerGroup
     finally:
         await served.close()
         await alone.close()
+
+
+@pytest.mark.timeout(120)
+async def test_big_sample_with_carried_features_off_the_loop(one_server: ServerGroup, pubmed1) -> None:
+    """A sample big enough to run in a worker thread still carries its rows (read on the loop),
+    equal to the standalone sample and to the stored rows."""
+    from asyncgraph.server.handlers import OFFLOAD_SAMPLE_EDGES
+
+    served = await AsyncClient.connect(one_server.addresses, use_shared_memory=False)
+    alone = AsyncClient.standalone(pubmed1.part_config)
+    try:
+        seeds = np.arange(served.book.num_nodes, dtype=np.int64)
+        assert seeds.size * 30 > OFFLOAD_SAMPLE_EDGES
+        got = await served.sample_with_features(seeds, 30, ["node:feat", "node:label"], replace=True, seed=4)
+        want = await alone.sample_with_features(seeds, 30, ["node:feat", "node:label"], replace=True, seed=4)
+        for k in range(4):
+            np.testing.assert_array_equal(got[k], want[k])
+        np.testing.assert_array_equal(got.ids, np.unique(np.concatenate([seeds, got.src])))
+        np.testing.assert_array_equal(got.rows[0], pubmed1.original_rows("feat", got.ids))
+        np.testing.assert_array_equal(got.rows[1], pubmed1.original_rows("label", got.ids))
+    finally:
+        await served.close()
+        await alone.close()
+
+
+@pytest.mark.timeout(120)
+def test_carried_rows_over_the_reply_limit_are_pulled_split(small_frames: ServerGroup, cora2) -> None:
+    """Rows a sample answer cannot carry within the reply limit are not carried (the server stays
+    within its frames); the loader pulls them instead, split to fit: batches are unchanged."""
+    from asyncgraph.client import Client
+    from asyncgraph.dataloading import DistNodeDataLoader, NeighborSampler
+    from asyncgraph.distributed import DistGraph
+
+    client = Client.connect(small_frames.addresses, use_shared_memory=False, max_frame_size=FRAME)
+    try:
+        aio = client.aio
+        lo, hi = client.book.node_range(0)
+        few = client.loop.run(aio.sample_with_features(np.arange(lo, lo + 20), 2, ["node:feat"], seed=1))
+        assert few.ids.size >= 20  # 20 seeds and their sources: well within one reply
+        np.testing.assert_array_equal(few.rows[0], cora2.original_rows("feat", few.ids))
+        seeds = np.arange(lo, lo + 400)  # 400+ rows x 5,732 bytes: over a 1 MiB frame
+        many = client.loop.run(aio.sample_with_features(seeds, 2, ["node:feat"], seed=1))
+        assert many.ids.size == 0 and many.rows[0].shape == (0, 1433) and many.src.size > 0
+        plain = client.loop.run(aio.sample_neighbors(seeds, 2, seed=1))
+        for got, want in zip(many[:3], plain, strict=True):
+            np.testing.assert_array_equal(got, want)
+        g = DistGraph("cora", client=client)
+        loader = DistNodeDataLoader(g, np.arange(lo, hi), NeighborSampler([3, 2]), 400, shuffle=False)
+        batches = 0
+        for input_nodes, _, blocks in loader:
+            feats = blocks[0].srcdata["feat"].numpy()
+            np.testing.assert_array_equal(feats, cora2.original_rows("feat", input_nodes.numpy()))
+            batches += 1
+        assert batches == len(loader) > 0
+    finally:
+        client.close()
