@@ -192,8 +192,8 @@ def traffic_cases(
         if only and name not in only:
             continue
         extra = ("--sim-ms", "1", "--cache-fraction", str(fraction), "--attach", "own")
-        if not carry:
-            extra += ("--no-carry-features",)
+        if carry:
+            extra += ("--carry-features",)
         summaries = run_training(
             part_config, trainers=2, prefetch=2, threads=1, epochs=1, max_batches=max_batches,
             timeout=timeout, extra=extra,

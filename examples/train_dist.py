@@ -71,9 +71,9 @@ def parse_args() -> argparse.Namespace:
         help="feature cache of this fraction of the remote nodes' rows (0: none)",
     )
     p.add_argument(
-        "--no-carry-features",
+        "--carry-features",
         action="store_true",
-        help="pull every feature row in a wave of its own instead of with the last sampling layer",
+        help="have the last sampling layer's answers carry the feature rows (one request wave per batch)",
     )
     p.add_argument(
         "--attach",
@@ -179,7 +179,7 @@ def main() -> None:
         prefetch=args.prefetch,
         seed=args.seed * 1000 + rank,
         feature_cache_bytes=cache_bytes,
-        carry_features=not args.no_carry_features,
+        carry_features=args.carry_features,
         **on_device,
     )
     val_loader = DistNodeDataLoader(

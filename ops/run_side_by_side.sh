@@ -2,7 +2,7 @@
 # DGL 2.1 and asyncgraph on the same graph, one after the other (never at the same time), same day.
 #   1. DGL's peer harness (../shared/peers/dgl/run_all.sh, large graph: 2^20 nodes, 10.58M edges)
 #   2. its results -> benchmarks/results/dgl_reference.json (benchmarks.dgl_reference)
-#   3. our partition, pull and train benchmarks on the very graph DGL's harness generated, with
+#   3. our partition, pull, train and fixed-cost benchmarks on the very graph DGL's harness generated, with
 #      --dgl-results so they print same-day ratios
 # Needs the DGL venv of ../shared/peers/dgl/README.md under $DGLBENCH_ROOT. About 25-30 min.
 #   SKIP_DGL=1 reuses the newest DGL run of today; SKIP_GEN=1 is passed to the harness.
@@ -29,3 +29,5 @@ run pull_bench_dgl20 $PY -m benchmarks.pull_bench --graph "$NPZ" "${REF[@]}" \
     --out benchmarks/results/pull_bench_dgl20.json
 run train_bench_dgl20 $PY -m benchmarks.train_bench --graph "$NPZ" "${REF[@]}" \
     --out benchmarks/results/train_bench_dgl20.json --png benchmarks/results/train_bench_dgl20.png
+run fixed_cost_dgl20 $PY -m benchmarks.fixed_cost --graph "$NPZ" --calls 1000 \
+    --out benchmarks/results/fixed_cost_dgl20.json

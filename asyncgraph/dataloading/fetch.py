@@ -126,7 +126,7 @@ async def sample_and_pull(
     labels: str | None = None,
     exclude: np.ndarray | None = None,
     started: float | None = None,
-    carry_features: bool = True,
+    carry_features: bool = False,
 ) -> Sampled:
     """Sample blocks for ``seeds`` then pull ``node_feats`` of the inputs (and ``labels`` of the seeds).
 
@@ -224,7 +224,7 @@ async def build_feature_cache(
     batch_size: int,
     presample_batches: int = 8,
     seed: int = 0,
-    carry_features: bool = True,
+    carry_features: bool = False,
 ) -> dict[str, int]:
     """Cache the remote input rows of ``node_feats`` most likely to be needed, within ``budget_bytes``.
 

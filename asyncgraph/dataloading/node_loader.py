@@ -59,9 +59,12 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
     likely to be needed (ranked by ``cache_presample_batches`` batches sampled up front; see
     ``build_feature_cache``): only for tensors no process writes during training, and not yet
     for typed (heterogeneous) ``nids``. ``cache_info`` says what was cached; hits and misses are
-    counted in ``stats.traffic``. ``carry_features`` (default) has the last sampling layer's
+    counted in ``stats.traffic``. ``carry_features=True`` has the last sampling layer's
     answers carry the input features their servers own, saving most batches a request wave
-    (``stats.traffic.waves``); results are the same either way.
+    (``stats.traffic.waves``); results are the same either way. It is off by default: it pays
+    where a round trip is long (servers on other machines), while on a CPU-bound host the
+    serialised local-first sampling costs more than the wave saves (2 trainers on 2 cores, DGL's
+    graph: epoch 5.2 s with it, 4.8 s without; ``benchmarks/README.md`` §0).
     """
 
     def __init__(
@@ -80,7 +83,7 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
         overlap: bool = True,
         feature_cache_bytes: int = 0,
         cache_presample_batches: int = 8,
-        carry_features: bool = True,
+        carry_features: bool = False,
     ) -> None:
         client = client_of(g)
         # Heterogeneous graphs: {ntype: ids or mask}; batches mix types, homogeneous IDs inside.
