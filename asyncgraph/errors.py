@@ -104,6 +104,17 @@ class BarrierTimeoutError(RequestTimeoutError):
     code = "barrier_timeout"
 
 
+class StateLogError(AsyncGraphError):
+    """The server could not log a write to its write-ahead log (disk full, I/O error).
+
+    The write may be applied in memory but is not durable, so the server refuses every later
+    write until it is restarted from its state (reads are still served); the message names the
+    OS error.
+    """
+
+    code = "state_log_failed"
+
+
 class ServerUnavailableError(AsyncGraphError, ConnectionError):
     """A server is unreachable or went away; the message names the server."""
 
@@ -141,6 +152,7 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         AuthenticationError,
         RequestTimeoutError,
         BarrierTimeoutError,
+        StateLogError,
         ServerUnavailableError,
         ServersMissingError,
     )

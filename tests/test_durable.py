@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from asyncgraph.client import AsyncClient
-from asyncgraph.errors import PartialTensorError, RequestTimeoutError, ServerUnavailableError
+from asyncgraph.errors import PartialTensorError, RequestTimeoutError, ServerUnavailableError, StateLogError
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol.ops import Op
 from asyncgraph.server.durable import DurableState, SnapshotError, StateDir, WriteAheadLog
@@ -101,6 +101,43 @@ def test_snapshot_restore_and_fallback_to_previous(tmp_path: Path) -> None:
     np.testing.assert_array_equal(fresh.local_rows("node:emb"), expected)
     assert h.durable is not None
     h.durable.close()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_write_the_log_cannot_take_refuses_every_later_write(tmp_path: Path) -> None:
+    """Disk full under the WAL (``/dev/full``: every flush fails with ENOSPC): the write fails
+    typed, later writes and its retry are refused (memory may be ahead of the log), reads go on,
+    and a restart from the state folder gives the last durable rows."""
+    store = small_store()
+    state = DurableState(tmp_path, 0, wal=True)
+    handlers = RequestHandlers(store, num_clients=1, durable=state)
+    state.restore(store, handlers.replay)
+    handlers.ops[Op.CREATE_TENSOR](
+        {"name": "node:emb", "policy": "node", "shape": [10, 2], "dtype": "float32"}
+    )
+    push = {"name": "node:emb", "ids": np.array([3]), "values": np.full((1, 2), 5, np.float32), "op": "add"}
+    handlers.ops[Op.PUSH]({**push, "rid": "a"})
+    durable_rows = store.local_rows("node:emb").copy()
+    assert state.wal is not None
+    state.wal.close()
+    state.wal = WriteAheadLog(Path("/dev/full"), "interval")
+    with pytest.raises(StateLogError, match="No space left"):
+        handlers.ops[Op.PUSH]({**push, "rid": "b"})
+    rows_after_failure = store.local_rows("node:emb").copy()
+    with pytest.raises(StateLogError, match="refused"):
+        handlers.ops[Op.PUSH]({**push, "rid": "b"})  # the client's retry: not applied twice
+    with pytest.raises(StateLogError, match="refused"):
+        handlers.ops[Op.CREATE_TENSOR]({"name": "node:x", "policy": "node", "shape": [10], "dtype": "int64"})
+    np.testing.assert_array_equal(store.local_rows("node:emb"), rows_after_failure)
+    assert not store.has_tensor("node:x")
+    np.testing.assert_array_equal(  # reads are still served
+        handlers.ops[Op.PULL]({"name": "node:emb", "ids": np.arange(10)}), rows_after_failure
+    )
+    fresh = small_store()
+    restarted = DurableState(tmp_path, 0, wal=True)
+    restarted.restore(fresh, RequestHandlers(fresh, num_clients=1, durable=restarted).replay)
+    np.testing.assert_array_equal(fresh.local_rows("node:emb"), durable_rows)
+    restarted.close()
 
 
 def test_no_usable_snapshot_is_a_clear_error(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from asyncgraph.errors import BarrierTimeoutError, InvalidRequestError, UnknownOpError
+from asyncgraph.errors import BarrierTimeoutError, InvalidRequestError, StateLogError, UnknownOpError
 from asyncgraph.protocol.ops import (
     BarrierArgs,
     CreateTensorArgs,
@@ -47,6 +48,8 @@ from asyncgraph.server.durable import DurableState, RequestLog
 from asyncgraph.service.limits import WorkLimits
 from asyncgraph.service.local import PartitionService
 from asyncgraph.storage.store import PartitionStore, PendingTensor, TensorMeta
+
+log = logging.getLogger("asyncgraph.server")
 
 if TYPE_CHECKING:
     from asyncgraph.server.metrics import ServerMetrics
@@ -125,6 +128,8 @@ class RequestHandlers:
         #: Changes at every start: clients compare it to learn that the server restarted.
         self.instance = uuid.uuid4().hex
         self.writes = 0  # acknowledged writes since start (periodic snapshots skip idle periods)
+        #: Set when the write-ahead log failed: every later write is refused (``StateLogError``).
+        self.log_failure: str | None = None
         shm = (
             {"address": shm_address, "token": shm_token}
             if shm_address is not None and shm_token is not None
@@ -172,6 +177,7 @@ class RequestHandlers:
         rid = request_id(args, op)
         if rid is not None and rid in self.requests and op != Op.CREATE_TENSOR:
             return None  # applied before; the client retried after losing our reply
+        self.check_log_healthy(op)
         result = self._apply[op](args)
         self._logged(op, args, rid)
         return result
@@ -181,9 +187,26 @@ class RequestHandlers:
         rid = rid if rid is not None else request_id(args, op)
         self.writes += 1
         if self.durable is not None:
-            self.durable.log(op, args, rid)
+            try:
+                self.durable.log(op, args, rid)
+            except OSError as exc:
+                self.log_failure = f"{op} could not be logged: {exc}"
+                log.critical("write-ahead log failed (%s); refusing writes until restarted", exc)
+                raise StateLogError(
+                    f"{self.log_failure}; it may be applied in memory but is not durable, and this "
+                    "server refuses writes until it is restarted from its state"
+                ) from None
         if rid is not None:
             self.requests.add(rid)
+
+    def check_log_healthy(self, op: str) -> None:
+        """``StateLogError`` once the write-ahead log has failed: memory is ahead of the log, so a
+        later write (or a retry of the failed one) must not be applied and acknowledged."""
+        if self.log_failure is not None:
+            raise StateLogError(
+                f"{op} refused: this server's write-ahead log failed earlier ({self.log_failure}); "
+                "restart it from its state"
+            )
 
     @property
     def epoch(self) -> int:
@@ -246,6 +269,7 @@ class RequestHandlers:
     def create_tensor(self, args: Mapping[str, Any]) -> dict[str, Any] | Awaitable[dict[str, Any]]:
         """Create (or get) a tensor; an init over ``OFFLOAD_INIT_BYTES`` is filled off the loop."""
         a = CreateTensorArgs.decode(args)
+        self.check_log_healthy(Op.CREATE_TENSOR)
         if a.name in self._creating:
             return self._create_after(args)
         pending = self.partition.begin_create(a.name, a.policy, a.shape, a.dtype, a.init)
