@@ -32,7 +32,6 @@ from asyncgraph.protocol import (
     CONNECTION_ERROR_ID,
     DEFAULT_MAX_FRAME_SIZE,
     ClientSession,
-    ConnectionFailed,
     ErrorResponse,
     HandshakeComplete,
     Response,
@@ -70,19 +69,18 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             return
         pending = conn._pending
         for event in self._session.buffer_updated(nbytes):
-            kind = type(event)
-            if kind is Response:
-                future = pending.get(event.id)  # type: ignore[union-attr]
+            if isinstance(event, Response):
+                future = pending.get(event.id)
                 if future is not None and not future.done():  # else the caller timed out and left
-                    future.set_result(event.result)  # type: ignore[union-attr]
-            elif kind is ErrorResponse:
-                future = pending.get(event.id)  # type: ignore[union-attr]
+                    future.set_result(event.result)
+            elif isinstance(event, ErrorResponse):
+                future = pending.get(event.id)
                 if future is not None and not future.done():
-                    future.set_exception(error_from_code(event.code, event.message))  # type: ignore[union-attr]
-            elif kind is HandshakeComplete:
-                conn._on_ready(event)  # type: ignore[arg-type]
+                    future.set_exception(error_from_code(event.code, event.message))
+            elif isinstance(event, HandshakeComplete):
+                conn._on_ready(event)
             else:
-                conn._fail(cast(ConnectionFailed, event).error)
+                conn._fail(event.error)
         out = self._session.data_to_send()
         if out and conn._transport is not None and not conn._transport.is_closing():
             conn._transport.writelines(out)  # the client hello
