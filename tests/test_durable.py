@@ -8,6 +8,7 @@ state folder.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import random
 import shutil
@@ -442,3 +443,33 @@ async def test_a_long_freeze_is_a_timeout_naming_the_server_and_loses_nothing(co
         for i in range(2):
             os.kill(group.procs[i].pid, signal.SIGCONT)
         group.stop()
+
+
+async def test_group_commit_one_fsync_serves_concurrent_writes(tmp_path: Path) -> None:
+    """--wal-fsync always on a running loop: 50 pushes of one round share one fsync, and
+    none is acknowledged (its awaitable done) before its record is on disk."""
+    store = small_store()
+    state = DurableState(tmp_path, 0, wal=True, fsync="always")
+    handlers = RequestHandlers(store, num_clients=1, durable=state)
+    state.restore(store, handlers.replay)
+    created = handlers.ops[Op.CREATE_TENSOR](
+        {"name": "node:emb", "policy": "node", "shape": [10, 2], "dtype": "float32"}
+    )
+    if inspect.isawaitable(created):
+        await created
+    wal = state.wal
+    assert wal is not None
+    fsyncs = wal.fsyncs
+    push = {"name": "node:emb", "ids": np.array([3]), "values": np.ones((1, 2), np.float32), "op": "add"}
+    pending = [handlers.ops[Op.PUSH]({**push, "rid": f"r{i}"}) for i in range(50)]
+    assert all(inspect.isawaitable(p) for p in pending)
+    assert wal.synced < wal.appended  # applied and logged, not yet on disk: not acknowledged
+    await asyncio.gather(*pending)
+    assert wal.synced == wal.appended
+    assert wal.fsyncs - fsyncs == 1
+    state.close()
+    fresh = small_store()  # and the log holds all 50
+    restarted = DurableState(tmp_path, 0, wal=True)
+    restarted.restore(fresh, RequestHandlers(fresh, num_clients=1, durable=restarted).replay)
+    assert fresh.local_rows("node:emb")[3].tolist() == [50.0, 50.0]
+    restarted.close()

@@ -32,7 +32,7 @@ import os
 import shutil
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -359,9 +359,21 @@ class DurableState:
             self.wal = WriteAheadLog(self.dir.wal_path(self.epoch), self.fsync, self.fsync_interval)
         return base, replayed
 
-    def log(self, op: str, args: Mapping[str, Any], rid: str | None) -> None:
-        if self.wal is not None:
+    def log(self, op: str, args: Mapping[str, Any], rid: str | None) -> Awaitable[None] | None:
+        """Append a write to the log. Under ``--wal-fsync always`` on a running event loop the
+        fsync is shared with the writes around it (group commit): await the result before
+        acknowledging. Elsewhere (``interval``, or no loop) nothing is left to wait for."""
+        if self.wal is None:
+            return None
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
             self.wal.append(op, args, rid)
+            return None
+        record = self.wal.append(op, args, rid, defer_sync=True)
+        if self.wal.fsync != "always":
+            return None
+        return self.wal.wait_durable(record)
 
     async def snapshot_async(self, store: PartitionStore, epoch: int) -> Path:
         """``snapshot`` with the files written on a worker thread, so requests keep being served.

@@ -179,25 +179,43 @@ class RequestHandlers:
             return None  # applied before; the client retried after losing our reply
         self.check_log_healthy(op)
         result = self._apply[op](args)
-        self._logged(op, args, rid)
+        durable = self._logged(op, args, rid)
+        if durable is not None:
+            return self._when_durable(op, durable, result)
         return result
 
-    def _logged(self, op: str, args: Mapping[str, Any], rid: str | None = None) -> None:
-        """Count an applied write, log it (WAL) and remember its request id."""
+    def _logged(self, op: str, args: Mapping[str, Any], rid: str | None = None) -> Awaitable[None] | None:
+        """Count an applied write, log it (WAL) and remember its request id.
+
+        Returns what to await before acknowledging (the shared fsync of ``--wal-fsync always``).
+        """
         rid = rid if rid is not None else request_id(args, op)
         self.writes += 1
+        durable = None
         if self.durable is not None:
             try:
-                self.durable.log(op, args, rid)
+                durable = self.durable.log(op, args, rid)
             except OSError as exc:
-                self.log_failure = f"{op} could not be logged: {exc}"
-                log.critical("write-ahead log failed (%s); refusing writes until restarted", exc)
-                raise StateLogError(
-                    f"{self.log_failure}; it may be applied in memory but is not durable, and this "
-                    "server refuses writes until it is restarted from its state"
-                ) from None
+                raise self._log_failed(op, exc) from None
         if rid is not None:
             self.requests.add(rid)
+        return durable
+
+    def _log_failed(self, op: str, exc: OSError) -> StateLogError:
+        self.log_failure = f"{op} could not be logged: {exc}"
+        log.critical("write-ahead log failed (%s); refusing writes until restarted", exc)
+        return StateLogError(
+            f"{self.log_failure}; it may be applied in memory but is not durable, and this "
+            "server refuses writes until it is restarted from its state"
+        )
+
+    async def _when_durable(self, op: str, durable: Awaitable[None], result: Any) -> Any:
+        """``result`` once the write's log record is on disk."""
+        try:
+            await durable
+        except OSError as exc:
+            raise self._log_failed(op, exc) from None
+        return result
 
     def check_log_healthy(self, op: str) -> None:
         """``StateLogError`` once the write-ahead log has failed: memory is ahead of the log, so a
@@ -257,8 +275,8 @@ class RequestHandlers:
             self.metrics.rows_out += len(rows)
         return rows
 
-    def push(self, args: Mapping[str, Any]) -> None:
-        self._write(Op.PUSH, args)
+    def push(self, args: Mapping[str, Any]) -> Any:
+        return self._write(Op.PUSH, args)  # the shared fsync to await under --wal-fsync always
 
     def _push(self, args: Mapping[str, Any]) -> None:
         a = PushArgs.decode(args)
@@ -276,8 +294,8 @@ class RequestHandlers:
         if isinstance(pending, TensorMeta) or not pending.needs_fill or pending.nbytes <= OFFLOAD_INIT_BYTES:
             if not isinstance(pending, TensorMeta):
                 pending.discard()  # small or lazy (zeros): created inline by the one write path
-            result: dict[str, Any] = self._write(Op.CREATE_TENSOR, args)
-            return result
+            created: dict[str, Any] | Awaitable[dict[str, Any]] = self._write(Op.CREATE_TENSOR, args)
+            return created  # the dict, or once the shared fsync is done under --wal-fsync always
         done = asyncio.get_running_loop().create_future()
         self._creating[a.name] = done
         return self._fill_off_loop(args, a, pending, done)
@@ -302,8 +320,11 @@ class RequestHandlers:
             raise
         try:
             meta, created = self.partition.finish_create(pending, a.holder)  # discards itself on error
-            self._logged(Op.CREATE_TENSOR, args)
-            return {**meta.to_dict(), "created": created}
+            durable = self._logged(Op.CREATE_TENSOR, args)
+            result = {**meta.to_dict(), "created": created}
+            if durable is not None:
+                await self._when_durable(Op.CREATE_TENSOR, durable, None)
+            return result
         finally:
             self._end_create(a.name, done)
 
@@ -327,8 +348,8 @@ class RequestHandlers:
             return await result
         return result
 
-    def delete_tensor(self, args: Mapping[str, Any]) -> None:
-        self._write(Op.DELETE_TENSOR, args)
+    def delete_tensor(self, args: Mapping[str, Any]) -> Any:
+        return self._write(Op.DELETE_TENSOR, args)
 
     def _delete_tensor(self, args: Mapping[str, Any]) -> None:
         self.partition.delete_tensor(DeleteTensorArgs.decode(args).name)
@@ -406,9 +427,9 @@ class RequestHandlers:
         return self.partition.sample_edges(SampleEdgesArgs.decode(args))
 
     # --- sparse optimizers --------------------------------------------------------------
-    def sparse_update(self, args: Mapping[str, Any]) -> None:
+    def sparse_update(self, args: Mapping[str, Any]) -> Any:
         """One Adagrad/Adam step on owned rows, applied here under the store's write lock."""
-        self._write(Op.SPARSE_UPDATE, args)
+        return self._write(Op.SPARSE_UPDATE, args)
 
     def _sparse_update(self, args: Mapping[str, Any]) -> None:
         a = SparseUpdateArgs.decode(args)

@@ -9,6 +9,7 @@ seconds (see ``asyncgraph.server.durable`` for what each survives).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import struct
@@ -40,9 +41,17 @@ class WriteAheadLog:
         self._fh = open(path, "ab")  # noqa: SIM115 - owned by this object, closed by close()
         self._last_sync = time.monotonic()
         self._dirty = False
+        self.appended = 0  # records appended so far
+        self.synced = 0  # records known to be on disk
+        self.fsyncs = 0
+        self._sync_done: asyncio.Future[None] | None = None
 
-    def append(self, op: str, args: Mapping[str, Any], rid: str | None) -> None:
-        """Log one write before it is acknowledged (and fsync it under ``always``)."""
+    def append(self, op: str, args: Mapping[str, Any], rid: str | None, *, defer_sync: bool = False) -> int:
+        """Log one write before it is acknowledged; returns its record number.
+
+        Under ``always`` the record is fsynced here, unless ``defer_sync``: then the caller
+        awaits ``wait_durable`` with the returned number before acknowledging (group commit).
+        """
         pieces = encode_frame({"op": op, "args": dict(args), "rid": rid, "t": time.time()})
         crc = 0
         for p in pieces:
@@ -52,14 +61,45 @@ class WriteAheadLog:
             self._fh.write(p)
         self._fh.flush()  # in the kernel now: survives kill -9
         self._dirty = True
-        if self.fsync == "always" or time.monotonic() - self._last_sync >= self.fsync_interval:
+        self.appended += 1
+        if self.fsync == "always":
+            if not defer_sync:
+                self.sync()
+        elif time.monotonic() - self._last_sync >= self.fsync_interval:
             self.sync()
+        return self.appended
 
     def sync(self) -> None:
         if self._dirty and not self._fh.closed:
+            upto = self.appended
             os.fsync(self._fh.fileno())
+            self.fsyncs += 1
+            self.synced = max(self.synced, upto)
             self._dirty = False
         self._last_sync = time.monotonic()
+
+    async def wait_durable(self, record: int) -> None:
+        """Return once record number ``record`` is on disk.
+
+        Group commit: the fsync runs once the event loop has handled what is ready now (``call_soon``),
+        so one fsync covers every write appended by the requests of that round.
+        """
+        while self.synced < record:
+            done = self._sync_done
+            if done is None or done.done():
+                loop = asyncio.get_running_loop()
+                done = self._sync_done = loop.create_future()
+                loop.call_soon(self._sync_round, done)
+            await asyncio.shield(done)
+
+    def _sync_round(self, done: asyncio.Future[None]) -> None:
+        try:
+            self.sync()
+        except OSError as exc:
+            done.set_exception(exc)
+            done.exception()  # retrieved here: every waiter still gets it, none leaves it unlogged
+            return
+        done.set_result(None)
 
     def close(self) -> None:
         if not self._fh.closed:
