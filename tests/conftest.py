@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -53,3 +55,28 @@ def pubmed1(tmp_path_factory: pytest.TempPathFactory) -> PartitionedGraph:
 @pytest.fixture(scope="session")
 def cora2(tmp_path_factory: pytest.TempPathFactory) -> PartitionedGraph:
     return _partition("cora", 2, tmp_path_factory.mktemp("cora2") / "out")
+
+
+@pytest.fixture(scope="module")
+def served(pubmed2: PartitionedGraph, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Two PubMed servers (``asyncgraph.testing.ServerGroup``) for the tests of one module."""
+    from asyncgraph.testing import start_servers
+
+    group = start_servers(pubmed2.part_config, tmp_path_factory.mktemp("served"), num_parts=2)
+    yield group
+    group.stop()
+
+
+@pytest.fixture(params=["served", "standalone"])
+def g(request: pytest.FixtureRequest, pubmed2: PartitionedGraph) -> Iterator[Any]:
+    """A ``DistGraph`` of PubMed, once over the module's servers and once standalone."""
+    import asyncgraph
+
+    if request.param == "served":
+        asyncgraph.initialize(request.getfixturevalue("served").ip_config())
+        graph = asyncgraph.DistGraph("pubmed")
+    else:
+        asyncgraph.initialize()
+        graph = asyncgraph.DistGraph("pubmed", part_config=pubmed2.part_config)
+    yield graph
+    asyncgraph.finalize()

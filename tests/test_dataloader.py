@@ -14,14 +14,6 @@ from asyncgraph.client import Client
 from asyncgraph.dataloading import DistDataLoader, DistNodeDataLoader, NeighborSampler
 from asyncgraph.dataloading.block import Block
 from asyncgraph.distributed import DistGraph
-from asyncgraph.testing import ServerGroup, start_servers
-
-
-@pytest.fixture(scope="module")
-def served(pubmed2, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerGroup]:
-    group = start_servers(pubmed2.part_config, tmp_path_factory.mktemp("dl"), num_parts=2)
-    yield group
-    group.stop()
 
 
 @pytest.fixture(params=["standalone", "served"])

@@ -3,34 +3,13 @@ options, torch input graphs, initialize in launched jobs, checkpoints (served an
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
 
 import asyncgraph
 from asyncgraph.errors import InvalidRequestError
-from asyncgraph.testing import ServerGroup, start_servers
-
-
-@pytest.fixture(scope="module")
-def served(pubmed2, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerGroup]:
-    group = start_servers(pubmed2.part_config, tmp_path_factory.mktemp("parity"), num_parts=2)
-    yield group
-    group.stop()
-
-
-@pytest.fixture(params=["served", "standalone"])
-def g(request: pytest.FixtureRequest, pubmed2) -> Iterator[asyncgraph.DistGraph]:
-    if request.param == "served":
-        asyncgraph.initialize(request.getfixturevalue("served").ip_config())
-        graph = asyncgraph.DistGraph("pubmed")
-    else:
-        asyncgraph.initialize()
-        graph = asyncgraph.DistGraph("pubmed", part_config=pubmed2.part_config)
-    yield graph
-    asyncgraph.finalize()
+from asyncgraph.testing import ServerGroup
 
 
 # --- 1. init_func -----------------------------------------------------------------------------

@@ -12,14 +12,6 @@ import torch
 import asyncgraph
 from asyncgraph.client import IpConfig
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, OutOfRangeError, UnknownTensorError
-from asyncgraph.testing import ServerGroup, start_servers
-
-
-@pytest.fixture(scope="module")
-def served(pubmed2, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerGroup]:
-    group = start_servers(pubmed2.part_config, tmp_path_factory.mktemp("api"), num_parts=2)
-    yield group
-    group.stop()
 
 
 @pytest.fixture(params=["served", "standalone"])

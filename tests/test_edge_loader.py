@@ -13,14 +13,7 @@ from asyncgraph.client import Client
 from asyncgraph.dataloading import DistEdgeDataLoader, EdgeMiniBatch, NeighborSampler, negative
 from asyncgraph.distributed import DistGraph
 from asyncgraph.errors import InvalidRequestError, OutOfRangeError
-from asyncgraph.testing import ServerGroup, start_servers
-
-
-@pytest.fixture(scope="module")
-def served(pubmed2, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerGroup]:
-    group = start_servers(pubmed2.part_config, tmp_path_factory.mktemp("edges"), num_parts=2)
-    yield group
-    group.stop()
+from asyncgraph.testing import ServerGroup
 
 
 @pytest.fixture(params=["standalone", "served", "socket", "mixed"])

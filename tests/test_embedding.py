@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from asyncgraph.errors import (
 from asyncgraph.kernels import apply_sparse_update, validate_spec
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.storage.store import PartitionStore
-from asyncgraph.testing import ServerGroup, start_servers
+from asyncgraph.testing import ServerGroup
 
 TOL = 1e-6
 
@@ -208,25 +208,6 @@ def test_kernel_rejections_change_nothing() -> None:
 
 
 # --- user API, served and standalone ---------------------------------------------------------
-@pytest.fixture(scope="module")
-def served(pubmed2, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerGroup]:
-    group = start_servers(pubmed2.part_config, tmp_path_factory.mktemp("emb"), num_parts=2)
-    yield group
-    group.stop()
-
-
-@pytest.fixture(params=["served", "standalone"])
-def g(request: pytest.FixtureRequest, pubmed2) -> Iterator[asyncgraph.DistGraph]:
-    if request.param == "served":
-        asyncgraph.initialize(request.getfixturevalue("served").ip_config())
-        graph = asyncgraph.DistGraph("pubmed")
-    else:
-        asyncgraph.initialize()
-        graph = asyncgraph.DistGraph("pubmed", part_config=pubmed2.part_config)
-    yield graph
-    asyncgraph.finalize()
-
-
 def batches(n: int, seed: int, count: int) -> list[torch.Tensor]:
     """ID batches over both partitions (low IDs and high IDs), with duplicates."""
     rng = np.random.default_rng(seed)

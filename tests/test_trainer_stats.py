@@ -41,26 +41,22 @@ def test_loader_stats_per_epoch(cora2) -> None:
         client.close()
 
 
-def test_launcher_prints_one_summary_line_per_role(cora2, tmp_path: Path) -> None:
-    script = "print('hello')"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "asyncgraph.launch",
-            "--part-config",
-            str(cora2.part_config),
-            "--",
-            sys.executable,
-            "-c",
-            script,
-        ],
+def launch(part_config: Path, script: str) -> subprocess.CompletedProcess[str]:
+    """``python -m asyncgraph.launch`` with 2 servers and ``python -c script`` as the trainers."""
+    argv = [sys.executable, "-m", "asyncgraph.launch", "--part-config", str(part_config)]
+    return subprocess.run(
+        [*argv, "--", sys.executable, "-c", script],
         capture_output=True,
         text=True,
         timeout=120,
         env=subprocess_env(),
         cwd=PACKAGE_ROOT,
     )
+
+
+def test_launcher_prints_one_summary_line_per_role(cora2, tmp_path: Path) -> None:
+    script = "print('hello')"
+    proc = launch(cora2.part_config, script)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("[launcher] summary ")]
     assert len(lines) == 2, proc.stderr[-3000:]
@@ -75,24 +71,7 @@ def test_launcher_prints_one_summary_line_per_role(cora2, tmp_path: Path) -> Non
 
 def test_launcher_summary_counts_a_failed_trainer(cora2) -> None:
     script = "import os, sys; sys.exit(5 if os.environ['RANK'] == '1' else 0)"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "asyncgraph.launch",
-            "--part-config",
-            str(cora2.part_config),
-            "--",
-            sys.executable,
-            "-c",
-            script,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=subprocess_env(),
-        cwd=PACKAGE_ROOT,
-    )
+    proc = launch(cora2.part_config, script)
     assert proc.returncode == 5, proc.stderr[-3000:]
     trainer = [line for line in proc.stderr.splitlines() if "summary role=trainer" in line]
     assert len(trainer) == 1 and "failed=1" in trainer[0] and ",5 " in trainer[0] + " ", trainer
