@@ -40,7 +40,6 @@ class WriteAheadLog:
         self.fsync_interval = fsync_interval
         self._fh = open(path, "ab")  # noqa: SIM115 - owned by this object, closed by close()
         self._last_sync = time.monotonic()
-        self._dirty = False
         self.appended = 0  # records appended so far
         self.synced = 0  # records known to be on disk
         self.fsyncs = 0
@@ -60,7 +59,6 @@ class WriteAheadLog:
         for p in pieces:
             self._fh.write(p)
         self._fh.flush()  # in the kernel now: survives kill -9
-        self._dirty = True
         self.appended += 1
         if self.fsync == "always":
             if not defer_sync:
@@ -70,12 +68,11 @@ class WriteAheadLog:
         return self.appended
 
     def sync(self) -> None:
-        if self._dirty and not self._fh.closed:
+        if self.synced < self.appended and not self._fh.closed:
             upto = self.appended
             os.fsync(self._fh.fileno())
             self.fsyncs += 1
-            self.synced = max(self.synced, upto)
-            self._dirty = False
+            self.synced = upto
         self._last_sync = time.monotonic()
 
     async def wait_durable(self, record: int) -> None:
