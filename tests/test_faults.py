@@ -77,6 +77,36 @@ async def test_black_holed_server_times_out_then_recovers(
 
 
 @pytest.mark.timeout(60)
+async def test_calls_waiting_for_a_slot_time_out_at_their_deadline_and_free_nothing_twice(
+    servers: ServerGroup, proxy: FaultProxy, pubmed2
+) -> None:
+    """max_inflight=1 on a black-holed server: one call holds the slot, the others wait for it;
+    every one fails at its own deadline, and afterwards the connection still serves calls one
+    at a time (no slot leaked or handed out twice)."""
+    client = await connect(servers, proxy, call_timeout=0.5, max_inflight=1)
+    try:
+        ids = part0_ids(client, 3)
+        assert (await client.pull("node:feat", ids)).shape == (3, 500)
+        conn = client.partitions[0].conn  # type: ignore[attr-defined]
+        proxy.black_hole()
+        t0 = time.monotonic()
+        calls = [asyncio.ensure_future(client.pull("node:feat", ids)) for _ in range(4)]
+        await asyncio.sleep(0.1)
+        assert conn._inflight == 1 and len(conn._slot_waiters) == 3
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert all(isinstance(r, RequestTimeoutError) for r in results), results
+        assert time.monotonic() - t0 < 3  # the waiters did not each wait for the holder first
+        assert conn._inflight == 0
+        proxy.restore()
+        got = await asyncio.gather(*(client.pull("node:feat", ids[i : i + 1]) for i in range(3)))
+        for i, rows in enumerate(got):
+            np.testing.assert_array_equal(rows.numpy(), pubmed2.original_rows("feat", ids[i : i + 1]))
+        assert conn._inflight == 0
+    finally:
+        await client.close()
+
+
+@pytest.mark.timeout(60)
 async def test_cut_mid_frame_fails_every_pending_call(servers: ServerGroup, proxy: FaultProxy) -> None:
     client = await connect(servers, proxy, call_timeout=30.0)
     try:

@@ -15,6 +15,7 @@ from _partition_helpers import ROOT, categories, check_partitioning, make_graph,
 from asyncgraph.errors import InvalidRequestError, OutOfRangeError
 from asyncgraph.graph import Graph
 from asyncgraph.partition import RangePartitionBook, load_partition, partition_graph, summarize_partitions
+from asyncgraph.partition.book import split_by_owner
 
 
 def _balance(values: np.ndarray, tol: float) -> None:
@@ -101,6 +102,28 @@ def test_range_partition_book_unit() -> None:
         book.node_range(3)
     with pytest.raises(ValueError, match="non-decreasing"):
         RangePartitionBook([0, 5, 3], [0, 1, 2])
+
+
+@pytest.mark.parametrize("policy", ["node", "edge"])
+def test_book_positions_match_owner_split(policy: str) -> None:
+    """positions() (one owner decided by min/max, no owner array) equals the general split."""
+    book = RangePartitionBook([0, 3, 3, 10], [0, 5, 9, 20])
+    total = book.num_nodes if policy == "node" else book.num_edges
+    rng = np.random.default_rng(0)
+    cases = [np.array([0]), np.array([total - 1]), np.array([2, 0, 2]), np.arange(total)]
+    cases += [rng.integers(0, total, size=n) for n in (1, 5, 50)]
+    for ids in cases:
+        ids = ids.astype(np.int64)
+        got = book.positions(ids, policy)
+        want = split_by_owner(book.owner(ids, policy), book.num_partitions())
+        assert len(got) == 3 and all(g.dtype == np.int64 for g in got)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
+    assert all(p.size == 0 for p in book.positions(np.empty(0, np.int64), policy))
+    with pytest.raises(OutOfRangeError, match=f"{policy} ID {total} out of range"):
+        book.positions(np.array([0, total]), policy)
+    with pytest.raises(OutOfRangeError, match=f"{policy} ID -1 out of range"):
+        book.positions(np.array([-1]), policy)
 
 
 # --- bad inputs: ValueError naming the problem, nothing written --------------------------------

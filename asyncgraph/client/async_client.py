@@ -36,7 +36,7 @@ from .cache import FeatureCache
 from .connection import Connection
 from .partitions import open_partitions
 from .reads import TensorReads
-from .scatter import broadcast, scatter, split_by_owner, take
+from .scatter import broadcast, scatter, take
 from .structure import StructureQueries
 
 DEFAULT_CALL_TIMEOUT = 60.0
@@ -170,7 +170,7 @@ class AsyncClient(StructureQueries, TensorReads):
         meta = await self.tensor_meta(name)
         gids = as_id_array(ids)
         _, vals = check_rows(f"push to {name!r}", gids, values, dtype=meta.dtype, row_shape=meta.row_shape)
-        parts = split_by_owner(self.book.owner(gids, meta.policy), self.num_partitions)
+        parts = self.book.positions(gids, meta.policy)
         await scatter(
             self.partitions, parts, Op.PUSH, lambda p, pos: p.push(name, take(gids, pos), take(vals, pos), op)
         )
@@ -197,7 +197,7 @@ class AsyncClient(StructureQueries, TensorReads):
         gids = as_id_array(ids)
         what, row_shape = f"sparse_update {name!r}", meta.row_shape
         _, grad = check_rows(what, gids, grads, dtype=meta.dtype, row_shape=row_shape, values_name="grads")
-        parts = split_by_owner(self.book.owner(gids, meta.policy), self.num_partitions)
+        parts = self.book.positions(gids, meta.policy)
         await scatter(
             self.partitions,
             parts,

@@ -2,11 +2,12 @@
 
 The session decides everything about the protocol (handshake, request ids, which frames end
 the connection); this module owns the socket, the futures and the timeouts. Many requests may
-be in flight on a connection; responses are matched by id in any order. A semaphore bounds the
-requests in flight (back-pressure: callers wait rather than queueing without limit). When the
-server goes away every pending and later call fails at once with ``ServerUnavailableError``
-naming the server; a server that stops answering makes calls fail at their timeout. Nothing
-here knows about partitions or tensors.
+be in flight on a connection; responses are matched by id in any order. ``max_inflight``
+bounds the requests in flight (back-pressure: callers wait rather than queueing without
+limit); a call that finds a free slot costs one future and one timer handle. When the server
+goes away every pending and later call fails at once with ``ServerUnavailableError`` naming
+the server; a server that stops answering makes calls fail at their timeout. Nothing here
+knows about partitions or tensors.
 
 Riding through a restart: with ``reconnect_window > 0`` a call that finds the connection lost
 reconnects (jittered exponential backoff, for at most the window; one reconnect shared by every
@@ -18,6 +19,7 @@ server's shared memory know to re-attach.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import random
 from typing import Any, cast
@@ -140,7 +142,10 @@ class Connection:
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._handshake: asyncio.Future[None] | None = None
         self._error: AsyncGraphError | None = None
-        self._slots = asyncio.Semaphore(max_inflight)
+        self._max_inflight = max_inflight
+        self._inflight = 0  # calls between their slot and their reply
+        self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._loop: asyncio.AbstractEventLoop | None = None  # set once connected
         self._writable = asyncio.Event()
         self._writable.set()
         self.server_hello: ServerHello | None = None
@@ -178,6 +183,7 @@ class Connection:
     async def _connect(self, timeout: float) -> None:
         """Open the socket and complete the handshake on the current session."""
         loop = asyncio.get_running_loop()
+        self._loop = loop
         self._handshake = loop.create_future()
         # The handshake's failure is raised to our caller below, except when we stopped waiting
         # first (timeout, cancellation): mark it retrieved so asyncio does not also print
@@ -290,25 +296,66 @@ class Connection:
         if self._error is not None:
             raise type(self._error)(str(self._error))
         request_id, pieces = self._session.send_request(op, args)
-        deadline = asyncio.timeout(timeout)
+        loop = self._loop or asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        if self._inflight >= self._max_inflight or self._slot_waiters or not self._writable.is_set():
+            await self._wait_for_slot(op, timeout, deadline)  # back-pressure: the slow path
+            if self._error is not None:
+                raise type(self._error)(str(self._error))
+        # The fast path: one future and one timer handle, no context managers. The timer fails
+        # the future itself, so a timeout the server reports (a barrier's) stays its own error.
+        self._inflight += 1
+        future: asyncio.Future[Any] = loop.create_future()
+        self._pending[request_id] = future
+        timer = loop.call_at(deadline, self._expire, future, op, timeout)
         try:
-            async with deadline, self._slots:
-                if self._error is not None:
-                    raise type(self._error)(str(self._error))
+            self._write(pieces)
+            return await future
+        finally:
+            timer.cancel()
+            self._pending.pop(request_id, None)
+            self._inflight -= 1
+            if self._slot_waiters:
+                self._wake_slot_waiter()
+
+    def _expire(self, future: asyncio.Future[Any], op: str, timeout: float) -> None:
+        """The deadline of a call passed: fail its future (unless the reply won the race)."""
+        if future.done():
+            return
+        if self._error is not None:
+            future.set_exception(type(self._error)(str(self._error)))
+        else:
+            future.set_exception(
+                RequestTimeoutError(f"{op} on server {self.name} timed out after {timeout:g} s")
+            )
+
+    async def _wait_for_slot(self, op: str, timeout: float, deadline: float) -> None:
+        """Wait until fewer than ``max_inflight`` calls are in flight and the socket takes
+        writes; ``RequestTimeoutError`` at ``deadline``."""
+        loop = self._loop or asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout_at(deadline):
+                while self._inflight >= self._max_inflight:
+                    waiter: asyncio.Future[None] = loop.create_future()
+                    self._slot_waiters.append(waiter)  # a cancelled one is skipped when woken
+                    await waiter
+                    if self._error is not None:
+                        return
                 await self._writable.wait()
-                future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-                self._pending[request_id] = future
-                try:
-                    self._write(pieces)
-                    return await future
-                finally:
-                    self._pending.pop(request_id, None)
         except TimeoutError:
-            if not deadline.expired():
-                raise  # a timeout the server reported (e.g. a barrier's), not ours
             if self._error is not None:
                 raise type(self._error)(str(self._error)) from None
             raise RequestTimeoutError(f"{op} on server {self.name} timed out after {timeout:g} s") from None
+        finally:
+            if self._slot_waiters and self._inflight < self._max_inflight:
+                self._wake_slot_waiter()  # pass on a wake-up this waiter did not use
+
+    def _wake_slot_waiter(self) -> None:
+        while self._slot_waiters:
+            waiter = self._slot_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
     def _write(self, pieces: list[bytes | memoryview]) -> None:
         if self._transport is None or self._transport.is_closing():
@@ -331,6 +378,10 @@ class Connection:
                 future.set_exception(type(exc)(str(exc)))
         self._pending.clear()
         self._writable.set()
+        while self._slot_waiters:  # they see the error and fail
+            waiter = self._slot_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
         if self._transport is not None:
             self._transport.close()
 

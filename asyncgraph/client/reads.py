@@ -20,7 +20,7 @@ from asyncgraph.storage.store import TensorMeta
 
 from .cache import FeatureCache, Traffic, count_remote, meta_row_bytes
 from .catalog import TensorCatalog
-from .scatter import gather_rows, scatter, split_by_owner, take
+from .scatter import gather_rows, scatter, take
 
 __all__ = ["TensorReads"]
 
@@ -59,7 +59,7 @@ class TensorReads(TensorCatalog):
     async def _pull_uncached(
         self, name: str, meta: TensorMeta, gids: np.ndarray, traffic: Traffic | None
     ) -> np.ndarray:
-        parts = split_by_owner(self.book.owner(gids, meta.policy), self.num_partitions)
+        parts = self.book.positions(gids, meta.policy)
         row_bytes = meta_row_bytes(meta)
         if traffic is not None:
             rows = count_remote(self.partitions, parts, Op.PULL, traffic)

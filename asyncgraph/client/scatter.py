@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from asyncgraph.partition.book import split_by_owner
 from asyncgraph.protocol.ops import Op
 from asyncgraph.service.base import Partition
 
@@ -22,26 +23,6 @@ T = TypeVar("T")
 P = TypeVar("P")
 # A call on one partition: its positions in the request, or None when it owns the whole request.
 PartCall = Callable[[Partition, "np.ndarray | None"], Awaitable[T]]
-
-_FEW_PARTS = 8  # split_by_owner: up to this many partitions, one pass per partition
-
-
-def split_by_owner(owner: np.ndarray, num_parts: int) -> list[np.ndarray]:
-    """Positions of each partition's IDs, in input order within a partition (vectorised).
-
-    Few partitions (the usual case) take one ``flatnonzero`` pass each, several times faster
-    than a stable argsort; many partitions take the argsort.
-    """
-    if owner.size and int(owner.min()) == int(owner.max()):
-        positions = [np.empty(0, dtype=np.int64)] * num_parts
-        positions[int(owner[0])] = np.arange(owner.size, dtype=np.int64)
-        return positions
-    if num_parts <= _FEW_PARTS:
-        return [np.flatnonzero(owner == p) for p in range(num_parts)]
-    order = np.argsort(owner, kind="stable")
-    bounds = np.zeros(num_parts + 1, dtype=np.int64)
-    np.cumsum(np.bincount(owner, minlength=num_parts), out=bounds[1:])
-    return [order[bounds[p] : bounds[p + 1]] for p in range(num_parts)]
 
 
 def take(array: np.ndarray, pos: np.ndarray | None) -> np.ndarray:

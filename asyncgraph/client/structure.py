@@ -22,7 +22,7 @@ from asyncgraph.service.base import SampledRows
 
 from .cache import Traffic, count_remote, meta_row_bytes
 from .catalog import TensorCatalog
-from .scatter import broadcast, gather_rows, scatter, split_by_owner, take
+from .scatter import broadcast, gather_rows, scatter, take
 
 __all__ = ["StructureQueries"]
 
@@ -45,7 +45,7 @@ class StructureQueries(TensorCatalog):
         ``traffic`` (optional) counts the requests sent over a socket.
         """
         gids = as_id_array(seeds, "seeds")
-        parts = split_by_owner(self.book.owner(gids, "node"), self.num_partitions)
+        parts = self.book.positions(gids, "node")
         if traffic is not None:
             count_remote(self.partitions, parts, Op.SAMPLE, traffic)
         fan, rep = int(fanout), bool(replace)
@@ -87,7 +87,7 @@ class StructureQueries(TensorCatalog):
         for meta in metas:
             if meta.policy != "node":
                 raise InvalidRequestError(f"sample_with_features: {meta.name!r} is not a node tensor")
-        parts = split_by_owner(self.book.owner(gids, "node"), self.num_partitions)
+        parts = self.book.positions(gids, "node")
         fan, rep = int(fanout), bool(replace)
         if traffic is not None:
             count_remote(self.partitions, parts, Op.SAMPLE, traffic)
@@ -186,14 +186,14 @@ class StructureQueries(TensorCatalog):
             if meta.policy != "edge" or len(meta.shape) != 1:
                 raise InvalidRequestError(f"prob must name a 1-D edge tensor, got {meta.name} {meta.shape}")
         exc = as_id_array(exclude, "exclude") if exclude is not None else np.empty(0, np.int64)
-        exc_parts = split_by_owner(self.book.owner(exc, "edge"), self.num_partitions)
+        exc_parts = self.book.positions(exc, "edge")
         fan, rep = int(fanout), bool(replace)
 
         def args(part: Partition, ids: np.ndarray) -> SampleEdgesArgs:
             return SampleEdgesArgs(ids, fan, edge_dir, rep, seed, prob, exc[exc_parts[part.part_id]])
 
         if edge_dir == "in":
-            parts = split_by_owner(self.book.owner(gids, "node"), self.num_partitions)
+            parts = self.book.positions(gids, "node")
             results = [
                 r
                 for _, r in await scatter(
@@ -223,7 +223,7 @@ class StructureQueries(TensorCatalog):
             raise InvalidRequestError(
                 f"need one fanout per edge type ({len(self.book.canonical_etypes)}), got {fan.size}"
             )
-        parts = split_by_owner(self.book.owner(gids, "node"), self.num_partitions)
+        parts = self.book.positions(gids, "node")
 
         def call(p: Partition, pos: np.ndarray | None) -> Awaitable[dict[str, np.ndarray]]:
             return p.sample_edges(SampleEdgesArgs(take(gids, pos), -1, "in", False, seed, prob, None, fan))
@@ -252,7 +252,7 @@ class StructureQueries(TensorCatalog):
             return total
         if gids is None:
             return np.concatenate(await broadcast(self.partitions, lambda p: p.degrees(None, "in")))
-        parts = split_by_owner(self.book.owner(gids, "node"), self.num_partitions)
+        parts = self.book.positions(gids, "node")
         results = await scatter(
             self.partitions, parts, Op.DEGREES, lambda p, pos: p.degrees(take(gids, pos), "in")
         )
@@ -265,7 +265,7 @@ class StructureQueries(TensorCatalog):
         before any request is sent.
         """
         gids = as_id_array(eids, "eids")
-        parts = split_by_owner(self.book.owner(gids, "edge"), self.num_partitions)
+        parts = self.book.positions(gids, "edge")
         results = await scatter(
             self.partitions, parts, Op.FIND_EDGES, lambda p, pos: p.find_edges(take(gids, pos))
         )

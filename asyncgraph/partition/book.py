@@ -8,6 +8,7 @@ a ``searchsorted`` over a table of ``num_parts + 1`` numbers. Method names follo
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,29 @@ import numpy as np
 from asyncgraph.arrays import IdArray, as_id_array
 from asyncgraph.errors import OutOfRangeError, UnknownTypeError
 
-__all__ = ["IdArray", "RangePartitionBook", "as_id_array"]
+__all__ = ["IdArray", "RangePartitionBook", "as_id_array", "split_by_owner"]
+
+_NO_POSITIONS: IdArray = np.empty(0, dtype=np.int64)
+_NO_POSITIONS.flags.writeable = False
+_FEW_PARTS = 8  # split_by_owner: up to this many partitions, one pass per partition
+
+
+def split_by_owner(owner: IdArray, num_parts: int) -> list[IdArray]:
+    """Positions of each partition's IDs, in input order within a partition (vectorised).
+
+    Few partitions (the usual case) take one ``flatnonzero`` pass each, several times faster
+    than a stable argsort; many partitions take the argsort.
+    """
+    if owner.size and int(owner.min()) == int(owner.max()):
+        positions = [_NO_POSITIONS] * num_parts
+        positions[int(owner[0])] = np.arange(owner.size, dtype=np.int64)
+        return positions
+    if num_parts <= _FEW_PARTS:
+        return [np.flatnonzero(owner == p) for p in range(num_parts)]
+    order = np.argsort(owner, kind="stable")
+    bounds = np.zeros(num_parts + 1, dtype=np.int64)
+    np.cumsum(np.bincount(owner, minlength=num_parts), out=bounds[1:])
+    return [order[bounds[p] : bounds[p + 1]] for p in range(num_parts)]
 
 
 class RangePartitionBook:
@@ -39,6 +62,7 @@ class RangePartitionBook:
             raise ValueError("partition bounds must start at 0 and be non-decreasing")
         self._node_bounds = nb
         self._edge_bounds = eb
+        self._bound_lists = {"node": nb.tolist(), "edge": eb.tolist()}  # for scalar lookups
         p = nb.size - 1
         self._hetero = ntypes is not None
         self._ntypes = list(ntypes) if ntypes is not None else ["_N"]
@@ -101,6 +125,29 @@ class RangePartitionBook:
     def owner(self, ids: Any, policy: str) -> IdArray:
         """Owner partition of each ID under a policy (``"node"`` or ``"edge"``)."""
         return self._owner(as_id_array(ids), self.bounds(policy), policy)
+
+    def positions(self, ids: IdArray, policy: str) -> list[IdArray]:
+        """Positions of each partition's IDs in ``ids`` (1-D int64), input order kept.
+
+        Raises ``OutOfRangeError`` like ``owner``. When one partition owns every ID (a single
+        ID, a batch of one partition's nodes) two reductions decide it and no per-ID owner
+        array is built: this is the fixed cost of every small request.
+        """
+        bounds = self.bounds(policy)
+        parts = bounds.size - 1
+        if not ids.size:
+            return [_NO_POSITIONS] * parts
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= bounds[-1]:
+            bad = lo if lo < 0 else hi
+            raise OutOfRangeError(f"{policy} ID {bad} out of range [0, {int(bounds[-1])})")
+        edges = self._bound_lists[policy]
+        first = bisect.bisect_right(edges, lo) - 1
+        if first == bisect.bisect_right(edges, hi) - 1:
+            out = [_NO_POSITIONS] * parts
+            out[first] = np.arange(ids.size, dtype=np.int64)
+            return out
+        return split_by_owner(np.searchsorted(bounds, ids, side="right").astype(np.int64) - 1, parts)
 
     # --- global <-> local -----------------------------------------------------------------
     def nid2localnid(self, ids: Any, partid: int) -> IdArray:
