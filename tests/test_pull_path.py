@@ -71,3 +71,28 @@ async def test_large_pull_and_push_roundtrip(servers: ServerGroup, local) -> Non
         np.testing.assert_array_equal(got, values[:100] + 1)
     finally:
         await client.close()
+
+
+@pytest.mark.parametrize("local", [[0], [0, 1], []])
+@pytest.mark.parametrize("share", [0.95, 0.5, 0.41, 0.39, 0.05])
+async def test_mixed_pull_gathered_by_the_local_majority_owner(
+    servers: ServerGroup, pubmed2, local, share: float
+) -> None:
+    """When a partition in this process owns >= 40% of a pull it gathers every row and the
+    others' rows are written over theirs: same rows, same order, duplicates kept, either side
+    of the threshold, with one or two local partitions or none."""
+    client = await AsyncClient.connect(servers.addresses, local_partitions=local)
+    try:
+        book = client.book
+        rng = np.random.default_rng(int(share * 100))
+        n = 2000
+        own = rng.integers(*book.node_range(0), size=int(n * share))
+        other = rng.integers(*book.node_range(1), size=n - own.size)
+        ids = rng.permutation(np.concatenate([own, other, own[:50]]))  # duplicates across owners
+        got = await client.pull_numpy("node:feat", ids)
+        np.testing.assert_array_equal(got, pubmed2.original_rows("feat", ids))
+        got[:] = 0  # the result is the caller's own array: nothing cached or shared is changed
+        again = await client.pull_numpy("node:feat", ids)
+        np.testing.assert_array_equal(again, pubmed2.original_rows("feat", ids))
+    finally:
+        await client.close()

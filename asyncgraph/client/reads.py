@@ -9,6 +9,7 @@ create, delete, release). ``Traffic`` (optional) counts what a pull cost over so
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ import torch
 
 from asyncgraph.arrays import as_id_array
 from asyncgraph.protocol.ops import Op
+from asyncgraph.service.base import Partition
 from asyncgraph.storage.store import TensorMeta
 
 from .cache import FeatureCache, Traffic, count_remote, meta_row_bytes
@@ -65,10 +67,44 @@ class TensorReads(TensorCatalog):
             rows = count_remote(self.partitions, parts, Op.PULL, traffic)
             traffic.remote_rows += rows
             traffic.remote_bytes += rows * row_bytes
-        rows_by_part = await scatter(
-            self.partitions, parts, Op.PULL, lambda p, pos: p.pull(name, take(gids, pos), row_bytes)
-        )
-        return gather_rows(rows_by_part, gids.size, meta.row_shape, meta.dtype)
+        base = self._gather_base(parts, gids.size)
+        if base is None:
+            rows_by_part = await scatter(
+                self.partitions, parts, Op.PULL, lambda p, pos: p.pull(name, take(gids, pos), row_bytes)
+            )
+            return gather_rows(rows_by_part, gids.size, meta.row_shape, meta.dtype)
+        # A partition in this process owns most rows: it gathers a row for EVERY position (the
+        # others' positions read its first row) and the other owners' rows are written over
+        # theirs. One gather of all rows plus a scatter of the few, instead of a gather of the
+        # many plus a scatter of all (numpy's scatter costs ~1.7x its gather per row).
+        base_ids = gids.copy()
+        first = int(self.book.bounds(meta.policy)[base])
+        for i, others in enumerate(parts):
+            if i != base and others.size:
+                base_ids[others] = first
+
+        def pull(p: Partition, pos: np.ndarray | None) -> Awaitable[np.ndarray]:
+            ids = base_ids if p.part_id == base else take(gids, pos)
+            return p.pull(name, ids, row_bytes)
+
+        rows_by_part = await scatter(self.partitions, parts, Op.PULL, pull)
+        out: np.ndarray = next(got for where, got in rows_by_part if where is parts[base])
+        for where, got in rows_by_part:
+            if where is not parts[base]:
+                out[where] = got
+        return out
+
+    def _gather_base(self, parts: list[np.ndarray], size: int) -> int | None:
+        """The partition held in this process that should gather every row of a pull, if any:
+        one owning at least 40% of the rows (below that, its own gather plus a scatter of all
+        rows is cheaper), when more than one partition owns some."""
+        if sum(1 for pos in parts if pos.size) < 2:
+            return None
+        best, best_size = None, 0
+        for i, pos in enumerate(parts):
+            if pos.size > best_size and self.partitions[i].runs_here(Op.PULL):
+                best, best_size = i, int(pos.size)
+        return best if best is not None and best_size * 5 >= size * 2 else None
 
     def remote_ids(self, policy: str = "node") -> np.ndarray:
         """Global IDs owned by partitions reached over a socket (candidates for a feature cache)."""
