@@ -180,3 +180,22 @@ def test_sample_args_features_are_checked() -> None:
         SampleArgs.decode({"seeds": seeds, "fanout": 2, "features": [1]})
     with pytest.raises(InvalidRequestError, match="features"):
         SampleArgs.decode({"seeds": seeds, "fanout": 2, "features": "node:feat"})
+
+
+def test_cached_pulls_without_a_local_partition(served: ServerGroup, pubmed2) -> None:
+    """With every partition over a socket, partial cache hits still give the uncached rows and
+    only the misses are requested."""
+    c = Client.connect(served.addresses, local_partitions=[])
+    try:
+        aio = c.aio
+        lo, hi = c.book.node_range(1)
+        c.loop.run(aio.build_cache("node:feat", np.arange(lo, hi, 3)))
+        ids = np.random.default_rng(5).integers(0, c.book.num_nodes, 3000)
+        traffic = Traffic()
+        got = c.loop.run(aio.pull_numpy("node:feat", ids, traffic))
+        np.testing.assert_array_equal(got, pubmed2.original_rows("feat", ids))
+        hits = int(np.count_nonzero((ids >= lo) & ((ids - lo) % 3 == 0)))
+        assert traffic.cache_hits == hits > 0
+        assert traffic.remote_rows == ids.size - hits
+    finally:
+        c.close()

@@ -45,14 +45,31 @@ class TensorReads(TensorCatalog):
         hit, slot = cache.lookup(gids)
         hits = int(np.count_nonzero(hit))
         before = traffic.remote_rows if traffic is not None else 0
+        bounds = self.book.bounds(meta.policy)
+        local = next(
+            (
+                p.part_id
+                for p in self.partitions
+                if p.runs_here(Op.PULL) and bounds[p.part_id + 1] > bounds[p.part_id]
+            ),
+            None,
+        )
         if hits == 0:
             out = await self._pull_uncached(name, meta, gids, traffic)
+        elif hits == gids.size:
+            out = cache.rows[slot]
+        elif local is not None:
+            # Cached positions read a row of a partition in this process instead (cheap, never
+            # a request), so the pull keeps its one-gather shape; cached rows then go over them.
+            substitute = gids.copy()
+            substitute[hit] = int(bounds[local])
+            out = await self._pull_uncached(name, meta, substitute, traffic)
+            out[hit] = cache.rows[slot[hit]]
         else:
             out = np.empty((gids.size, *meta.row_shape), dtype=meta.dtype)
             out[hit] = cache.rows[slot[hit]]
-            if hits < gids.size:
-                miss = np.flatnonzero(~hit)
-                out[miss] = await self._pull_uncached(name, meta, gids[miss], traffic)
+            miss = np.flatnonzero(~hit)
+            out[miss] = await self._pull_uncached(name, meta, gids[miss], traffic)
         if traffic is not None:
             traffic.cache_hits += hits
             traffic.cache_misses += traffic.remote_rows - before
