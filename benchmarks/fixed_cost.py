@@ -5,6 +5,8 @@ socket only (no shared memory). Measured one after the other in the same run:
 
 * sequential 1-row and 1k-row ``pull`` of the feature tensor from partition 1,
 * sequential ``sample_neighbors`` of 1,024 seeds of partition 1, fanout 10,
+* the 1-row pull again through the blocking facade (``Client.pull``: the hop to the client's loop
+  thread and back included),
 * for each, a bare echo: a uvloop server in a child process that answers a request of the same
   number of bytes with a reply of the same number of bytes as the real call's frames (sizes
   computed with the protocol's own encoder), driven by a blocking-socket client.
@@ -98,6 +100,19 @@ def call_round_trip(client: Client, fn: Callable[[], Any], calls: int) -> float:
     return float(np.median(client.loop.run(run())))
 
 
+def sync_round_trip(fn: Callable[[], Any], calls: int) -> float:
+    """Median seconds of ``calls`` sequential blocking calls ``fn()`` from this thread (the sync
+    facade: each call hops to the client's loop thread and back)."""
+    for _ in range(min(calls, 200)):
+        fn()
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
 def request_bytes(op: str, args: dict[str, Any]) -> int:
     """Bytes of the real request frame (the protocol's own encoder)."""
     return frame_size(encode_message(Request(1, op, args)))
@@ -151,8 +166,12 @@ def main() -> None:
                             reply_bytes(dict(zip(("src", "dst", "eids"), sampled, strict=True))),
                         ),
                     }
-                    for name, (fn, request, reply) in cases.items():
-                        call = call_round_trip(client, fn, args.calls)
+                    sync_case = cases["pull_1_row"]
+                    for name, (fn, request, reply) in [*cases.items(), ("pull_1_row_sync", sync_case)]:
+                        if name.endswith("_sync"):
+                            call = sync_round_trip(lambda: client.pull("node:feat", one), args.calls)
+                        else:
+                            call = call_round_trip(client, fn, args.calls)
                         bare = echo_round_trip(echo_port, request, reply, args.calls)
                         rows[name] = {
                             "call_us": round(call * 1e6, 1),
