@@ -12,11 +12,13 @@ server's own checks answer (a client would refuse foreign IDs before sending).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,6 +41,7 @@ from asyncgraph.service.limits import WorkLimits
 from asyncgraph.service.local import PartitionService
 from asyncgraph.storage import PartitionStore
 from asyncgraph.storage.rwlock import SharedRWLock
+from asyncgraph.testing import start_servers
 
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
 
@@ -243,10 +246,13 @@ class RawSession:
             if out:
                 self.sock.sendall(b"".join(bytes(p) for p in out))
 
+    received = 0  # bytes read from the server so far
+
     def _receive(self) -> list[Any]:
         buf = self.session.get_buffer(1 << 16)
         n = self.sock.recv_into(buf)
         assert n, "server closed the connection"
+        self.received += n
         return self.session.buffer_updated(n)
 
     def call(self, op: str, args: dict[str, Any]) -> Any:
@@ -325,3 +331,34 @@ def test_served_push_single_ids_at_the_edges(raw: tuple[RawSession, tuple[int, i
     got = session.call("pull", {"name": name, "ids": np.array([lo, hi - 1])})
     np.testing.assert_array_equal(got, [[1, 1], [5, 5]])
     session.call("delete_tensor", {"name": name})
+
+
+def test_served_metrics_count_exactly_what_was_sent(cora2: Any, tmp_path: Path) -> None:
+    """``bytes_out`` (summed per reply) equals the bytes the client read; errors and replies count."""
+    from tests.test_metrics import scrape
+
+    group = start_servers(
+        cora2.part_config,
+        tmp_path / "srv",
+        num_parts=1,
+        extra_args=["--metrics-port", "0", "--metrics-host", "127.0.0.1"],
+    )
+    try:
+        port = json.loads((tmp_path / "srv" / "ready0.json").read_text())["metrics_port"]
+        session = RawSession(group.addresses[0])
+        before, got_before = scrape(port), session.received
+        for i in range(5):
+            session.call("pull", {"name": "node:feat", "ids": np.array([i])})
+        session.call("pull", {"name": "node:feat", "ids": np.arange(7)})
+        with pytest.raises(OutOfRangeError):
+            session.call("pull", {"name": "node:feat", "ids": np.array([-1])})
+        after = scrape(port)
+        out = ("asyncgraph_bytes_total", (("direction", "out"),))
+        assert after[out] - before[out] == session.received - got_before
+        rows = [
+            v for k, v in after.items() if k[0].startswith("asyncgraph_rows") and ("direction", "out") in k[1]
+        ]
+        assert rows == [12.0]
+        session.close()
+    finally:
+        group.stop()
