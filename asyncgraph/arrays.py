@@ -71,7 +71,7 @@ def check_rows(
     ids: Any,
     values: None = None,
     *,
-    dtype: str,
+    dtype: str | np.dtype[Any],
     row_shape: Sequence[int],
     owned: tuple[int, int] | None = None,
     owner: str = "",
@@ -86,7 +86,7 @@ def check_rows(
     ids: Any,
     values: np.ndarray | Sequence[Any] | SupportsNumpy,
     *,
-    dtype: str,
+    dtype: str | np.dtype[Any],
     row_shape: Sequence[int],
     owned: tuple[int, int] | None = None,
     owner: str = "",
@@ -100,7 +100,7 @@ def check_rows(
     ids: Any,
     values: Any = None,
     *,
-    dtype: str,
+    dtype: str | np.dtype[Any],
     row_shape: Sequence[int],
     owned: tuple[int, int] | None = None,
     owner: str = "",
@@ -143,7 +143,9 @@ def check_rows(
     if values is None:
         return local, None
     vals = to_numpy(values)
-    if vals.dtype.name != dtype and vals.dtype.name != np.dtype(dtype).name:
+    # equal dtypes have equal names; only a mismatch (or a byte-order twin) reads ``.name``,
+    # which numpy computes in Python
+    if vals.dtype != dtype and vals.dtype.name != np.dtype(dtype).name:
         raise DTypeMismatchError(
             f"{what}: {values_name} have dtype {vals.dtype.name}; the tensor is {np.dtype(dtype).name}"
         )

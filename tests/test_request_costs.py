@@ -166,6 +166,10 @@ def test_pull_push_single_ids_at_the_edges(shared: bool) -> None:
         assert store.pull("node:feat", np.empty(0, np.int64)).shape == (0, 2)
         with pytest.raises(DTypeMismatchError, match="values have dtype float64; the tensor is float32"):
             store.push("node:feat", np.array([9]), np.zeros((1, 2)))
+        with pytest.raises(DTypeMismatchError, match="values have dtype int32; the tensor is float32"):
+            store.push("node:feat", np.array([9]), np.zeros((1, 2), np.int32))
+        store.push("node:feat", np.array([8]), np.array([[1.5, -2.0]], ">f4"))  # byte-order twin: accepted
+        np.testing.assert_array_equal(store.pull("node:feat", np.array([8])), [[1.5, -2.0]])
         with pytest.raises(UnknownTensorError, match=r"no tensor 'node:nope'.*have: node:feat"):
             store.pull("node:nope", np.array([4]))
 

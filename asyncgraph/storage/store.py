@@ -52,12 +52,12 @@ class _Access:
         meta = t.meta
         self.rows = t.rows
         self.what = f"tensor {meta.name!r}"
-        self.dtype = meta.dtype
+        self.dtype = np.dtype(meta.dtype)  # compared with a push's values without a name lookup
         self.row_shape = meta.row_shape
         self.policy = meta.policy
         self.owned = owned
         self.owner = owner
-        self.row_bytes = math.prod(meta.row_shape) * np.dtype(meta.dtype).itemsize
+        self.row_bytes = math.prod(meta.row_shape) * self.dtype.itemsize
 
 
 class PartitionStore:
