@@ -31,6 +31,7 @@ from asyncgraph.errors import (
     InvalidRequestError,
     OutOfRangeError,
     ShapeMismatchError,
+    UnknownOpError,
     UnknownTensorError,
     error_from_code,
 )
@@ -314,6 +315,8 @@ def test_served_single_id_pulls_at_the_edges(raw: tuple[RawSession, tuple[int, i
         session.call("pull", {"name": "node:nope", "ids": np.array([lo])})
     with pytest.raises(DTypeMismatchError, match="must be an integer array"):
         session.call("pull", {"name": "node:feat", "ids": np.array([1.0])})
+    with pytest.raises(UnknownOpError, match=r"unknown op 'frobnicate'; this server knows \[.*'pull'"):
+        session.call("frobnicate", {})
     # the server kept serving through every refusal
     np.testing.assert_array_equal(session.call("pull", {"name": "node:feat", "ids": np.array([lo])}), first)
 

@@ -199,8 +199,11 @@ class ServerConnection(asyncio.BufferedProtocol):
         self._requests += 1
         metrics = self._metrics
         t0 = perf_counter() if metrics is not None else 0.0
+        handler = self._handlers.ops.get(request.op)
         try:
-            result = self._handlers.lookup(request.op)(request.args)
+            if handler is None:
+                handler = self._handlers.lookup(request.op)  # raises UnknownOpError
+            result = handler(request.args)
         except Exception as exc:
             self._reply_error(request.id, exc)
             if metrics is not None:
