@@ -7,7 +7,7 @@ functions as trainers.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, overload
+from typing import Any, NoReturn, Protocol, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +31,8 @@ WIRE_DTYPE_KINDS = "biuf"
 
 def to_numpy(x: Any) -> np.ndarray:
     """numpy view of a torch tensor (no copy on CPU) or ``np.asarray`` of anything else."""
+    if type(x) is np.ndarray:  # the common case: no attribute probes
+        return x
     if hasattr(x, "detach") and hasattr(x, "numpy"):
         x = x.detach().cpu().numpy()
     return np.asarray(x)
@@ -53,13 +55,23 @@ def as_id_array(ids: Any, name: str = "ids") -> IdArray:
     return arr.astype(np.int64, copy=False)
 
 
+_SMALL_IDS = 8
+"""Up to this many IDs, ``check_rows`` checks their range with Python ints instead of numpy."""
+
+
+def _out_of_range(what: str, owner: str, policy: str, owned: tuple[int, int], mn: int, mx: int) -> NoReturn:
+    lo, hi = owned
+    bad = mn if mn < lo else mx
+    raise OutOfRangeError(f"{what}: {policy} ID {bad} is not owned by {owner} (owns [{lo}, {hi}))")
+
+
 @overload
 def check_rows(
     what: str,
     ids: Any,
     values: None = None,
     *,
-    dtype: str,
+    dtype: str | np.dtype[Any],
     row_shape: Sequence[int],
     owned: tuple[int, int] | None = None,
     owner: str = "",
@@ -74,7 +86,7 @@ def check_rows(
     ids: Any,
     values: np.ndarray | Sequence[Any] | SupportsNumpy,
     *,
-    dtype: str,
+    dtype: str | np.dtype[Any],
     row_shape: Sequence[int],
     owned: tuple[int, int] | None = None,
     owner: str = "",
@@ -88,7 +100,7 @@ def check_rows(
     ids: Any,
     values: Any = None,
     *,
-    dtype: str,
+    dtype: str | np.dtype[Any],
     row_shape: Sequence[int],
     owned: tuple[int, int] | None = None,
     owner: str = "",
@@ -104,26 +116,36 @@ def check_rows(
     arr = to_numpy(ids)
     if arr.ndim != 1:
         raise ShapeMismatchError(f"{what}: ids must be a 1-D array of global IDs, got shape {arr.shape}")
-    if arr.size and arr.dtype.kind not in "iu":
+    n = arr.size
+    if n and arr.dtype.kind not in "iu":
         raise DTypeMismatchError(f"{what}: ids must be integers, got dtype {arr.dtype}")
-    lo = 0
-    if owned is not None and arr.size:
-        lo, hi = owned
-        mn, mx = int(arr.min()), int(arr.max())
-        if mn < lo or mx >= hi:
-            bad = mn if mn < lo else mx
-            raise OutOfRangeError(f"{what}: {policy} ID {bad} is not owned by {owner} (owns [{lo}, {hi}))")
     local: IdArray
-    if not arr.size:
+    if not n:
         local = np.empty(0, dtype=np.int64)
     elif owned is None:
         local = arr.astype(np.int64, copy=False)
+    elif n <= _SMALL_IDS:
+        # a few IDs: Python ints compare exactly (uint64 above int64's range too) and cost less
+        # than two reductions
+        lo, hi = owned
+        ints = arr.tolist()
+        mn, mx = (ints[0], ints[0]) if n == 1 else (min(ints), max(ints))
+        if mn < lo or mx >= hi:
+            _out_of_range(what, owner, policy, owned, mn, mx)
+        local = np.array([v - lo for v in ints], dtype=np.int64)
     else:
-        local = np.subtract(arr, lo, dtype=np.int64)
+        # one subtraction, one reduction: modulo 2**64 (int64 wraps, uint64 cast), an ID is in
+        # [lo, hi) exactly when id - lo, read unsigned, is below hi - lo (both under 2**63)
+        lo, hi = owned
+        local = np.subtract(arr, lo, dtype=np.int64, casting="unsafe")
+        if int(local.view(np.uint64).max()) >= hi - lo:
+            _out_of_range(what, owner, policy, owned, int(arr.min()), int(arr.max()))
     if values is None:
         return local, None
     vals = to_numpy(values)
-    if vals.dtype.name != np.dtype(dtype).name:
+    # equal dtypes have equal names; only a mismatch (or a byte-order twin) reads ``.name``,
+    # which numpy computes in Python
+    if vals.dtype != dtype and vals.dtype.name != np.dtype(dtype).name:
         raise DTypeMismatchError(
             f"{what}: {values_name} have dtype {vals.dtype.name}; the tensor is {np.dtype(dtype).name}"
         )

@@ -258,7 +258,9 @@ class ServerSession(_Session):
         if self.state is not _READY:
             raise ProtocolError(f"cannot answer request {request_id}: session is {self.state.value}")
         pieces = encode_message(Response(request_id, result))
-        size = frame_size(pieces) - LENGTH_PREFIX.size
+        size = -LENGTH_PREFIX.size  # frame_size without a generator: this runs for every reply
+        for p in pieces:
+            size += p.nbytes if type(p) is memoryview else len(p)
         if size > self._full_max_frame_size:
             raise FrameTooLargeError(
                 f"the reply to request {request_id} is {size} bytes, over the maximum frame size "

@@ -388,7 +388,7 @@ class RequestHandlers:
         """Sample in-edges of owned seeds; with ``features``, the answer also carries the rows of
         the sampled nodes this partition owns (``ids``, ``rows``: one array per feature)."""
         a = SampleArgs.decode(args)
-        num_seeds = int(np.size(a.seeds))
+        num_seeds = a.seeds.size  # a 1-D integer array (SampleArgs.decode)
         # fanout -1 takes every in-edge: assume the partition's mean in-degree per seed
         per_seed = (
             a.fanout

@@ -25,6 +25,8 @@ from collections.abc import Awaitable
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
+
 from asyncgraph.errors import AsyncGraphError
 from asyncgraph.protocol import (
     CONNECTION_ERROR_ID,
@@ -42,6 +44,9 @@ if TYPE_CHECKING:
 __all__ = ["CONNECTION_ERROR_ID", "ServerConnection"]
 
 log = logging.getLogger("asyncgraph.server")
+
+# What synchronous handlers return: never awaitable, so ``inspect.isawaitable`` is skipped.
+_PLAIN_RESULTS = frozenset({np.ndarray, dict, list, type(None), int, float, str})
 
 
 class ServerConnection(asyncio.BufferedProtocol):
@@ -194,14 +199,17 @@ class ServerConnection(asyncio.BufferedProtocol):
         self._requests += 1
         metrics = self._metrics
         t0 = perf_counter() if metrics is not None else 0.0
+        handler = self._handlers.ops.get(request.op)
         try:
-            result = self._handlers.lookup(request.op)(request.args)
+            if handler is None:
+                handler = self._handlers.lookup(request.op)  # raises UnknownOpError
+            result = handler(request.args)
         except Exception as exc:
             self._reply_error(request.id, exc)
             if metrics is not None:
                 metrics.observe(request.op, False, t0)
             return
-        if inspect.isawaitable(result):
+        if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
             task = asyncio.ensure_future(self._finish(request.id, request.op, t0, result))
             self._inflight.add(task)
             task.add_done_callback(self._task_done)
@@ -254,8 +262,12 @@ class ServerConnection(asyncio.BufferedProtocol):
     def _write(self, pieces: list[bytes | memoryview]) -> None:
         if self._closed or self._transport is None or self._transport.is_closing():
             return
-        if self._metrics is not None:
-            self._metrics.bytes_out += sum(p.nbytes if type(p) is memoryview else len(p) for p in pieces)
+        metrics = self._metrics
+        if metrics is not None:
+            nbytes = 0
+            for p in pieces:
+                nbytes += p.nbytes if type(p) is memoryview else len(p)
+            metrics.bytes_out += nbytes
         self._transport.writelines(pieces)
 
     # --- flow control and closing ----------------------------------------------------------

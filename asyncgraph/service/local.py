@@ -4,7 +4,6 @@ partitions run the same code, so standalone and served results are equal by cons
 from __future__ import annotations
 
 import asyncio
-import math
 import operator
 import os
 import socket
@@ -93,9 +92,10 @@ class PartitionService:
     def pull(self, name: str, ids: np.ndarray) -> np.ndarray:
         limits = self.limits
         if limits is not None:
-            meta = self.store.tensor_meta(name)
-            row_bytes = math.prod(meta.row_shape) * np.dtype(meta.dtype).itemsize
-            limits.check_rows(f"pull from {name!r}", int(np.size(ids)), row_bytes)
+            row_bytes = self.store.row_bytes(name)  # cached per tensor; UnknownTensorError first
+            num_rows = ids.size if type(ids) is np.ndarray else int(np.size(ids))
+            if num_rows * row_bytes > limits.max_reply_bytes:
+                limits.check_rows(f"pull from {name!r}", num_rows, row_bytes)  # raises, naming the limit
         return self.store.pull(name, ids)
 
     def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str = "assign") -> None:
@@ -240,7 +240,7 @@ class PartitionService:
         ids = np.unique(np.concatenate(parts))
         limits = self.limits
         if limits is not None:
-            row_bytes = sum(math.prod(m.row_shape) * np.dtype(m.dtype).itemsize for m in metas)
+            row_bytes = sum(self.store.row_bytes(m.name) for m in metas)
             if 3 * 8 * src.size + ids.size * (8 + row_bytes) > limits.max_reply_bytes:
                 if extra is not None:
                     self.store.book.nid2localnid(np.asarray(extra, dtype=np.int64), self.store.part_id)

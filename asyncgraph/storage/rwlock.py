@@ -14,6 +14,7 @@ import fcntl
 import os
 import threading
 import weakref
+from threading import get_ident
 from typing import Protocol
 
 from asyncgraph.errors import InvalidRequestError
@@ -121,17 +122,24 @@ class LocalRWLock:
             self._waiting -= 1
 
     def _acquire_read(self) -> None:
+        # the uncontended path is on every pull: the mutex is taken and released directly, and
+        # the thread id is only looked up when some thread writes
         tls = self._tls
         depth = getattr(tls, "depth", 0)
-        if depth or self._writer == threading.get_ident():  # nested: already covered
+        writer = self._writer
+        if depth or (writer is not None and writer == get_ident()):  # nested: already covered
             tls.depth = depth + 1
             return
-        with self._mutex:
+        mutex = self._mutex
+        mutex.acquire()
+        try:
             while self._writer is not None or self._waiting_writers:
                 self._wait()
-            if self._readers == 0:
+            if not self._readers:
                 self._first_reader()
             self._readers += 1
+        finally:
+            mutex.release()
         tls.depth = 1
 
     def _release_read(self) -> None:
@@ -139,16 +147,25 @@ class LocalRWLock:
         depth = tls.depth - 1
         tls.depth = depth
         # a read taken under this thread's write ends under it too (proper nesting)
-        if depth or self._writer == threading.get_ident():
+        writer = self._writer
+        if depth or (writer is not None and writer == get_ident()):
             return
-        with self._mutex:
+        mutex = self._mutex
+        mutex.acquire()
+        try:
             self._readers -= 1
-            if self._readers == 0:
+            if not self._readers:
                 try:
                     self._last_reader()
                 finally:
                     if self._waiting:
                         self._cond.notify_all()
+        finally:
+            mutex.release()
+
+    #: ``read()`` without the context manager, for hot paths: pair with ``try``/``finally``.
+    acquire_read = _acquire_read
+    release_read = _release_read
 
     def _acquire_write(self) -> None:
         me = threading.get_ident()
@@ -228,7 +245,10 @@ class SharedRWLock(LocalRWLock):
         fcntl.flock(self._fd, op)
 
     def _first_reader(self) -> None:
-        self._flock(fcntl.LOCK_SH)
+        fd = self._fd  # ``_flock`` inlined: this runs on every uncontended pull
+        if fd < 0:
+            raise InvalidRequestError("lock is closed")
+        fcntl.flock(fd, fcntl.LOCK_SH)
 
     def _last_reader(self) -> None:
         if self._fd >= 0:

@@ -12,6 +12,7 @@ touched, so a rejected request changes nothing.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -40,6 +41,23 @@ if TYPE_CHECKING:
 __all__ = ["InitSpec", "PartitionStore", "PendingTensor", "Policy", "TensorMeta", "validate_init"]
 
 _STRUCTURE = ("indptr", "indices", "eids")
+
+
+class _Access:
+    """What every pull and push of one published tensor needs, derived once from its meta."""
+
+    __slots__ = ("dtype", "owned", "owner", "policy", "row_bytes", "row_shape", "rows", "what")
+
+    def __init__(self, t: StoredTensor, owned: tuple[int, int], owner: str) -> None:
+        meta = t.meta
+        self.rows = t.rows
+        self.what = f"tensor {meta.name!r}"
+        self.dtype = np.dtype(meta.dtype)  # compared with a push's values without a name lookup
+        self.row_shape = meta.row_shape
+        self.policy = meta.policy
+        self.owned = owned
+        self.owner = owner
+        self.row_bytes = math.prod(meta.row_shape) * self.dtype.itemsize
 
 
 class PartitionStore:
@@ -79,6 +97,9 @@ class PartitionStore:
         self._structure = dict(structure)
         self.indptr, self.indices, self.eids = (self._plain(self._structure[k]) for k in _STRUCTURE)
         self._lock = lock
+        # our own locks are entered without a context manager on the pull path (one call less)
+        self._read_pair = (lock.acquire_read, lock.release_read) if isinstance(lock, LocalRWLock) else None
+        self._owner = f"graph {graph_name!r} partition {part_id}"
         self._shared = shared
         self._attached = attached
         self._tensors: dict[str, StoredTensor] = {}
@@ -331,29 +352,49 @@ class PartitionStore:
         return {name: (t.rows.shape[0], t.rows.nbytes) for name, t in list(self._tensors.items())}
 
     # --- data access ------------------------------------------------------------------------
-    def _local_ids(self, t: StoredTensor, ids: Any) -> np.ndarray:
-        """Validate global IDs for tensor ``t`` and return int64 local row indices."""
-        return self._check_rows(t, ids)[0]
+    def _entry(self, name: str) -> _Access:
+        """The published tensor's access record (UnknownTensorError like ``_get``)."""
+        t = self._tensors.get(name)
+        if t is None:
+            t = self._get(name)  # raises
+        acc: _Access | None = t.access
+        if acc is None:
+            acc = t.access = _Access(t, self._owned(t.meta.policy), self._owner)
+        return acc
 
-    def _check_rows(self, t: StoredTensor, ids: Any, values: Any = None) -> tuple[np.ndarray, Any]:
-        meta = t.meta
+    def row_bytes(self, name: str) -> int:
+        """Bytes of one row of tensor ``name`` (UnknownTensorError lists what exists)."""
+        return self._entry(name).row_bytes
+
+    @staticmethod
+    def _check(acc: _Access, ids: Any, values: Any = None) -> tuple[np.ndarray, Any]:
         return check_rows(
-            f"tensor {meta.name!r}",
+            acc.what,
             ids,
             values,
-            dtype=meta.dtype,
-            row_shape=meta.row_shape,
-            owned=self._owned(meta.policy),
-            owner=f"graph {self.graph_name!r} partition {self.part_id}",
-            policy=meta.policy,
+            dtype=acc.dtype,
+            row_shape=acc.row_shape,
+            owned=acc.owned,
+            owner=acc.owner,
+            policy=acc.policy,
         )
 
     def pull(self, name: str, ids: np.ndarray) -> np.ndarray:
         """Rows for global ``ids`` (owned by this partition) as a NEW array ``[len(ids), *row_shape]``."""
-        t = self._get(name)
-        local = self._local_ids(t, ids)
-        with self._lock.read():
-            out: np.ndarray = np.take(t.rows, local, axis=0)
+        acc = self._entry(name)
+        local = self._check(acc, ids)[0]
+        rows = acc.rows
+        out: np.ndarray
+        pair = self._read_pair
+        if pair is None:
+            with self._lock.read():
+                out = rows.take(local, axis=0)
+            return out
+        pair[0]()
+        try:
+            out = rows.take(local, axis=0)
+        finally:
+            pair[1]()
         return out
 
     def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str = "assign") -> None:
@@ -362,15 +403,15 @@ class PartitionStore:
         ``values`` must have exactly the tensor's dtype and shape ``(len(ids), *row_shape)``.
         Everything is validated before the write lock is taken and data touched.
         """
-        t = self._get(name)
+        acc = self._entry(name)
         if op not in ("assign", "add"):
             raise InvalidRequestError(
                 f"unknown push op {op!r} for tensor {name!r}; expected 'assign' or 'add'"
             )
-        local, vals = self._check_rows(t, ids, values)
+        local, vals = self._check(acc, ids, values)
         if local.size == 0:
             return
-        rows = t.rows
+        rows = acc.rows
         with self._lock.write():
             if op == "assign":
                 rows[local] = vals

@@ -5,7 +5,7 @@ tensor follows (native-endian numeric or bool; the wire kinds).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
@@ -47,6 +47,9 @@ class StoredTensor:
     meta: TensorMeta
     data: SharedArray | np.ndarray
     start: int  # first owned global row
+    #: What the store derives from ``meta`` once for its fast paths (``PartitionStore._entry``);
+    #: it lives and dies with this object, so a deleted or re-created tensor never sees a stale one.
+    access: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def rows(self) -> np.ndarray:
