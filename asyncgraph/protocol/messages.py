@@ -45,8 +45,14 @@ __all__ = [
     "verify_mac",
 ]
 
-PROTOCOL_VERSION: int = 1
-"""Bumped whenever the wire format or message semantics change incompatibly."""
+PROTOCOL_VERSION: int = 2
+"""Bumped whenever the wire format or message semantics change incompatibly.
+
+2: arrays are written as the fixed-struct ``ExtType(2, ...)`` with offsets relative to the data
+region (see codec.py); version 1's ``ExtType(1, ...)`` is still decoded, but a version-1 peer
+cannot read version 2 frames, so the hello refuses it. Handshake frames carry no arrays and are
+encoded exactly as in version 1, so that refusal reaches an old peer in a form it reads.
+"""
 
 NONCE_SIZE: int = 32
 """Bytes of randomness in a server's handshake nonce."""
