@@ -7,8 +7,11 @@ deliberately split at awkward places; no socket is involved.
 from __future__ import annotations
 
 import contextlib
+import gc
 import struct
 import tracemalloc
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgpack
@@ -621,9 +624,6 @@ def test_frames_without_arrays_are_the_same_as_in_protocol_1() -> None:
 
 def test_encoder_is_reusable_after_errors_and_keeps_no_arrays() -> None:
     """The per-thread encoder is reset after every frame, failed ones included."""
-    import gc
-    import weakref
-
     arr = np.arange(5, dtype=np.int32)
     ref = weakref.ref(arr)
     with pytest.raises(TypeError):
@@ -637,14 +637,12 @@ def test_encoder_is_reusable_after_errors_and_keeps_no_arrays() -> None:
 
 
 def test_encoding_from_many_threads_at_once() -> None:
-    import concurrent.futures
-
     def work(i: int) -> None:
         for j in range(200):
             value = {"i": i, "a": np.full(j % 7 + 1, i, dtype=np.int64), "b": np.ones((j % 3, 2), np.float32)}
             assert_same(value, decode_frame(encode_frame_bytes(value)[4:]))
 
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    with ThreadPoolExecutor(4) as pool:
         list(pool.map(work, range(8)))
 
 

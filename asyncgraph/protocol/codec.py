@@ -59,7 +59,7 @@ _MAX_NDIM = 32
 _REF_HEAD = struct.Struct(">4sB3sQQ")  # dtype, ndim, pad, offset, nbytes: 24 bytes
 _REF_PAD = bytes(3)
 _REF_STRUCTS = tuple(struct.Struct(f">4sB3xQQ{n}Q") for n in range(_MAX_NDIM + 1))  # encoder
-_DIMS = tuple(struct.Struct(f">{n}Q") for n in range(_MAX_NDIM + 1))  # decoder
+_REF_DECODE = tuple(struct.Struct(f">4sB3sQQ{n}Q") for n in range(_MAX_NDIM + 1))
 # Canonical ``dtype.str`` of bool/int/uint/float dtypes only: no object, void, structured,
 # string, datetime or subarray dtypes can even reach np.dtype() on the decode side.
 _DTYPE_RE = re.compile(r"[<>|][biuf][0-9]{1,2}\Z")
@@ -124,27 +124,28 @@ def _checked_dtype(dtype_str: object) -> np.dtype[Any] | None:
     return dtype
 
 
-def _byte_view(arr: np.ndarray[Any, Any]) -> memoryview:
-    """A flat byte memoryview of a C-contiguous, non-empty array's own buffer (no copy)."""
+def _byte_view(arr: np.ndarray[Any, Any], view: memoryview) -> memoryview:
+    """``view`` (a C-contiguous, non-empty array's own buffer) as flat bytes, without a copy."""
     try:
-        return arr.data.cast("B")
+        return view.cast("B")
     except (TypeError, ValueError, NotImplementedError):  # formats memoryview cannot cast
-        view: memoryview = arr.reshape(-1).view(np.uint8).data
-        return view
+        flat: memoryview = arr.reshape(-1).view(np.uint8).data
+        return flat
 
 
 class _Encoder:
     """Packs a value once, turning each array into a reference relative to the data region.
 
-    One encoder (with its msgpack Packer) is kept per thread and reused; ``busy`` makes a
-    re-entrant call (e.g. from a signal handler) use a fresh one instead.
+    The ``default`` hook appends each new payload (and the zero padding before it) to
+    ``pieces``, whose first item ``encode_frame`` replaces by the frame head. One encoder (with
+    its msgpack Packer) is kept per thread and reused; ``busy`` makes a re-entrant call (e.g.
+    from a signal handler) use a fresh one instead.
     """
 
-    __slots__ = ("arrays", "busy", "data_end", "offsets", "packer", "refs")
+    __slots__ = ("busy", "data_end", "packer", "pieces", "refs")
 
     def __init__(self) -> None:
-        self.arrays: list[np.ndarray[Any, Any]] = []  # C-contiguous non-empty payloads, in order
-        self.offsets: list[int] = []  # offset of each payload relative to the data region
+        self.pieces: list[bytes | memoryview] = [b""]  # frame head placeholder, then payloads
         self.refs: dict[int, msgpack.ExtType] = {}  # id(original array) -> its reference (dedup)
         self.data_end = 0  # end of the last payload, relative to the data region
         self.busy = False
@@ -152,8 +153,7 @@ class _Encoder:
 
     def reset(self) -> None:
         """Forget the last value's arrays (so that they are not kept alive by this thread)."""
-        self.arrays.clear()
-        self.offsets.clear()
+        self.pieces = [b""]
         self.refs.clear()
         self.data_end = 0
 
@@ -193,14 +193,18 @@ class _Encoder:
         ndim = arr.ndim
         if ndim > _MAX_NDIM:
             raise TypeError(f"cannot encode a numpy array of {ndim} dimensions: at most {_MAX_NDIM}")
-        if not arr.flags.c_contiguous:
-            arr = np.ascontiguousarray(arr)
         nbytes = arr.nbytes
         if nbytes:
-            offset = (self.data_end + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+            view = arr.data
+            if not view.c_contiguous:
+                arr = np.ascontiguousarray(arr)
+                view = arr.data
+            end = self.data_end
+            offset = (end + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+            if offset != end:
+                self.pieces.append(_ZEROS[: offset - end])
+            self.pieces.append(_byte_view(arr, view))
             self.data_end = offset + nbytes
-            self.arrays.append(arr)
-            self.offsets.append(offset)
         else:
             offset = 0  # nothing to read: any aligned in-body offset will do
         ref = _new_ext(
@@ -237,7 +241,8 @@ def encode_frame(obj: Any) -> list[bytes | memoryview]:
         hlen = len(header)
         if hlen >= _KEEP_PACKER_BELOW and getattr(_local, "encoder", None) is enc:
             del _local.encoder  # drop the grown buffer with this encoder
-        if not enc.arrays:
+        pieces = enc.pieces
+        if len(pieces) == 1:  # no payload
             body_len = _HEADER_LEN.size + hlen
             if enc.refs:  # only empty arrays: the (empty) data region starts after the padding
                 body_len = _align(body_len)
@@ -246,15 +251,7 @@ def encode_frame(obj: Any) -> list[bytes | memoryview]:
         data_start = _align(_HEADER_LEN.size + hlen)
         body_len = data_start + enc.data_end
         _check_body_len(body_len)
-        pieces: list[bytes | memoryview] = [
-            _FRAME_HEAD.pack(body_len, hlen) + header + _ZEROS[: data_start - _HEADER_LEN.size - hlen]
-        ]
-        cursor = 0
-        for arr, offset in zip(enc.arrays, enc.offsets, strict=True):
-            if offset > cursor:
-                pieces.append(_ZEROS[: offset - cursor])
-            pieces.append(_byte_view(arr))
-            cursor = offset + arr.nbytes
+        pieces[0] = _FRAME_HEAD.pack(body_len, hlen) + header + _ZEROS[: data_start - _HEADER_LEN.size - hlen]
         return pieces
     finally:
         enc.reset()
@@ -296,22 +293,24 @@ class _ArrayHook:
             if code == LEGACY_ARRAY_EXT_CODE:
                 return self.legacy(data)
             raise ProtocolError(f"unknown msgpack ext type code {code}")
-        if len(data) < _REF_HEAD.size:
-            raise ProtocolError(f"array reference of {len(data)} bytes is shorter than {_REF_HEAD.size}")
-        tag, ndim, pad, offset, nbytes = _REF_HEAD.unpack_from(data)
-        if ndim > _MAX_NDIM or len(data) != _REF_HEAD.size + 8 * ndim or pad != _REF_PAD:
+        dims_len = len(data) - _REF_HEAD.size
+        if dims_len < 0 or dims_len & 7 or dims_len > 8 * _MAX_NDIM:
             raise ProtocolError(
-                f"malformed array reference of {len(data)} bytes: ndim {ndim} (at most {_MAX_NDIM}) "
-                f"needs {_REF_HEAD.size} + 8 * ndim bytes and 3 zero padding bytes, got {pad!r}"
+                f"malformed array reference of {len(data)} bytes: needs {_REF_HEAD.size} + 8 * ndim "
+                f"bytes, ndim at most {_MAX_NDIM}"
+            )
+        tag, ndim, pad, offset, nbytes, *shape = _REF_DECODE[dims_len >> 3].unpack(data)
+        if ndim != dims_len >> 3 or pad != _REF_PAD:
+            raise ProtocolError(
+                f"malformed array reference: ndim {ndim} for {dims_len >> 3} dimensions, padding {pad!r}"
             )
         dtype = _DECODE_DTYPES.get(tag)
         if dtype is None:
             dtype = _decode_dtype(tag)
-        shape = _DIMS[ndim].unpack_from(data, _REF_HEAD.size)
         if math.prod(shape) * dtype.itemsize != nbytes:
+            need = math.prod(shape) * dtype.itemsize
             raise ProtocolError(
-                f"array of shape {shape} and dtype {dtype.str} needs {math.prod(shape) * dtype.itemsize} "
-                f"bytes, header says {nbytes}"
+                f"array of shape {tuple(shape)} and dtype {dtype.str} needs {need} bytes, header: {nbytes}"
             )
         start = self.data_start + offset
         if offset % ALIGNMENT or start + nbytes > self.size:
@@ -322,7 +321,9 @@ class _ArrayHook:
         try:
             return np.ndarray(shape, dtype, self.body, start)
         except Exception as exc:
-            raise ProtocolError(f"cannot view array of shape {shape} and dtype {dtype.str}: {exc}") from exc
+            raise ProtocolError(
+                f"cannot view array of shape {tuple(shape)} and dtype {dtype.str}: {exc}"
+            ) from exc
 
     def legacy(self, data: bytes) -> np.ndarray[Any, Any]:
         """Protocol version 1's reference: msgpack ``[dtype.str, shape, absolute offset, nbytes]``."""
@@ -377,14 +378,17 @@ def decode_frame(body: bytes | bytearray | memoryview) -> Any:
     Raises ProtocolError, and nothing else, for any malformed body; allocation stays bounded
     by the body size because every msgpack length limit is capped by the header length.
     """
-    try:
-        view = memoryview(body)
-        if not view.c_contiguous:
-            raise ValueError("not C-contiguous")
-        if view.ndim != 1 or view.format != "B":
-            view = view.cast("B")
-    except (TypeError, ValueError) as exc:
-        raise ProtocolError(f"frame body is not a contiguous byte buffer: {exc}") from exc
+    if type(body) is bytes or type(body) is bytearray:
+        view = memoryview(body)  # always flat, contiguous bytes
+    else:
+        try:
+            view = memoryview(body)
+            if not view.c_contiguous:
+                raise ValueError("not C-contiguous")
+            if view.ndim != 1 or view.format != "B":
+                view = view.cast("B")
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(f"frame body is not a contiguous byte buffer: {exc}") from exc
     size = len(view)
     if size < _HEADER_LEN.size:
         if size == 0:
@@ -394,7 +398,7 @@ def decode_frame(body: bytes | bytearray | memoryview) -> Any:
     header_end = _HEADER_LEN.size + hlen
     if hlen == 0 or header_end > size:
         raise ProtocolError(f"header length {hlen} does not fit a body of {size} bytes")
-    data_start = _align(header_end)
+    data_start = (header_end + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
     if size > header_end:
         pad_end = data_start if data_start < size else size
         if view[header_end:pad_end] != _ZEROS[: pad_end - header_end]:
@@ -404,8 +408,7 @@ def decode_frame(body: bytes | bytearray | memoryview) -> Any:
         obj = msgpack.unpackb(
             header,
             ext_hook=_ArrayHook(view, data_start, size),
-            raw=False,
-            use_list=True,
+            raw=False,  # the default, as are use_list=True and timestamp=0
             strict_map_key=False,
             max_str_len=hlen,
             max_bin_len=hlen,
