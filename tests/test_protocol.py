@@ -37,6 +37,7 @@ from asyncgraph.protocol import (
     Response,
     ServerHello,
     check_client_hello,
+    codec,
     compute_mac,
     decode_frame,
     decode_handshake,
@@ -634,6 +635,30 @@ def test_encoder_is_reusable_after_errors_and_keeps_no_arrays() -> None:
     gc.collect()
     assert ref() is None
     assert encode_frame_bytes({"n": 1}) == framed(b"\x00\x00\x00\x04" + msgpack.packb({"n": 1}))
+
+
+def test_a_thread_drops_its_encoder_after_a_header_over_1_mib() -> None:
+    """The reused Packer keeps its grown buffer; after a huge header the thread starts afresh."""
+    encode_frame({"warm": 1})
+    before = codec._local.encoder
+    big = {"blob": b"x" * (2 << 20), "a": np.arange(3)}
+    assert_same(big, decode_frame(encode_frame_bytes(big)[4:]))
+    assert getattr(codec._local, "encoder", None) is not before
+    encode_frame({"small": 1})
+    assert codec._local.encoder is not before
+
+
+def test_a_busy_thread_encoder_is_left_alone() -> None:
+    """A re-entrant encode (the thread's encoder mid-frame) uses a fresh encoder."""
+    encode_frame({"warm": 1})
+    enc = codec._local.encoder
+    enc.busy = True
+    try:
+        assert_same([np.arange(4)], decode_frame(encode_frame_bytes([np.arange(4)])[4:]))
+        assert enc.pieces == [b""] and not enc.refs and enc.data_end == 0
+    finally:
+        enc.busy = False
+    assert codec._local.encoder is enc
 
 
 def test_encoding_from_many_threads_at_once() -> None:

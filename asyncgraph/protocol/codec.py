@@ -218,7 +218,10 @@ _local = threading.local()
 
 
 def _thread_encoder() -> _Encoder:
-    """This thread's reusable encoder, or a fresh one when it is in use (re-entrant call)."""
+    """This thread's reusable encoder (made on first use), or a fresh one while it is busy.
+
+    Busy means a re-entrant call, e.g. from a signal handler run in the middle of an encode.
+    """
     enc: _Encoder | None = getattr(_local, "encoder", None)
     if enc is None:
         enc = _local.encoder = _Encoder()
@@ -234,7 +237,8 @@ def encode_frame(obj: Any) -> list[bytes | memoryview]:
     arrays get one ``np.ascontiguousarray``. Raises TypeError for unsupported values and
     OverflowError for ints outside [-2**63, 2**64).
     """
-    enc = _thread_encoder()
+    current: _Encoder | None = getattr(_local, "encoder", None)
+    enc = _thread_encoder() if current is None or current.busy else current
     enc.busy = True
     try:
         header: bytes = enc.packer.pack(obj)
@@ -242,16 +246,19 @@ def encode_frame(obj: Any) -> list[bytes | memoryview]:
         if hlen >= _KEEP_PACKER_BELOW and getattr(_local, "encoder", None) is enc:
             del _local.encoder  # drop the grown buffer with this encoder
         pieces = enc.pieces
+        header_end = 4 + hlen  # after the 4-byte header length
         if len(pieces) == 1:  # no payload
-            body_len = _HEADER_LEN.size + hlen
+            body_len = header_end
             if enc.refs:  # only empty arrays: the (empty) data region starts after the padding
-                body_len = _align(body_len)
-            _check_body_len(body_len)
-            return [_FRAME_HEAD.pack(body_len, hlen) + header + _ZEROS[: body_len - _HEADER_LEN.size - hlen]]
-        data_start = _align(_HEADER_LEN.size + hlen)
+                body_len = (header_end + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+            if body_len > _MAX_BODY:
+                _check_body_len(body_len)
+            return [_FRAME_HEAD.pack(body_len, hlen) + header + _ZEROS[: body_len - header_end]]
+        data_start = (header_end + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
         body_len = data_start + enc.data_end
-        _check_body_len(body_len)
-        pieces[0] = _FRAME_HEAD.pack(body_len, hlen) + header + _ZEROS[: data_start - _HEADER_LEN.size - hlen]
+        if body_len > _MAX_BODY:
+            _check_body_len(body_len)
+        pieces[0] = _FRAME_HEAD.pack(body_len, hlen) + header + _ZEROS[: data_start - header_end]
         return pieces
     finally:
         enc.reset()
