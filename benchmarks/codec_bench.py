@@ -14,7 +14,8 @@ Figures are microseconds per call. Timings on a shared or loaded machine are noi
 figures of one run, or runs on the same idle machine.
 
 Run: ``.venv/bin/python -m benchmarks.codec_bench [--number 20000] [--repeat 3]``; writes
-``benchmarks/results/codec_bench.json``.
+``benchmarks/results/codec_bench.json``. ``--before OLD.json`` (this script's output from another
+checkout, run just before on the same machine) stores those figures alongside and prints ratios.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import platform
 import time
 import timeit
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -51,6 +53,7 @@ def main() -> None:
     ap.add_argument("--number", type=int, default=20000, help="calls per timing")
     ap.add_argument("--repeat", type=int, default=3, help="timings per case; the best is kept")
     ap.add_argument("--label", default="", help="free text stored with the results (e.g. the commit)")
+    ap.add_argument("--before", type=Path, help="results JSON of a baseline run to compare against")
     args = ap.parse_args()
 
     request = Request(1, "pull", {"name": "node:feat", "ids": np.array([70001])})
@@ -74,9 +77,12 @@ def main() -> None:
     }
     figures = {name: round(_us(fn, args.number, args.repeat), 2) for name, fn in cases.items()}
     figures["rows1000_roundtrip"] = round(figures["rows1000_encode"] + figures["rows1000_decode"], 2)
+    before = json.loads(args.before.read_text()) if args.before else None
+    old = before["us_per_call"] if before else {}
     print(f"codec per-call cost, us (best of {args.repeat}; protocol version {PROTOCOL_VERSION})")
     for name, us in figures.items():
-        print(f"  {name:<20} {us:9.2f}")
+        ratio = f"   before {old[name]:9.2f}  ({old[name] / us:4.1f}x)" if name in old and us else ""
+        print(f"  {name:<20} {us:9.2f}{ratio}")
     out = {
         "benchmark": "codec_bench",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -91,6 +97,10 @@ def main() -> None:
         "request_frame_bytes": len(request_body) + 4,
         "response_frame_bytes": len(response_body) + 4,
     }
+    if before:
+        out["before"] = {
+            k: before[k] for k in ("label", "when", "protocol_version", "us_per_call") if k in before
+        }
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / "codec_bench.json"
     path.write_text(json.dumps(out, indent=2) + "\n")
