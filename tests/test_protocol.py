@@ -671,6 +671,14 @@ def test_encoding_from_many_threads_at_once() -> None:
         list(pool.map(work, range(8)))
 
 
+def test_four_character_dtype_fills_the_tag() -> None:
+    """``dtype.str`` of up to 4 characters (e.g. "<f16", long double on x86-64) fits the tag."""
+    arr = np.arange(3, dtype=np.longdouble)
+    got = decode_frame(body_of(arr))
+    assert_same(arr, got)
+    assert got.dtype.str == arr.dtype.str
+
+
 def test_array_with_more_than_32_dims_is_refused_on_encode() -> None:
     with pytest.raises(TypeError, match=r"cannot encode.*33 dimensions"):
         encode_frame(np.zeros((1,) * 33))

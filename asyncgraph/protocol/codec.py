@@ -56,12 +56,14 @@ _FRAME_HEAD = struct.Struct(">II")  # length prefix (framing.LENGTH_PREFIX) + he
 _ZEROS = bytes(ALIGNMENT)
 _MAX_BODY = (1 << 32) - 1  # what a 4-byte length prefix can declare
 _MAX_NDIM = 32
-_REF_HEAD = struct.Struct(">4sB3sQQ")  # dtype, ndim, pad, offset, nbytes: 24 bytes
+# An array reference: dtype tag, ndim, 3 zero bytes, offset, nbytes (24 bytes), then ndim dims.
+_REF_HEAD_SIZE = struct.calcsize(">4sB3sQQ")
 _REF_PAD = bytes(3)
 _REF_STRUCTS = tuple(struct.Struct(f">4sB3xQQ{n}Q") for n in range(_MAX_NDIM + 1))  # encoder
-_REF_DECODE = tuple(struct.Struct(f">4sB3sQQ{n}Q") for n in range(_MAX_NDIM + 1))
+_REF_DECODE = tuple(struct.Struct(f">4sB3sQQ{n}Q") for n in range(_MAX_NDIM + 1))  # pad checked
 # Canonical ``dtype.str`` of bool/int/uint/float dtypes only: no object, void, structured,
-# string, datetime or subarray dtypes can even reach np.dtype() on the decode side.
+# string, datetime or subarray dtypes can even reach np.dtype() on the decode side. At most 4
+# characters (e.g. "<f16"), so it fits the reference's 4-byte tag.
 _DTYPE_RE = re.compile(r"[<>|][biuf][0-9]{1,2}\Z")
 # A msgpack Timestamp (ext type -1) can only appear where one of these byte pairs occurs:
 # fixext4/fixext8 with type -1, or an ext8/16/32 of length 12 with type -1.
@@ -73,11 +75,6 @@ _KEEP_PACKER_BELOW = 1 << 20
 _ENCODE_TAGS: dict[np.dtype[Any], bytes] = {}  # dtype -> its 4-byte wire tag
 _DECODE_DTYPES: dict[bytes, np.dtype[Any]] = {}  # 4-byte wire tag -> dtype
 _new_ext = tuple.__new__  # ExtType is a namedtuple: skip its Python-level argument checks
-
-
-def _align(n: int) -> int:
-    """Round ``n`` up to the next multiple of ALIGNMENT."""
-    return (n + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
 
 
 def _check_array_dtype(dtype: np.dtype[Any]) -> None:
@@ -300,10 +297,10 @@ class _ArrayHook:
             if code == LEGACY_ARRAY_EXT_CODE:
                 return self.legacy(data)
             raise ProtocolError(f"unknown msgpack ext type code {code}")
-        dims_len = len(data) - _REF_HEAD.size
+        dims_len = len(data) - _REF_HEAD_SIZE
         if dims_len < 0 or dims_len & 7 or dims_len > 8 * _MAX_NDIM:
             raise ProtocolError(
-                f"malformed array reference of {len(data)} bytes: needs {_REF_HEAD.size} + 8 * ndim "
+                f"malformed array reference of {len(data)} bytes: needs {_REF_HEAD_SIZE} + 8 * ndim "
                 f"bytes, ndim at most {_MAX_NDIM}"
             )
         tag, ndim, pad, offset, nbytes, *shape = _REF_DECODE[dims_len >> 3].unpack(data)
