@@ -15,6 +15,7 @@ import shutil
 import signal
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,6 +57,33 @@ def test_wal_round_trip_and_torn_tail(tmp_path: Path) -> None:
     assert [r["rid"] for r in records] == ["r0", "r1", "r2"]
     assert records[2]["args"]["values"].tolist() == [2.0, 2.0, 2.0]
     assert path.stat().st_size == good  # torn tail truncated
+
+
+# One log record's frame as the previous release (protocol 1: arrays as ExtType 1, absolute
+# offsets) wrote it: push {"name": "x", "ids": int64 [0, 1], "values": float32 [7, 8]}, rid "r-old".
+V1_RECORD_FRAME = bytes.fromhex(
+    "000000c80000006e84a26f70a470757368a46172677383a46e616d65a178a3696473c7190194a33c69389102cf000000"
+    "0000000080cf0000000000000010a676616c756573c7190194a33c66349102cf00000000000000c0cf00000000000000"
+    "08a3726964a5722d6f6c64a174cb3ff80000000000000000000000000000000000000000000000000000000001000000"
+    "000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000"
+    "000000000000e04000000041"
+)
+
+
+def test_wal_written_by_the_previous_release_still_replays(tmp_path: Path) -> None:
+    """A log that starts with a protocol-1 record and goes on with this release's records."""
+    path = tmp_path / "wal.log"
+    path.write_bytes(zlib.crc32(V1_RECORD_FRAME).to_bytes(4, "big") + V1_RECORD_FRAME)
+    wal = WriteAheadLog(path, "always")
+    wal.append("push", {"name": "x", "ids": np.arange(3), "values": np.ones((3, 2), np.float32)}, "r-new")
+    wal.close()
+    size = path.stat().st_size
+    old, new = WriteAheadLog.records(path)
+    assert (old["op"], old["rid"], old["t"]) == ("push", "r-old", 1.5)
+    assert old["args"]["ids"].dtype == np.int64 and old["args"]["ids"].tolist() == [0, 1]
+    assert old["args"]["values"].dtype == np.float32 and old["args"]["values"].tolist() == [7.0, 8.0]
+    assert new["rid"] == "r-new" and new["args"]["values"].shape == (3, 2)
+    assert path.stat().st_size == size  # nothing taken for a torn tail
 
 
 def test_snapshot_restore_and_fallback_to_previous(tmp_path: Path) -> None:

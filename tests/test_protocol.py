@@ -7,8 +7,11 @@ deliberately split at awkward places; no socket is involved.
 from __future__ import annotations
 
 import contextlib
+import gc
 import struct
 import tracemalloc
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgpack
@@ -21,6 +24,7 @@ from hypothesis.extra import numpy as hnp
 from asyncgraph.errors import FrameTooLargeError, ProtocolError
 from asyncgraph.protocol import (
     ALIGNMENT,
+    ARRAY_EXT_CODE,
     DEFAULT_MAX_FRAME_SIZE,
     LENGTH_PREFIX,
     PROTOCOL_VERSION,
@@ -33,6 +37,7 @@ from asyncgraph.protocol import (
     Response,
     ServerHello,
     check_client_hello,
+    codec,
     compute_mac,
     decode_frame,
     decode_handshake,
@@ -71,8 +76,27 @@ def raw_body(header: bytes, payload: bytes = b"", *, hlen: int | None = None) ->
 
 
 def array_ref(dtype: Any, shape: Any, offset: Any, nbytes: Any, code: int = 1) -> msgpack.ExtType:
-    """An array reference ExtType as the encoder would write it (or deliberately not)."""
+    """A protocol-1 (legacy, ext code 1) array reference: msgpack [dtype, shape, absolute offset, nbytes].
+
+    The encoder no longer writes these, but the decoder must still read them (old write-ahead logs).
+    """
     return msgpack.ExtType(code, msgpack.packb([dtype, shape, offset, nbytes]))
+
+
+def ref2(
+    dtype: bytes,
+    shape: list[int],
+    offset: int,
+    nbytes: int,
+    *,
+    ndim: int | None = None,
+    pad: bytes = bytes(3),
+    tail: bytes = b"",
+    code: int = ARRAY_EXT_CODE,
+) -> msgpack.ExtType:
+    """A protocol-2 array reference: ``ExtType(2, >4sB3sQQ + ndim x Q)``, offset relative to the data."""
+    data = struct.pack(">4sB3sQQ", dtype, len(shape) if ndim is None else ndim, pad, offset, nbytes)
+    return msgpack.ExtType(code, data + struct.pack(f">{len(shape)}Q", *shape) + tail)
 
 
 def assert_same(expected: Any, got: Any) -> None:
@@ -272,11 +296,12 @@ def test_layout_header_padding_and_alignment() -> None:
     (hlen,) = struct.unpack_from(">I", body, 0)
     data_start = -(-(4 + hlen) // ALIGNMENT) * ALIGNMENT
     assert body[4 + hlen : data_start] == bytes(data_start - 4 - hlen)
-    header = msgpack.unpackb(body[4 : 4 + hlen], ext_hook=lambda code, data: (code, msgpack.unpackb(data)))
-    (code_a, meta_a), (code_b, meta_b) = header["a"], header["b"]
-    assert code_a == code_b == 1
-    assert meta_a == ["|u1", [3], data_start, 3]
-    assert meta_b == ["<f8", [5], data_start + ALIGNMENT, 40]
+    header = msgpack.unpackb(body[4 : 4 + hlen], ext_hook=lambda code, data: (code, data))
+    (code_a, ref_a), (code_b, ref_b) = header["a"], header["b"]
+    assert code_a == code_b == ARRAY_EXT_CODE == 2
+    # dtype.str NUL-padded to 4, ndim, 3 zero bytes, offset relative to the data region, nbytes, dims
+    assert ref_a == b"|u1\x00" + b"\x01\x00\x00\x00" + struct.pack(">QQQ", 0, 3, 3)
+    assert ref_b == b"<f8\x00" + b"\x01\x00\x00\x00" + struct.pack(">QQQ", ALIGNMENT, 40, 5)
     assert body[data_start : data_start + 3] == arr1.tobytes()
     assert body[data_start + ALIGNMENT :] == arr2.tobytes()
 
@@ -454,7 +479,8 @@ MALFORMED: dict[str, bytes] = {
     "huge declared bin": raw_body(b"\xc6\xff\xff\xff\xff"),
     "unhashable map key": raw_body(b"\x81\x90\x01"),
     "deep nesting": raw_body(b"\x91" * 100_000 + b"\xc0"),
-    "unknown ext code": _ext_body(array_ref("<f4", [4], 64, 16, code=2)),
+    "unknown ext code": _ext_body(array_ref("<f4", [4], 64, 16, code=3)),
+    "unknown ext code, v2 layout": _ext_body(ref2(b"<f4\0", [4], 0, 16, code=3)),
     "timestamp ext": raw_body(msgpack.packb([msgpack.Timestamp(1, 0)])),
     "timestamp ext in map": raw_body(msgpack.packb({"t": msgpack.Timestamp(2**40, 5)})),
     "ext data not msgpack": raw_body(msgpack.packb(msgpack.ExtType(1, b"\xc1"))),
@@ -485,6 +511,37 @@ MALFORMED: dict[str, bytes] = {
     "non-zero padding": raw_body(msgpack.packb({"a": array_ref("<f4", [4], 64, 16)}), b"")
     + b"\x01"
     + bytes(64),
+    # the same kinds of damage to the protocol-2 reference (ExtType 2, fixed struct, relative offset)
+    "v2 ref empty": _ext_body(msgpack.ExtType(2, b"")),
+    "v2 ref truncated head": _ext_body(msgpack.ExtType(2, ref2(b"<f4\0", [4], 0, 16).data[:23])),
+    "v2 ref missing dim": _ext_body(ref2(b"<f4\0", [], 0, 16, ndim=1)),
+    "v2 ref extra dim bytes": _ext_body(ref2(b"<f4\0", [4], 0, 16, tail=bytes(8))),
+    "v2 ref ragged tail": _ext_body(ref2(b"<f4\0", [4], 0, 16, tail=b"\x00")),
+    "v2 ref ndim too small": _ext_body(ref2(b"<f4\0", [4, 1], 0, 16, ndim=1)),
+    "v2 ref too many dims": _ext_body(ref2(b"<f4\0", [1] * 33, 0, 4)),
+    "v2 ref ndim 255": _ext_body(ref2(b"<f4\0", [1] * 255, 0, 4)),
+    "v2 ref non-zero pad": _ext_body(ref2(b"<f4\0", [4], 0, 16, pad=b"\x00\x01\x00")),
+    "v2 object dtype": _ext_body(ref2(b"|O8\0", [2], 0, 16)),
+    "v2 void dtype": _ext_body(ref2(b"|V16", [1], 0, 16)),
+    "v2 unicode dtype": _ext_body(ref2(b"<U4\0", [1], 0, 16)),
+    "v2 datetime dtype": _ext_body(ref2(b"<M8\0", [2], 0, 16)),
+    "v2 complex dtype": _ext_body(ref2(b"<c8\0", [2], 0, 16)),
+    "v2 non-canonical dtype": _ext_body(ref2(b"f4\0\0", [4], 0, 16)),
+    "v2 native-order dtype": _ext_body(ref2(b"=f4\0", [4], 0, 16)),
+    "v2 nonexistent dtype": _ext_body(ref2(b"<f3\0", [4], 0, 12)),
+    "v2 NUL inside dtype": _ext_body(ref2(b"<f\x004", [4], 0, 16)),
+    "v2 NUL-led dtype": _ext_body(ref2(b"\0<f4", [4], 0, 16)),
+    "v2 non-ascii dtype": _ext_body(ref2(b"<f\xc3\xa4", [4], 0, 16)),
+    "v2 empty dtype": _ext_body(ref2(bytes(4), [4], 0, 16)),
+    "v2 nbytes mismatch": _ext_body(ref2(b"<f4\0", [4], 0, 12)),
+    "v2 nbytes beyond body": _ext_body(ref2(b"<f4\0", [8], 0, 32)),
+    "v2 offset misaligned": _ext_body(ref2(b"|u1\0", [4], 1, 4)),
+    "v2 offset beyond body": _ext_body(ref2(b"<f4\0", [4], 64, 16)),
+    "v2 offset near 2**64": _ext_body(ref2(b"<f4\0", [4], 2**64 - 64, 16)),
+    "v2 huge dims, nbytes wraps": _ext_body(ref2(b"|u1\0", [2**32, 2**32], 0, 0)),
+    "v2 zero-size but absurd shape": _ext_body(ref2(b"<f8\0", [0, 2**62, 2**62], 0, 0)),
+    "v2 zero-size dim beyond intp": _ext_body(ref2(b"<f8\0", [0, 2**64 - 1], 0, 0)),
+    "v2 no data region": raw_body(msgpack.packb({"a": ref2(b"<f4\0", [0], 0, 0)})),
 }
 
 
@@ -496,10 +553,136 @@ def test_malformed_bodies_raise_protocol_error(name: str) -> None:
             decode(body)
 
 
-def test_hand_built_reference_is_accepted() -> None:
-    """The malformed cases above differ from this valid body in one field only."""
-    got = decode_frame(_ext_body(array_ref("<f4", [4], 64, 16)))
+@pytest.mark.parametrize("ref", [array_ref("<f4", [4], 64, 16), ref2(b"<f4\0", [4], 0, 16)], ids=["v1", "v2"])
+def test_hand_built_reference_is_accepted(ref: msgpack.ExtType) -> None:
+    """The malformed cases above differ from these valid bodies in one field only."""
+    got = decode_frame(_ext_body(ref))
     assert_same(np.arange(4, dtype="<f4"), got["a"])
+
+
+def test_v2_reference_offsets_are_relative_to_the_data_region() -> None:
+    header = msgpack.packb({"x": "y" * 70, "a": ref2(b">i2\0", [2, 2], 64, 8)})
+    body = raw_body(header, bytes(64) + np.arange(4, dtype=">i2").tobytes())
+    got = decode_frame(body)["a"]
+    assert_same(np.arange(4, dtype=">i2").reshape(2, 2), got)
+    assert got.dtype.str == ">i2"
+
+
+# A protocol-1 frame, as the previous release's encoder wrote it (e.g. a write-ahead log record):
+# {"op": "push", "args": {"name": "node:feat", "ids": int64 [3, 70001], "data": float32 arange(6)
+# as (2, 3), "mask": bool (0,)}, "rid": 7, "t": 1.5}, arrays as ExtType 1 with absolute offsets.
+V1_FRAME = bytes.fromhex(
+    "000001180000009184a26f70a470757368a46172677384a46e616d65a96e6f64653a66656174a3696473c7190194a33c"
+    "69389102cf00000000000000c0cf0000000000000010a464617461c71a0194a33c6634920203cf0000000000000100cf"
+    "0000000000000018a46d61736bc7190194a37c62319100cf00000000000000c0cf0000000000000000a372696407a174"
+    "cb3ff8000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000"
+    "000000000300000000000000711101000000000000000000000000000000000000000000000000000000000000000000"
+    "0000000000000000000000000000000000000000000000000000803f0000004000004040000080400000a040"
+)
+
+
+def test_protocol_1_frame_still_decodes() -> None:
+    """Old write-ahead logs hold ExtType-1 frames; they must still replay (see server/wal.py)."""
+    (frame_body,) = FrameReader().feed(V1_FRAME)
+    body = bytearray(frame_body)
+    got = decode_frame(body)
+    expected = {
+        "op": "push",
+        "args": {
+            "name": "node:feat",
+            "ids": np.array([3, 70001], dtype=np.int64),
+            "data": np.arange(6, dtype="<f4").reshape(2, 3),
+            "mask": np.zeros(0, dtype=bool),
+        },
+        "rid": 7,
+        "t": 1.5,
+    }
+    assert_same(expected, got)
+    assert (got["args"]["data"].ctypes.data - np.frombuffer(body, np.uint8).ctypes.data) % ALIGNMENT == 0
+    # the encoder now writes the same value as protocol 2 (ExtType 2), which decodes the same
+    frame = encode_frame_bytes(expected)
+    assert frame != V1_FRAME and b"\xc7\x19\x01" not in frame
+    assert_same(expected, decode_frame(frame[4:]))
+
+
+def test_frames_without_arrays_are_the_same_as_in_protocol_1() -> None:
+    """Handshakes carry no arrays: an old peer must still read a refusal of its version."""
+    hello = ServerHello(1, "pubmed", 3, b"\x01" * 32, True, "i", 5)
+    assert encode_handshake(hello).hex() == (
+        "000000840000008088a46b696e64ac7365727665725f68656c6c6fa776657273696f6e01aa67726170685f6e616d65"
+        "a67075626d6564a7706172745f696403a56e6f6e6365c42001010101010101010101010101010101010101010101010101"
+        "01010101010101ad617574685f7265717569726564c3a8696e7374616e6365a169a565706f636805"
+    )
+    refusal = HelloResult(False, "auth", "protocol version 1 != server's 2")
+    assert encode_handshake(refusal).hex() == (
+        "0000004f0000004b84a46b696e64ac68656c6c6f5f726573756c74a26f6bc2a4636f6465a461757468a76d6573736167"
+        "65d92070726f746f636f6c2076657273696f6e203120213d2073657276657227732032"
+    )
+    for value in ({"a": [1, 2.5, None, "x", b"y"]}, [0, 7, "ping", {}]):
+        packed = msgpack.packb(value)
+        assert encode_frame_bytes(value) == framed(struct.pack(">I", len(packed)) + packed)
+
+
+def test_encoder_is_reusable_after_errors_and_keeps_no_arrays() -> None:
+    """The per-thread encoder is reset after every frame, failed ones included."""
+    arr = np.arange(5, dtype=np.int32)
+    ref = weakref.ref(arr)
+    with pytest.raises(TypeError):
+        encode_frame([arr, object()])
+    pieces = encode_frame([np.arange(3, dtype=np.uint8), "ok"])
+    assert_same([np.arange(3, dtype=np.uint8), "ok"], decode_frame(b"".join(pieces)[4:]))
+    del arr
+    gc.collect()
+    assert ref() is None
+    assert encode_frame_bytes({"n": 1}) == framed(b"\x00\x00\x00\x04" + msgpack.packb({"n": 1}))
+
+
+def test_a_thread_drops_its_encoder_after_a_header_over_1_mib() -> None:
+    """The reused Packer keeps its grown buffer; after a huge header the thread starts afresh."""
+    encode_frame({"warm": 1})
+    before = codec._local.encoder
+    big = {"blob": b"x" * (2 << 20), "a": np.arange(3)}
+    assert_same(big, decode_frame(encode_frame_bytes(big)[4:]))
+    assert getattr(codec._local, "encoder", None) is not before
+    encode_frame({"small": 1})
+    assert codec._local.encoder is not before
+
+
+def test_a_busy_thread_encoder_is_left_alone() -> None:
+    """A re-entrant encode (the thread's encoder mid-frame) uses a fresh encoder."""
+    encode_frame({"warm": 1})
+    enc = codec._local.encoder
+    enc.busy = True
+    try:
+        assert_same([np.arange(4)], decode_frame(encode_frame_bytes([np.arange(4)])[4:]))
+        assert enc.pieces == [b""] and not enc.refs and enc.data_end == 0
+    finally:
+        enc.busy = False
+    assert codec._local.encoder is enc
+
+
+def test_encoding_from_many_threads_at_once() -> None:
+    def work(i: int) -> None:
+        for j in range(200):
+            value = {"i": i, "a": np.full(j % 7 + 1, i, dtype=np.int64), "b": np.ones((j % 3, 2), np.float32)}
+            assert_same(value, decode_frame(encode_frame_bytes(value)[4:]))
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(work, range(8)))
+
+
+def test_four_character_dtype_fills_the_tag() -> None:
+    """``dtype.str`` of up to 4 characters (e.g. "<f16", long double on x86-64) fits the tag."""
+    arr = np.arange(3, dtype=np.longdouble)
+    got = decode_frame(body_of(arr))
+    assert_same(arr, got)
+    assert got.dtype.str == arr.dtype.str
+
+
+def test_array_with_more_than_32_dims_is_refused_on_encode() -> None:
+    with pytest.raises(TypeError, match=r"cannot encode.*33 dimensions"):
+        encode_frame(np.zeros((1,) * 33))
+    assert_same(np.zeros((1,) * 32), decode_frame(body_of(np.zeros((1,) * 32))))
 
 
 def test_non_byte_memoryview_body_is_cast() -> None:
@@ -901,11 +1084,36 @@ def test_handshake_missing_mac() -> None:
 
 def test_handshake_version_mismatch_from_a_newer_client() -> None:
     # a future client may send extra fields; the server must still read its version
-    body = body_of({"kind": "client_hello", "version": 2, "graph_name": "pubmed", "mac": None, "new": [1]})
+    newer = PROTOCOL_VERSION + 1
+    body = body_of(
+        {"kind": "client_hello", "version": newer, "graph_name": "pubmed", "mac": None, "new": [1]}
+    )
     hello = decode_handshake(body)
     assert isinstance(hello, ClientHello)
     result = check_client_hello(hello, graph_name="pubmed", nonce=new_nonce(), secret=None)
-    assert result == HelloResult(False, "auth", f"protocol version 2 != server's {PROTOCOL_VERSION}")
+    assert result == HelloResult(False, "auth", f"protocol version {newer} != server's {PROTOCOL_VERSION}")
+
+
+def test_handshake_version_mismatch_from_an_older_client() -> None:
+    # the client hello of the previous release (protocol 1), byte for byte as it wrote it
+    v1_hello = bytes.fromhex(
+        "000000370000003384a46b696e64ac636c69656e745f68656c6c6fa776657273696f6e01aa67726170685f6e616d65"
+        "a67075626d6564a36d6163c0"
+    )
+    hello = decode_handshake(v1_hello[4:])
+    assert hello == ClientHello(1, "pubmed", None)
+    result = check_client_hello(hello, graph_name="pubmed", nonce=new_nonce(), secret=None)
+    assert result == HelloResult(False, "auth", f"protocol version 1 != server's {PROTOCOL_VERSION}")
+    # the refusal is a plain msgpack map, framed as protocol 1 framed it: the old peer can read it
+    frame = encode_handshake(result)
+    (hlen,) = struct.unpack_from(">I", frame, 4)
+    assert len(frame) == 8 + hlen
+    assert msgpack.unpackb(frame[8:]) == {
+        "kind": "hello_result",
+        "ok": False,
+        "code": "auth",
+        "message": result.message,
+    }
 
 
 def test_handshake_graph_mismatch() -> None:

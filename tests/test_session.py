@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 
 from asyncgraph.errors import AuthenticationError, FrameTooLargeError, OutOfRangeError, ProtocolError
 from asyncgraph.protocol import (
     CONNECTION_ERROR_ID,
+    PROTOCOL_VERSION,
     ClientHello,
     ClientSession,
     ConnectionFailed,
@@ -149,6 +151,29 @@ def test_wrong_graph_is_refused() -> None:
     pair = SessionPair(graph="other")
     _, client_events = pair.handshake()
     assert isinstance(client_events[0], ConnectionFailed) and "graph" in str(client_events[0].error)
+
+
+def test_protocol_1_client_is_refused_with_a_reply_it_can_read() -> None:
+    """A client of the previous release (protocol 1) gets a refusal naming both versions."""
+    server = ServerSession(graph_name="pubmed", part_id=0, secret=None)
+    server.data_to_send()  # the server hello
+    v1_hello = bytes.fromhex(  # ClientHello(1, "pubmed", None) as the protocol-1 encoder wrote it
+        "000000370000003384a46b696e64ac636c69656e745f68656c6c6fa776657273696f6e01aa67726170685f6e616d65"
+        "a67075626d6564a36d6163c0"
+    )
+    [failed] = feed(server, v1_hello)
+    assert isinstance(failed, ConnectionFailed) and isinstance(failed.error, AuthenticationError)
+    assert server.closed
+    [reply] = bodies(join(server.data_to_send()))
+    # what a protocol-1 decoder does with a body free of arrays: header length, then plain msgpack
+    hlen = int.from_bytes(reply[:4], "big")
+    assert len(reply) == 4 + hlen
+    assert msgpack.unpackb(reply[4:]) == {
+        "kind": "hello_result",
+        "ok": False,
+        "code": "auth",
+        "message": f"protocol version 1 != server's {PROTOCOL_VERSION}",
+    }
 
 
 def test_request_before_hello_is_refused_with_a_hello_result() -> None:

@@ -45,8 +45,14 @@ __all__ = [
     "verify_mac",
 ]
 
-PROTOCOL_VERSION: int = 1
-"""Bumped whenever the wire format or message semantics change incompatibly."""
+PROTOCOL_VERSION: int = 2
+"""Bumped whenever the wire format or message semantics change incompatibly.
+
+2: arrays are written as the fixed-struct ``ExtType(2, ...)`` with offsets relative to the data
+region (see codec.py); version 1's ``ExtType(1, ...)`` is still decoded, but a version-1 peer
+cannot read version 2 frames, so the hello refuses it. Handshake frames carry no arrays and are
+encoded exactly as in version 1, so that refusal reaches an old peer in a form it reads.
+"""
 
 NONCE_SIZE: int = 32
 """Bytes of randomness in a server's handshake nonce."""
@@ -86,16 +92,11 @@ class ErrorResponse:
 Message = Request | Response | ErrorResponse
 
 
-def _is_int(value: object) -> bool:
-    """True for a real int (bool excluded)."""
-    return type(value) is int
-
-
 def encode_message(msg: Message) -> list[bytes | memoryview]:
     """Encode a message as a full frame (pieces for ``transport.writelines``)."""
     if not isinstance(msg, (Request, Response, ErrorResponse)):
         raise TypeError(f"not a message: {type(msg).__name__}")
-    if not _is_int(msg.id):
+    if type(msg.id) is not int:
         raise TypeError(f"message id must be an int, got {type(msg.id).__name__}")
     if isinstance(msg, Request):
         if not isinstance(msg.op, str) or not isinstance(msg.args, dict):
@@ -111,30 +112,31 @@ def encode_message(msg: Message) -> list[bytes | memoryview]:
 def decode_message(body: bytes | bytearray | memoryview) -> Message:
     """Decode a frame body into a message; ProtocolError unless it is a well-formed one."""
     obj = decode_frame(body)
-    if type(obj) is not list or not obj or not _is_int(obj[0]):
+    if type(obj) is not list or not obj or type(obj[0]) is not int:
         raise ProtocolError("frame is not a message (expected a list led by an integer kind)")
     kind = obj[0]
     if kind == _KIND_REQUEST:
         if len(obj) != 4:
             raise ProtocolError(f"request must have 4 fields, got {len(obj)}")
         _, msg_id, op, args = obj
-        if not _is_int(msg_id) or type(op) is not str or type(args) is not dict:
+        if type(msg_id) is not int or type(op) is not str or type(args) is not dict:
             raise ProtocolError("request needs an int id, a str op and a map of args")
-        if not all(type(k) is str for k in args):
-            raise ProtocolError(f"request {op!r} has non-str argument names")
+        for name in args:
+            if type(name) is not str:
+                raise ProtocolError(f"request {op!r} has non-str argument names")
         return Request(msg_id, op, args)
     if kind == _KIND_RESPONSE:
         if len(obj) != 3:
             raise ProtocolError(f"response must have 3 fields, got {len(obj)}")
         _, msg_id, result = obj
-        if not _is_int(msg_id):
+        if type(msg_id) is not int:
             raise ProtocolError("response needs an int id")
         return Response(msg_id, result)
     if kind == _KIND_ERROR:
         if len(obj) != 4:
             raise ProtocolError(f"error response must have 4 fields, got {len(obj)}")
         _, msg_id, code, message = obj
-        if not _is_int(msg_id) or type(code) is not str or type(message) is not str:
+        if type(msg_id) is not int or type(code) is not str or type(message) is not str:
             raise ProtocolError("error response needs an int id, a str code and a str message")
         return ErrorResponse(msg_id, code, message)
     raise ProtocolError(f"unknown message kind {kind}")

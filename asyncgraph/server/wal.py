@@ -1,7 +1,8 @@
 """The write-ahead log of acknowledged writes (one file per snapshot epoch).
 
 A record is ``crc32 (4 bytes, big endian) + one protocol frame`` (``encode_frame``: msgpack
-header, arrays as raw bytes, never pickle) holding ``{"op", "args", "rid", "t"}``. Reading stops
+header, arrays as raw bytes, never pickle) holding ``{"op", "args", "rid", "t"}``; records written
+by a protocol-1 release (ExtType-1 array references) still decode, so its logs replay. Reading stops
 at the first torn or corrupt record (the tail a crash cut short) and truncates the log there.
 ``always`` fsyncs before a write is acknowledged; ``interval`` at most every ``fsync_interval``
 seconds (see ``asyncgraph.server.durable`` for what each survives).
