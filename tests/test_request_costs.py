@@ -369,3 +369,49 @@ def test_served_metrics_count_exactly_what_was_sent(cora2: Any, tmp_path: Path) 
         session.close()
     finally:
         group.stop()
+
+
+def test_replies_to_one_read_go_out_in_one_write(cora2: Any, tmp_path: Path) -> None:
+    """Eight requests sent in one segment (a pipelining client) are answered with one socket
+    write (``asyncgraph_socket_writes_total``), every reply is right, an error among them
+    included, and the connection keeps serving sequential calls one write each."""
+    from tests.test_metrics import scrape
+
+    group = start_servers(
+        cora2.part_config,
+        tmp_path / "srv",
+        num_parts=1,
+        extra_args=["--metrics-port", "0", "--metrics-host", "127.0.0.1"],
+    )
+    try:
+        port = json.loads((tmp_path / "srv" / "ready0.json").read_text())["metrics_port"]
+        session = RawSession(group.addresses[0])
+        expected = session.call("pull", {"name": "node:feat", "ids": np.arange(8)})
+        writes = ("asyncgraph_socket_writes_total", ())
+        before = scrape(port)[writes]
+        rids, frames = [], []
+        for i in range(8):
+            ids = np.array([i]) if i != 5 else np.array([-1])  # one refused request in the middle
+            rid, pieces = session.session.send_request("pull", {"name": "node:feat", "ids": ids})
+            rids.append(rid)
+            frames.append(b"".join(bytes(p) for p in pieces))
+        session.sock.sendall(b"".join(frames))
+        replies: dict[int, Any] = {}
+        for _ in range(1000):
+            if len(replies) == 8:
+                break
+            for ev in session._receive():
+                replies[ev.id] = ev
+        assert sorted(replies) == rids
+        for i, rid in enumerate(rids):
+            if i == 5:
+                assert isinstance(replies[rid], ErrorResponse) and replies[rid].code == "out_of_range"
+            else:
+                np.testing.assert_array_equal(replies[rid].result, expected[i : i + 1])
+        assert scrape(port)[writes] - before == 1
+        session.call("pull", {"name": "node:feat", "ids": np.array([3])})
+        session.call("pull", {"name": "node:feat", "ids": np.array([4])})
+        assert scrape(port)[writes] - before == 3
+        session.close()
+    finally:
+        group.stop()

@@ -137,11 +137,15 @@ class RangePartitionBook:
         parts = bounds.size - 1
         if not ids.size:
             return [_NO_POSITIONS] * parts
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= bounds[-1]:
-            bad = lo if lo < 0 else hi
-            raise OutOfRangeError(f"{policy} ID {bad} out of range [0, {int(bounds[-1])})")
+        if ids.size <= 8:  # a few IDs: Python ints beat two ufunc reductions
+            few = ids.tolist()
+            lo, hi = min(few), max(few)
+        else:
+            lo, hi = int(ids.min()), int(ids.max())
         edges = self._bound_lists[policy]
+        if lo < 0 or hi >= edges[-1]:
+            bad = lo if lo < 0 else hi
+            raise OutOfRangeError(f"{policy} ID {bad} out of range [0, {edges[-1]})")
         first = bisect.bisect_right(edges, lo) - 1
         if first == bisect.bisect_right(edges, hi) - 1:
             out = [_NO_POSITIONS] * parts

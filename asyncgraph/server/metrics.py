@@ -66,6 +66,7 @@ class ServerMetrics:
         self.rows_out = 0  # rows pulled
         self.bytes_in = 0
         self.bytes_out = 0
+        self.socket_writes = 0  # writelines calls: replies to one read's requests share one
         self.connections_open = 0
         self.connections_total = 0
         self.connection_failures = 0
@@ -147,6 +148,11 @@ class _Collector(Collector):
         traffic.add_metric(["in"], m.bytes_in)
         traffic.add_metric(["out"], m.bytes_out)
         yield traffic
+        yield CounterMetricFamily(
+            "asyncgraph_socket_writes",
+            "writes to client sockets (replies to the requests of one read share one)",
+            value=m.socket_writes,
+        )
         yield CounterMetricFamily("asyncgraph_connections", "client connections accepted",
                                   value=m.connections_total)  # fmt: skip
         yield CounterMetricFamily(

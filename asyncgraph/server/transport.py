@@ -88,6 +88,7 @@ class ServerConnection(asyncio.BufferedProtocol):
         self._inflight: set[asyncio.Task[None]] = set()
         self._write_paused = False
         self._read_paused = False
+        self._held: list[bytes | memoryview] | None = None  # replies held during one read
         self.peer = "?"
 
     # --- asyncio callbacks ------------------------------------------------------------------
@@ -122,6 +123,16 @@ class ServerConnection(asyncio.BufferedProtocol):
         return self._session.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
+        # Replies to the requests completed by these bytes are held and written with one
+        # ``writelines`` at the end (uvloop sends on every write: one syscall per read, not one
+        # per pipelined request).
+        self._held = []
+        try:
+            self._handle_received(nbytes)
+        finally:
+            self._flush_held()
+
+    def _handle_received(self, nbytes: int) -> None:
         session = self._session
         if self._metrics is not None:
             self._metrics.bytes_in += nbytes
@@ -268,7 +279,20 @@ class ServerConnection(asyncio.BufferedProtocol):
             for p in pieces:
                 nbytes += p.nbytes if type(p) is memoryview else len(p)
             metrics.bytes_out += nbytes
-        self._transport.writelines(pieces)
+            metrics.socket_writes += self._held is None
+        held = self._held
+        if held is not None:
+            held.extend(pieces)
+        else:
+            self._transport.writelines(pieces)
+
+    def _flush_held(self) -> None:
+        """Write the replies held while handling one read (see ``buffer_updated``)."""
+        held, self._held = self._held, None
+        if held and self._transport is not None and not self._transport.is_closing():
+            if self._metrics is not None:
+                self._metrics.socket_writes += 1
+            self._transport.writelines(held)
 
     # --- flow control and closing ----------------------------------------------------------
     def _update_reading(self) -> None:
@@ -283,6 +307,7 @@ class ServerConnection(asyncio.BufferedProtocol):
             self._transport.resume_reading()
 
     def _close(self) -> None:
+        self._flush_held()  # e.g. the error frame that says why the connection ends
         self._closed = True
         if self._transport is not None:
             self._transport.close()
