@@ -15,6 +15,7 @@ Compare figures of one run only (the machine's load moves them). Run:
 from __future__ import annotations
 
 import argparse
+import json
 import socket
 import statistics
 import tempfile
@@ -35,15 +36,16 @@ from asyncgraph.service.limits import WorkLimits
 from asyncgraph.service.local import PartitionService
 from asyncgraph.storage.store import PartitionStore
 from asyncgraph.testing import start_servers
-from benchmarks.common import add_graph_options, graph_npz, partitioned
+from benchmarks.common import RESULTS, add_graph_options, graph_npz, partitioned
 
 
 def _us(seconds: float) -> str:
     return f"{seconds * 1e6:8.1f} us"
 
 
-def in_process(store: PartitionStore, lo: int, hi: int) -> None:
+def in_process(store: PartitionStore, lo: int, hi: int) -> dict[str, float]:
     service = PartitionService(store, limits=WorkLimits())
+    out: dict[str, float] = {}
     one = np.array([lo + 1], dtype=np.int64)
     many = np.random.default_rng(0).integers(lo, hi, 1000)
     for label, fn, number in (
@@ -54,6 +56,8 @@ def in_process(store: PartitionStore, lo: int, hi: int) -> None:
     ):
         best = min(timeit.repeat(fn, number=number, repeat=5)) / number
         print(f"in-process   {label}  {_us(best)}", flush=True)
+        out[" ".join(label.split())] = round(best * 1e6, 2)
+    return out
 
 
 class _Transport:
@@ -79,7 +83,7 @@ def _join(pieces: Any) -> bytes:
     return b"".join(bytes(p) for p in pieces)
 
 
-def server_cpu(store: PartitionStore, lo: int, hi: int, calls: int) -> None:
+def server_cpu(store: PartitionStore, lo: int, hi: int, calls: int) -> dict[str, float]:
     handlers = RequestHandlers(store, num_clients=1, limits=WorkLimits())
     conn = ServerConnection(
         handlers, graph_name=store.graph_name, part_id=store.part_id, secret=None, max_frame_size=1 << 30
@@ -103,6 +107,7 @@ def server_cpu(store: PartitionStore, lo: int, hi: int, calls: int) -> None:
         ),
         "sample 16x10": lambda: ("sample", {"seeds": rng.integers(lo, hi, 16), "fanout": 10, "seed": 1}),
     }
+    out: dict[str, float] = {}
     for label, make in cases.items():
         frames = [_join(client.send_request(*make())[1]) for _ in range(calls)]
         times = []
@@ -113,9 +118,11 @@ def server_cpu(store: PartitionStore, lo: int, hi: int, calls: int) -> None:
             conn.buffer_updated(len(frame))
             times.append(time.perf_counter() - t0)
         print(f"server CPU   {label}          {_us(statistics.median(times))} (median)", flush=True)
+        out[" ".join(label.split())] = round(statistics.median(times) * 1e6, 2)
+    return out
 
 
-def served(part_config: Path, calls: int) -> None:
+def served(part_config: Path, calls: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="server-cost-") as tmp:
         group = start_servers(
             part_config, Path(tmp), num_parts=load_partition(part_config, 0).book.num_partitions()
@@ -154,6 +161,7 @@ def served(part_config: Path, calls: int) -> None:
     print(
         f"served       pull 1 row round trip  {_us(statistics.median(times))} (median of {calls})", flush=True
     )
+    return {"pull 1 row round trip": round(statistics.median(times) * 1e6, 2)}
 
 
 def main() -> None:
@@ -161,15 +169,23 @@ def main() -> None:
     add_graph_options(p, default_scale=17)
     p.add_argument("--part-config", type=Path, help="an existing partition config (else --graph/--scale)")
     p.add_argument("--calls", type=int, default=3000)
+    p.add_argument("--out", type=Path, default=RESULTS / "server_cost.json")
     args = p.parse_args()
     part_config = args.part_config or partitioned(graph_npz(args), 2, balance=True)
     part = load_partition(part_config, 0)
     lo, hi = part.book.node_range(0)
     with PartitionStore.from_partition(part, shared=True) as store:
-        in_process(store, lo, hi)
-        server_cpu(store, lo, hi, args.calls)
+        results = {
+            "in_process_us": in_process(store, lo, hi),
+            "server_cpu_us": server_cpu(store, lo, hi, args.calls),
+        }
     del part
-    served(part_config, args.calls)
+    results["served_us"] = served(part_config, args.calls)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps({"part_config": str(part_config), "calls": args.calls, **results}, indent=2) + "\n"
+    )
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
