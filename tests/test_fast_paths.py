@@ -694,3 +694,17 @@ def test_sample_partition_deterministic(sampling_store: PartitionStore, replace:
     th.join()
     for k in first:
         np.testing.assert_array_equal(first[k], box["r"][k], err_msg=k)
+
+
+def test_keyed_rng_none_in_a_forked_child_is_not_the_parents_stream() -> None:
+    """seed=None reuses one entropy-seeded generator per thread and process: a forked child
+    must seed its own, or parent and child would sample the same "random" edges."""
+    import multiprocessing
+
+    stream(None, 0)  # the parent's generator exists before the fork
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        child = pool.apply(stream, (None, 0))
+    parent = stream(None, 0)
+    assert not np.array_equal(child, parent)
+    assert keyed_rng(None, 0) is keyed_rng(None, 3)  # one generator, fresh draws, no re-seeding
