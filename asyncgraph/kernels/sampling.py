@@ -117,12 +117,13 @@ def _floyd(deg: IdArray, k: int, rng: np.random.Generator) -> IdArray:
     all steps at once with a ``[k, k, m]`` comparison needs fewer calls but measured slower.)
     """
     m = deg.size
-    high = (deg - k)[None, :] + np.arange(1, k + 1, dtype=np.int64)[:, None]  # j + 1 per step
-    chosen = (rng.random((k, m)) * high).astype(np.int64)
-    np.minimum(chosen, high - 1, out=chosen)  # guard the float rounding of u * high up to high
+    top = (deg - k)[None, :] + np.arange(k, dtype=np.int64)[:, None]  # j per step
+    chosen = (rng.random((k, m)) * (top + 1)).astype(np.int64)
+    np.minimum(chosen, top, out=chosen)  # guard the float rounding of u * (j + 1) up to j + 1
+    hit = np.empty((k, m), dtype=bool)
     for i in range(1, k):
-        hit = (chosen[:i] == chosen[i]).any(axis=0)
-        np.copyto(chosen[i], high[i] - 1, where=hit)
+        np.equal(chosen[:i], chosen[i], out=hit[:i])
+        np.copyto(chosen[i], top[i], where=hit[:i].any(axis=0))
     return chosen.T
 
 
