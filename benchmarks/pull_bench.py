@@ -129,6 +129,51 @@ def summarize(results: list[dict[str, Any]], row_bytes: int) -> dict[str, float]
     }
 
 
+def standalone_pulls(config: Path, sizes: list[int], row_bytes: int, cap_s: float) -> dict[str, Any]:
+    """Sequential pulls through the blocking API (``Client.pull``: what ``g.ndata[...][ids]``
+    runs) of a standalone client of a one-partition config; DGL's harness measures its standalone
+    mode the same way (one trainer, a random 1-way partition, uniform random IDs)."""
+    from asyncgraph.client import Client
+
+    client = Client.standalone(config)
+    out: dict[str, Any] = {}
+    try:
+        rng = np.random.default_rng(7)
+        n = client.book.num_nodes
+        for size in sizes:
+            pool = [rng.integers(0, n, size, dtype=np.int64) for _ in range(8)]
+            for i in range(2):
+                client.pull("node:feat", pool[i])
+            lat = []
+            t0 = time.perf_counter()
+            deadline = t0 + cap_s
+            for i in range(ITERS[size]):
+                s = time.perf_counter()
+                client.pull("node:feat", pool[i % 8])
+                e = time.perf_counter()
+                lat.append(e - s)
+                if e > deadline:
+                    break
+            wall = time.perf_counter() - t0
+            rows_s = size * len(lat) / wall
+            out[str(size)] = {
+                "rows_s": rows_s,
+                "gb_s": rows_s * row_bytes / 1e9,
+                "p50_ms": float(np.percentile(lat, 50) * 1e3),
+                "p99_ms": float(np.percentile(lat, 99) * 1e3),
+                "calls": len(lat),
+                "seconds": wall,
+            }
+            print(
+                f"pull standalone {size:>7,} rows: {rows_s / 1e6:7.2f}M rows/s  "
+                f"p50 {out[str(size)]['p50_ms']:7.2f} ms",
+                flush=True,
+            )
+    finally:
+        client.close()
+    return out
+
+
 def plot(report: dict[str, Any], ref: dict[str, Any] | None, path: Path) -> None:
     import matplotlib
 
@@ -254,6 +299,16 @@ def main(argv: list[str] | None = None) -> int:
             w.close()
         if group is not None:
             group.stop()
+    if "pull" in ops:  # one partition, as DGL's harness runs its standalone mode (part_random1)
+        report["pull_standalone"] = standalone_pulls(
+            partitioned(npz, 1, "random"), sizes, row_bytes, args.cap_s
+        )
+        ref_sa = (ref or {}).get("pull_standalone", {})
+        for size, s in report["pull_standalone"].items():
+            if size in ref_sa:
+                s["vs_reference"] = s["rows_s"] / ref_sa[size]["rows_s"]
+                ratio = s["vs_reference"]
+                print(f"pull standalone {int(size):>7,} rows: {ratio:.2f}x the reference", flush=True)
     if "gather" in ops and "pull" in ops and set(cases) == set(CASES) and sizes == list(SIZES):
         print_table(report, ref)
         args.out.parent.mkdir(parents=True, exist_ok=True)

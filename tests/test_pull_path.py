@@ -96,3 +96,55 @@ async def test_mixed_pull_gathered_by_the_local_majority_owner(
         np.testing.assert_array_equal(again, pubmed2.original_rows("feat", ids))
     finally:
         await client.close()
+
+
+@pytest.mark.parametrize("which", ["pubmed1", "pubmed2"])
+def test_standalone_blocking_pulls_read_on_the_callers_thread(
+    request: pytest.FixtureRequest, which: str
+) -> None:
+    """A standalone client answers a one-owner pull on the caller's thread (no hop to its loop
+    thread) with the same rows, errors and empty shapes as the async path; pulls spanning
+    several partitions, unknown tensors and cached tensors take the async path."""
+    from asyncgraph.client.cache import Traffic
+    from asyncgraph.errors import DTypeMismatchError, OutOfRangeError, UnknownTensorError
+
+    data = request.getfixturevalue(which)
+    client = Client.standalone(data.part_config)
+    try:
+        aio = client.aio
+        lo, hi = client.book.node_range(0)
+        ids = np.random.default_rng(3).integers(lo, hi, 500)
+        here = aio.pull_here("node:feat", ids)
+        assert here is not None
+        np.testing.assert_array_equal(here, data.original_rows("feat", ids))
+        np.testing.assert_array_equal(client.pull("node:feat", ids).numpy(), here)
+        assert aio.pull_here("node:feat", np.empty(0, np.int64)).shape == (0, 500)  # type: ignore[union-attr]
+        spanning = np.array([lo, client.book.num_nodes - 1])
+        assert (aio.pull_here("node:feat", spanning) is None) == (which == "pubmed2")
+        np.testing.assert_array_equal(
+            client.pull("node:feat", spanning).numpy(), data.original_rows("feat", spanning)
+        )
+        assert aio.pull_here("node:nope", ids) is None
+        with pytest.raises(UnknownTensorError):
+            client.pull("node:nope", ids)
+        with pytest.raises(OutOfRangeError):
+            client.pull("node:feat", np.array([client.book.num_nodes]))
+        with pytest.raises(DTypeMismatchError):
+            client.pull("node:feat", np.array([0.5]))
+        client.loop.run(aio.build_cache("node:feat", ids[:10]))
+        assert aio.pull_here("node:feat", ids) is None  # the cache's counters stay right
+        traffic = Traffic()
+        client.loop.run(aio.pull_numpy("node:feat", ids, traffic))
+        assert traffic.cache_hits >= 10
+    finally:
+        client.close()
+
+
+def test_served_blocking_pulls_keep_the_loop_path(servers: ServerGroup) -> None:
+    client = Client.connect(servers.addresses)
+    try:
+        lo, _ = client.book.node_range(0)
+        client.pull("node:feat", np.array([lo]))  # metadata known from here on
+        assert client.aio.pull_here("node:feat", np.array([lo])) is None
+    finally:
+        client.close()

@@ -18,6 +18,7 @@ import torch
 from asyncgraph.arrays import as_id_array
 from asyncgraph.protocol.ops import Op
 from asyncgraph.service.base import Partition
+from asyncgraph.service.local import LocalPartition
 from asyncgraph.storage.store import TensorMeta
 
 from .cache import FeatureCache, Traffic, count_remote, meta_row_bytes
@@ -74,6 +75,29 @@ class TensorReads(TensorCatalog):
             traffic.cache_hits += hits
             traffic.cache_misses += traffic.remote_rows - before
         return out
+
+    def pull_here(self, name: str, ids: Any) -> np.ndarray | None:
+        """The rows, read on the caller's thread, when nothing needs the event loop: IDs owned by
+        one partition held in this process with no server behind it (standalone; every pull of a
+        one-partition graph), a tensor whose metadata is known and that has no feature cache.
+        ``None`` otherwise: use ``pull_numpy``.
+
+        The blocking API tries this first, so a standalone ``g.ndata["feat"][ids]`` costs no hop
+        to the client's loop thread (a third of a 1k-row read here). Reads are safe beside the
+        loop thread's work: the store takes its read lock.
+        """
+        meta = self._metas.get(name)
+        if meta is None or name in self._caches:
+            return None
+        gids = as_id_array(ids)
+        parts = self.book.positions(gids, meta.policy)
+        owners = [i for i, pos in enumerate(parts) if pos.size]
+        if len(owners) != 1:
+            return None if owners else np.empty((0, *meta.row_shape), dtype=meta.dtype)
+        owner = self.partitions[owners[0]]
+        if not isinstance(owner, LocalPartition) or owner.server is not None:
+            return None  # over a socket, or mapped from a server that may have restarted
+        return owner.service.pull(name, gids)
 
     async def _pull_uncached(
         self, name: str, meta: TensorMeta, gids: np.ndarray, traffic: Traffic | None

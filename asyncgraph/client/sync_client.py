@@ -164,6 +164,9 @@ class Client:
 
     # --- data ---------------------------------------------------------------------------------
     def pull(self, name: str, ids: Any) -> torch.Tensor:
+        rows = self.aio.pull_here(name, ids)  # standalone, one owner: no hop to the loop thread
+        if rows is not None:
+            return torch.from_numpy(rows)
         return self.loop.run(self.aio.pull(name, ids))
 
     def push(self, name: str, ids: Any, values: Any, op: str = "assign") -> None:
