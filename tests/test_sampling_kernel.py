@@ -210,3 +210,47 @@ def test_validation() -> None:
         rng,
     )
     assert src.dtype == pos.dtype == out.dtype == np.int64 and src.size == 3
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def kernel_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test on the compiled (numba) branch and on the vectorised numpy one."""
+    from asyncgraph.kernels import compiled
+
+    if request.param == "numpy":
+        monkeypatch.setattr(compiled, "_tried", True)
+        monkeypatch.setattr(compiled, "_kernel", None)
+    else:
+        assert compiled.available(), "numba is a dependency: the compiled kernel must load"
+    return str(request.param)
+
+
+@pytest.mark.parametrize("fanout", [1, 5, 10, 32])
+def test_both_paths_exact_and_uniform(kernel_path: str, fanout: int) -> None:
+    """Either path: exactly min(deg, fanout) distinct in-edges per seed occurrence, every
+    in-edge of small seeds in CSC order, reproducible from the generator's state, and uniform
+    (chi-square over one node's neighbours, pairs too)."""
+    indptr, indices, eids = make_csc(DEGREES * 2)
+    seeds = np.concatenate([np.arange(len(DEGREES) * 2), np.arange(len(DEGREES))])
+    src, pos, out = sample_csc(indptr, indices, eids, seeds, fanout, False, np.random.default_rng(3))
+    edge_pos = check_consistent(indptr, indices, eids, seeds, src, pos, out)
+    deg = np.diff(indptr)[seeds]
+    np.testing.assert_array_equal(np.bincount(pos, minlength=seeds.size), np.minimum(deg, fanout))
+    assert np.unique(pos * 10**9 + edge_pos).size == pos.size
+    small = np.flatnonzero(deg <= fanout)
+    for s in small[:5]:
+        np.testing.assert_array_equal(edge_pos[pos == s], np.arange(indptr[seeds[s]], indptr[seeds[s] + 1]))
+    again = sample_csc(indptr, indices, eids, seeds, fanout, False, np.random.default_rng(3))
+    np.testing.assert_array_equal(again[2], out)
+    degree, trials = 3 * fanout + 4, 8000
+    indptr, indices, eids = make_csc([3, degree, 2])
+    _, _, out = sample_csc(
+        indptr, indices, eids, np.ones(trials, np.int64), fanout, False, np.random.default_rng(11)
+    )
+    edge = (out - 500 - indptr[1]).reshape(trials, fanout)
+    counts = np.bincount(edge.ravel(), minlength=degree)
+    assert chi2_stat(counts) < chi2_critical(degree - 1)
+    if fanout > 1:
+        both = np.count_nonzero((edge == 0).any(axis=1) & (edge == 1).any(axis=1))
+        p = fanout * (fanout - 1) / (degree * (degree - 1))
+        assert abs(both - trials * p) < 4.5 * (trials * p * (1 - p)) ** 0.5 + 1

@@ -35,6 +35,7 @@ import numpy.typing as npt
 
 from asyncgraph.arrays import as_id_array
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, OutOfRangeError, ShapeMismatchError
+from asyncgraph.kernels import compiled
 
 __all__ = ["in_degrees", "sample_csc"]
 
@@ -219,10 +220,16 @@ def sample_csc(
     if seeds.size == 0 or k == 0:
         return empty, empty.copy(), empty.copy()
 
-    starts = ip[seeds].astype(np.int64, copy=False)
-    deg = ip[seeds + 1].astype(np.int64, copy=False) - starts
+    jit = not replace and 0 < k <= _FLOYD_MAX_FANOUT and compiled.available()
+    if not jit:
+        starts = ip[seeds].astype(np.int64, copy=False)
+        deg = ip[seeds + 1].astype(np.int64, copy=False) - starts
 
-    if k == -1 or not replace:
+    if jit:
+        # One compiled pass (same semantics, keyed by one draw of ``rng``): see compiled.py.
+        ip64 = ip if ip.dtype == np.int64 else ip.astype(np.int64)
+        pos, seg = compiled.uniform_positions(ip64, seeds, k, rng)
+    elif k == -1 or not replace:
         counts = deg if k == -1 else np.minimum(deg, k)
         offsets = np.zeros(counts.size + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
