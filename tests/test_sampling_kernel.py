@@ -212,17 +212,50 @@ def test_validation() -> None:
     assert src.dtype == pos.dtype == out.dtype == np.int64 and src.size == 3
 
 
+def _compiled_ready() -> None:
+    import time
+
+    from asyncgraph.kernels import compiled
+
+    deadline = time.monotonic() + 120
+    while not compiled.ready():
+        assert time.monotonic() < deadline, "the compiled kernel did not load within 120 s"
+        time.sleep(0.05)
+
+
 @pytest.fixture(params=["compiled", "numpy"])
 def kernel_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run a test on the compiled (numba) branch and on the vectorised numpy one."""
     from asyncgraph.kernels import compiled
 
     if request.param == "numpy":
-        monkeypatch.setattr(compiled, "_tried", True)
-        monkeypatch.setattr(compiled, "_kernel", None)
+        monkeypatch.setattr(compiled, "ready", lambda: False)
     else:
-        assert compiled.available(), "numba is a dependency: the compiled kernel must load"
+        _compiled_ready()  # numba is a dependency: the compiled kernel must load
     return str(request.param)
+
+
+def test_compiled_kernel_gives_the_numpy_paths_samples_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a process has loaded the compiled kernel yet must never change a sample: both
+    paths consume the generator identically and return identical arrays (random graphs with
+    hubs, duplicate seeds, empty and tiny inputs, every fanout up to 32)."""
+    from asyncgraph.kernels import compiled
+
+    _compiled_ready()
+    rng = np.random.default_rng(2026)
+    for trial in range(60):
+        degrees = rng.integers(0, 60, size=int(rng.integers(1, 40)))
+        degrees[rng.integers(0, degrees.size)] = int(rng.integers(100, 3000))  # a hub
+        indptr, indices, eids = make_csc(list(degrees))
+        seeds = rng.integers(0, degrees.size, size=int(rng.integers(0, 50)))
+        fanout = int(rng.integers(1, 33))
+        fast = sample_csc(indptr, indices, eids, seeds, fanout, False, np.random.default_rng(trial))
+        with monkeypatch.context() as m:
+            m.setattr(compiled, "ready", lambda: False)
+            slow = sample_csc(indptr, indices, eids, seeds, fanout, False, np.random.default_rng(trial))
+        for a, b in zip(fast, slow, strict=True):
+            np.testing.assert_array_equal(a, b)
+            assert a.dtype == b.dtype == np.int64
 
 
 @pytest.mark.parametrize("fanout", [1, 5, 10, 32])

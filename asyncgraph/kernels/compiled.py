@@ -2,43 +2,52 @@
 
 ``sample_csc`` spends most of a small request in numpy call overhead (Floyd's algorithm is
 ``3 * fanout`` vector calls, plus ~40 others for offsets, repeats and gathers, each 2-5 µs on a
-small machine). One compiled pass over the seeds does the same work in a few microseconds per
-hundred seeds: for each seed, every in-edge when ``deg <= fanout``, else Floyd's algorithm with
-a linear membership scan (``fanout <= 32``). The random stream is SplitMix64 keyed by one draw
-from the caller's generator, so results stay a function of the caller's RNG state (the same
-seed gives the same sample, served or standalone).
+small machine). Two compiled passes over the seeds do the same work: count the seeds with more
+in-edges than the fanout, then, with the uniforms numpy drew for them (``rng.random((fanout,
+m))``, exactly as the numpy path draws them), take every in-edge of the small seeds and run
+Floyd's algorithm for the others. The output is the numpy path's, bit for bit, so whether a
+process has the compiled kernel yet never changes a sample (tested).
 
-numba is an optional speed-up: without it (or with ``ASYNCGRAPH_NO_JIT=1``) ``available()`` is
-False and ``sample_csc`` keeps its vectorised numpy path. Compiled code is cached on disk
-(``cache=True``), so only the first process on a machine pays the ~2 s compile.
+The compiled code loads in the background (``warm_up``): importing numba and loading the on-disk
+cache (``cache=True``; the first process on a machine compiles, ~2 s) takes ~1.5 s here, and no
+request waits for it: until it is ready ``ready()`` is False and the numpy path runs. Without
+numba, or with ``ASYNCGRAPH_NO_JIT=1``, it never becomes ready.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["available", "uniform_positions"]
+__all__ = ["ready", "uniform_positions", "warm_up"]
 
-_kernel: Callable[..., tuple[np.ndarray, np.ndarray]] | None = None
-_tried = False
+_kernels: tuple[Callable[..., Any], Callable[..., Any]] | None = None
+_started = False
+_lock = threading.Lock()
 
 
-def _build() -> Callable[..., tuple[np.ndarray, np.ndarray]] | None:
-    if os.environ.get("ASYNCGRAPH_NO_JIT", "") not in ("", "0"):
-        return None
+def _build() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
     try:
         import numba
     except ImportError:  # pragma: no cover - numba is a dependency; kept optional on purpose
         return None
 
     @numba.njit(cache=True, nogil=True)
+    def count_big(indptr: np.ndarray, seeds: np.ndarray, k: int) -> int:  # pragma: no cover
+        m = 0
+        for i in range(seeds.size):
+            if indptr[seeds[i] + 1] - indptr[seeds[i]] > k:
+                m += 1
+        return m
+
+    @numba.njit(cache=True, nogil=True)
     def positions(
-        indptr: np.ndarray, seeds: np.ndarray, k: int, key: np.uint64
-    ) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled; tested through sample_csc
+        indptr: np.ndarray, seeds: np.ndarray, k: int, u: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled; tested against numpy
         n = seeds.size
         total = 0
         for i in range(n):
@@ -46,12 +55,8 @@ def _build() -> Callable[..., tuple[np.ndarray, np.ndarray]] | None:
             total += d if d < k else k
         pos = np.empty(total, np.int64)
         seg = np.empty(total, np.int64)
-        state = np.uint64(key)
-        golden = np.uint64(0x9E3779B97F4A7C15)
-        m1 = np.uint64(0xBF58476D1CE4E5B9)
-        m2 = np.uint64(0x94D049BB133111EB)
-        scale = 1.0 / 9007199254740992.0  # 2**-53
         p = 0
+        r = 0  # column of ``u``: the r-th seed with more in-edges than k
         for i in range(n):
             start = indptr[seeds[i]]
             deg = indptr[seeds[i] + 1] - start
@@ -62,45 +67,63 @@ def _build() -> Callable[..., tuple[np.ndarray, np.ndarray]] | None:
                     p += 1
                 continue
             first = p
-            for j in range(deg - k, deg):
-                state += golden
-                z = state
-                z = (z ^ (z >> np.uint64(30))) * m1
-                z = (z ^ (z >> np.uint64(27))) * m2
-                z = z ^ (z >> np.uint64(31))
-                t = np.int64(float(z >> np.uint64(11)) * scale * (j + 1))
-                if t > j:  # float rounding of u * (j + 1) up to j + 1
-                    t = np.int64(j)
+            for step in range(k):
+                top = deg - k + step  # Floyd's j
+                t = np.int64(u[step, r] * (top + 1))
+                if t > top:  # the float rounding of u * (j + 1) up to j + 1
+                    t = top
                 pick = start + t
                 for q in range(first, p):
                     if pos[q] == pick:
-                        pick = start + j
+                        pick = start + top
                         break
                 pos[p] = pick
                 seg[p] = i
                 p += 1
+            r += 1
         return pos, seg
 
-    result: Callable[..., tuple[np.ndarray, np.ndarray]] = positions
-    return result
+    # Compile (or load from the on-disk cache) now, off the request path.
+    ip = np.array([0, 3, 4], dtype=np.int64)
+    sd = np.array([0, 1], dtype=np.int64)
+    count_big(ip, sd, 1)
+    positions(ip, sd, 1, np.zeros((1, 1)))
+    return count_big, positions
 
 
-def available() -> bool:
-    """True when the compiled kernel can be used (numba importable, not disabled)."""
-    global _kernel, _tried
-    if not _tried:
-        _tried = True
-        _kernel = _build()
-    return _kernel is not None
+def _load() -> None:
+    global _kernels
+    kernels = _build()
+    with _lock:
+        _kernels = kernels
+
+
+def warm_up() -> None:
+    """Load the compiled kernel on a daemon thread (once per process; a no-op when disabled)."""
+    global _started
+    with _lock:
+        if _started or os.environ.get("ASYNCGRAPH_NO_JIT", "") not in ("", "0"):
+            return
+        _started = True
+    threading.Thread(target=_load, name="asyncgraph-jit", daemon=True).start()
+
+
+def ready() -> bool:
+    """True once the compiled kernel is loaded; starts loading it on first call."""
+    if _kernels is None:
+        warm_up()
+        return False
+    return True
 
 
 def uniform_positions(
     indptr: np.ndarray, seeds: np.ndarray, fanout: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(pos, seg)`` for uniform sampling without replacement, ``0 < fanout <= 32``: in-edge
-    positions into ``indices``/``eids`` and the seed position of each, grouped by seed in order
-    (a seed with ``deg <= fanout`` keeps all its in-edges in CSC order). Call ``available()``
-    first. ``indptr`` and ``seeds`` are int64; one 63-bit draw of ``rng`` keys the stream."""
-    assert _kernel is not None, "call available() first"
-    key: Any = np.uint64(int(rng.integers(0, 2**63)))
-    return _kernel(indptr, seeds, int(fanout), key)
+    """``(pos, seg)`` of uniform sampling without replacement, ``fanout > 0``, exactly as the
+    numpy path computes them: in-edge positions into ``indices``/``eids`` and each one's seed
+    position, grouped by seed in order. Call only when ``ready()``. int64 ``indptr``/``seeds``."""
+    assert _kernels is not None, "call only when ready()"
+    count_big, positions = _kernels
+    u = rng.random((fanout, int(count_big(indptr, seeds, fanout))))
+    out: tuple[np.ndarray, np.ndarray] = positions(indptr, seeds, int(fanout), u)
+    return out

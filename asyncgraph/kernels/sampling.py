@@ -220,13 +220,13 @@ def sample_csc(
     if seeds.size == 0 or k == 0:
         return empty, empty.copy(), empty.copy()
 
-    jit = not replace and 0 < k <= _FLOYD_MAX_FANOUT and compiled.available()
+    jit = not replace and 0 < k <= _FLOYD_MAX_FANOUT and compiled.ready()
     if not jit:
         starts = ip[seeds].astype(np.int64, copy=False)
         deg = ip[seeds + 1].astype(np.int64, copy=False) - starts
 
     if jit:
-        # One compiled pass (same semantics, keyed by one draw of ``rng``): see compiled.py.
+        # Two compiled passes giving the numpy path's exact output (see compiled.py).
         ip64 = ip if ip.dtype == np.int64 else ip.astype(np.int64)
         pos, seg = compiled.uniform_positions(ip64, seeds, k, rng)
     elif k == -1 or not replace:

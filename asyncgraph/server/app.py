@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from asyncgraph.errors import AsyncGraphError
+from asyncgraph.kernels import compiled
 from asyncgraph.malloc import retain_large_allocations
 from asyncgraph.partition import load_partition
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
@@ -182,6 +183,7 @@ class GraphServer:
             write_ready_file(
                 opts.ready_file, self.address[0], self.address[1], opts.part_id, metrics_port=metrics_port
             )
+        compiled.warm_up()  # the compiled sampling kernel loads in the background (~1.5 s)
         return self.address
 
     def stop(self) -> None:
