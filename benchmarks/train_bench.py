@@ -268,7 +268,9 @@ async def _sample_rate(aio: Any, num_nodes: int, seconds: float, max_requests: i
 def sample_bench(part_config: Path, seconds: float, max_requests: int) -> dict[str, Any]:
     from asyncgraph.client.async_client import AsyncClient
     from asyncgraph.client.sync_client import Client
+    from asyncgraph.kernels import compiled
 
+    compiled.wait_ready(120)  # the steady state: the compiled sampler loaded (servers load it at start)
     out: dict[str, Any] = {}
     standalone = AsyncClient.standalone(part_config)
     num_nodes = standalone.book.num_nodes

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ready", "uniform_positions", "warm_up"]
+__all__ = ["disabled", "ready", "uniform_positions", "wait_ready", "warm_up"]
 
 _kernels: tuple[Callable[..., Any], Callable[..., Any]] | None = None
 _started = False
@@ -91,18 +91,29 @@ def _build() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
     return count_big, positions
 
 
+_loader_done = threading.Event()
+
+
 def _load() -> None:
     global _kernels
-    kernels = _build()
-    with _lock:
-        _kernels = kernels
+    try:
+        kernels = _build()
+        with _lock:
+            _kernels = kernels
+    finally:
+        _loader_done.set()
+
+
+def disabled() -> bool:
+    """True when ``ASYNCGRAPH_NO_JIT`` is set (to anything but 0): the numpy path only."""
+    return os.environ.get("ASYNCGRAPH_NO_JIT", "") not in ("", "0")
 
 
 def warm_up() -> None:
     """Load the compiled kernel on a daemon thread (once per process; a no-op when disabled)."""
     global _started
     with _lock:
-        if _started or os.environ.get("ASYNCGRAPH_NO_JIT", "") not in ("", "0"):
+        if _started or disabled():
             return
         _started = True
     threading.Thread(target=_load, name="asyncgraph-jit", daemon=True).start()
@@ -113,6 +124,21 @@ def ready() -> bool:
     if _kernels is None:
         warm_up()
         return False
+    return True
+
+
+def wait_ready(timeout: float) -> bool:
+    """Start loading the compiled kernel and wait up to ``timeout`` s for it (benchmarks that
+    measure the steady state, tests); False if it did not load (disabled, no numba, too slow)."""
+    import time
+
+    if disabled():
+        return False
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() >= deadline or (_started and _loader_done.is_set()):
+            return ready()
+        time.sleep(0.02)
     return True
 
 
