@@ -3,7 +3,7 @@
 * ``add_graph_options`` / ``graph_npz``: ``--graph PATH.npz`` (any npz with src/dst/feat/label/
   train_mask, as in ``examples/data``) or the seeded synthetic graph ``--scale`` (generated once
   into ``benchmarks/data``); ``partitioned`` partitions it once into a cached folder.
-* ``median_time``: median wall time over repeats, after one warm-up call.
+* ``median_time``: median wall time over repeats, after warm-up calls.
 * ``loopback_ceiling``: raw TCP loopback throughput and round-trip time, measured in the calling run.
 * ``load_reference``: other systems' figures (e.g. DGL) only from a results JSON given on the command
   line, with its provenance, and only when it was measured the same day; otherwise no ratios.
@@ -111,9 +111,10 @@ def subprocess_env() -> dict[str, str]:
 
 
 # --- timing -------------------------------------------------------------------------------------
-def median_time(fn: Callable[[], Any], repeats: int = 5) -> float:
-    """Median wall time of ``fn`` over ``repeats`` calls after one warm-up call."""
-    fn()
+def median_time(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall time of ``fn`` over ``repeats`` calls after ``warmup`` warm-up calls."""
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()

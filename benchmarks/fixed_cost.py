@@ -38,7 +38,7 @@ from asyncgraph.protocol.codec import frame_size
 from asyncgraph.protocol.messages import Request, Response, encode_message
 from asyncgraph.protocol.ops import Op, PullArgs, SampleArgs
 from asyncgraph.testing import start_servers
-from benchmarks.common import RESULTS, add_graph_options, graph_npz, partitioned
+from benchmarks.common import RESULTS, add_graph_options, graph_npz, median_time, partitioned
 
 _ECHO_SERVER = r"""
 import asyncio, socket, struct, sys
@@ -103,14 +103,7 @@ def call_round_trip(client: Client, fn: Callable[[], Any], calls: int) -> float:
 def sync_round_trip(fn: Callable[[], Any], calls: int) -> float:
     """Median seconds of ``calls`` sequential blocking calls ``fn()`` from this thread (the sync
     facade: each call hops to the client's loop thread and back)."""
-    for _ in range(min(calls, 200)):
-        fn()
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return median_time(fn, calls, warmup=min(calls, 200))
 
 
 def request_bytes(op: str, args: dict[str, Any]) -> int:

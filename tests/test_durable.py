@@ -42,6 +42,19 @@ def small_store() -> PartitionStore:
     )  # fmt: skip
 
 
+def logged_store_with_emb(state_dir: Path) -> tuple[PartitionStore, DurableState, RequestHandlers]:
+    """A small store served by handlers that log to a WAL in ``state_dir``, with a fresh
+    ``node:emb`` (10 x 2 float32) created through them."""
+    store = small_store()
+    state = DurableState(state_dir, 0, wal=True)
+    handlers = RequestHandlers(store, num_clients=1, durable=state)
+    state.restore(store, handlers.replay)
+    handlers.ops[Op.CREATE_TENSOR](
+        {"name": "node:emb", "policy": "node", "shape": [10, 2], "dtype": "float32"}
+    )
+    return store, state, handlers
+
+
 def test_wal_round_trip_and_torn_tail(tmp_path: Path) -> None:
     path = tmp_path / "wal.log"
     wal = WriteAheadLog(path, "always")
@@ -87,13 +100,7 @@ def test_wal_written_by_the_previous_release_still_replays(tmp_path: Path) -> No
 
 
 def test_snapshot_restore_and_fallback_to_previous(tmp_path: Path) -> None:
-    store = small_store()
-    state = DurableState(tmp_path, 0, wal=True)
-    handlers = RequestHandlers(store, num_clients=1, durable=state)
-    state.restore(store, handlers.replay)
-    handlers.ops[Op.CREATE_TENSOR](
-        {"name": "node:emb", "policy": "node", "shape": [10, 2], "dtype": "float32"}
-    )
+    store, state, handlers = logged_store_with_emb(tmp_path)
     handlers.ops[Op.PUSH]({"name": "node:emb", "ids": np.arange(10), "values": np.ones((10, 2), np.float32)})
     state.snapshot(store, 1)
     push = {"name": "node:emb", "ids": np.array([3]), "values": np.full((1, 2), 5, np.float32), "op": "add"}
@@ -137,13 +144,7 @@ def test_a_write_the_log_cannot_take_refuses_every_later_write(tmp_path: Path) -
     """Disk full under the WAL (``/dev/full``: every flush fails with ENOSPC): the write fails
     typed, later writes and its retry are refused (memory may be ahead of the log), reads go on,
     and a restart from the state folder gives the last durable rows."""
-    store = small_store()
-    state = DurableState(tmp_path, 0, wal=True)
-    handlers = RequestHandlers(store, num_clients=1, durable=state)
-    state.restore(store, handlers.replay)
-    handlers.ops[Op.CREATE_TENSOR](
-        {"name": "node:emb", "policy": "node", "shape": [10, 2], "dtype": "float32"}
-    )
+    store, state, handlers = logged_store_with_emb(tmp_path)
     push = {"name": "node:emb", "ids": np.array([3]), "values": np.full((1, 2), 5, np.float32), "op": "add"}
     handlers.ops[Op.PUSH]({**push, "rid": "a"})
     durable_rows = store.local_rows("node:emb").copy()

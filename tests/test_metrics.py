@@ -28,6 +28,17 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
+def start_metered(part_config: Path, workdir: Path, num_parts: int) -> tuple[ServerGroup, int]:
+    """Servers with ``/metrics`` on a free loopback port; the group and server 0's metrics port."""
+    group = start_servers(
+        part_config,
+        workdir,
+        num_parts=num_parts,
+        extra_args=["--metrics-port", "0", "--metrics-host", "127.0.0.1"],
+    )
+    return group, json.loads((workdir / "ready0.json").read_text())["metrics_port"]
+
+
 async def wait_for_log(group: ServerGroup, index: int, needle: str, timeout: float = 10.0) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -39,14 +50,8 @@ async def wait_for_log(group: ServerGroup, index: int, needle: str, timeout: flo
 
 
 async def test_metrics_move_with_requests(cora2, tmp_path: Path) -> None:
-    group = start_servers(
-        cora2.part_config,
-        tmp_path / "srv",
-        num_parts=2,
-        extra_args=["--metrics-port", "0", "--metrics-host", "127.0.0.1"],
-    )
+    group, port = start_metered(cora2.part_config, tmp_path / "srv", 2)
     try:
-        port = json.loads((tmp_path / "srv" / "ready0.json").read_text())["metrics_port"]
         assert isinstance(port, int) and port > 0
         assert f"metrics on http://127.0.0.1:{port}/metrics" in group.log_text(0)
         before = scrape(port)

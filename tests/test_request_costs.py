@@ -12,7 +12,6 @@ server's own checks answer (a client would refuse foreign IDs before sending).
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
@@ -42,7 +41,6 @@ from asyncgraph.service.limits import WorkLimits
 from asyncgraph.service.local import PartitionService
 from asyncgraph.storage import PartitionStore
 from asyncgraph.storage.rwlock import SharedRWLock
-from asyncgraph.testing import start_servers
 
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
 
@@ -342,16 +340,10 @@ def test_served_push_single_ids_at_the_edges(raw: tuple[RawSession, tuple[int, i
 
 def test_served_metrics_count_exactly_what_was_sent(cora2: Any, tmp_path: Path) -> None:
     """``bytes_out`` (summed per reply) equals the bytes the client read; errors and replies count."""
-    from tests.test_metrics import scrape
+    from tests.test_metrics import scrape, start_metered
 
-    group = start_servers(
-        cora2.part_config,
-        tmp_path / "srv",
-        num_parts=1,
-        extra_args=["--metrics-port", "0", "--metrics-host", "127.0.0.1"],
-    )
+    group, port = start_metered(cora2.part_config, tmp_path / "srv", 1)
     try:
-        port = json.loads((tmp_path / "srv" / "ready0.json").read_text())["metrics_port"]
         session = RawSession(group.addresses[0])
         before, got_before = scrape(port), session.received
         for i in range(5):
@@ -375,16 +367,10 @@ def test_replies_to_one_read_go_out_in_one_write(cora2: Any, tmp_path: Path) -> 
     """Eight requests sent in one segment (a pipelining client) are answered with one socket
     write (``asyncgraph_socket_writes_total``), every reply is right, an error among them
     included, and the connection keeps serving sequential calls one write each."""
-    from tests.test_metrics import scrape
+    from tests.test_metrics import scrape, start_metered
 
-    group = start_servers(
-        cora2.part_config,
-        tmp_path / "srv",
-        num_parts=1,
-        extra_args=["--metrics-port", "0", "--metrics-host", "127.0.0.1"],
-    )
+    group, port = start_metered(cora2.part_config, tmp_path / "srv", 1)
     try:
-        port = json.loads((tmp_path / "srv" / "ready0.json").read_text())["metrics_port"]
         session = RawSession(group.addresses[0])
         expected = session.call("pull", {"name": "node:feat", "ids": np.arange(8)})
         writes = ("asyncgraph_socket_writes_total", ())

@@ -179,6 +179,42 @@ def _sample_redraw(deg: IdArray, k: int, rng: np.random.Generator) -> IdArray:
     return draws
 
 
+def _numpy_positions(
+    ip: npt.NDArray[np.integer[Any]], seeds: IdArray, k: int, replace: bool, rng: np.random.Generator
+) -> tuple[IdArray, IdArray]:
+    """``(pos, seg)`` of ``sample_csc`` with vectorised numpy: in-edge positions and the seed
+    position of each, grouped by seed in order (``k`` is -1 or > 0, seeds non-empty)."""
+    starts = ip[seeds].astype(np.int64, copy=False)
+    deg = ip[seeds + 1].astype(np.int64, copy=False) - starts
+    if k == -1 or not replace:
+        counts = deg if k == -1 else np.minimum(deg, k)
+        offsets = np.zeros(counts.size + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        seg = np.repeat(np.arange(seeds.size, dtype=np.int64), counts)
+        # Position of every in-edge of every seed: right for seeds that keep all their in-edges.
+        pos = np.repeat(starts - offsets[:-1], counts)
+        pos += np.arange(int(offsets[-1]), dtype=np.int64)
+        if k != -1:
+            slots = np.arange(k, dtype=np.int64)[None, :]
+            if k <= _FLOYD_MAX_FANOUT:
+                groups = [(np.flatnonzero(deg > k), _floyd)]
+            else:
+                groups = [
+                    (np.flatnonzero((deg > k) & (deg <= _MID_FACTOR * k)), _topk_padded),
+                    (np.flatnonzero(deg > _MID_FACTOR * k), _sample_redraw),
+                ]
+            for rows, method in groups:
+                if rows.size:
+                    picked = method(deg[rows], k, rng)
+                    pos[offsets[rows][:, None] + slots] = starts[rows][:, None] + picked
+    else:
+        rows = np.flatnonzero(deg > 0)
+        seg = np.repeat(rows, k)
+        pos = (starts[rows][:, None] + _uniform_below(deg[rows][:, None], rng, (rows.size, k))).ravel()
+
+    return pos, seg
+
+
 def sample_csc(
     indptr: np.ndarray,
     indices: np.ndarray,
@@ -220,40 +256,12 @@ def sample_csc(
     if seeds.size == 0 or k == 0:
         return empty, empty.copy(), empty.copy()
 
-    jit = not replace and 0 < k <= _FLOYD_MAX_FANOUT and compiled.ready()
-    if not jit:
-        starts = ip[seeds].astype(np.int64, copy=False)
-        deg = ip[seeds + 1].astype(np.int64, copy=False) - starts
-
-    if jit:
+    if not replace and 0 < k <= _FLOYD_MAX_FANOUT and compiled.ready():
         # Two compiled passes giving the numpy path's exact output (see compiled.py).
         ip64 = ip if ip.dtype == np.int64 else ip.astype(np.int64)
         pos, seg = compiled.uniform_positions(ip64, seeds, k, rng)
-    elif k == -1 or not replace:
-        counts = deg if k == -1 else np.minimum(deg, k)
-        offsets = np.zeros(counts.size + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        seg = np.repeat(np.arange(seeds.size, dtype=np.int64), counts)
-        # Position of every in-edge of every seed: right for seeds that keep all their in-edges.
-        pos = np.repeat(starts - offsets[:-1], counts)
-        pos += np.arange(int(offsets[-1]), dtype=np.int64)
-        if k != -1:
-            slots = np.arange(k, dtype=np.int64)[None, :]
-            if k <= _FLOYD_MAX_FANOUT:
-                groups = [(np.flatnonzero(deg > k), _floyd)]
-            else:
-                groups = [
-                    (np.flatnonzero((deg > k) & (deg <= _MID_FACTOR * k)), _topk_padded),
-                    (np.flatnonzero(deg > _MID_FACTOR * k), _sample_redraw),
-                ]
-            for rows, method in groups:
-                if rows.size:
-                    picked = method(deg[rows], k, rng)
-                    pos[offsets[rows][:, None] + slots] = starts[rows][:, None] + picked
     else:
-        rows = np.flatnonzero(deg > 0)
-        seg = np.repeat(rows, k)
-        pos = (starts[rows][:, None] + _uniform_below(deg[rows][:, None], rng, (rows.size, k))).ravel()
+        pos, seg = _numpy_positions(ip, seeds, k, replace, rng)
 
     src = ind[pos].astype(np.int64, copy=False)
     out_eids = eid[pos].astype(np.int64, copy=False)
