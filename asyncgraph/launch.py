@@ -66,6 +66,7 @@ from asyncgraph.processes import (
     local_cores,
     omp_threads,
     parse_gpus,
+    replica_args,
     server_argv,
     ssh_argv,
     wait_ready_files,
@@ -300,7 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-servers",
         type=int,
         default=1,
-        help="servers per partition; asyncgraph runs exactly one (accepted for DGL command lines)",
+        help="server processes per partition (DGL's num_servers): the first loads the partition, "
+        "the others are replicas on its host that map its memory and share its reads and pushes",
     )
     parser.add_argument(
         "--ip-config", type=Path, help="servers' hosts (and ports) in partition order; default local"
@@ -343,8 +345,8 @@ def _launch(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise CliError("give the trainer command after --")
-    if args.num_servers != 1:
-        raise CliError(f"--num-servers {args.num_servers}: asyncgraph runs one server per partition (use 1)")
+    if args.num_servers < 1:
+        raise CliError(f"--num-servers {args.num_servers}: at least one server per partition")
     try:
         gpus = parse_gpus(args.num_gpus_per_host)
     except ValueError as exc:
@@ -397,10 +399,16 @@ def _launch(args: argparse.Namespace) -> int:
         servers: list[Proc] = []
         ready_files: list[Path] = []
 
-        def spawn_server(part_id: int, port: int) -> Proc:
+        def spawn_server(index: int, port: int) -> Proc:
+            """Server ``index``: partition ``index``'s primary, or (from ``num_parts`` on) a replica."""
+            part_id = index if index < num_parts else (index - num_parts) // (args.num_servers - 1)
             host = hosts[part_id][0]
-            ready = workdir / f"server{part_id}.ready"
+            ready = ready_files[index]
             ready.unlink(missing_ok=True)
+            replica_of = None
+            if index >= num_parts:  # on the primary's host: reach it over loopback when remote
+                primary_port = bound[part_id][1]
+                replica_of = (host if host in LOCAL_HOSTS else "127.0.0.1", primary_port)
             argv_server = server_argv(
                 part_config,
                 part_id,
@@ -410,23 +418,30 @@ def _launch(args: argparse.Namespace) -> int:
                 num_clients=world_size,
                 secret_file=secret_file,
                 python=args.python,
-                extra_args=args.server_arg,
+                extra_args=args.server_arg if replica_of is None else replica_args(args.server_arg),
+                replica_of=replica_of,
             )
             if host in LOCAL_HOSTS:
-                return launcher.spawn("server", part_id, argv_server, base_env)
-            return launcher.spawn("server", part_id, ssh_argv(host, argv_server, {}, cwd), base_env)
+                return launcher.spawn("server", index, argv_server, base_env)
+            return launcher.spawn("server", index, ssh_argv(host, argv_server, {}, cwd), base_env)
 
+        bound: list[tuple[str, int]] = []
         for part_id, (_host, port) in enumerate(hosts):
             ready_files.append(workdir / f"server{part_id}.ready")
             servers.append(spawn_server(part_id, port))
         addresses = launcher.wait_ready(servers, ready_files)
-        bound = list(addresses)
+        bound += addresses
+        if args.num_servers > 1:  # replicas map their primary's memory: start them once it is up
+            for index in range(num_parts, num_parts * args.num_servers):
+                ready_files.append(workdir / f"server{index}.ready")
+                servers.append(spawn_server(index, 0))
+            bound += launcher.wait_ready(servers[num_parts:], ready_files[num_parts:])
 
-        def restart_server(part_id: int) -> Proc:
-            """The same server again on the port it had, from its state folder, once ready."""
-            ready_files[part_id].unlink(missing_ok=True)  # the dead one's: wait for the new one's
-            proc = spawn_server(part_id, bound[part_id][1])
-            launcher.wait_ready([proc], [ready_files[part_id]])
+        def restart_server(index: int) -> Proc:
+            """The same server again on the port it had (a primary from its state folder), once ready."""
+            ready_files[index].unlink(missing_ok=True)  # the dead one's: wait for the new one's
+            proc = spawn_server(index, bound[index][1])
+            launcher.wait_ready([proc], [ready_files[index]])
             return proc
 
         if args.ip_config is not None:  # remote servers bind 0.0.0.0; trainers use the configured host

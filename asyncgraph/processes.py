@@ -26,12 +26,25 @@ __all__ = [
     "local_cores",
     "omp_threads",
     "parse_gpus",
+    "process_alive",
+    "replica_args",
     "server_argv",
     "ssh_argv",
     "wait_ready_files",
 ]
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", socket.gethostname()}
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` on this host is running (a zombie is not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    # the state follows the command name in parentheses, which may itself hold ") "
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -84,8 +97,10 @@ def server_argv(
     secret_file: Path | None = None,
     python: str = sys.executable,
     extra_args: Sequence[str] = (),
+    replica_of: tuple[str, int] | None = None,
 ) -> list[str]:
-    """The command line of one partition's server (``python -m asyncgraph.server ...``)."""
+    """The command line of one partition's server (``python -m asyncgraph.server ...``);
+    with ``replica_of`` (the primary's address on this host) a replica server's."""
     argv = [
         python, "-m", "asyncgraph.server",
         "--part-config", str(part_config),
@@ -97,6 +112,8 @@ def server_argv(
     ]  # fmt: skip
     if secret_file is not None:
         argv += ["--secret-file", str(secret_file)]
+    if replica_of is not None:
+        argv += ["--replica-of", f"{replica_of[0]}:{replica_of[1]}"]
     return [*argv, *extra_args]
 
 
@@ -107,6 +124,27 @@ class ServerExitedError(RuntimeError):
         super().__init__(f"server {index} exited with status {status} before it was ready")
         self.index = index
         self.status = status
+
+
+#: Server options only a primary takes (its state and log cover the partition's replicas too).
+PRIMARY_ONLY_OPTIONS = ("--state-dir", "--wal", "--wal-fsync", "--wal-fsync-interval", "--snapshot-interval")
+_FLAGS = ("--wal",)  # of those, the ones that take no value
+
+
+def replica_args(extra_args: Sequence[str]) -> list[str]:
+    """``extra_args`` of a primary server without the options a replica does not take."""
+    out: list[str] = []
+    skip_value = False
+    for arg in extra_args:
+        if skip_value:
+            skip_value = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in PRIMARY_ONLY_OPTIONS:
+            skip_value = "=" not in arg and name not in _FLAGS
+            continue
+        out.append(arg)
+    return out
 
 
 def wait_ready_files(

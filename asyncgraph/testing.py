@@ -16,7 +16,7 @@ from pathlib import Path
 
 import asyncgraph
 from asyncgraph.lifeline import die_with_parent
-from asyncgraph.processes import ServerExitedError, server_argv, wait_ready_files
+from asyncgraph.processes import ServerExitedError, replica_args, server_argv, wait_ready_files
 
 PACKAGE_ROOT = Path(asyncgraph.__file__).resolve().parent.parent
 
@@ -39,6 +39,8 @@ class ServerGroup:
     logs: list[Path] = field(default_factory=list)
     argvs: list[list[str]] = field(default_factory=list)
     ready_files: list[Path] = field(default_factory=list)
+    #: Every process's bound address: the primaries (``addresses``), then the replicas.
+    bound: list[tuple[str, int]] = field(default_factory=list)
 
     def ip_config(self) -> Path:
         """Write ``ip_config.txt`` (one ``host port`` per line) into the work folder."""
@@ -59,7 +61,7 @@ class ServerGroup:
         if proc.poll() is None:
             raise RuntimeError(f"server {index} is still running")
         argv = list(self.argvs[index])
-        argv[argv.index("--port") + 1] = str(self.addresses[index][1])
+        argv[argv.index("--port") + 1] = str(self.bound[index][1])
         ready = self.ready_files[index]
         ready.unlink(missing_ok=True)
         with open(self.logs[index], "ab") as fh:
@@ -98,14 +100,19 @@ def start_servers(
     extra_args: list[str] | None = None,
     timeout: float = 60.0,
     ports: list[int] | None = None,
+    num_servers: int = 1,
 ) -> ServerGroup:
     """Start one server per partition on 127.0.0.1 and wait until each is ready.
 
     ``ports`` binds partition ``p`` to ``ports[p]`` (for clients told the addresses before the
-    servers start); by default every server picks a free port.
+    servers start); by default every server picks a free port. ``num_servers > 1`` adds that
+    many processes per partition less one, as replicas of its server (``procs[num_parts:]``,
+    partition by partition); ``addresses`` stays the primaries'.
     """
     if ports is not None and len(ports) != num_parts:
         raise ValueError(f"{len(ports)} ports given for {num_parts} partitions")
+    if num_servers < 1:
+        raise ValueError(f"num_servers must be at least 1, got {num_servers}")
     workdir.mkdir(parents=True, exist_ok=True)
     secret_file = None
     if secret is not None:
@@ -113,15 +120,36 @@ def start_servers(
         secret_file.write_bytes(secret)
     env = subprocess_env()
     group = ServerGroup([], [], workdir, secret)
-    ready_files: list[Path] = []
+
+    def spawn(name: str, argv: list[str], ready: Path) -> None:
+        log = workdir / f"{name}.log"
+        group.ready_files.append(ready)
+        group.logs.append(log)
+        group.argvs.append(argv)
+        with open(log, "wb") as fh:
+            group.procs.append(
+                subprocess.Popen(
+                    argv,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    preexec_fn=die_with_parent(signal.SIGTERM),  # a killed test run leaves no server
+                )
+            )
+
+    def wait(first: int) -> list[tuple[str, int]]:
+        try:
+            return wait_ready_files(group.procs[first:], group.ready_files[first:], timeout)
+        except ServerExitedError as exc:
+            raise RuntimeError(f"{exc}:\n{group.log_text(first + exc.index)}") from None
+        except TimeoutError as exc:
+            logs = "\n".join(group.log_text(i) for i in range(len(group.procs)))
+            raise RuntimeError(f"{exc}:\n{logs}") from None
+
     try:
         for part_id in range(num_parts):
             ready = workdir / f"ready{part_id}.json"
             ready.unlink(missing_ok=True)
-            log = workdir / f"server{part_id}.log"
-            ready_files.append(ready)
-            group.ready_files.append(ready)
-            group.logs.append(log)
             argv = server_argv(
                 part_config,
                 part_id,
@@ -131,24 +159,25 @@ def start_servers(
                 secret_file=secret_file,
                 extra_args=extra_args or (),
             )
-            group.argvs.append(argv)
-            with open(log, "wb") as fh:
-                group.procs.append(
-                    subprocess.Popen(
-                        argv,
-                        stdout=fh,
-                        stderr=subprocess.STDOUT,
-                        env=env,
-                        preexec_fn=die_with_parent(signal.SIGTERM),  # a killed test run leaves no server
-                    )
+            spawn(f"server{part_id}", argv, ready)
+        group.addresses = wait(0)
+        group.bound = list(group.addresses)
+        for part_id in range(num_parts):
+            for k in range(1, num_servers):
+                ready = workdir / f"ready{part_id}.{k}.json"
+                ready.unlink(missing_ok=True)
+                argv = server_argv(
+                    part_config,
+                    part_id,
+                    ready,
+                    num_clients=num_clients,
+                    secret_file=secret_file,
+                    extra_args=replica_args(extra_args or ()),
+                    replica_of=group.addresses[part_id],
                 )
-        try:
-            group.addresses = wait_ready_files(group.procs, ready_files, timeout)
-        except ServerExitedError as exc:
-            raise RuntimeError(f"{exc}:\n{group.log_text(exc.index)}") from None
-        except TimeoutError as exc:
-            logs = "\n".join(group.log_text(i) for i in range(len(group.procs)))
-            raise RuntimeError(f"{exc}:\n{logs}") from None
+                spawn(f"server{part_id}.{k}", argv, ready)
+        if num_servers > 1:
+            group.bound += wait(num_parts)
     except BaseException:
         group.stop()
         raise

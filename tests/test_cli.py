@@ -128,9 +128,9 @@ def test_underscore_aliases_are_accepted(cora2, tmp_path: Path) -> None:
 
 def test_dgl_launch_spellings(cora2) -> None:
     proc = run_tool(
-        "asyncgraph.launch", "--part_config", str(cora2.part_config), "--num_servers", "2", "--", "true"
+        "asyncgraph.launch", "--part_config", str(cora2.part_config), "--num_servers", "0", "--", "true"
     )
-    assert_one_line_error(proc, "one server per partition")
+    assert_one_line_error(proc, "at least one server per partition")
     args = _parsers()["launch"].parse_args(
         [
             "--part_config",

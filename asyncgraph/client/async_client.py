@@ -86,8 +86,13 @@ class AsyncClient(StructureQueries, TensorReads):
         max_inflight: int = 32,
         local_partitions: Sequence[int] | None = None,
         reconnect_window: float | None = None,
+        use_replicas: bool = True,
     ) -> AsyncClient:
         """Connect to every server (one per partition, in partition order) concurrently.
+
+        A partition served by several processes (replicas of its server, ``--replica-of``) is
+        found through its server: with ``use_replicas`` reads and pushes of partitions not
+        mapped through shared memory take turns over all of them.
 
         With ``use_shared_memory`` (the default), partitions whose server runs on this host are
         read and written through shared memory instead of the socket. ``local_partitions``
@@ -119,6 +124,7 @@ class AsyncClient(StructureQueries, TensorReads):
             max_inflight=max_inflight,
             local_partitions=local_partitions,
             reconnect_window=reconnect_window,
+            use_replicas=use_replicas,
         )
         client = cls(
             served.graph_name,

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -22,10 +22,12 @@ from asyncgraph.errors import (
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol.ops import Op
 from asyncgraph.service import LocalPartition, Partition, PartitionService, boot_id
+from asyncgraph.service.limits import REPLY_OVERHEAD
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
 from .connection import Connection
 from .remote import RemotePartition
+from .replicated import ReplicatedPartition
 
 log = logging.getLogger("asyncgraph.client")
 
@@ -131,6 +133,7 @@ async def open_partitions(
     max_inflight: int,
     local_partitions: Sequence[int] | None,
     reconnect_window: float = 0.0,
+    use_replicas: bool = True,
 ) -> ServedGraph:
     """Connect to every server concurrently (see ``AsyncClient.connect``); all or nothing.
 
@@ -190,13 +193,80 @@ async def open_partitions(
         )
     conns = [t.result() for t in tasks]
     opened = [c for c in conns if isinstance(c, Connection)]
+
+    async def open_replica(host: str, port: int) -> Connection:
+        return await Connection.open(
+            host,
+            port,
+            graph_name=graph_name,
+            secret=secret,
+            timeout=ATTEMPT_TIMEOUT,
+            max_frame_size=max_frame_size,
+            max_inflight=max_inflight,
+        )
+
     try:
         infos = await asyncio.gather(*(c.call(Op.INFO, {}, call_timeout) for c in opened))
-        return await _from_infos(opened, infos, call_timeout, use_shared_memory, ATTEMPT_TIMEOUT, wanted)
+        served = await _from_infos(opened, infos, call_timeout, use_shared_memory, ATTEMPT_TIMEOUT, wanted)
     except BaseException:
         for c in opened:
             c.close()
         raise
+    if use_replicas:
+        await _add_replicas(served, infos, call_timeout, open_replica)
+    return served
+
+
+async def _add_replicas(
+    served: ServedGraph,
+    infos: list[dict[str, Any]],
+    call_timeout: float,
+    open_replica: Callable[[str, int], Awaitable[Connection]],
+) -> None:
+    """Give each partition reached over the socket its replica servers (listed by its primary).
+
+    A replica that cannot be reached, or serves another partition or primary, is skipped with
+    a warning: the primary alone still serves every request.
+    """
+
+    async def one(index: int, primary: RemotePartition, port: int) -> RemotePartition | None:
+        where = f"{primary.conn.host}:{port}"
+        conn: Connection | None = None
+        try:
+            conn = await open_replica(primary.conn.host, port)
+            info = await conn.call(Op.INFO, {}, call_timeout)
+            if (
+                info.get("role") != "replica"
+                or info.get("part_id") != primary.part_id
+                or info.get("primary_instance") != infos[index].get("instance")
+            ):
+                raise InvalidRequestError(f"{where} is not a replica of {primary.name}")
+        except (AsyncGraphError, OSError) as exc:
+            if conn is not None:
+                conn.close()
+            log.warning("replica %s of partition %d skipped: %s", where, primary.part_id, exc)
+            return None
+        return RemotePartition(
+            primary.part_id, conn, primary.timeout, max_frame_size=primary.budget + REPLY_OVERHEAD
+        )
+
+    jobs: list[tuple[int, Awaitable[RemotePartition | None]]] = []
+    for index, (part, info) in enumerate(zip(served.partitions, infos, strict=True)):
+        if isinstance(part, RemotePartition):
+            jobs += [(index, one(index, part, int(port))) for port in info.get("replicas") or ()]
+    if not jobs:
+        return
+    found = await asyncio.gather(*(job for _, job in jobs))
+    by_partition: dict[int, list[RemotePartition]] = {}
+    for (index, _), replica in zip(jobs, found, strict=True):
+        if replica is not None:
+            by_partition.setdefault(index, []).append(replica)
+    for index, replicas in by_partition.items():
+        primary = served.partitions[index]
+        assert isinstance(primary, RemotePartition)
+        served.partitions[index] = ReplicatedPartition(
+            primary, replicas, writes_via_primary=bool(infos[index].get("durable", False))
+        )
 
 
 async def _from_infos(

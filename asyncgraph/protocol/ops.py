@@ -19,6 +19,7 @@ from asyncgraph.errors import DTypeMismatchError, InvalidRequestError
 __all__ = [
     "RETRYABLE_OPS",
     "WRITE_OPS",
+    "AddReplicaArgs",
     "BarrierArgs",
     "CreateTensorArgs",
     "DegreesArgs",
@@ -55,6 +56,7 @@ class Op(enum.StrEnum):
     DEGREES = "degrees"
     SAMPLE_EDGES = "sample_edges"
     SNAPSHOT = "snapshot"
+    ADD_REPLICA = "add_replica"
 
 
 #: Ops that change stored data: logged by a server's write-ahead log, and carrying an optional
@@ -215,6 +217,25 @@ class DeleteTensorArgs:
 
     def encode(self) -> dict[str, Any]:
         return {"name": self.name}
+
+
+@dataclass(frozen=True, slots=True)
+class AddReplicaArgs:
+    """A replica server of this partition announces where it listens (same host, its pid)."""
+
+    port: int
+    pid: int
+
+    @classmethod
+    def decode(cls, args: Mapping[str, Any]) -> AddReplicaArgs:
+        port = _get(args, Op.ADD_REPLICA, "port", int)
+        pid = _get(args, Op.ADD_REPLICA, "pid", int)
+        if not 0 < port <= 65535 or pid <= 0:
+            raise InvalidRequestError(f"add_replica: bad port {port} or pid {pid}")
+        return cls(port, pid)
+
+    def encode(self) -> dict[str, Any]:
+        return {"port": self.port, "pid": self.pid}
 
 
 @dataclass(frozen=True, slots=True)

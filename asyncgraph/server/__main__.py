@@ -99,7 +99,21 @@ def build_parser() -> Parser:
         default=0.0,
         help="also snapshot this server every S seconds when it was written to (0: only on request)",
     )
+    parser.add_argument(
+        "--replica-of",
+        metavar="HOST:PORT",
+        help="serve as one more process of this partition: map the memory of its primary server at "
+        "HOST:PORT on this host and answer reads (and pushes) there; the primary keeps tensors, "
+        "barriers and state (DGL's num_servers > 1)",
+    )
     return parser
+
+
+def _address(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise CliError(f"--replica-of {value!r}: expected HOST:PORT")
+    return host.strip("[]"), int(port)
 
 
 def parse_args(argv: list[str] | None = None) -> ServerOptions:
@@ -121,10 +135,18 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         parser.error("--max-sampled-edges and --max-tensor-bytes must be >= 0")
     if ns.max_pending_connections < 1:
         parser.error("--max-pending-connections must be at least 1")
+    replica_of = _address(ns.replica_of) if ns.replica_of is not None else None
+    if replica_of is not None and (ns.state_dir is not None or ns.no_shared_memory):
+        parser.error(
+            "--replica-of keeps no state and needs shared memory: drop --state-dir/--wal "
+            "and --no-shared-memory (the primary's state covers the partition)"
+        )
     secret = ns.secret_file.read_bytes().strip() if ns.secret_file else None
     if secret is not None and not secret:
         raise CliError(f"--secret-file {ns.secret_file} is empty")
-    configure_logging(ns.log_level, f"server[{ns.part_id}]")
+    configure_logging(
+        ns.log_level, f"server[{ns.part_id}]" if ns.replica_of is None else f"replica[{ns.part_id}]"
+    )
     return ServerOptions(
         part_config=ns.part_config,
         part_id=ns.part_id,
@@ -147,6 +169,7 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         max_pending_connections=ns.max_pending_connections,
         max_sampled_edges=ns.max_sampled_edges,
         max_tensor_bytes=ns.max_tensor_bytes,
+        replica_of=replica_of,
     )
 
 

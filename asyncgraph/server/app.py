@@ -26,9 +26,20 @@ from asyncgraph.storage.fdpass import FdExporter
 from asyncgraph.storage.store import PartitionStore
 
 if TYPE_CHECKING:
+    from asyncgraph.client.connection import Connection
     from asyncgraph.server.metrics import ServerMetrics
 
 log = logging.getLogger("asyncgraph.server")
+
+#: A replica waits this long for its primary to accept a connection (it may start at once).
+REPLICA_CONNECT_TIMEOUT = 60.0
+REPLICA_CALL_TIMEOUT = 10.0
+#: How often a replica checks that its primary still answers.
+REPLICA_WATCH_INTERVAL = 1.0
+
+
+class ReplicaError(AsyncGraphError):
+    """A replica server cannot serve its primary's partition (start-up error, status 1)."""
 
 
 @dataclass
@@ -58,6 +69,9 @@ class ServerOptions:
     wal_fsync: FsyncPolicy = "always"
     wal_fsync_interval: float = 0.05
     snapshot_interval: float = 0.0
+    #: Serve as a replica of the primary at this address (same host): map its memory, hold
+    #: no state of its own (``asyncgraph.server.replica``).
+    replica_of: tuple[str, int] | None = None
 
 
 class GraphServer:
@@ -76,6 +90,10 @@ class GraphServer:
         self.address: tuple[str, int] | None = None
         self.metrics: ServerMetrics | None = None
         self.connections: set[ServerConnection] = set()
+        self.primary: Connection | None = None  # a replica's connection to its primary
+        self._watcher: asyncio.Task[None] | None = None
+        #: Why the server stopped on its own (its primary went away): exit status 1.
+        self.failure: str | None = None
 
     async def start(self) -> tuple[str, int]:
         opts = self.options
@@ -83,6 +101,8 @@ class GraphServer:
         # Request bodies and gathered replies are large and short-lived: recycle their memory
         # instead of page-faulting fresh mmaps for every request.
         retain_large_allocations()
+        if opts.replica_of is not None:
+            return await self._start_replica(opts.replica_of, t0)
         part = load_partition(opts.part_config, opts.part_id)
         self.store = PartitionStore.from_partition(part, shared=opts.shared_memory)
         graph_name = self.store.graph_name
@@ -101,14 +121,7 @@ class GraphServer:
                 fsync_interval=opts.wal_fsync_interval,
             )
         if opts.metrics_port is not None:
-            from asyncgraph.server.metrics import ServerMetrics
-
-            self.metrics = ServerMetrics(part_id=opts.part_id, store=lambda: self.store)
-            live = self.connections
-            self.metrics.watch(
-                inflight=lambda: sum(c.inflight for c in list(live)),
-                paused=lambda: sum(c.read_paused for c in list(live)),
-            )
+            self._make_metrics()
         metrics = self.metrics
         self.handlers = RequestHandlers(
             self.store,
@@ -116,11 +129,7 @@ class GraphServer:
             shm_address=shm_address,
             shm_token=shm_token,
             on_shutdown=self.stop,
-            limits=WorkLimits.for_frame_size(
-                opts.max_frame_size,
-                max_sampled_edges=opts.max_sampled_edges,
-                max_tensor_bytes=opts.max_tensor_bytes,
-            ),
+            limits=self._limits(),
             max_frame_size=opts.max_frame_size,
             metrics=metrics,
             durable=self.durable,
@@ -129,7 +138,6 @@ class GraphServer:
         admission = Admission(
             handshake_timeout=opts.handshake_timeout, max_pending=opts.max_pending_connections
         )
-        connections = self.connections
         if self.durable is not None:
             base, replayed = self.durable.restore(self.store, handlers.replay)
             log.info(
@@ -147,6 +155,46 @@ class GraphServer:
                 self._snapshotter = asyncio.ensure_future(self._snapshot_periodically(opts.snapshot_interval))
             if opts.wal and opts.wal_fsync == "interval":
                 self._syncer = asyncio.ensure_future(self._sync_periodically(opts.wal_fsync_interval))
+        await self._listen(handlers, graph_name, admission)
+        assert self.address is not None
+        log.info(
+            "serving graph %r partition %d on %s:%d (loaded in %.2f s, %d clients expected)",
+            graph_name,
+            opts.part_id,
+            self.address[0],
+            self.address[1],
+            time.perf_counter() - t0,
+            opts.num_clients,
+        )
+        return self._announce()
+
+    def _make_metrics(self) -> None:
+        from asyncgraph.server.metrics import ServerMetrics
+
+        self.metrics = ServerMetrics(part_id=self.options.part_id, store=lambda: self.store)
+        live = self.connections
+        self.metrics.watch(
+            inflight=lambda: sum(c.inflight for c in list(live)),
+            paused=lambda: sum(c.read_paused for c in list(live)),
+        )
+
+    def _limits(self) -> WorkLimits:
+        opts = self.options
+        return WorkLimits.for_frame_size(
+            opts.max_frame_size,
+            max_sampled_edges=opts.max_sampled_edges,
+            max_tensor_bytes=opts.max_tensor_bytes,
+        )
+
+    async def _listen(
+        self, handlers: RequestHandlers, graph_name: str, admission: Admission | None = None
+    ) -> None:
+        opts = self.options
+        metrics, connections = self.metrics, self.connections
+        if admission is None:
+            admission = Admission(
+                handshake_timeout=opts.handshake_timeout, max_pending=opts.max_pending_connections
+            )
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: ServerConnection(
@@ -166,15 +214,11 @@ class GraphServer:
         )
         sockname = self._server.sockets[0].getsockname()
         self.address = (str(sockname[0]), int(sockname[1]))
-        log.info(
-            "serving graph %r partition %d on %s:%d (loaded in %.2f s, %d clients expected)",
-            graph_name,
-            opts.part_id,
-            self.address[0],
-            self.address[1],
-            time.perf_counter() - t0,
-            opts.num_clients,
-        )
+
+    def _announce(self) -> tuple[str, int]:
+        """Start metrics, write the ready file, warm the sampler: the server is ready."""
+        opts, metrics = self.options, self.metrics
+        assert self.address is not None
         metrics_port = None
         if metrics is not None and opts.metrics_port is not None:
             metrics_port = metrics.start_http(opts.metrics_host, opts.metrics_port)
@@ -185,6 +229,86 @@ class GraphServer:
             )
         compiled.warm_up()  # the compiled sampling kernel loads in the background (~1.5 s)
         return self.address
+
+    async def _start_replica(self, primary: tuple[str, int], t0: float) -> tuple[str, int]:
+        """Map the primary's memory, serve the ops a replica may, announce this server to it."""
+        from asyncgraph.client.partitions import open_retrying
+        from asyncgraph.protocol.ops import AddReplicaArgs, Op
+        from asyncgraph.server.replica import ReplicaHandlers
+        from asyncgraph.service.local import boot_id
+        from asyncgraph.storage.fdpass import attach_store, fetch_catalog
+
+        opts = self.options
+        where = f"{primary[0]}:{primary[1]}"
+        self.primary = await open_retrying(
+            opts.part_id,
+            primary[0],
+            primary[1],
+            time.monotonic() + REPLICA_CONNECT_TIMEOUT,
+            graph_name=None,
+            secret=opts.secret,
+            max_frame_size=opts.max_frame_size,
+            max_inflight=opts.max_inflight,
+        )
+        info = await self.primary.call(Op.INFO, {}, REPLICA_CALL_TIMEOUT)
+        shm = info.get("shm")
+        if info.get("part_id") != opts.part_id:
+            raise ReplicaError(f"primary {where} serves partition {info.get('part_id')}, not {opts.part_id}")
+        if info.get("role", "primary") != "primary":
+            raise ReplicaError(f"{where} is itself a replica (of {info.get('primary')}); name the primary")
+        if not shm or info.get("boot_id") != boot_id():
+            raise ReplicaError(
+                f"primary {where} shares no memory with this host (a replica must run on its primary's "
+                "host, and the primary with shared memory)"
+            )
+        address, token = str(shm["address"]), bytes(shm["token"])
+        self.store = await asyncio.to_thread(attach_store, address, token, timeout=REPLICA_CALL_TIMEOUT)
+        if opts.metrics_port is not None:
+            self._make_metrics()
+        self.handlers = ReplicaHandlers(
+            self.store,
+            primary=where,
+            primary_info=info,
+            fetch_catalog=lambda: fetch_catalog(address, token, REPLICA_CALL_TIMEOUT),
+            on_shutdown=self.stop,
+            limits=self._limits(),
+            max_frame_size=opts.max_frame_size,
+            metrics=self.metrics,
+        )
+        await self._listen(self.handlers, self.store.graph_name)
+        assert self.address is not None
+        args = AddReplicaArgs(self.address[1], os.getpid()).encode()
+        await self.primary.call(Op.ADD_REPLICA, args, REPLICA_CALL_TIMEOUT)
+        self._watcher = asyncio.ensure_future(self._watch_primary(where))
+        log.info(
+            "replica of %s serving graph %r partition %d on %s:%d (attached in %.2f s)",
+            where,
+            self.store.graph_name,
+            opts.part_id,
+            self.address[0],
+            self.address[1],
+            time.perf_counter() - t0,
+        )
+        return self._announce()
+
+    async def _watch_primary(self, where: str) -> None:
+        """Stop (status 1) once the primary stops answering: its memory is no longer served."""
+        from asyncgraph.protocol.ops import Op
+
+        conn = self.primary
+        misses = 0
+        while conn is not None and not self._stopped.is_set():
+            await asyncio.sleep(REPLICA_WATCH_INTERVAL)
+            try:
+                await conn.call(Op.PING, {}, REPLICA_CALL_TIMEOUT)
+                misses = 0
+            except AsyncGraphError as exc:
+                misses += 1
+                if conn.closed or misses >= 3:
+                    self.failure = f"primary {where} went away ({exc}); a replica cannot serve without it"
+                    log.error("%s", self.failure)
+                    self.stop()
+                    return
 
     def stop(self) -> None:
         self._stopped.set()
@@ -224,6 +348,12 @@ class GraphServer:
         if self._server is not None:
             self._server.close()
             self._server = None
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
+        if self.primary is not None:
+            self.primary.close()
+            self.primary = None
         if self.metrics is not None:
             self.metrics.stop_http()
         for task in (self._syncer, self._snapshotter):
@@ -262,3 +392,5 @@ async def serve(options: ServerOptions) -> None:
         loop.add_signal_handler(sig, server.stop)
     await server.start()
     await server.serve_until_stopped()
+    if server.failure is not None:
+        raise ReplicaError(server.failure)

@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from asyncgraph.errors import BarrierTimeoutError, InvalidRequestError, StateLogError, UnknownOpError
+from asyncgraph.processes import process_alive
 from asyncgraph.protocol.ops import (
+    AddReplicaArgs,
     BarrierArgs,
     CreateTensorArgs,
     DegreesArgs,
@@ -159,7 +161,10 @@ class RequestHandlers:
             Op.DEGREES: self.degrees,
             Op.SAMPLE_EDGES: self.sample_edges,
             Op.SNAPSHOT: self.snapshot,
+            Op.ADD_REPLICA: self.add_replica,
         }
+        #: Replica servers of this partition on this host: port -> pid (``add_replica``).
+        self.replicas: dict[int, int] = {}
         # Writes without logging or request ids: what a request and a log replay both apply.
         self._apply: dict[str, Handler] = {
             Op.PUSH: self._push,
@@ -246,7 +251,27 @@ class RequestHandlers:
         info["durable"] = self.durable is not None and self.durable.use_wal
         if self.max_frame_size is not None:
             info["max_frame_size"] = self.max_frame_size  # clients split calls to fit
+        info["role"] = "primary"
+        info["replicas"] = self.live_replicas()
         return info
+
+    def add_replica(self, args: Mapping[str, Any]) -> list[int]:
+        """A replica server on this host announces its port; returns the live replicas' ports."""
+        a = AddReplicaArgs.decode(args)
+        if self.partition.shm is None:
+            raise InvalidRequestError(
+                "add_replica: this server runs without shared memory, so no replica can map its data"
+            )
+        self.replicas[a.port] = a.pid
+        log.info("replica server pid %d on port %d", a.pid, a.port)
+        return self.live_replicas()
+
+    def live_replicas(self) -> list[int]:
+        """Ports of announced replicas whose process still runs (dead ones are forgotten)."""
+        for port, pid in list(self.replicas.items()):
+            if not process_alive(pid):
+                del self.replicas[port]
+        return sorted(self.replicas)
 
     def list_tensors(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         return [meta.to_dict() for meta in self.partition.list_tensors()]

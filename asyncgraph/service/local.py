@@ -329,6 +329,8 @@ class LocalPartition:
         conn = getattr(server, "conn", None)
         if server is None or conn is None:
             return
+        if self.service.store.catalog_stale and self.shm is not None and not conn.closed:
+            await self._refresh_catalog(self.shm)
         if conn.closed:
             if conn.reconnect_window <= 0:
                 self._check_alive()
@@ -359,6 +361,12 @@ class LocalPartition:
     def writes_via_server(self) -> bool:
         """True when the server logs writes (WAL): pushes must go through it, not shared memory."""
         return self.server is not None and bool(self.shm and self.shm.get("writes_via_server"))
+
+    async def _refresh_catalog(self, shm: Mapping[str, Any]) -> None:
+        """Another process created or deleted tensors: map the new ones, unmap the deleted."""
+        from asyncgraph.storage.fdpass import refresh_catalog
+
+        await asyncio.to_thread(refresh_catalog, self.service.store, shm["address"], shm["token"], 10.0)
 
     async def _map(self, shm: Mapping[str, Any], name: str) -> None:
         """Map tensor ``name``, created on the server after this store was attached."""

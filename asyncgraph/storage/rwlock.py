@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import mmap
 import os
+import struct
 import threading
 import weakref
 from threading import get_ident
@@ -21,6 +23,8 @@ from asyncgraph.errors import InvalidRequestError
 from asyncgraph.storage.memfd import memfd
 
 __all__ = ["LocalRWLock", "RWLock", "SharedRWLock"]
+
+_HEADER = struct.Struct("=Q")  # the catalog generation at the start of the lock's memfd
 
 
 class RWLock(Protocol):
@@ -209,16 +213,38 @@ class SharedRWLock(LocalRWLock):
     Reads take ``LOCK_SH``, writes ``LOCK_EX`` on this process's own open file description;
     the in-process lock orders threads first, because flock does not exclude threads sharing a
     description. A forked child re-opens the description automatically (at-fork hook).
+
+    The memfd's first 8 bytes also hold the store's *catalog generation*, a counter its owner
+    advances whenever a tensor is created or deleted, so that every process mapping the store
+    notices a changed catalog with one memory read instead of asking the server.
     """
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
+        self._header: mmap.mmap | None = None
+        if os.fstat(fd).st_size >= _HEADER.size:
+            self._header = mmap.mmap(fd, _HEADER.size)
         super().__init__()
 
     @classmethod
     def create(cls, label: str) -> SharedRWLock:
         """A new lock; ``label`` is the memfd's debug name."""
-        return cls(memfd(label, 0))
+        return cls(memfd(label, _HEADER.size))
+
+    @property
+    def generation(self) -> int:
+        """The catalog generation (0 before the first change)."""
+        header = self._header
+        return _HEADER.unpack_from(header)[0] if header is not None else 0
+
+    def advance_generation(self) -> int:
+        """Count one catalog change (the owner, after the change is visible); the new value."""
+        header = self._header
+        if header is None:
+            return 0
+        value: int = _HEADER.unpack_from(header)[0] + 1
+        _HEADER.pack_into(header, 0, value)  # one aligned 8-byte store: readers see old or new
+        return value
 
     @classmethod
     def from_fd(cls, fd: int) -> SharedRWLock:
@@ -271,6 +297,9 @@ class SharedRWLock(LocalRWLock):
 
     def close(self) -> None:
         """Close the descriptor (releasing any flock it holds); idempotent."""
+        header, self._header = self._header, None
+        if header is not None:
+            header.close()
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             os.close(fd)

@@ -25,7 +25,7 @@ from asyncgraph.storage.rwlock import SharedRWLock
 if TYPE_CHECKING:
     from asyncgraph.storage.store import PartitionStore
 
-__all__ = ["DESCRIPTOR_VERSION", "add_attached", "attach", "export", "forget_tensor"]
+__all__ = ["DESCRIPTOR_VERSION", "add_attached", "attach", "export", "forget_tensor", "sync_catalog"]
 
 DESCRIPTOR_VERSION = 1
 
@@ -53,6 +53,7 @@ def export(
         "graph_name": store.graph_name,
         "part_id": store.part_id,
         "book": store.book.to_dict(),
+        "generation": store.catalog_generation,
     }
     if structure:
         assert isinstance(store._lock, SharedRWLock)
@@ -110,6 +111,7 @@ def attach(cls: type[S], descriptor: Mapping[str, Any], fds: Sequence[int], keys
                 shared=True,
                 attached=True,
             )
+            store.seen_generation = int(descriptor.get("generation", 0))
         except BaseException:
             lock.close()
             for sa in structure.values():
@@ -135,8 +137,8 @@ def add_attached(
 ) -> list[TensorMeta]:
     """Map the tensors a later export describes into an attached store; takes the fds.
 
-    A tensor already mapped with identical metadata keeps its mapping (the new fd is
-    closed); one whose metadata changed (deleted and re-created on the server) is replaced.
+    A tensor already mapped with identical metadata and memory keeps its mapping (the new fd
+    is closed); one deleted and re-created on the server (new memfd) is replaced.
     """
     fds = list(fds)
     try:
@@ -171,7 +173,7 @@ def _add_tensors(
             i = pending.pop(0)
             meta = TensorMeta.from_dict(entries[i]["meta"])
             old = store._tensors.get(meta.name)
-            if old is not None and old.meta == meta:
+            if old is not None and old.meta == meta and _same_file(old.data, fds[i]):
                 _close_quietly(fds[i])
                 metas.append(meta)
                 continue
@@ -186,6 +188,29 @@ def _add_tensors(
             _close_quietly(fds[i])
         raise
     return metas
+
+
+def _same_file(data: SharedArray | np.ndarray, fd: int) -> bool:
+    """Whether ``data`` maps the memfd ``fd`` refers to (not a re-created tensor's new one)."""
+    if not isinstance(data, SharedArray):
+        return False
+    try:
+        return os.fstat(data.fd).st_ino == os.fstat(fd).st_ino
+    except (OSError, InvalidRequestError):
+        return False
+
+
+def sync_catalog(store: PartitionStore, descriptor: Mapping[str, Any], fds: Sequence[int]) -> None:
+    """Make an attached store's tensors those of a full export (``names=None``); takes the fds.
+
+    Maps new and re-created tensors, unmaps deleted ones, and records the export's catalog
+    generation, so ``catalog_stale`` is false until the owner changes its tensors again.
+    """
+    metas = add_attached(store, descriptor, fds)
+    live = {m.name for m in metas}
+    for name in [n for n in store._tensors if n not in live]:
+        store._drop(name)
+    store.seen_generation = int(descriptor.get("generation", 0))
 
 
 def forget_tensor(store: PartitionStore, name: str) -> None:

@@ -104,6 +104,8 @@ class PartitionStore:
         self._attached = attached
         self._tensors: dict[str, StoredTensor] = {}
         self._closed = False
+        #: An attached store's catalog generation when its tensors were last synced.
+        self.seen_generation = 0
 
     @staticmethod
     def _plain(a: SharedArray | np.ndarray) -> np.ndarray:
@@ -299,6 +301,7 @@ class PartitionStore:
             pending.discard()
             return existing
         self._tensors[t.meta.name] = t
+        self._catalog_changed()
         return t.meta
 
     def _existing(self, meta: TensorMeta) -> TensorMeta | None:
@@ -321,6 +324,17 @@ class PartitionStore:
             )
         self._get(name)
         self._drop(name)  # in-flight pulls keep their view alive: unmapped when they finish
+        self._catalog_changed()
+
+    def _catalog_changed(self) -> None:
+        """Tell processes mapping this store that a tensor came or went (owner only)."""
+        if not self._attached and isinstance(self._lock, SharedRWLock):
+            self._lock.advance_generation()
+
+    @property
+    def catalog_generation(self) -> int:
+        """How many tensor creations and deletions the owner has counted (shared stores)."""
+        return self._lock.generation if isinstance(self._lock, SharedRWLock) else 0
 
     def _drop(self, name: str) -> None:
         t = self._tensors.pop(name)
@@ -460,6 +474,15 @@ class PartitionStore:
     def add_attached(self, descriptor: Mapping[str, Any], fds: Sequence[int]) -> list[TensorMeta]:
         """Map tensors described by a server export (e.g. from ``fetch_tensors``); takes the fds."""
         return sharing.add_attached(self, descriptor, fds)
+
+    @property
+    def catalog_stale(self) -> bool:
+        """An attached store whose owner created or deleted tensors since the last sync."""
+        return self._attached and self.catalog_generation != self.seen_generation
+
+    def sync_catalog(self, descriptor: Mapping[str, Any], fds: Sequence[int]) -> None:
+        """Take the tensors of a full export (``fetch_catalog``) as this attached store's; takes the fds."""
+        sharing.sync_catalog(self, descriptor, fds)
 
     def forget_tensor(self, name: str) -> None:
         """Unmap a tensor in an attached store (e.g. after the server deleted it); no-op if unknown."""

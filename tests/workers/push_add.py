@@ -12,7 +12,7 @@ from asyncgraph.client import Client, IpConfig
 def main() -> None:
     ip_config, secret, rounds, seed, shm = sys.argv[1:6]
     client = Client.connect(
-        IpConfig.load(ip_config).addresses(), secret=secret.encode(), use_shared_memory=shm == "1"
+        IpConfig.load(ip_config).addresses(), secret=secret.encode() or None, use_shared_memory=shm == "1"
     )
     n = client.book.num_nodes
     rng = np.random.default_rng(int(seed))

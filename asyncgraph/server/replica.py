@@ -1,0 +1,153 @@
+"""Replica servers: more server processes for one partition, over the primary's memory.
+
+A host with more cores than partitions runs one *primary* per partition (it loads the partition
+into memfds, owns the tensor catalog, barriers and the write-ahead log) and any number of
+*replicas* (DGL's ``num_servers``). A replica maps the primary's memory through the same fd
+channel co-located trainers use, so it holds no copy of the data, and answers the requests that
+only read or write rows: pulls, pushes (unless the primary logs writes, which must then pass
+through it), samples, edge queries and degrees. Everything that changes the catalog or needs one
+place for the whole partition (create/delete tensors, sparse-optimizer steps that may create
+their state, barriers, snapshots) is refused with a message naming the primary; clients send
+those there.
+
+Tensors the primary creates or deletes later are noticed through the store's catalog
+generation (one shared 8-byte counter read per request) and re-mapped before the request runs.
+A replica announces itself to its primary (``add_replica``), whose ``info`` lists the replicas'
+ports so clients find them, and exits when the primary goes away (the data it maps is then no
+longer authoritative).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from asyncgraph.errors import InvalidRequestError
+from asyncgraph.protocol.ops import Op
+from asyncgraph.server.handlers import Handler, RequestHandlers
+from asyncgraph.service.limits import WorkLimits
+from asyncgraph.storage.store import PartitionStore
+
+if TYPE_CHECKING:
+    from asyncgraph.server.metrics import ServerMetrics
+
+__all__ = ["PRIMARY_ONLY_OPS", "ReplicaHandlers"]
+
+#: Ops a replica refuses: they change the catalog or need one place per partition.
+PRIMARY_ONLY_OPS = frozenset(
+    {
+        Op.CREATE_TENSOR,
+        Op.DELETE_TENSOR,
+        Op.RELEASE_TENSORS,
+        Op.BARRIER,
+        Op.SNAPSHOT,
+        Op.SPARSE_UPDATE,
+        Op.ADD_REPLICA,
+    }
+)
+
+#: Ops that read the catalog: run after the replica's mapping caught up with the primary's.
+_CATALOG_OPS = (
+    Op.PULL,
+    Op.PUSH,
+    Op.SAMPLE,
+    Op.FIND_EDGES,
+    Op.DEGREES,
+    Op.SAMPLE_EDGES,
+    Op.LIST_TENSORS,
+    Op.INFO,
+)
+
+
+class ReplicaHandlers(RequestHandlers):
+    """The ops a replica answers over an attached store of its primary's memory.
+
+    ``fetch_catalog`` returns the primary's full tensor export (descriptor and fds, blocking);
+    it runs in a worker thread whenever the primary's catalog generation moved, and the store
+    is synced on the loop, so no request sees a half-updated catalog.
+    """
+
+    def __init__(
+        self,
+        store: PartitionStore,
+        *,
+        primary: str,
+        primary_info: Mapping[str, Any],
+        fetch_catalog: Callable[[], tuple[dict[str, Any], list[int]]],
+        on_shutdown: Callable[[], None] | None = None,
+        limits: WorkLimits | None = None,
+        max_frame_size: int | None = None,
+        metrics: ServerMetrics | None = None,
+    ) -> None:
+        super().__init__(
+            store,
+            num_clients=int(primary_info.get("num_clients", 1)),
+            on_shutdown=on_shutdown,
+            limits=limits,
+            max_frame_size=max_frame_size,
+            metrics=metrics,
+        )
+        self.primary = primary
+        self.primary_instance = str(primary_info.get("instance", ""))
+        #: The primary logs writes (WAL): pushes must reach it, not this replica.
+        self.writes_via_primary = bool(primary_info.get("durable", False))
+        self._fetch_catalog = fetch_catalog
+        self._syncing: asyncio.Future[None] | None = None
+        refused = set(PRIMARY_ONLY_OPS)
+        if self.writes_via_primary:
+            refused.add(Op.PUSH)
+        for op in _CATALOG_OPS:
+            self.ops[op] = self._synced(self.ops[op])
+        for op in refused:
+            self.ops[op] = self._refuse(op)
+
+    def info(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        info = super().info(args)
+        info["role"] = "replica"
+        info["primary"] = self.primary
+        info["primary_instance"] = self.primary_instance
+        info["durable"] = self.writes_via_primary
+        return info
+
+    def _refuse(self, op: str) -> Handler:
+        reason = (
+            "the primary logs every write" if op == Op.PUSH else "it changes what the whole partition shares"
+        )
+
+        def refuse(args: Mapping[str, Any]) -> Any:
+            raise InvalidRequestError(
+                f"{op}: this server is a replica of partition {self.store.part_id}; send {op} to "
+                f"its primary {self.primary} ({reason})"
+            )
+
+        return refuse
+
+    def _synced(self, handler: Handler) -> Handler:
+        store = self.store
+
+        def run(args: Mapping[str, Any]) -> Any:
+            if store.catalog_stale:
+                return self._after_sync(handler, args)
+            return handler(args)
+
+        return run
+
+    async def _after_sync(self, handler: Handler, args: Mapping[str, Any]) -> Any:
+        await self.sync_catalog()
+        result = handler(args)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+    def sync_catalog(self) -> Awaitable[None]:
+        """Map the primary's current tensors (one fetch at a time; concurrent callers share it)."""
+        if self._syncing is None or self._syncing.done():
+            self._syncing = asyncio.ensure_future(self._sync())
+        return asyncio.shield(self._syncing)
+
+    async def _sync(self) -> None:
+        while self.store.catalog_stale:
+            descriptor, fds = await asyncio.to_thread(self._fetch_catalog)
+            self.store.sync_catalog(descriptor, fds)
