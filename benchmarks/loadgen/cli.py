@@ -145,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--ip-config", type=Path, help="drive running servers instead of starting our own")
     src.add_argument("--secret-file", type=Path, help="their shared secret (with --ip-config)")
     src.add_argument("--server-max-inflight", type=int, default=64, help="--max-inflight of our servers")
+    src.add_argument(
+        "--servers-per-partition",
+        type=int,
+        default=1,
+        help="processes serving each partition of our own servers: a primary and N-1 replicas",
+    )
     load = ap.add_argument_group("load")
     load.add_argument("--mix", default="pull=0.7,push=0.2,sample=0.1", help="op=weight,... of the requests")
     load.add_argument("--rows", type=int, default=1000, help="IDs per request (seeds for sample)")

@@ -39,11 +39,16 @@ class Cluster:
 
 
 @contextmanager
-def own_servers(part_config: Path, num_parts: int, extra_args: list[str] | None = None) -> Iterator[Cluster]:
-    """Start one server per partition (``asyncgraph.testing``) and always stop them."""
+def own_servers(
+    part_config: Path, num_parts: int, extra_args: list[str] | None = None, num_servers: int = 1
+) -> Iterator[Cluster]:
+    """Start ``num_servers`` processes per partition (``asyncgraph.testing``: a primary and
+    replicas) and always stop them; ``pids`` covers every process."""
     workdir = Path(tempfile.mkdtemp(prefix="loadgen-"))
     secret = os.urandom(16).hex().encode()
-    group = start_servers(part_config, workdir, num_parts=num_parts, secret=secret, extra_args=extra_args)
+    group = start_servers(
+        part_config, workdir, num_parts=num_parts, secret=secret, extra_args=extra_args, num_servers=num_servers
+    )
     try:
         yield Cluster(group.addresses, secret, [p.pid for p in group.procs], part_config)
     finally:
@@ -73,7 +78,7 @@ def cluster_for(args: argparse.Namespace, partitions: int) -> Iterator[Cluster]:
     else:
         part_config = ensure_partitions(graph_npz(args), partitions)
     extra = ["--max-inflight", str(args.server_max_inflight), "--log-level", "WARNING"]
-    with own_servers(part_config, partitions, extra) as cluster:
+    with own_servers(part_config, partitions, extra, num_servers=args.servers_per_partition) as cluster:
         yield cluster
 
 
