@@ -708,3 +708,22 @@ def test_keyed_rng_none_in_a_forked_child_is_not_the_parents_stream() -> None:
     parent = stream(None, 0)
     assert not np.array_equal(child, parent)
     assert keyed_rng(None, 0) is keyed_rng(None, 3)  # one generator, fresh draws, no re-seeding
+
+
+def test_sample_partition_same_with_or_without_the_compiled_kernel(
+    sampling_store: PartitionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fused compiled pass (src, dst and eids gathered in it) equals sample_csc + gathers."""
+    from asyncgraph.kernels import compiled
+
+    if compiled.disabled():
+        pytest.skip("ASYNCGRAPH_NO_JIT is set")
+    assert compiled.wait_ready(120)
+    seeds = np.array([50, 73, 99, 73, 60, 88, 50, 51], dtype=np.int64)
+    for fanout in (1, 5, 19, 20, 21, 32):
+        fast = sample_partition(sampling_store, seeds, fanout, False, 3)
+        with monkeypatch.context() as m:
+            m.setattr(compiled, "ready", lambda: False)
+            slow = sample_partition(sampling_store, seeds, fanout, False, 3)
+        for k in ("src", "dst", "eids"):
+            np.testing.assert_array_equal(fast[k], slow[k], err_msg=f"{k}, fanout {fanout}")

@@ -253,6 +253,19 @@ def test_compiled_kernel_gives_the_numpy_paths_samples_bit_for_bit(monkeypatch: 
         for a, b in zip(fast, slow, strict=True):
             np.testing.assert_array_equal(a, b)
             assert a.dtype == b.dtype == np.int64
+        # the fused form (partition sampling): the same edges, gathered in the compiled pass
+        global_seeds = seeds.astype(np.int64) * 7 + 1000
+        fused = compiled.uniform_edges(
+            indptr.astype(np.int64),
+            indices.astype(np.int64),
+            eids.astype(np.int64),
+            seeds.astype(np.int64),
+            global_seeds,
+            fanout,
+            np.random.default_rng(trial),
+        )
+        for a, b in zip(fused, (slow[0], global_seeds[slow[1]], slow[2]), strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("fanout", [1, 5, 10, 32])

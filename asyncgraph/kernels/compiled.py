@@ -23,14 +23,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["disabled", "ready", "uniform_positions", "wait_ready", "warm_up"]
+__all__ = ["disabled", "ready", "uniform_edges", "uniform_positions", "wait_ready", "warm_up"]
 
-_kernels: tuple[Callable[..., Any], Callable[..., Any]] | None = None
+_kernels: tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]] | None = None
 _started = False
 _lock = threading.Lock()
 
 
-def _build() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+def _build() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]] | None:
     try:
         import numba
     except ImportError:  # pragma: no cover - numba is a dependency; kept optional on purpose
@@ -83,12 +83,64 @@ def _build() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
             r += 1
         return pos, seg
 
+    @numba.njit(cache=True, nogil=True)
+    def edges(
+        indptr: np.ndarray,
+        indices: np.ndarray,
+        eids: np.ndarray,
+        seeds: np.ndarray,
+        global_seeds: np.ndarray,
+        k: int,
+        u: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - compiled; tested against numpy
+        # ``positions`` with the gathers fused in: (indices[pos], global_seeds[seg], eids[pos])
+        n = seeds.size
+        total = 0
+        for i in range(n):
+            d = indptr[seeds[i] + 1] - indptr[seeds[i]]
+            total += d if d < k else k
+        src = np.empty(total, np.int64)
+        dst = np.empty(total, np.int64)
+        eid = np.empty(total, np.int64)
+        picked = np.empty(k, np.int64)
+        p = 0
+        r = 0
+        for i in range(n):
+            start = indptr[seeds[i]]
+            deg = indptr[seeds[i] + 1] - start
+            g = global_seeds[i]
+            if deg <= k:
+                for j in range(deg):
+                    src[p] = indices[start + j]
+                    dst[p] = g
+                    eid[p] = eids[start + j]
+                    p += 1
+                continue
+            for step in range(k):
+                top = deg - k + step
+                t = np.int64(u[step, r] * (top + 1))
+                if t > top:
+                    t = top
+                pick = start + t
+                for q in range(step):
+                    if picked[q] == pick:
+                        pick = start + top
+                        break
+                picked[step] = pick
+                src[p] = indices[pick]
+                dst[p] = g
+                eid[p] = eids[pick]
+                p += 1
+            r += 1
+        return src, dst, eid
+
     # Compile (or load from the on-disk cache) now, off the request path.
     ip = np.array([0, 3, 4], dtype=np.int64)
     sd = np.array([0, 1], dtype=np.int64)
     count_big(ip, sd, 1)
     positions(ip, sd, 1, np.zeros((1, 1)))
-    return count_big, positions
+    edges(ip, np.arange(4, dtype=np.int64), np.arange(4, dtype=np.int64), sd, sd, 1, np.zeros((1, 1)))
+    return count_big, positions, edges
 
 
 _loader_done = threading.Event()
@@ -149,7 +201,29 @@ def uniform_positions(
     numpy path computes them: in-edge positions into ``indices``/``eids`` and each one's seed
     position, grouped by seed in order. Call only when ``ready()``. int64 ``indptr``/``seeds``."""
     assert _kernels is not None, "call only when ready()"
-    count_big, positions = _kernels
+    count_big, positions, _ = _kernels
     u = rng.random((fanout, int(count_big(indptr, seeds, fanout))))
     out: tuple[np.ndarray, np.ndarray] = positions(indptr, seeds, int(fanout), u)
+    return out
+
+
+def uniform_edges(
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    eids: np.ndarray,
+    seeds: np.ndarray,
+    global_seeds: np.ndarray,
+    fanout: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(indices[pos], global_seeds[seg], eids[pos])`` for ``uniform_positions``'s ``(pos, seg)``,
+    gathered in the same compiled pass (no position arrays, no numpy gathers). Every array
+    int64 (others would compile a new specialisation on the request path); call only when
+    ``ready()``."""
+    assert _kernels is not None, "call only when ready()"
+    count_big, _, edges = _kernels
+    u = rng.random((fanout, int(count_big(indptr, seeds, fanout))))
+    out: tuple[np.ndarray, np.ndarray, np.ndarray] = edges(
+        indptr, indices, eids, seeds, global_seeds, int(fanout), u
+    )
     return out

@@ -11,7 +11,8 @@ import threading
 
 import numpy as np
 
-from asyncgraph.kernels.sampling import sample_csc
+from asyncgraph.kernels import compiled
+from asyncgraph.kernels.sampling import FLOYD_MAX_FANOUT, sample_csc
 from asyncgraph.storage.store import PartitionStore
 
 _MASK64 = (1 << 64) - 1
@@ -67,6 +68,24 @@ def sample_partition(
     """Sample in-edges of global ``seeds`` owned by ``store``; the RNG is keyed by (seed, part)."""
     local = store.book.nid2localnid(seeds, store.part_id)
     rng = keyed_rng(seed, store.part_id)
+    if (
+        not replace
+        and type(fanout) is int
+        and 0 < fanout <= FLOYD_MAX_FANOUT
+        and local.size
+        and _all_int64(store.indptr, store.indices, store.eids, local)
+        and compiled.ready()
+    ):
+        # the compiled pass gathers src, dst and eids itself: sample_csc's output, fewer passes
+        global_seeds = np.asarray(seeds, dtype=np.int64)
+        src, dst, eids = compiled.uniform_edges(
+            store.indptr, store.indices, store.eids, local, global_seeds, fanout, rng
+        )
+        return {"src": src, "dst": dst, "eids": eids}
     src, pos, eids = sample_csc(store.indptr, store.indices, store.eids, local, fanout, replace, rng)
     dst = np.asarray(seeds, dtype=np.int64)[pos]
     return {"src": src, "dst": dst, "eids": eids}
+
+
+def _all_int64(*arrays: np.ndarray) -> bool:
+    return all(type(a) is np.ndarray and a.dtype == np.int64 and a.ndim == 1 for a in arrays)

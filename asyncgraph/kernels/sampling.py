@@ -9,7 +9,7 @@ Sampling without replacement takes every in-edge of a seed with ``deg <= fanout`
 seeds it picks exactly ``fanout`` distinct positions in ``range(deg)`` with a cost that does not
 depend on ``deg`` (a 100k-in-edge hub costs the same as a 20-in-edge node; nothing is sorted):
 
-* ``fanout <= _FLOYD_MAX_FANOUT``: Floyd's algorithm, vectorised across seeds. Step ``i`` draws
+* ``fanout <= FLOYD_MAX_FANOUT``: Floyd's algorithm, vectorised across seeds. Step ``i`` draws
   ``t`` in ``[0, deg - fanout + i]`` for every seed at once and keeps ``deg - fanout + i`` instead
   when ``t`` was already taken; ``O(fanout**2)`` vector operations over the seeds, exact and uniform.
 * larger fanouts (where ``fanout**2`` vector operations would cost too much): seeds with
@@ -42,8 +42,8 @@ __all__ = ["in_degrees", "sample_csc"]
 IdArray = npt.NDArray[np.int64]
 
 # Fanouts up to this use vectorised Floyd; larger ones use keys + top-k or redraw rounds.
-_FLOYD_MAX_FANOUT = 32
-# For fanouts above _FLOYD_MAX_FANOUT: deg <= _MID_FACTOR * fanout -> keys + top-k, else redraw.
+FLOYD_MAX_FANOUT = 32
+# For fanouts above FLOYD_MAX_FANOUT: deg <= _MID_FACTOR * fanout -> keys + top-k, else redraw.
 _MID_FACTOR = 4
 # Redraw rounds before the exact fallback; with collision probability <= 1/4 per draw a seed
 # survives 32 rounds with probability < 4**-32, so the fallback is there for correctness only.
@@ -196,7 +196,7 @@ def _numpy_positions(
         pos += np.arange(int(offsets[-1]), dtype=np.int64)
         if k != -1:
             slots = np.arange(k, dtype=np.int64)[None, :]
-            if k <= _FLOYD_MAX_FANOUT:
+            if k <= FLOYD_MAX_FANOUT:
                 groups = [(np.flatnonzero(deg > k), _floyd)]
             else:
                 groups = [
@@ -256,7 +256,7 @@ def sample_csc(
     if seeds.size == 0 or k == 0:
         return empty, empty.copy(), empty.copy()
 
-    if not replace and 0 < k <= _FLOYD_MAX_FANOUT and compiled.ready():
+    if not replace and 0 < k <= FLOYD_MAX_FANOUT and compiled.ready():
         # Two compiled passes giving the numpy path's exact output (see compiled.py).
         ip64 = ip if ip.dtype == np.int64 else ip.astype(np.int64)
         pos, seg = compiled.uniform_positions(ip64, seeds, k, rng)
