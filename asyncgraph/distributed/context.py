@@ -85,8 +85,10 @@ def initialize(
     them (an ``ip_config`` argument is then ignored, with a logged warning, so a DGL script's
     ``initialize("ip_config.txt")`` runs unchanged under ``asyncgraph.launch``), else from
     ``ip_config`` (DGL's ``host [port]`` per line, one per partition in partition order); with
-    none of them the process is standalone. DGL's ``num_servers``, ``max_queue_size``,
-    ``net_type`` and ``num_worker_threads`` are accepted and unused, and so is ``use_graphbolt``:
+    none of them the process is standalone. DGL's ``num_servers`` is accepted and unused: a
+    partition's replica servers (``asyncgraph.launch --num-servers``) are found through its
+    primary. ``max_queue_size``, ``net_type`` and ``num_worker_threads`` are accepted and
+    unused, and so is ``use_graphbolt``:
     partitions here are CSC arrays sampled by their owners already (what GraphBolt switches DGL
     to), so there is no second format to choose. ``num_workers`` (DGL's
     sampler processes) is accepted but ignored: sampling runs concurrently in each data
