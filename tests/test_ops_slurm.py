@@ -126,3 +126,21 @@ def test_wrong_node_count_is_refused(cora2, tmp_path: Path) -> None:  # type: ig
     done = dry_run(cora2, tmp_path, SLURM_JOB_NODELIST="gpu-a,gpu-b,gpu-c")
     assert done.returncode == 2
     assert "has 2 partitions but the job has 3 nodes" in done.stderr
+
+
+def test_dry_run_starts_replicas_after_each_server(cora2, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    done = dry_run(cora2, tmp_path, SERVERS_PER_NODE="3")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    replicas = [line for line in lines if "--replica-of" in line]
+    assert len(replicas) == 4  # 2 more per node
+    for p, host in enumerate(("gpu-a", "gpu-b")):
+        mine = [line for line in replicas if f"--nodelist={host}" in line]
+        assert len(mine) == 2 and all(f"--part-id {p}" in line for line in mine)
+        assert all("--replica-of 127.0.0.1:30050" in line and "--port 0" in line for line in mine)
+    first_replica = lines.index(replicas[0])
+    assert first_replica > max(
+        i for i, line in enumerate(lines) if "--replica-of" not in line and "-m asyncgraph.server" in line
+    )
+    assert first_replica < next(i for i, line in enumerate(lines) if "--kill-on-bad-exit" in line)
+    assert not [line for line in dry_run(cora2, tmp_path).stdout.splitlines() if "--replica-of" in line]
