@@ -4,10 +4,12 @@ The session decides everything about the protocol (handshake, request ids, which
 the connection); this module owns the socket, the futures and the timeouts. Many requests may
 be in flight on a connection; responses are matched by id in any order. ``max_inflight``
 bounds the requests in flight (back-pressure: callers wait rather than queueing without
-limit); a call that finds a free slot costs one future and one timer handle. When the server
-goes away every pending and later call fails at once with ``ServerUnavailableError`` naming
-the server; a server that stops answering makes calls fail at their timeout. Nothing here
-knows about partitions or tensors.
+limit); a call that finds a free slot costs one future and one timer handle. Requests issued in
+one loop tick are coalesced: the tick's first is written at once, the others together with one
+write at the end of the tick (``_send``); ``writes`` and ``requests_written`` count them. When
+the server goes away every pending, queued and later call fails at once with
+``ServerUnavailableError`` naming the server; a server that stops answering makes calls fail at
+their timeout. Nothing here knows about partitions or tensors.
 
 Riding through a restart: with ``reconnect_window > 0`` a call that finds the connection lost
 reconnects (jittered exponential backoff, for at most the window; one reconnect shared by every
@@ -40,6 +42,7 @@ from asyncgraph.protocol import (
     ServerHello,
 )
 from asyncgraph.protocol.ops import RETRYABLE_OPS
+from asyncgraph.protocol.session import Pieces
 
 log = logging.getLogger("asyncgraph.client")
 
@@ -149,6 +152,12 @@ class Connection:
         self._writable = asyncio.Event()
         self._writable.set()
         self.server_hello: ServerHello | None = None
+        # Requests issued in a loop tick after its first, written together by ``_flush`` at its
+        # end: (request id, the call's future, the frame's pieces).
+        self._queued: list[tuple[int, asyncio.Future[Any], Pieces]] = []
+        self._flush_pending = False  # a flush is scheduled: this tick's first request went out
+        self.writes = 0  # transport writes carrying requests (handshakes not counted)
+        self.requests_written = 0  # requests those writes carried
 
     @classmethod
     async def open(
@@ -309,7 +318,7 @@ class Connection:
         self._pending[request_id] = future
         timer = loop.call_at(deadline, self._expire, future, op, timeout)
         try:
-            self._write(pieces)
+            self._send(loop, request_id, future, pieces)
             return await future
         finally:
             timer.cancel()
@@ -357,10 +366,69 @@ class Connection:
                 waiter.set_result(None)
                 return
 
-    def _write(self, pieces: list[bytes | memoryview]) -> None:
-        if self._transport is None or self._transport.is_closing():
+    def _send(
+        self, loop: asyncio.AbstractEventLoop, request_id: int, future: asyncio.Future[Any], pieces: Pieces
+    ) -> None:
+        """Write a request, coalescing the requests of one loop tick.
+
+        The first request of a tick is written at once (a lone call waits for no extra loop
+        iteration) and schedules ``_flush`` for the end of the tick; requests issued meanwhile
+        are queued and written by it with one ``writelines`` (one syscall on uvloop, one read
+        wake-up on the server instead of one per request).
+        """
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            self._lost()
             raise ServerUnavailableError(f"connection to server {self.name} is closed")
-        self._transport.writelines(pieces)
+        if self._flush_pending:
+            self._queued.append((request_id, future, pieces))
+            return
+        self.writes += 1
+        self.requests_written += 1
+        transport.writelines(pieces)
+        self._flush_pending = True
+        loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Write the requests queued this tick with one ``writelines``.
+
+        A request whose call already ended (cancelled, timed out) is left out: the server never
+        sees it. If the connection closed meanwhile, the queued calls fail like in-flight ones.
+        """
+        self._flush_pending = False
+        queued = self._queued
+        if not queued:
+            return
+        self._queued = []
+        pending = self._pending
+        live = [entry for entry in queued if pending.get(entry[0]) is entry[1] and not entry[1].done()]
+        if not live:
+            return
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            self._lost()
+            error = self._error
+            assert error is not None
+            for _, future, _ in live:  # when the user's close() came first: fail them here too
+                if not future.done():
+                    future.set_exception(type(error)(str(error)))
+            return
+        if len(live) == 1:
+            out = live[0][2]
+        else:
+            out = []
+            for entry in live:
+                out += entry[2]
+        self.writes += 1
+        self.requests_written += len(live)
+        transport.writelines(out)
+
+    def _lost(self) -> None:
+        """The transport is closing but ``connection_lost`` has not run yet (it follows a tick
+        later): fail the connection now, so pending calls fail and a retry reconnects instead of
+        finding the connection still "open"."""
+        if self._error is None:
+            self._fail(ServerUnavailableError(f"connection to server {self.name} lost"))
 
     # --- session events -------------------------------------------------------------------
     def _on_ready(self, event: HandshakeComplete) -> None:
@@ -377,6 +445,7 @@ class Connection:
             if not future.done():
                 future.set_exception(type(exc)(str(exc)))
         self._pending.clear()
+        self._queued.clear()  # their futures were failed above; never written to a later transport
         self._writable.set()
         while self._slot_waiters:  # they see the error and fail
             waiter = self._slot_waiters.popleft()
