@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from asyncgraph.client import AsyncClient, Client, Connection
+from asyncgraph.client.connection import COALESCE_BYTES
 from asyncgraph.errors import ServerUnavailableError
 from asyncgraph.testing import ServerGroup, start_servers
 
@@ -111,6 +112,24 @@ async def test_pulls_over_both_partitions_coalesce_per_connection(client: AsyncC
         assert (c.writes - w0, c.requests_written - r0) == (2, N)
     for rows in got:
         np.testing.assert_array_equal(rows.numpy(), pubmed2.original_rows("feat", ids))
+
+
+@pytest.mark.timeout(60)
+async def test_big_requests_are_written_when_issued(client: AsyncClient, pubmed2: Any) -> None:
+    """A request that brings the tick's queue to ``COALESCE_BYTES`` is written at once (with
+    what was queued before it), so flow control sees it as before; small ones still coalesce."""
+    conn = conn_of(client, 0)
+    start, end = client.book.node_range(0)
+    big = np.resize(np.arange(start, end), COALESCE_BYTES // 8 + 100)  # its frame alone exceeds it
+    small = rows_of(client, 0, 3)
+    requests = [small[0], big, big[::-1].copy(), small[1], small[2]]
+    await client.pull("node:label", small[0])
+    w0, r0 = conn.writes, conn.requests_written
+    got = await asyncio.gather(*(client.pull("node:label", ids) for ids in requests))
+    # small[0] at once; each big one when issued; small[1:] together at the end of the tick
+    assert (conn.writes - w0, conn.requests_written - r0) == (4, 5)
+    for ids, rows in zip(requests, got, strict=True):
+        np.testing.assert_array_equal(rows.numpy(), pubmed2.original_rows("label", ids))
 
 
 @pytest.mark.timeout(60)

@@ -41,12 +41,18 @@ from asyncgraph.protocol import (
     Response,
     ServerHello,
 )
+from asyncgraph.protocol.codec import frame_size
 from asyncgraph.protocol.ops import RETRYABLE_OPS
 from asyncgraph.protocol.session import Pieces
 
 log = logging.getLogger("asyncgraph.client")
 
-__all__ = ["CONNECTION_ERROR_ID", "Connection"]
+__all__ = ["COALESCE_BYTES", "CONNECTION_ERROR_ID", "Connection"]
+
+# Requests of one tick queued beyond this many bytes are written at once: frames that big gain
+# nothing from sharing a write, and the transport's flow control (``pause_writing``, high-water
+# mark 64 KiB by default) must stop the tick's later requests as it did when each was written.
+COALESCE_BYTES = 64 << 10
 
 
 class _ClientProtocol(asyncio.BufferedProtocol):
@@ -155,6 +161,7 @@ class Connection:
         # Requests issued in a loop tick after its first, written together by ``_flush`` at its
         # end: (request id, the call's future, the frame's pieces).
         self._queued: list[tuple[int, asyncio.Future[Any], Pieces]] = []
+        self._queued_bytes = 0
         self._flush_pending = False  # a flush is scheduled: this tick's first request went out
         self.writes = 0  # transport writes carrying requests (handshakes not counted)
         self.requests_written = 0  # requests those writes carried
@@ -374,7 +381,8 @@ class Connection:
         The first request of a tick is written at once (a lone call waits for no extra loop
         iteration) and schedules ``_flush`` for the end of the tick; requests issued meanwhile
         are queued and written by it with one ``writelines`` (one syscall on uvloop, one read
-        wake-up on the server instead of one per request).
+        wake-up on the server instead of one per request), or at once when ``COALESCE_BYTES``
+        are queued.
         """
         transport = self._transport
         if transport is None or transport.is_closing():
@@ -382,6 +390,9 @@ class Connection:
             raise ServerUnavailableError(f"connection to server {self.name} is closed")
         if self._flush_pending:
             self._queued.append((request_id, future, pieces))
+            self._queued_bytes += frame_size(pieces)
+            if self._queued_bytes >= COALESCE_BYTES:
+                self._flush(early=True)  # big frames go out now, seen by flow control
             return
         self.writes += 1
         self.requests_written += 1
@@ -389,17 +400,19 @@ class Connection:
         self._flush_pending = True
         loop.call_soon(self._flush)
 
-    def _flush(self) -> None:
-        """Write the requests queued this tick with one ``writelines``.
+    def _flush(self, early: bool = False) -> None:
+        """Write the requests queued this tick with one ``writelines``; ``early``: before the
+        tick ends, because ``COALESCE_BYTES`` are queued (the scheduled flush still runs then).
 
         A request whose call already ended (cancelled, timed out) is left out: the server never
         sees it. If the connection closed meanwhile, the queued calls fail like in-flight ones.
         """
-        self._flush_pending = False
+        self._flush_pending = early
         queued = self._queued
         if not queued:
             return
         self._queued = []
+        self._queued_bytes = 0
         pending = self._pending
         live = [entry for entry in queued if pending.get(entry[0]) is entry[1] and not entry[1].done()]
         if not live:
@@ -446,6 +459,7 @@ class Connection:
                 future.set_exception(type(exc)(str(exc)))
         self._pending.clear()
         self._queued.clear()  # their futures were failed above; never written to a later transport
+        self._queued_bytes = 0
         self._writable.set()
         while self._slot_waiters:  # they see the error and fail
             waiter = self._slot_waiters.popleft()
