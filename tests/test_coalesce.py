@@ -1,10 +1,11 @@
 """Requests issued in one loop tick share socket writes (issue 9): real servers (PubMed, 2 parts).
 
-``Connection`` writes the first request of a tick at once and the others of that tick together
-with one ``writelines`` at its end. ``Connection.writes`` / ``requests_written`` count what went
-out, so coalescing is checked by count, never by timing. A request cancelled while queued is
-never written; a connection lost while requests are queued fails them all (or, with a reconnect
-window, resends them on the new connection).
+``Connection`` writes the first request of a tick at once and the others of that tick in groups
+of ``COALESCE_REQUESTS`` (one ``writelines`` each), the last group at the end of the tick.
+``Connection.writes`` / ``requests_written`` count what went out, so coalescing is checked by
+count, never by timing. A request cancelled while queued is never written; a connection lost
+while requests are queued fails them all (or, with a reconnect window, resends them on the new
+connection).
 """
 
 from __future__ import annotations
@@ -17,11 +18,16 @@ import numpy as np
 import pytest
 
 from asyncgraph.client import AsyncClient, Client, Connection
-from asyncgraph.client.connection import COALESCE_BYTES
+from asyncgraph.client.connection import COALESCE_BYTES, COALESCE_REQUESTS
 from asyncgraph.errors import ServerUnavailableError
 from asyncgraph.testing import ServerGroup, start_servers
 
-N = 16  # concurrent pulls per tick: below max_inflight (32), so none waits for a slot
+# Concurrent pulls per tick: the first, one full group, and a half group still queued at the end
+# of the tick; below max_inflight (32), so none waits for a slot.
+N = 1 + COALESCE_REQUESTS + COALESCE_REQUESTS // 2
+WRITES = 3  # for N requests in one tick: the first, the full group, the rest at the end
+EARLY = 1 + COALESCE_REQUESTS  # requests written before the tick ends
+assert COALESCE_REQUESTS >= 2 and N <= 32
 
 
 @pytest.fixture(scope="module")
@@ -65,14 +71,13 @@ async def start_tick(client: AsyncClient, requests: list[np.ndarray]) -> list[as
 
 
 @pytest.mark.timeout(60)
-async def test_concurrent_pulls_in_one_tick_share_one_write(client: AsyncClient, pubmed2: Any) -> None:
+async def test_concurrent_pulls_in_one_tick_are_written_in_groups(client: AsyncClient, pubmed2: Any) -> None:
     conn = conn_of(client, 0)
     requests = rows_of(client, 0, N)
     await client.pull("node:feat", requests[0])  # tensor metadata cached: a pull sends at once
     w0, r0 = conn.writes, conn.requests_written
     got = await asyncio.gather(*(client.pull("node:feat", ids) for ids in requests))
-    # the tick's first request went out at once, the other N - 1 together at the end of the tick
-    assert (conn.writes - w0, conn.requests_written - r0) == (2, N)
+    assert (conn.writes - w0, conn.requests_written - r0) == (WRITES, N)
     for ids, rows in zip(requests, got, strict=True):
         np.testing.assert_array_equal(rows.numpy(), pubmed2.original_rows("feat", ids))
     assert conn._inflight == 0 and not conn._pending and not conn._queued
@@ -93,7 +98,7 @@ def test_the_sync_clients_uvloop_coalesces_too(servers: ServerGroup, pubmed2: An
             return await asyncio.gather(*(aio.pull("node:feat", ids) for ids in requests))
 
         got = client.loop.run(tick())
-        assert (conn.writes - w0, conn.requests_written - r0) == (2, N)
+        assert (conn.writes - w0, conn.requests_written - r0) == (WRITES, N)
         for ids, rows in zip(requests, got, strict=True):
             np.testing.assert_array_equal(rows.numpy(), pubmed2.original_rows("feat", ids))
     finally:
@@ -109,7 +114,7 @@ async def test_pulls_over_both_partitions_coalesce_per_connection(client: AsyncC
     before = [(c.writes, c.requests_written) for c in conns]
     got = await asyncio.gather(*(client.pull("node:feat", ids) for _ in range(N)))
     for c, (w0, r0) in zip(conns, before, strict=True):
-        assert (c.writes - w0, c.requests_written - r0) == (2, N)
+        assert (c.writes - w0, c.requests_written - r0) == (WRITES, N)
     for rows in got:
         np.testing.assert_array_equal(rows.numpy(), pubmed2.original_rows("feat", ids))
 
@@ -156,13 +161,13 @@ async def test_cancelled_requests_leave_the_connection_and_the_others_intact(
     await client.pull("node:feat", requests[0])
     w0, r0 = conn.writes, conn.requests_written
     tasks = await start_tick(client, requests)
-    assert len(conn._queued) == N - 1 and conn.requests_written - r0 == 1
+    assert len(conn._queued) == N - EARLY and conn.requests_written - r0 == EARLY
     tasks[0].cancel()
-    tasks[N // 2].cancel()
+    tasks[N - 2].cancel()
     results = await asyncio.gather(*tasks, return_exceptions=True)
-    assert (conn.writes - w0, conn.requests_written - r0) == (2, N - 1)
+    assert (conn.writes - w0, conn.requests_written - r0) == (WRITES, N - 1)
     for i, (ids, result) in enumerate(zip(requests, results, strict=True)):
-        if i in (0, N // 2):
+        if i in (0, N - 2):
             assert isinstance(result, asyncio.CancelledError)
         else:
             assert not isinstance(result, BaseException), result
@@ -180,13 +185,13 @@ async def test_connection_lost_with_requests_queued_fails_all_of_them(client: As
     await client.pull("node:feat", requests[0])
     r0 = conn.requests_written
     tasks = await start_tick(client, requests)
-    assert len(conn._queued) == N - 1
+    assert len(conn._queued) == N - EARLY
     assert conn._transport is not None
     conn._transport.abort()  # the socket is gone before the tick's flush
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert all(isinstance(r, ServerUnavailableError) for r in results), results
     assert all(conn.name in str(r) for r in results)
-    assert conn.requests_written - r0 == 1  # the queued ones were never written
+    assert conn.requests_written - r0 == EARLY  # the queued ones were never written
     assert conn.closed and conn._inflight == 0 and not conn._pending and not conn._queued
     with pytest.raises(ServerUnavailableError):  # later calls fail at once
         await client.pull("node:feat", requests[0])
@@ -201,12 +206,12 @@ async def test_closing_the_connection_with_requests_queued_fails_them(client: As
     await client.pull("node:feat", requests[0])
     r0 = conn.requests_written
     tasks = await start_tick(client, requests)
-    assert len(conn._queued) == N - 1
+    assert len(conn._queued) == N - EARLY
     conn.close()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert all(isinstance(r, ServerUnavailableError) for r in results), results
-    assert all("closed by the client" in str(r) for r in results[1:]), results
-    assert conn.requests_written - r0 == 1 and not conn._pending and not conn._queued
+    assert all("closed by the client" in str(r) for r in results[EARLY:]), results
+    assert conn.requests_written - r0 == EARLY and not conn._pending and not conn._queued
 
 
 @pytest.mark.timeout(60)
@@ -221,7 +226,7 @@ async def test_requests_queued_when_the_connection_is_lost_are_resent_after_reco
         requests = rows_of(client, 0, N)
         await client.pull("node:feat", requests[0])
         tasks = await start_tick(client, requests)
-        assert len(conn._queued) == N - 1
+        assert len(conn._queued) == N - EARLY
         assert conn._transport is not None
         conn._transport.abort()
         got = await asyncio.gather(*tasks)

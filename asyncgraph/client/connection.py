@@ -5,11 +5,12 @@ the connection); this module owns the socket, the futures and the timeouts. Many
 be in flight on a connection; responses are matched by id in any order. ``max_inflight``
 bounds the requests in flight (back-pressure: callers wait rather than queueing without
 limit); a call that finds a free slot costs one future and one timer handle. Requests issued in
-one loop tick are coalesced: the tick's first is written at once, the others together with one
-write at the end of the tick (``_send``); ``writes`` and ``requests_written`` count them. When
-the server goes away every pending, queued and later call fails at once with
-``ServerUnavailableError`` naming the server; a server that stops answering makes calls fail at
-their timeout. Nothing here knows about partitions or tensors.
+one loop tick are coalesced: the tick's first is written at once, the others in groups of up to
+``COALESCE_REQUESTS`` (or ``COALESCE_BYTES``), the last group at the end of the tick (``_send``);
+``writes`` and ``requests_written`` count them. When the server goes away every pending, queued
+and later call fails at once with ``ServerUnavailableError`` naming the server; a server that
+stops answering makes calls fail at their timeout. Nothing here knows about partitions or
+tensors.
 
 Riding through a restart: with ``reconnect_window > 0`` a call that finds the connection lost
 reconnects (jittered exponential backoff, for at most the window; one reconnect shared by every
@@ -47,11 +48,16 @@ from asyncgraph.protocol.session import Pieces
 
 log = logging.getLogger("asyncgraph.client")
 
-__all__ = ["COALESCE_BYTES", "CONNECTION_ERROR_ID", "Connection"]
+__all__ = ["COALESCE_BYTES", "COALESCE_REQUESTS", "CONNECTION_ERROR_ID", "Connection"]
 
-# Requests of one tick queued beyond this many bytes are written at once: frames that big gain
-# nothing from sharing a write, and the transport's flow control (``pause_writing``, high-water
-# mark 64 KiB by default) must stop the tick's later requests as it did when each was written.
+# A tick's queue is written as soon as it holds COALESCE_REQUESTS requests or COALESCE_BYTES.
+# Requests: the server starts on the first ones while the client still issues the rest (one write
+# per tick made the server wait for all of them: 32 concurrent 1-row pulls 1.3x slower than a
+# write each with the machine's cores free; groups of 8 were 1.16x faster than a write each there
+# and 1.2x under load, where one write per tick was 1.36x). Bytes: frames that big gain nothing
+# from sharing a write, and the transport's flow control (``pause_writing``, high-water mark
+# 64 KiB by default) must stop the tick's later requests as it did when each was written.
+COALESCE_REQUESTS = 8
 COALESCE_BYTES = 64 << 10
 
 
@@ -381,8 +387,8 @@ class Connection:
         The first request of a tick is written at once (a lone call waits for no extra loop
         iteration) and schedules ``_flush`` for the end of the tick; requests issued meanwhile
         are queued and written by it with one ``writelines`` (one syscall on uvloop, one read
-        wake-up on the server instead of one per request), or at once when ``COALESCE_BYTES``
-        are queued.
+        wake-up on the server instead of one per request), or at once when the queue holds
+        ``COALESCE_REQUESTS`` requests or ``COALESCE_BYTES``.
         """
         transport = self._transport
         if transport is None or transport.is_closing():
@@ -391,8 +397,8 @@ class Connection:
         if self._flush_pending:
             self._queued.append((request_id, future, pieces))
             self._queued_bytes += frame_size(pieces)
-            if self._queued_bytes >= COALESCE_BYTES:
-                self._flush(early=True)  # big frames go out now, seen by flow control
+            if self._queued_bytes >= COALESCE_BYTES or len(self._queued) >= COALESCE_REQUESTS:
+                self._flush(early=True)  # the server starts on them; flow control sees them
             return
         self.writes += 1
         self.requests_written += 1
@@ -402,7 +408,7 @@ class Connection:
 
     def _flush(self, early: bool = False) -> None:
         """Write the requests queued this tick with one ``writelines``; ``early``: before the
-        tick ends, because ``COALESCE_BYTES`` are queued (the scheduled flush still runs then).
+        tick ends, the queue being full (the scheduled flush still runs then).
 
         A request whose call already ended (cancelled, timed out) is left out: the server never
         sees it. If the connection closed meanwhile, the queued calls fail like in-flight ones.
