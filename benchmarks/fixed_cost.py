@@ -7,6 +7,9 @@ socket only (no shared memory). Measured one after the other in the same run:
 * sequential ``sample_neighbors`` of 1,024 seeds of partition 1, fanout 10,
 * the 1-row pull again through the blocking facade (``Client.pull``: the hop to the client's loop
   thread and back included),
+* 64 concurrent 1-row pulls (``asyncio.gather``, ``--concurrent``) per round: the round's time,
+  pulls per second and the client's socket writes per round (``Connection.writes``: requests
+  issued in one loop tick go out in one write), against the echo of 64 requests written at once,
 * for each, a bare echo: a uvloop server in a child process that answers a request of the same
   number of bytes with a reply of the same number of bytes as the real call's frames (sizes
   computed with the protocol's own encoder), driven by a blocking-socket client.
@@ -20,6 +23,7 @@ Run: ``.venv/bin/python -m benchmarks.fixed_cost [--scale 17] [--calls 2000]``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import socket
 import struct
@@ -52,12 +56,15 @@ class Echo(asyncio.Protocol):
     def data_received(self, data):
         buf = self.buf
         buf += data
+        out = []
         while len(buf) >= 8:
             size, reply = struct.unpack_from("!II", buf)
             if len(buf) < 8 + size:
-                return
+                break
             del buf[: 8 + size]
-            self.t.write(bytes(reply))
+            out.append(bytes(reply))
+        if out:
+            self.t.writelines(out)  # the replies to one read in one write, as our server does
 
 async def main():
     server = await asyncio.get_running_loop().create_server(Echo, "127.0.0.1", 0)
@@ -68,19 +75,22 @@ uvloop.run(main())
 """
 
 
-def echo_round_trip(port: int, request: int, reply: int, calls: int) -> float:
-    """Median seconds of ``calls`` blocking round trips of ``request`` bytes out, ``reply`` back."""
+def echo_round_trip(port: int, request: int, reply: int, calls: int, batch: int = 1) -> float:
+    """Median seconds of ``calls`` blocking round trips of ``request`` bytes out, ``reply`` back;
+    with ``batch`` > 1 each round trip sends that many requests in one write and reads all
+    their replies (the bare form of ``batch`` concurrent calls written together)."""
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        payload = struct.pack("!II", max(request - 8, 0), reply) + bytes(max(request - 8, 0))
-        view = memoryview(bytearray(max(reply, 1)))
+        payload = (struct.pack("!II", max(request - 8, 0), reply) + bytes(max(request - 8, 0))) * batch
+        total = reply * batch
+        view = memoryview(bytearray(max(total, 1)))
         times = []
         for _ in range(calls):
             t0 = time.perf_counter()
             s.sendall(payload)
             got = 0
-            while got < reply:
-                got += s.recv_into(view[got:], reply - got)
+            while got < total:
+                got += s.recv_into(view[got:], total - got)
             times.append(time.perf_counter() - t0)
     return float(np.median(times))
 
@@ -106,6 +116,40 @@ def sync_round_trip(fn: Callable[[], Any], calls: int) -> float:
     return median_time(fn, calls, warmup=min(calls, 200))
 
 
+def concurrent_case(
+    client: Client, echo_port: int, ids: np.ndarray, batch: int, rounds: int, request: int, reply: int
+) -> dict[str, Any]:
+    """``batch`` concurrent 1-row pulls to partition 1 (``asyncio.gather``) per round: median
+    round time, pulls per second, and the client's socket writes per round (when the connection
+    counts them) against the bare echo of ``batch`` requests written at once."""
+    aio = client.aio
+    conn = aio.partitions[1].conn  # type: ignore[attr-defined]
+
+    async def gathered() -> Any:
+        return await asyncio.gather(*(aio.pull_numpy("node:feat", ids) for _ in range(batch)))
+
+    call = call_round_trip(client, gathered, rounds)
+    writes = getattr(conn, "writes", None)
+    if writes is not None:
+        for _ in range(10):
+            client.loop.run(gathered())
+        writes = (conn.writes - writes) / 10
+    bare = echo_round_trip(echo_port, request, reply, rounds, batch=batch)
+    print(
+        f"pull_1_row_x{batch:<7d} call {call * 1e6:9.1f} us  echo {bare * 1e6:9.1f} us  "
+        f"ratio {call / bare:5.2f}  ({batch / call:,.0f} pulls/s; "
+        f"{'?' if writes is None else f'{writes:g}'} client writes per round)",
+        flush=True,
+    )
+    return {
+        "call_us": round(call * 1e6, 1),
+        "echo_us": round(bare * 1e6, 1),
+        "call_over_echo": round(call / bare, 2),
+        "pulls_per_s": round(batch / call),
+        "client_writes_per_round": writes,
+    }
+
+
 def request_bytes(op: str, args: dict[str, Any]) -> int:
     """Bytes of the real request frame (the protocol's own encoder)."""
     return frame_size(encode_message(Request(1, op, args)))
@@ -120,6 +164,7 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.fixed_cost", description=__doc__.split("\n\n")[0])
     add_graph_options(p, default_scale=17)
     p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--concurrent", type=int, default=64, help="pulls per round of the concurrent case")
     p.add_argument("--out", type=Path, default=RESULTS / "fixed_cost.json")
     args = p.parse_args()
     part_config = partitioned(graph_npz(args), 2, balance=True)
@@ -178,6 +223,10 @@ def main() -> None:
                             f"ratio {call / bare:5.2f}  ({request} B out, {reply} B back)",
                             flush=True,
                         )
+                    rows[f"pull_1_row_x{args.concurrent}"] = concurrent_case(
+                        client, echo_port, one, args.concurrent, max(args.calls // 8, 50),
+                        cases["pull_1_row"][1], cases["pull_1_row"][2],
+                    )  # fmt: skip
                     rows["row_bytes"] = row_bytes
                 finally:
                     client.close()

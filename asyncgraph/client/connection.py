@@ -4,10 +4,13 @@ The session decides everything about the protocol (handshake, request ids, which
 the connection); this module owns the socket, the futures and the timeouts. Many requests may
 be in flight on a connection; responses are matched by id in any order. ``max_inflight``
 bounds the requests in flight (back-pressure: callers wait rather than queueing without
-limit); a call that finds a free slot costs one future and one timer handle. When the server
-goes away every pending and later call fails at once with ``ServerUnavailableError`` naming
-the server; a server that stops answering makes calls fail at their timeout. Nothing here
-knows about partitions or tensors.
+limit); a call that finds a free slot costs one future and one timer handle. Requests issued in
+one loop tick are coalesced: the tick's first is written at once, the others in groups of up to
+``COALESCE_REQUESTS`` (or ``COALESCE_BYTES``), the last group at the end of the tick (``_send``);
+``writes`` and ``requests_written`` count them. When the server goes away every pending, queued
+and later call fails at once with ``ServerUnavailableError`` naming the server; a server that
+stops answering makes calls fail at their timeout. Nothing here knows about partitions or
+tensors.
 
 Riding through a restart: with ``reconnect_window > 0`` a call that finds the connection lost
 reconnects (jittered exponential backoff, for at most the window; one reconnect shared by every
@@ -39,11 +42,23 @@ from asyncgraph.protocol import (
     Response,
     ServerHello,
 )
+from asyncgraph.protocol.codec import frame_size
 from asyncgraph.protocol.ops import RETRYABLE_OPS
+from asyncgraph.protocol.session import Pieces
 
 log = logging.getLogger("asyncgraph.client")
 
-__all__ = ["CONNECTION_ERROR_ID", "Connection"]
+__all__ = ["COALESCE_BYTES", "COALESCE_REQUESTS", "CONNECTION_ERROR_ID", "Connection"]
+
+# A tick's queue is written as soon as it holds COALESCE_REQUESTS requests or COALESCE_BYTES.
+# Requests: the server starts on the first ones while the client still issues the rest (one write
+# per tick made the server wait for all of them: 32 concurrent 1-row pulls 1.3x slower than a
+# write each with the machine's cores free; groups of 8 were 1.16x faster than a write each there
+# and 1.2x under load, where one write per tick was 1.36x). Bytes: frames that big gain nothing
+# from sharing a write, and the transport's flow control (``pause_writing``, high-water mark
+# 64 KiB by default) must stop the tick's later requests as it did when each was written.
+COALESCE_REQUESTS = 8
+COALESCE_BYTES = 64 << 10
 
 
 class _ClientProtocol(asyncio.BufferedProtocol):
@@ -149,6 +164,13 @@ class Connection:
         self._writable = asyncio.Event()
         self._writable.set()
         self.server_hello: ServerHello | None = None
+        # Requests issued in a loop tick after its first, written together by ``_flush`` at its
+        # end: (request id, the call's future, the frame's pieces).
+        self._queued: list[tuple[int, asyncio.Future[Any], Pieces]] = []
+        self._queued_bytes = 0
+        self._flush_pending = False  # a flush is scheduled: this tick's first request went out
+        self.writes = 0  # transport writes carrying requests (handshakes not counted)
+        self.requests_written = 0  # requests those writes carried
 
     @classmethod
     async def open(
@@ -309,7 +331,7 @@ class Connection:
         self._pending[request_id] = future
         timer = loop.call_at(deadline, self._expire, future, op, timeout)
         try:
-            self._write(pieces)
+            self._send(loop, request_id, future, pieces)
             return await future
         finally:
             timer.cancel()
@@ -357,10 +379,75 @@ class Connection:
                 waiter.set_result(None)
                 return
 
-    def _write(self, pieces: list[bytes | memoryview]) -> None:
-        if self._transport is None or self._transport.is_closing():
+    def _send(
+        self, loop: asyncio.AbstractEventLoop, request_id: int, future: asyncio.Future[Any], pieces: Pieces
+    ) -> None:
+        """Write a request, coalescing the requests of one loop tick.
+
+        The first request of a tick is written at once (a lone call waits for no extra loop
+        iteration) and schedules ``_flush`` for the end of the tick; requests issued meanwhile
+        are queued and written by it with one ``writelines`` (one syscall on uvloop, one read
+        wake-up on the server instead of one per request), or at once when the queue holds
+        ``COALESCE_REQUESTS`` requests or ``COALESCE_BYTES``.
+        """
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            self._lost()
             raise ServerUnavailableError(f"connection to server {self.name} is closed")
-        self._transport.writelines(pieces)
+        if self._flush_pending:
+            self._queued.append((request_id, future, pieces))
+            self._queued_bytes += frame_size(pieces)
+            if self._queued_bytes >= COALESCE_BYTES or len(self._queued) >= COALESCE_REQUESTS:
+                self._flush(early=True)  # the server starts on them; flow control sees them
+            return
+        self.writes += 1
+        self.requests_written += 1
+        transport.writelines(pieces)
+        self._flush_pending = True
+        loop.call_soon(self._flush)
+
+    def _flush(self, early: bool = False) -> None:
+        """Write the requests queued this tick with one ``writelines``; ``early``: before the
+        tick ends, the queue being full (the scheduled flush still runs then).
+
+        A request whose call already ended (cancelled, timed out) is left out: the server never
+        sees it. If the connection closed meanwhile, the queued calls fail like in-flight ones.
+        """
+        self._flush_pending = early
+        queued = self._queued
+        if not queued:
+            return
+        self._queued = []
+        self._queued_bytes = 0
+        pending = self._pending
+        live = [entry for entry in queued if pending.get(entry[0]) is entry[1] and not entry[1].done()]
+        if not live:
+            return
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            self._lost()
+            error = self._error
+            assert error is not None
+            for _, future, _ in live:  # when the user's close() came first: fail them here too
+                if not future.done():
+                    future.set_exception(type(error)(str(error)))
+            return
+        if len(live) == 1:
+            out = live[0][2]
+        else:
+            out = []
+            for entry in live:
+                out += entry[2]
+        self.writes += 1
+        self.requests_written += len(live)
+        transport.writelines(out)
+
+    def _lost(self) -> None:
+        """The transport is closing but ``connection_lost`` has not run yet (it follows a tick
+        later): fail the connection now, so pending calls fail and a retry reconnects instead of
+        finding the connection still "open"."""
+        if self._error is None:
+            self._fail(ServerUnavailableError(f"connection to server {self.name} lost"))
 
     # --- session events -------------------------------------------------------------------
     def _on_ready(self, event: HandshakeComplete) -> None:
@@ -377,6 +464,8 @@ class Connection:
             if not future.done():
                 future.set_exception(type(exc)(str(exc)))
         self._pending.clear()
+        self._queued.clear()  # their futures were failed above; never written to a later transport
+        self._queued_bytes = 0
         self._writable.set()
         while self._slot_waiters:  # they see the error and fail
             waiter = self._slot_waiters.popleft()
