@@ -47,7 +47,12 @@ def own_servers(
     workdir = Path(tempfile.mkdtemp(prefix="loadgen-"))
     secret = os.urandom(16).hex().encode()
     group = start_servers(
-        part_config, workdir, num_parts=num_parts, secret=secret, extra_args=extra_args, num_servers=num_servers
+        part_config,
+        workdir,
+        num_parts=num_parts,
+        secret=secret,
+        extra_args=extra_args,
+        num_servers=num_servers,
     )
     try:
         yield Cluster(group.addresses, secret, [p.pid for p in group.procs], part_config)
