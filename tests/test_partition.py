@@ -267,3 +267,18 @@ def test_balance_edges_balances_in_edges(tmp_path: Path, name: str, num_parts: i
         random_rows = summarize_partitions(tmp_path / "random" / f"{name}.json")
         random_cut = sum(r["remote_src_edges"] for r in random_rows)
         assert cut <= 0.5 * random_cut, (cut, random_cut)
+
+
+def test_book_positions_two_neighbouring_owners() -> None:
+    """The two-owner shortcut (one comparison) equals the general split, empty partitions too."""
+    rng = np.random.default_rng(1)
+    for bounds in ([0, 4, 10], [0, 5, 9, 20, 20, 31], [0, 0, 7, 8]):
+        book = RangePartitionBook(bounds, bounds)
+        for _ in range(200):
+            lo, hi = sorted(int(x) for x in rng.integers(0, bounds[-1], 2))
+            ids = rng.integers(lo, hi + 1, size=int(rng.integers(1, 40))).astype(np.int64)
+            got = book.positions(ids, "node")
+            want = split_by_owner(book.owner(ids, "node"), book.num_partitions())
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_array_equal(g, w)
+                assert g.dtype == np.int64

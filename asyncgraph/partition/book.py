@@ -147,9 +147,15 @@ class RangePartitionBook:
             bad = lo if lo < 0 else hi
             raise OutOfRangeError(f"{policy} ID {bad} out of range [0, {edges[-1]})")
         first = bisect.bisect_right(edges, lo) - 1
-        if first == bisect.bisect_right(edges, hi) - 1:
-            out = [_NO_POSITIONS] * parts
+        last = bisect.bisect_right(edges, hi) - 1
+        out = [_NO_POSITIONS] * parts
+        if first == last:
             out[first] = np.arange(ids.size, dtype=np.int64)
+            return out
+        if last == first + 1:  # two neighbouring owners (every split request of a 2-partition graph)
+            upper = ids >= edges[last]
+            out[first] = np.flatnonzero(~upper)
+            out[last] = np.flatnonzero(upper)
             return out
         return split_by_owner(np.searchsorted(bounds, ids, side="right").astype(np.int64) - 1, parts)
 
