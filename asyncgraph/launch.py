@@ -319,7 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="N",
         help="restart a dead server (on its port, from its --state-dir) up to N times in all "
-        "instead of stopping the job; needs --server-arg=--state-dir=DIR",
+        "instead of stopping the job; needs --server-arg=--state-dir=DIR. Replicas "
+        "(--num-servers > 1) exit when their primary dies and count as restarts too",
     )
     parser.add_argument(
         "--reconnect-window",
