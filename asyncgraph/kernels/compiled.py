@@ -45,19 +45,14 @@ def _build() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]
         return m
 
     @numba.njit(cache=True, nogil=True)
-    def sampled_count(indptr: np.ndarray, seeds: np.ndarray, k: int) -> int:  # pragma: no cover
-        total = 0
-        for i in range(seeds.size):
-            d = indptr[seeds[i] + 1] - indptr[seeds[i]]
-            total += d if d < k else k
-        return total
-
-    @numba.njit(cache=True, nogil=True)
     def positions(
         indptr: np.ndarray, seeds: np.ndarray, k: int, u: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled; tested against numpy
         n = seeds.size
-        total = sampled_count(indptr, seeds, k)
+        total = 0
+        for i in range(n):
+            d = indptr[seeds[i] + 1] - indptr[seeds[i]]
+            total += d if d < k else k
         pos = np.empty(total, np.int64)
         seg = np.empty(total, np.int64)
         p = 0
@@ -100,7 +95,10 @@ def _build() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - compiled; tested against numpy
         # ``positions`` with the gathers fused in: (indices[pos], global_seeds[seg], eids[pos])
         n = seeds.size
-        total = sampled_count(indptr, seeds, k)
+        total = 0
+        for i in range(n):
+            d = indptr[seeds[i] + 1] - indptr[seeds[i]]
+            total += d if d < k else k
         src = np.empty(total, np.int64)
         dst = np.empty(total, np.int64)
         eid = np.empty(total, np.int64)
