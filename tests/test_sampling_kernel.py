@@ -297,3 +297,17 @@ def test_both_paths_exact_and_uniform(kernel_path: str, fanout: int) -> None:
         both = np.count_nonzero((edge == 0).any(axis=1) & (edge == 1).any(axis=1))
         p = fanout * (fanout - 1) / (degree * (degree - 1))
         assert abs(both - trials * p) < 4.5 * (trials * p * (1 - p)) ** 0.5 + 1
+
+
+def test_compiled_kernel_marks_its_cache_built() -> None:
+    """After a load, the marker that spares later processes the compiling child exists, keyed
+    by this source, Python and numba (a changed kernel gets a new marker, hence a new child)."""
+    from asyncgraph.kernels import compiled
+
+    _compiled_ready()
+    marker = compiled._marker()
+    assert marker.exists(), marker
+    assert marker.name.startswith("compiled-ready-") and marker.parent.name == "__pycache__"
+    # every signature the request paths use was built at load (none compiles on a request)
+    kernels = compiled._kernels
+    assert kernels is not None and all(len(k.signatures) >= 2 for k in kernels)

@@ -9,16 +9,22 @@ Floyd's algorithm for the others. The output is the numpy path's, bit for bit, s
 process has the compiled kernel yet never changes a sample (tested).
 
 The compiled code loads in the background (``warm_up``): importing numba and loading the on-disk
-cache (``cache=True``; the first process on a machine compiles, ~2 s) takes ~1.5 s here, and no
-request waits for it: until it is ready ``ready()`` is False and the numpy path runs. Without
-numba, or with ``ASYNCGRAPH_NO_JIT=1``, it never becomes ready.
+cache (``cache=True``) takes ~1 s here, and no request waits for it: until it is ready
+``ready()`` is False and the numpy path runs. The first process on a machine (no cache yet)
+compiles in a child process (~5 s), since compiling in a thread would hold the GIL, and with it
+the server's event loop, that long. Without numba, or with ``ASYNCGRAPH_NO_JIT=1``, it never
+becomes ready.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -134,24 +140,71 @@ def _build() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]
             r += 1
         return src, dst, eid
 
-    # Compile (or load from the on-disk cache) now, off the request path.
-    ip = np.array([0, 3, 4], dtype=np.int64)
+    # Compile (or load from the on-disk cache) now, off the request path: for writable structure
+    # arrays (standalone stores) and read-only ones (servers and attached stores map theirs
+    # read-only), which numba types apart; a signature first seen by a request would compile
+    # there, holding the event loop for a second or two.
     sd = np.array([0, 1], dtype=np.int64)
-    count_big(ip, sd, 1)
-    positions(ip, sd, 1, np.zeros((1, 1)))
-    edges(ip, np.arange(4, dtype=np.int64), np.arange(4, dtype=np.int64), sd, sd, 1, np.zeros((1, 1)))
+    u = np.zeros((1, 1))
+    for writable in (True, False):
+        ip, ind = np.array([0, 3, 4], dtype=np.int64), np.arange(4, dtype=np.int64)
+        ip.flags.writeable = ind.flags.writeable = writable
+        count_big(ip, sd, 1)
+        positions(ip, sd, 1, u)
+        edges(ip, ind, ind, sd, sd, 1, u)
     return count_big, positions, edges
 
 
 _loader_done = threading.Event()
 
 
+def _marker() -> Path:
+    """A file saying this source's kernels are in numba's on-disk cache (next to its index)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        numba_version = version("numba")
+    except PackageNotFoundError:
+        numba_version = "none"
+    key = Path(__file__).read_bytes() + sys.version.encode() + numba_version.encode()
+    digest = hashlib.sha256(key).hexdigest()[:16]
+    return Path(__file__).parent / "__pycache__" / f"compiled-ready-{digest}"
+
+
+def _prime_cache() -> None:
+    """Compile into the on-disk cache in a child process, unless already done for this source.
+
+    Compiling holds the GIL for seconds (~5 s here for every signature); in a child it costs
+    this process nothing but the wait, and the in-process build then only loads the cache
+    (~0.5 s). Best effort: a failed or unwritable cache leaves the in-process build to compile.
+    """
+    import subprocess
+
+    marker = _marker()
+    if marker.exists():
+        return
+    code = "from asyncgraph.kernels.compiled import _build; _build()"
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(
+            [sys.executable, "-c", code],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=300,
+            check=True,
+        )
+
+
 def _load() -> None:
     global _kernels
     try:
+        _prime_cache()
         kernels = _build()
         with _lock:
             _kernels = kernels
+        if kernels is not None:
+            with contextlib.suppress(OSError):
+                _marker().touch()
     finally:
         _loader_done.set()
 
