@@ -9,6 +9,7 @@ the primary serving; a replica whose primary dies exits.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -160,8 +161,29 @@ async def test_lost_replica_leaves_the_primary_serving(replicated: ServerGroup, 
             got = (await client.pull("node:feat", ids)).numpy()
             np.testing.assert_array_equal(got, pubmed2.original_rows("feat", ids))
         part = client.partitions[0]
-        assert isinstance(part, ReplicatedPartition) and part.replicas and part._members == [part.primary]
+        assert (
+            isinstance(part, ReplicatedPartition) and part.replicas == [] and part._members == [part.primary]
+        )
         assert (await client.info(0))["replicas"] == []
+
+        # the replica comes back on its port: the next refresh finds it and it serves again
+        replicated.restart(2)
+        part.refresh_interval, part._next_refresh = 0.1, 0.0
+        deadline = time.monotonic() + 20
+        while not part.replicas and time.monotonic() < deadline:
+            await client.pull("node:feat", ids)
+            await asyncio.sleep(0.05)
+        assert len(part.replicas) == 1, replicated.log_text(2)
+        replica = await _raw(replicated.bound[2])
+        try:
+            before = await _served(replica)
+            for _ in range(6):
+                np.testing.assert_array_equal(
+                    (await client.pull("node:feat", ids)).numpy(), pubmed2.original_rows("feat", ids)
+                )
+            assert await _served(replica) - before >= 3 + 1  # half the pulls, and the STATS call
+        finally:
+            replica.close()
     finally:
         await client.close()
 

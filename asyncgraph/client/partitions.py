@@ -229,7 +229,7 @@ async def _add_replicas(
     a warning: the primary alone still serves every request.
     """
 
-    async def one(index: int, primary: RemotePartition, port: int) -> RemotePartition | None:
+    async def one(primary: RemotePartition, port: int, instance: Any) -> RemotePartition | None:
         where = f"{primary.conn.host}:{port}"
         conn: Connection | None = None
         try:
@@ -238,7 +238,7 @@ async def _add_replicas(
             if (
                 info.get("role") != "replica"
                 or info.get("part_id") != primary.part_id
-                or info.get("primary_instance") != infos[index].get("instance")
+                or info.get("primary_instance") != instance
             ):
                 raise InvalidRequestError(f"{where} is not a replica of {primary.name}")
         except (AsyncGraphError, OSError) as exc:
@@ -253,7 +253,8 @@ async def _add_replicas(
     jobs: list[tuple[int, Awaitable[RemotePartition | None]]] = []
     for index, (part, info) in enumerate(zip(served.partitions, infos, strict=True)):
         if isinstance(part, RemotePartition):
-            jobs += [(index, one(index, part, int(port))) for port in info.get("replicas") or ()]
+            instance = info.get("instance")
+            jobs += [(index, one(part, int(port), instance)) for port in info.get("replicas") or ()]
     if not jobs:
         return
     found = await asyncio.gather(*(job for _, job in jobs))
@@ -264,8 +265,14 @@ async def _add_replicas(
     for index, replicas in by_partition.items():
         primary = served.partitions[index]
         assert isinstance(primary, RemotePartition)
+
+        def reopen(
+            port: int, instance: Any, primary: RemotePartition = primary
+        ) -> Awaitable[RemotePartition | None]:
+            return one(primary, port, instance)
+
         served.partitions[index] = ReplicatedPartition(
-            primary, replicas, writes_via_primary=bool(infos[index].get("durable", False))
+            primary, replicas, writes_via_primary=bool(infos[index].get("durable", False)), reopen=reopen
         )
 
 

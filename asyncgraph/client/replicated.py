@@ -8,13 +8,15 @@ life cycle, sparse-optimizer steps and metadata go to the primary.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 
-from asyncgraph.errors import ServerUnavailableError
+from asyncgraph.errors import AsyncGraphError, ServerUnavailableError
 from asyncgraph.protocol.ops import Op, SampleEdgesArgs
 from asyncgraph.service.base import SampledRows
 from asyncgraph.storage.store import TensorMeta
@@ -34,20 +36,32 @@ class ReplicatedPartition:
 
     A replica that becomes unavailable is dropped and the read is sent to the primary instead
     (reads are idempotent). A push it fails is not resent, since it may have been applied: the
-    caller sees the ``ServerUnavailableError`` as it would from a single server.
+    caller sees the ``ServerUnavailableError`` as it would from a single server. Every
+    ``refresh_interval`` seconds of use the primary is asked (in the background) which replicas
+    it has now, and those not serving here (restarted or added ones) are opened with
+    ``reopen(port, primary_instance)`` and take turns too.
     """
 
     store = None
 
     def __init__(
-        self, primary: RemotePartition, replicas: Sequence[RemotePartition], *, writes_via_primary: bool
+        self,
+        primary: RemotePartition,
+        replicas: Sequence[RemotePartition],
+        *,
+        writes_via_primary: bool,
+        reopen: Callable[[int, Any], Awaitable[RemotePartition | None]] | None = None,
+        refresh_interval: float = 5.0,
     ) -> None:
         self.part_id = primary.part_id
         self.primary = primary
-        self.replicas = list(replicas)
         self.writes_via_primary = writes_via_primary
-        self._members: list[RemotePartition] = [primary, *self.replicas]
+        self._members: list[RemotePartition] = [primary, *replicas]
         self._turn = 0
+        self._reopen = reopen
+        self.refresh_interval = refresh_interval
+        self._next_refresh = time.monotonic() + refresh_interval
+        self._refreshing: asyncio.Task[None] | None = None
 
     @property
     def conn(self) -> Connection:
@@ -65,7 +79,13 @@ class ReplicatedPartition:
     def runs_here(self, op: Op) -> bool:
         return False
 
+    @property
+    def replicas(self) -> list[RemotePartition]:
+        """The replicas serving here now."""
+        return [m for m in self._members if m is not self.primary]
+
     def _pick(self) -> RemotePartition:
+        self._maybe_refresh()
         members = self._members
         for _ in range(len(members)):
             member = members[self._turn % len(members)]
@@ -81,6 +101,38 @@ class ReplicatedPartition:
             self._members.remove(member)
             member.close()
             log.warning("replica %s of partition %d is gone; using the others", member.name, self.part_id)
+
+    def _maybe_refresh(self) -> None:
+        if self._reopen is None or self._refreshing is not None or self.primary.closed:
+            return
+        now = time.monotonic()
+        if now < self._next_refresh:
+            return
+        self._next_refresh = now + self.refresh_interval
+        self._refreshing = asyncio.ensure_future(self._refresh())
+
+    async def _refresh(self) -> None:
+        """Open the replicas the primary lists now that are not serving here."""
+        assert self._reopen is not None
+        try:
+            info = await self.primary.info()
+            listed = [int(p) for p in info.get("replicas") or ()]
+            serving = {m.conn.port for m in self._members if m is not self.primary}
+            for port in listed:
+                if port in serving:
+                    continue
+                replica = await self._reopen(port, info.get("instance"))
+                if replica is None:
+                    continue
+                if self.primary.closed:
+                    replica.close()
+                    return
+                self._members.append(replica)
+                log.info("replica %s of partition %d is serving again", replica.name, self.part_id)
+        except AsyncGraphError as exc:
+            log.info("replicas of partition %d not refreshed: %s", self.part_id, exc)
+        finally:
+            self._refreshing = None
 
     async def _read(self, call: Callable[[RemotePartition], Awaitable[T]]) -> T:
         member = self._pick()
@@ -159,5 +211,7 @@ class ReplicatedPartition:
         return await self.primary.info()
 
     def close(self) -> None:
+        if self._refreshing is not None:
+            self._refreshing.cancel()
         for member in self._members:
             member.close()
