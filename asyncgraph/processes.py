@@ -43,8 +43,8 @@ def process_alive(pid: int) -> bool:
             stat = fh.read()
     except OSError:
         return False
-    # the state follows the command name in parentheses, which may itself hold ") "
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
+    end = stat.rfind(b")")  # the state follows the command name, which may itself hold ") "
+    return stat[end + 2 : end + 3] not in (b"Z", b"X")
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -21,7 +21,6 @@ from asyncgraph.protocol.ops import Op, SampleEdgesArgs
 from asyncgraph.service.base import SampledRows
 from asyncgraph.storage.store import TensorMeta
 
-from .connection import Connection
 from .remote import RemotePartition
 
 __all__ = ["ReplicatedPartition"]
@@ -62,11 +61,6 @@ class ReplicatedPartition:
         self.refresh_interval = refresh_interval
         self._next_refresh = time.monotonic() + refresh_interval
         self._refreshing: asyncio.Task[None] | None = None
-
-    @property
-    def conn(self) -> Connection:
-        """The primary's connection (barriers, reconnects and restarts are the primary's)."""
-        return self.primary.conn
 
     @property
     def name(self) -> str:

@@ -135,9 +135,6 @@ class GraphServer:
             durable=self.durable,
         )
         handlers = self.handlers
-        admission = Admission(
-            handshake_timeout=opts.handshake_timeout, max_pending=opts.max_pending_connections
-        )
         if self.durable is not None:
             base, replayed = self.durable.restore(self.store, handlers.replay)
             log.info(
@@ -155,7 +152,7 @@ class GraphServer:
                 self._snapshotter = asyncio.ensure_future(self._snapshot_periodically(opts.snapshot_interval))
             if opts.wal and opts.wal_fsync == "interval":
                 self._syncer = asyncio.ensure_future(self._sync_periodically(opts.wal_fsync_interval))
-        await self._listen(handlers, graph_name, admission)
+        await self._listen(handlers, graph_name)
         assert self.address is not None
         log.info(
             "serving graph %r partition %d on %s:%d (loaded in %.2f s, %d clients expected)",
@@ -186,15 +183,12 @@ class GraphServer:
             max_tensor_bytes=opts.max_tensor_bytes,
         )
 
-    async def _listen(
-        self, handlers: RequestHandlers, graph_name: str, admission: Admission | None = None
-    ) -> None:
+    async def _listen(self, handlers: RequestHandlers, graph_name: str) -> None:
         opts = self.options
         metrics, connections = self.metrics, self.connections
-        if admission is None:
-            admission = Admission(
-                handshake_timeout=opts.handshake_timeout, max_pending=opts.max_pending_connections
-            )
+        admission = Admission(
+            handshake_timeout=opts.handshake_timeout, max_pending=opts.max_pending_connections
+        )
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: ServerConnection(

@@ -364,9 +364,11 @@ class LocalPartition:
 
     async def _refresh_catalog(self, shm: Mapping[str, Any]) -> None:
         """Another process created or deleted tensors: map the new ones, unmap the deleted."""
-        from asyncgraph.storage.fdpass import refresh_catalog
+        from asyncgraph.storage.fdpass import fetch_catalog
 
-        await asyncio.to_thread(refresh_catalog, self.service.store, shm["address"], shm["token"], 10.0)
+        # fds fetched off the loop; the store changed on it, as a replica server does
+        descriptor, fds = await asyncio.to_thread(fetch_catalog, shm["address"], shm["token"], 10.0)
+        self.service.store.sync_catalog(descriptor, fds)
 
     async def _map(self, shm: Mapping[str, Any], name: str) -> None:
         """Map tensor ``name``, created on the server after this store was attached."""

@@ -44,7 +44,7 @@ from asyncgraph.errors import (
 from asyncgraph.protocol import ErrorResponse, FrameReader, Request, Response, decode_message, encode_message
 from asyncgraph.storage.store import PartitionStore
 
-__all__ = ["FD_BATCH", "FdExporter", "attach_store", "fetch_catalog", "fetch_tensors", "refresh_catalog"]
+__all__ = ["FD_BATCH", "FdExporter", "attach_store", "fetch_catalog", "fetch_tensors"]
 
 FD_BATCH = 200  # fds per SCM_RIGHTS message (the kernel allows at most 253)
 MAX_FRAME = 16 << 20
@@ -347,9 +347,3 @@ def fetch_tensors(
 def fetch_catalog(address: str, token: bytes, timeout: float = 5.0) -> tuple[dict[str, Any], list[int]]:
     """Blocking: (descriptor, fds) of every tensor the server holds, for ``store.sync_catalog``."""
     return _request(address, token, None, structure=False, timeout=timeout)
-
-
-def refresh_catalog(store: PartitionStore, address: str, token: bytes, timeout: float = 5.0) -> None:
-    """Blocking: bring an attached store's tensors up to its server's (after ``catalog_stale``)."""
-    desc, fds = fetch_catalog(address, token, timeout)
-    store.sync_catalog(desc, fds)
