@@ -144,6 +144,28 @@ with socket.create_connection((host, port)) as s:
 """
 
 
+def wait_for_sampler(
+    addresses: list[tuple[str, int]], secret: bytes | None = None, timeout: float = 120.0
+) -> list[str]:
+    """Wait until no server is still loading its compiled sampler (``info()["sampler"]``); each
+    server's state then. Servers load it in the background after they are ready (a second or
+    two from numba's cache, ~5 s on a machine's first start) and sample with numpy until then:
+    a benchmark that times sampling right after start-up measures that mix, not the steady state.
+    """
+    from asyncgraph.client.sync_client import Client
+
+    client = Client.connect(addresses, use_shared_memory=False, secret=secret)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            states = [str(client.info(p).get("sampler", "numpy")) for p in range(len(addresses))]
+            if "loading" not in states or time.monotonic() > deadline:
+                return states
+            time.sleep(0.1)
+    finally:
+        client.close()
+
+
 def loopback_ceiling(total: int = 256 << 20, chunk: int = 4 << 20, pings: int = 2000) -> dict[str, float]:
     """Raw TCP over loopback between this process and a child: stream bytes/s and ping round trip.
 

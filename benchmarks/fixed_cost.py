@@ -42,7 +42,14 @@ from asyncgraph.protocol.codec import frame_size
 from asyncgraph.protocol.messages import Request, Response, encode_message
 from asyncgraph.protocol.ops import Op, PullArgs, SampleArgs
 from asyncgraph.testing import start_servers
-from benchmarks.common import RESULTS, add_graph_options, graph_npz, median_time, partitioned
+from benchmarks.common import (
+    RESULTS,
+    add_graph_options,
+    graph_npz,
+    median_time,
+    partitioned,
+    wait_for_sampler,
+)
 
 _ECHO_SERVER = r"""
 import asyncio, socket, struct, sys
@@ -176,6 +183,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="fixed-cost-") as tmp:
             group = start_servers(part_config, Path(tmp), num_parts=2)
             try:
+                wait_for_sampler(group.addresses)
                 client = Client.connect(group.addresses, use_shared_memory=False)
                 try:
                     aio = client.aio

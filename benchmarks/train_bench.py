@@ -52,6 +52,7 @@ from benchmarks.common import (
     partitioned,
     provenance,
     subprocess_env,
+    wait_for_sampler,
 )
 
 TARGETS = {"wait_fraction": 0.15, "single_thread_ratio": 1.2}
@@ -76,6 +77,7 @@ def run_training(
         workdir = Path(tmp)
         group = start_servers(part_config, workdir, num_parts=2, num_clients=trainers)
         try:
+            wait_for_sampler(group.addresses)  # time the steady state, not the kernel's loading
             ip_config = group.ip_config()
             port = free_port()
             procs = []
@@ -279,6 +281,7 @@ def sample_bench(part_config: Path, seconds: float, max_requests: int) -> dict[s
     with tempfile.TemporaryDirectory(prefix="sample-bench-") as tmp:
         group = start_servers(part_config, Path(tmp), num_parts=2, num_clients=1)
         try:
+            wait_for_sampler(group.addresses)
             modes: dict[str, dict[str, Any]] = {
                 "distributed_shm": {},
                 "distributed_socket": {"use_shared_memory": False},

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -311,3 +313,52 @@ def test_compiled_kernel_marks_its_cache_built() -> None:
     # every signature the request paths use was built at load (none compiles on a request)
     kernels = compiled._kernels
     assert kernels is not None and all(len(k.signatures) >= 2 for k in kernels)
+
+
+def test_compiled_state_says_which_sampler_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``state()``: "compiled" once loaded, "loading" while the loader runs, "numpy" otherwise."""
+    import threading
+
+    from asyncgraph.kernels import compiled
+
+    if compiled.disabled():
+        pytest.skip("ASYNCGRAPH_NO_JIT is set")
+    _compiled_ready()
+    assert compiled.state() == "compiled"
+    monkeypatch.setattr(compiled, "_kernels", None)
+    monkeypatch.setattr(compiled, "_started", True)
+    monkeypatch.setattr(compiled, "_loader_done", threading.Event())
+    assert compiled.state() == "loading"
+    compiled._loader_done.set()  # the loader finished without kernels (no numba, a failure)
+    assert compiled.state() == "numpy"
+    monkeypatch.setattr(compiled, "_started", False)
+    assert compiled.state() == "numpy"
+
+
+@pytest.mark.parametrize("no_jit", [False, True])
+def test_server_info_reports_its_sampler(
+    no_jit: bool, pubmed2: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server says which sampler its requests get: compiled once loaded (it loads in the
+    background after start-up), numpy for good under ``ASYNCGRAPH_NO_JIT=1``."""
+    from asyncgraph.client.sync_client import Client
+    from asyncgraph.kernels import compiled
+    from asyncgraph.testing import start_servers
+
+    if compiled.disabled() and not no_jit:
+        pytest.skip("ASYNCGRAPH_NO_JIT is set")
+    monkeypatch.setenv("ASYNCGRAPH_NO_JIT", "1" if no_jit else "0")
+    group = start_servers(pubmed2.part_config, tmp_path, num_parts=2)
+    try:
+        client = Client.connect(group.addresses, use_shared_memory=False)
+        try:
+            deadline = time.monotonic() + 120
+            states = [client.info(p)["sampler"] for p in range(2)]
+            while "loading" in states and time.monotonic() < deadline:
+                time.sleep(0.1)
+                states = [client.info(p)["sampler"] for p in range(2)]
+            assert states == (["numpy"] * 2 if no_jit else ["compiled"] * 2)
+        finally:
+            client.close()
+    finally:
+        group.stop()

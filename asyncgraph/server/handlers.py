@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from asyncgraph.errors import BarrierTimeoutError, InvalidRequestError, StateLogError, UnknownOpError
+from asyncgraph.kernels import compiled
 from asyncgraph.processes import process_alive
 from asyncgraph.protocol.ops import (
     AddReplicaArgs,
@@ -253,6 +254,7 @@ class RequestHandlers:
             info["max_frame_size"] = self.max_frame_size  # clients split calls to fit
         info["role"] = "primary"
         info["replicas"] = self.live_replicas()
+        info["sampler"] = compiled.state()
         return info
 
     def add_replica(self, args: Mapping[str, Any]) -> list[int]:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from asyncgraph.testing import start_servers
-from benchmarks.common import DATA, graph_npz, partitioned
+from benchmarks.common import DATA, graph_npz, partitioned, wait_for_sampler
 
 CACHE = DATA / "loadgen"
 PUSH_TENSOR = "node:loadgen_scratch"
@@ -55,6 +55,7 @@ def own_servers(
         num_servers=num_servers,
     )
     try:
+        wait_for_sampler(group.addresses, secret)
         yield Cluster(group.addresses, secret, [p.pid for p in group.procs], part_config)
     finally:
         group.stop()
