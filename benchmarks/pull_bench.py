@@ -50,6 +50,7 @@ from benchmarks.common import (
     partitioned,
     provenance,
     subprocess_env,
+    wait_for_sampler,
 )
 
 SIZES = (1_000, 10_000, 100_000)
@@ -273,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"connected {t_ready - t_launch:.2f} s after the servers were started",
                 flush=True,
             )
+            # servers load the compiled sampler in the background after start-up (numba's
+            # import holds their GIL for a second or more): time pulls once that is over
+            wait_for_sampler(group.addresses)
             workers[0].send(cmd="create", name="node:bench_push", dim=128)
             workers[0].recv()
             for size in sizes:

@@ -11,8 +11,10 @@ Set-up: by default the scale-20 synthetic graph (2**20 nodes, ~10.6M edges, 10% 
   ``max(data time, compute time)`` of the same run (data = sample + pull, done on the client's
   loop thread while the training loop computes).
 * ``sample_neighbors`` for 1,024 uniformly random seeds, fanout 10, one request in flight:
-  requests/s and sampled edges/s, distributed (servers started here; co-located partitions
-  through shared memory, and everything over the socket) and standalone (in-process stores).
+  requests/s and sampled edges/s, distributed (servers started here, and timed once they
+  sample with the compiled kernel; both co-located partitions through shared memory, only the
+  trainer's own one (DGL's setting), and everything over the socket) and standalone
+  (in-process stores).
 
 Trainers are ``examples/train_dist.py`` processes started here (``asyncgraph.testing`` starts
 the servers), so what is measured is what a user runs. Writes ``benchmarks/results/train_bench.json``
@@ -283,7 +285,11 @@ def sample_bench(part_config: Path, seconds: float, max_requests: int) -> dict[s
         try:
             wait_for_sampler(group.addresses)
             modes: dict[str, dict[str, Any]] = {
+                # both co-located partitions through shared memory (our single-host default)
                 "distributed_shm": {},
+                # only the trainer's own partition in shared memory, the other over the socket:
+                # DGL's setting (its trainers read their own partition's shared memory)
+                "distributed_own_partition_shm": {"local_partitions": [0]},
                 "distributed_socket": {"use_shared_memory": False},
             }
             for mode, kwargs in modes.items():

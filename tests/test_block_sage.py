@@ -63,6 +63,43 @@ def test_to_block_validation() -> None:
     assert empty.srcnodes.tolist() == [4, 1] and empty.edge_index.shape == (2, 0)
 
 
+@pytest.mark.parametrize("compiled_path", [False, True])
+def test_to_block_compiled_and_numpy_relabel_agree(
+    compiled_path: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled relabel (one pass) gives numpy's output and errors, and leaves the scratch
+    table all -1 either way (a later block must not see this one's labels)."""
+    from asyncgraph.dataloading import block as block_module
+    from asyncgraph.kernels import compiled
+
+    if compiled_path:
+        if compiled.disabled():
+            pytest.skip("ASYNCGRAPH_NO_JIT is set")
+        assert compiled.wait_ready(120)
+    else:
+        monkeypatch.setattr(compiled, "relabel", lambda *a: None)
+    rng = np.random.default_rng(7)
+    for trial in range(40):
+        n = int(rng.integers(1, 300))
+        src, dst = random_edges(n, int(rng.integers(0, 2000)), trial)
+        extra = rng.integers(0, n, int(rng.integers(0, 20)))  # destinations without in-edges
+        dst_nodes = np.unique(np.concatenate([dst, extra]))
+        dst_nodes = dst_nodes[rng.permutation(dst_nodes.size)]
+        table = block_module._table(n + 1)
+        got = block_module._relabel_table(src, dst, dst_nodes, table)
+        want = block_module._relabel_sort(src, dst, dst_nodes)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert (table == -1).all()
+    table = block_module._table(10)
+    with pytest.raises(ValueError, match="unique"):
+        block_module._relabel_table(np.array([1]), np.array([2]), np.array([2, 2]), table)
+    assert (table == -1).all()
+    with pytest.raises(ValueError, match="destination 4 is not among"):
+        block_module._relabel_table(np.array([1, 2]), np.array([2, 4]), np.array([2, 3]), table)
+    assert (table == -1).all()
+
+
 def dense_reference(block: Block, h: torch.Tensor, conv: SAGEConv) -> torch.Tensor:
     """SAGEConv computed through a dense [num_dst, num_src] adjacency (multi-edges counted)."""
     adj = torch.zeros(block.num_dst_nodes, block.num_src_nodes, dtype=h.dtype)

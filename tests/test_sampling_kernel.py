@@ -312,7 +312,13 @@ def test_compiled_kernel_marks_its_cache_built() -> None:
     assert marker.name.startswith("compiled-ready-") and marker.parent.name == "__pycache__"
     # every signature the request paths use was built at load (none compiles on a request)
     kernels = compiled._kernels
-    assert kernels is not None and all(len(k.signatures) >= 2 for k in kernels)
+    assert kernels is not None
+    *sampling, relabel = kernels
+    assert all(len(k.signatures) >= 2 for k in sampling)  # read-only and writable structure
+    assert len(relabel.signatures) >= 1  # writable only: compiled.relabel declines read-only arrays
+    ro = np.array([1, 2], dtype=np.int64)
+    ro.flags.writeable = False
+    assert compiled.relabel(ro, ro, ro, np.full(3, -1, dtype=np.int64)) is None
 
 
 def test_compiled_state_says_which_sampler_runs(monkeypatch: pytest.MonkeyPatch) -> None:

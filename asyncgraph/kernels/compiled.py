@@ -29,14 +29,24 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["disabled", "ready", "state", "uniform_edges", "uniform_positions", "wait_ready", "warm_up"]
+__all__ = [
+    "disabled",
+    "ready",
+    "relabel",
+    "state",
+    "uniform_edges",
+    "uniform_positions",
+    "wait_ready",
+    "warm_up",
+]
 
-_kernels: tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]] | None = None
+_Kernels = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any], Callable[..., Any]]
+_kernels: _Kernels | None = None
 _started = False
 _lock = threading.Lock()
 
 
-def _build() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]] | None:
+def _build() -> _Kernels | None:
     try:
         import numba
     except ImportError:  # pragma: no cover - numba is a dependency; kept optional on purpose
@@ -145,6 +155,40 @@ def _build() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]
             eid[q] = eids[e]
         return src, dst, eid
 
+    @numba.njit(cache=True, nogil=True)
+    def relabel(
+        src: np.ndarray, dst: np.ndarray, dst_nodes: np.ndarray, table: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:  # pragma: no cover - compiled; tested against numpy
+        # ``block._relabel_table`` in one pass over the edges: destinations get their position
+        # in dst_nodes, sources that are not destinations num_dst + their rank of first
+        # appearance; ``table`` (every entry -1, longer than any ID) is left all -1 again.
+        nd = dst_nodes.size
+        for i in range(nd):
+            table[dst_nodes[i]] = i
+        unique = True
+        for i in range(nd):
+            if table[dst_nodes[i]] != i:
+                unique = False
+        dst_local = np.empty(dst.size, np.int64)
+        for e in range(dst.size):
+            dst_local[e] = table[dst[e]]
+        src_local = np.empty(src.size, np.int64)
+        new_src = np.empty(src.size, np.int64)
+        k = 0
+        for e in range(src.size):
+            v = table[src[e]]
+            if v < 0:
+                v = nd + k
+                table[src[e]] = v
+                new_src[k] = src[e]
+                k += 1
+            src_local[e] = v
+        for i in range(nd):
+            table[dst_nodes[i]] = -1
+        for i in range(k):
+            table[new_src[i]] = -1
+        return src_local, dst_local, new_src[:k].copy(), unique
+
     # Compile (or load from the on-disk cache) now, off the request path: for writable structure
     # arrays (standalone stores) and read-only ones (servers and attached stores map theirs
     # read-only), which numba types apart; a signature first seen by a request would compile
@@ -157,7 +201,8 @@ def _build() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]
         count_big(ip, sd, 1)
         positions(ip, sd, 1, u)
         edges(ip, ind, ind, sd, sd, 1, u)
-    return count_big, positions, edges
+    relabel(sd, sd, sd, np.full(2, -1, dtype=np.int64))  # blocks' arrays are writable
+    return count_big, positions, edges, relabel
 
 
 _loader_done = threading.Event()
@@ -270,7 +315,7 @@ def uniform_positions(
     numpy path computes them: in-edge positions into ``indices``/``eids`` and each one's seed
     position, grouped by seed in order. Call only when ``ready()``. int64 ``indptr``/``seeds``."""
     assert _kernels is not None, "call only when ready()"
-    count_big, positions, _ = _kernels
+    count_big, positions, _, _ = _kernels
     u = rng.random((fanout, int(count_big(indptr, seeds, fanout))))
     out: tuple[np.ndarray, np.ndarray] = positions(indptr, seeds, int(fanout), u)
     return out
@@ -290,9 +335,29 @@ def uniform_edges(
     int64 (others would compile a new specialisation on the request path); call only when
     ``ready()``."""
     assert _kernels is not None, "call only when ready()"
-    count_big, _, edges = _kernels
+    count_big, _, edges, _ = _kernels
     u = rng.random((fanout, int(count_big(indptr, seeds, fanout))))
     out: tuple[np.ndarray, np.ndarray, np.ndarray] = edges(
         indptr, indices, eids, seeds, global_seeds, int(fanout), u
     )
+    return out
+
+
+def relabel(
+    src: np.ndarray, dst: np.ndarray, dst_nodes: np.ndarray, table: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool] | None:
+    """``(src_local, dst_local, new_src, dst_nodes_unique)`` of a block's edges, as
+    ``block._relabel_table`` computes them (same output, one compiled pass), or None when the
+    compiled kernel is not loaded or an array is not a writable, contiguous int64 one (another
+    type would compile a new specialisation here). ``table``: every entry -1, longer than any
+    ID; left all -1. Destinations missing from ``dst_nodes`` get -1 in ``dst_local``."""
+    if _kernels is None:
+        ready()
+        return None
+    for a in (src, dst, dst_nodes, table):
+        if type(a) is not np.ndarray or a.dtype != np.int64 or a.ndim != 1:
+            return None
+        if not (a.flags.writeable and a.flags.c_contiguous):
+            return None
+    out: tuple[np.ndarray, np.ndarray, np.ndarray, bool] = _kernels[3](src, dst, dst_nodes, table)
     return out
