@@ -14,7 +14,8 @@ Set-up: by default the scale-20 synthetic graph (2**20 nodes, ~10.6M edges, 10% 
   requests/s and sampled edges/s, distributed (servers started here, and timed once they
   sample with the compiled kernel; both co-located partitions through shared memory, only the
   trainer's own one (DGL's setting), and everything over the socket) and standalone
-  (in-process stores).
+  (in-process stores). The ``trainers2_*`` rows run one trainer process per partition at once
+  and add their rates, as DGL's harness does: those are the figures divided by DGL's.
 
 Trainers are ``examples/train_dist.py`` processes started here (``asyncgraph.testing`` starts
 the servers), so what is measured is what a user runs. Writes ``benchmarks/results/train_bench.json``
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -248,11 +250,23 @@ def sim_cases(part_config: Path, epochs: int, max_batches: int, timeout: float) 
 
 
 # --- sample_neighbors ---------------------------------------------------------------------------
-async def _sample_rate(aio: Any, num_nodes: int, seconds: float, max_requests: int) -> dict[str, float]:
-    rng = np.random.default_rng(0)
+async def _sample_rate(
+    aio: Any,
+    num_nodes: int,
+    seconds: float,
+    max_requests: int,
+    stream: int = 0,
+    start: Callable[[], None] | None = None,
+) -> dict[str, float]:
+    """Sequential ``sample_neighbors`` of 1,024 random seeds, fanout 10, for ``seconds``;
+    ``stream`` picks the seed sets, ``start`` (blocking, run in a thread) is waited for after
+    the warm-up (trainers that start timing together)."""
+    rng = np.random.default_rng(stream)
     seed_sets = [rng.choice(num_nodes, 1024, replace=False) for _ in range(64)]
     for i in range(5):  # warm-up
         await aio.sample_neighbors(seed_sets[i], 10, seed=i)
+    if start is not None:
+        await asyncio.to_thread(start)
     edges = 0
     count = 0
     t0 = time.perf_counter()
@@ -266,6 +280,88 @@ async def _sample_rate(aio: Any, num_nodes: int, seconds: float, max_requests: i
         "requests_per_s": round(count / dt, 1),
         "edges_per_s": round(edges / dt, 1),
         "edges_per_request": round(edges / count, 1),
+    }
+
+
+# DGL's harness times sample_neighbors in both trainers at once and adds their rates; these modes
+# do the same (one trainer process per partition, each attaching only its own partition in the
+# DGL-like mode), so their figures are the ones to divide by DGL's.
+TRAINER_MODES: dict[str, dict[str, Any]] = {
+    "own_partition_shm": {"local_partitions": "rank"},  # DGL's setting
+    "socket": {"use_shared_memory": False},
+    "shm": {},  # both co-located partitions (our single-host default)
+}
+
+
+def _sampling_trainer(
+    addresses: list[tuple[str, int]],
+    mode: str,
+    rank: int,
+    num_nodes: int,
+    seconds: float,
+    max_requests: int,
+    ready: Any,
+    start: Any,
+    results: Any,
+) -> None:
+    """One trainer process of ``trainers_sample_rate``: connect, warm up, wait, time, report."""
+    from asyncgraph.client.sync_client import Client
+    from asyncgraph.kernels import compiled
+
+    compiled.wait_ready(120)
+    kwargs = dict(TRAINER_MODES[mode])
+    if kwargs.get("local_partitions") == "rank":
+        kwargs["local_partitions"] = [rank]
+    client = Client.connect(addresses, **kwargs)
+    try:
+
+        def go() -> None:
+            ready.put(rank)
+            start.wait(120)
+
+        rate = client.loop.run(
+            _sample_rate(client.aio, num_nodes, seconds, max_requests, stream=999 + rank, start=go)
+        )
+        results.put((rank, rate))
+    finally:
+        client.loop.run(client.aio.close())
+        client.loop.stop()
+
+
+def trainers_sample_rate(
+    addresses: list[tuple[str, int]], mode: str, num_nodes: int, seconds: float, max_requests: int
+) -> dict[str, Any]:
+    """``sample_neighbors`` timed in one trainer process per partition at once (DGL's harness:
+    2 trainers, each its own seeds); ``requests_per_s`` is the sum of their rates."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    ready, results, start = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [
+        ctx.Process(
+            target=_sampling_trainer,
+            args=(addresses, mode, rank, num_nodes, seconds, max_requests, ready, start, results),
+        )
+        for rank in range(len(addresses))
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        for _ in procs:
+            ready.get(timeout=180)
+        start.set()
+        per_trainer = dict(results.get(timeout=seconds + 120) for _ in procs)
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+    rates = [per_trainer[r] for r in sorted(per_trainer)]
+    return {
+        "trainers": len(rates),
+        "requests_per_s": round(sum(r["requests_per_s"] for r in rates), 1),
+        "edges_per_s": round(sum(r["edges_per_s"] for r in rates), 1),
+        "per_trainer": rates,
     }
 
 
@@ -299,6 +395,10 @@ def sample_bench(part_config: Path, seconds: float, max_requests: int) -> dict[s
                 finally:
                     client.loop.run(client.aio.close())
                     client.loop.stop()
+            for mode in TRAINER_MODES:
+                out[f"trainers2_{mode}"] = trainers_sample_rate(
+                    group.addresses, mode, num_nodes, seconds, max_requests
+                )
         finally:
             group.stop()
     return out
@@ -312,6 +412,8 @@ def ratios(results: dict[str, Any], ref: dict[str, Any]) -> dict[str, float]:
     if "prefetch2" in results["training"] and "epoch_s" in theirs:
         vs["epoch_time_ratio"] = round(results["training"]["prefetch2"]["epoch_s"] / theirs["epoch_s"], 3)
     for mode, r in results.get("sample_neighbors", {}).items():
+        if mode != "standalone" and not mode.startswith("trainers2_"):
+            continue  # one client: not DGL's figure, which adds two trainers' rates
         key = "standalone" if mode == "standalone" else "distributed"
         rate = ref.get("sample_neighbors", {}).get(key, {}).get("requests_per_s")
         if rate:
