@@ -4,7 +4,8 @@
 #   2. its results -> benchmarks/results/dgl_reference.json (benchmarks.dgl_reference)
 #   3. our partition, pull, train and fixed-cost benchmarks on the very graph DGL's harness generated, with
 #      --dgl-results so they print same-day ratios
-# Needs the DGL venv of ../shared/peers/dgl/README.md under $DGLBENCH_ROOT. About 25-30 min.
+#   4. GraphSAGE compute on the same blocks, ours and DGL's in turn (benchmarks.compute_vs_dgl)
+# Needs the DGL venv of ../shared/peers/dgl/README.md under $DGLBENCH_ROOT. About 20 min.
 #   SKIP_DGL=1 reuses the newest DGL run of today; SKIP_GEN=1 is passed to the harness.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,3 +32,4 @@ run train_bench_dgl20 $PY -m benchmarks.train_bench --graph "$NPZ" "${REF[@]}" \
     --out benchmarks/results/train_bench_dgl20.json --png benchmarks/results/train_bench_dgl20.png
 run fixed_cost_dgl20 $PY -m benchmarks.fixed_cost --graph "$NPZ" --calls 1000 \
     --out benchmarks/results/fixed_cost_dgl20.json
+run compute_vs_dgl $PY -m benchmarks.compute_vs_dgl --rounds 4
