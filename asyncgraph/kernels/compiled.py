@@ -1,4 +1,5 @@
-"""Compiled (numba) form of the sampling kernel's hot branch: uniform, without replacement.
+"""Compiled (numba) forms of the data path's hot loops: the sampling kernel's main branch
+(uniform, without replacement) and ``to_block``'s relabelling (``relabel``).
 
 ``sample_csc`` spends most of a small request in numpy call overhead (Floyd's algorithm is
 ``3 * fanout`` vector calls, plus ~40 others for offsets, repeats and gathers, each 2-5 µs on a
