@@ -286,11 +286,16 @@ async def _sample_rate(
 # DGL's harness times sample_neighbors in both trainers at once and adds their rates; these modes
 # do the same (one trainer process per partition, each attaching only its own partition in the
 # DGL-like mode), so their figures are the ones to divide by DGL's.
-TRAINER_MODES: dict[str, dict[str, Any]] = {
-    "own_partition_shm": {"local_partitions": "rank"},  # DGL's setting
-    "socket": {"use_shared_memory": False},
-    "shm": {},  # both co-located partitions (our single-host default)
-}
+TRAINER_MODES = ("own_partition_shm", "socket", "shm")
+
+
+def _trainer_connect_kwargs(mode: str, rank: int) -> dict[str, Any]:
+    """``Client.connect`` options of a trainer of ``TRAINER_MODES``: only its own partition in
+    shared memory (DGL's setting), everything over the socket, or both co-located partitions
+    (our single-host default)."""
+    if mode == "own_partition_shm":
+        return {"local_partitions": [rank]}
+    return {"use_shared_memory": False} if mode == "socket" else {}
 
 
 def _sampling_trainer(
@@ -309,10 +314,7 @@ def _sampling_trainer(
     from asyncgraph.kernels import compiled
 
     compiled.wait_ready(120)
-    kwargs = dict(TRAINER_MODES[mode])
-    if kwargs.get("local_partitions") == "rank":
-        kwargs["local_partitions"] = [rank]
-    client = Client.connect(addresses, **kwargs)
+    client = Client.connect(addresses, **_trainer_connect_kwargs(mode, rank))
     try:
 
         def go() -> None:

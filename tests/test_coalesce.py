@@ -11,7 +11,7 @@ connection).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ import pytest
 from asyncgraph.client import AsyncClient, Client, Connection
 from asyncgraph.client.connection import COALESCE_BYTES, COALESCE_REQUESTS
 from asyncgraph.errors import ServerUnavailableError
-from asyncgraph.testing import ServerGroup, start_servers
+from asyncgraph.testing import ServerGroup
 
 # Concurrent pulls per tick: the first, one full group, and a half group still queued at the end
 # of the tick; below max_inflight (32), so none waits for a slot.
@@ -30,21 +30,9 @@ EARLY = 1 + COALESCE_REQUESTS  # requests written before the tick ends
 assert COALESCE_REQUESTS >= 2 and N <= 32
 
 
-@pytest.fixture(scope="module")
-def servers(pubmed2: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerGroup]:
-    group = start_servers(
-        pubmed2.part_config,
-        tmp_path_factory.mktemp("coalesce"),
-        num_parts=2,
-        extra_args=["--log-level", "WARNING"],
-    )
-    yield group
-    group.stop()
-
-
 @pytest.fixture
-async def client(servers: ServerGroup) -> AsyncIterator[AsyncClient]:
-    c = await AsyncClient.connect(servers.addresses, use_shared_memory=False, call_timeout=20.0)
+async def client(served: ServerGroup) -> AsyncIterator[AsyncClient]:
+    c = await AsyncClient.connect(served.addresses, use_shared_memory=False, call_timeout=20.0)
     try:
         yield c
     finally:
@@ -70,6 +58,20 @@ async def start_tick(client: AsyncClient, requests: list[np.ndarray]) -> list[as
     return tasks
 
 
+async def queue_a_tick(
+    client: AsyncClient, part: int
+) -> tuple[Connection, list[np.ndarray], int, list[asyncio.Task[Any]]]:
+    """``N`` pulls to ``part``'s server in one tick, the first ``EARLY`` written and the rest
+    still queued: ``(connection, requests, requests written before, tasks)``."""
+    conn = conn_of(client, part)
+    requests = rows_of(client, part, N)
+    await client.pull("node:feat", requests[0])  # tensor metadata cached: a pull sends at once
+    written = conn.requests_written
+    tasks = await start_tick(client, requests)
+    assert len(conn._queued) == N - EARLY
+    return conn, requests, written, tasks
+
+
 @pytest.mark.timeout(60)
 async def test_concurrent_pulls_in_one_tick_are_written_in_groups(client: AsyncClient, pubmed2: Any) -> None:
     conn = conn_of(client, 0)
@@ -84,9 +86,9 @@ async def test_concurrent_pulls_in_one_tick_are_written_in_groups(client: AsyncC
 
 
 @pytest.mark.timeout(60)
-def test_the_sync_clients_uvloop_coalesces_too(servers: ServerGroup, pubmed2: Any) -> None:
+def test_the_sync_clients_uvloop_coalesces_too(served: ServerGroup, pubmed2: Any) -> None:
     """The blocking ``Client`` runs its calls on its own loop (uvloop where installed)."""
-    client = Client.connect(servers.addresses, use_shared_memory=False)
+    client = Client.connect(served.addresses, use_shared_memory=False)
     try:
         aio = client.aio
         conn = conn_of(aio, 1)
@@ -180,12 +182,7 @@ async def test_cancelled_requests_leave_the_connection_and_the_others_intact(
 
 @pytest.mark.timeout(60)
 async def test_connection_lost_with_requests_queued_fails_all_of_them(client: AsyncClient) -> None:
-    conn = conn_of(client, 0)
-    requests = rows_of(client, 0, N)
-    await client.pull("node:feat", requests[0])
-    r0 = conn.requests_written
-    tasks = await start_tick(client, requests)
-    assert len(conn._queued) == N - EARLY
+    conn, requests, r0, tasks = await queue_a_tick(client, 0)
     assert conn._transport is not None
     conn._transport.abort()  # the socket is gone before the tick's flush
     results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -201,12 +198,7 @@ async def test_connection_lost_with_requests_queued_fails_all_of_them(client: As
 
 @pytest.mark.timeout(60)
 async def test_closing_the_connection_with_requests_queued_fails_them(client: AsyncClient) -> None:
-    conn = conn_of(client, 1)
-    requests = rows_of(client, 1, N)
-    await client.pull("node:feat", requests[0])
-    r0 = conn.requests_written
-    tasks = await start_tick(client, requests)
-    assert len(conn._queued) == N - EARLY
+    conn, _, r0, tasks = await queue_a_tick(client, 1)
     conn.close()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert all(isinstance(r, ServerUnavailableError) for r in results), results
@@ -216,17 +208,13 @@ async def test_closing_the_connection_with_requests_queued_fails_them(client: As
 
 @pytest.mark.timeout(60)
 async def test_requests_queued_when_the_connection_is_lost_are_resent_after_reconnecting(
-    servers: ServerGroup, pubmed2: Any
+    served: ServerGroup, pubmed2: Any
 ) -> None:
     client = await AsyncClient.connect(
-        servers.addresses, use_shared_memory=False, call_timeout=20.0, reconnect_window=10.0
+        served.addresses, use_shared_memory=False, call_timeout=20.0, reconnect_window=10.0
     )
     try:
-        conn = conn_of(client, 0)
-        requests = rows_of(client, 0, N)
-        await client.pull("node:feat", requests[0])
-        tasks = await start_tick(client, requests)
-        assert len(conn._queued) == N - EARLY
+        conn, requests, _, tasks = await queue_a_tick(client, 0)
         assert conn._transport is not None
         conn._transport.abort()
         got = await asyncio.gather(*tasks)
