@@ -21,12 +21,18 @@ LAUNCH = [sys.executable, "-m", "asyncgraph.launch"]
 
 # Each trainer records its pid and starts a grandchild (its own child, which the parent-death
 # signal of the trainer does not reach) that records its pid too, then both sleep.
+# A pid file appears only once complete (written beside ``out``, then renamed into it): the test
+# reads every file it sees.
 TRAINER = (
     "import os, pathlib, subprocess, sys, time\n"
     "out = pathlib.Path(sys.argv[1])\n"
+    "def record(name, pid):\n"
+    "    part = out.parent / ('.' + name)\n"
+    "    part.write_text(str(pid))\n"
+    "    part.replace(out / name)\n"
     "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-    "(out / ('grandchild' + os.environ['RANK'])).write_text(str(child.pid))\n"
-    "(out / ('trainer' + os.environ['RANK'])).write_text(str(os.getpid()))\n"
+    "record('grandchild' + os.environ['RANK'], child.pid)\n"
+    "record('trainer' + os.environ['RANK'], os.getpid())\n"
     "time.sleep(120)\n"
 )
 
