@@ -9,15 +9,17 @@ Attributes are imported lazily so that a server process never pays for importing
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from asyncgraph.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
-    "Graph": "asyncgraph.graph",
-    "HeteroGraph": "asyncgraph.hetero",
-    "heterograph": "asyncgraph.hetero",
+    "Graph": "asyncgraph.partition.graph",
+    "graph": "asyncgraph.partition.graph",
+    "HeteroGraph": "asyncgraph.partition.hetero_graph",
+    "heterograph": "asyncgraph.partition.hetero_graph",
     "sample_etype_neighbors": "asyncgraph.distributed.hetero",
     "HeteroBlock": "asyncgraph.dataloading.hetero_block",
     "partition_graph": "asyncgraph.partition",
@@ -58,10 +60,10 @@ _EXPORTS: dict[str, str] = {
     "AsyncClient": "asyncgraph.client",
 }
 
-# the async API, the GNN layers, the exceptions, ``graph`` (a callable module: dgl.graph), and
+# the async API, the GNN layers, the exceptions, and
 # DGL's namespaces (``dgl.distributed.*``, ``dgl.dataloading.*``, ``dgl.sampling.*``)
 _SUBMODULES = frozenset(
-    {"aio", "nn", "errors", "graph", "distributed", "dataloading", "partition", "sampling"}
+    {"aio", "nn", "errors", "distributed", "dataloading", "partition", "sampling"}
 )
 
 if TYPE_CHECKING:
@@ -102,8 +104,6 @@ if TYPE_CHECKING:
     )
     from asyncgraph.distributed.sampling import sample_neighbors
     from asyncgraph.distributed.split import edge_split, node_split
-    from asyncgraph.graph import Graph
-    from asyncgraph.hetero import HeteroGraph, heterograph
     from asyncgraph.partition import (
         Partition,
         PartitionConfig,
@@ -111,21 +111,11 @@ if TYPE_CHECKING:
         load_partition,
         partition_graph,
     )
+    from asyncgraph.partition.graph import Graph, graph
+    from asyncgraph.partition.hetero_graph import HeteroGraph, heterograph
 
 
-def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
-        return importlib.import_module(f"asyncgraph.{name}")
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'asyncgraph' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS, *_SUBMODULES])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
 
 
 __all__ = [
@@ -157,6 +147,7 @@ __all__ = [
     "barrier",
     "edge_split",
     "finalize",
+    "graph",
     "heterograph",
     "initialize",
     "is_standalone",

@@ -12,6 +12,9 @@ __all__ = [
     "ADAM_M_SUFFIX",
     "ADAM_STEP_SUFFIX",
     "ADAM_V_SUFFIX",
+    "DEFAULT_ETYPE",
+    "DEFAULT_NTYPE",
+    "DEFAULT_RELATION",
     "ETYPE",
     "NTYPE",
     "POLICIES",
@@ -22,6 +25,11 @@ __all__ = [
 ]
 
 POLICIES = ("node", "edge")
+
+# DGL's names for the one node type and edge type of a homogeneous graph.
+DEFAULT_NTYPE = "_N"
+DEFAULT_RELATION = "_E"
+DEFAULT_ETYPE: tuple[str, str, str] = (DEFAULT_NTYPE, DEFAULT_RELATION, DEFAULT_NTYPE)
 
 # Written by partition_graph for heterogeneous graphs: each node's type index, each edge's type
 # index (what the sampler groups by for per-edge-type fanouts) and each edge's per-type ID.

@@ -37,8 +37,8 @@ from benchmarks.common import (
 
 def _worker(npz: Path, method: str, parts: int) -> dict[str, Any]:
     """Run one configuration in this (fresh) process; returns timings and peak RSS."""
-    from asyncgraph.graph import Graph
     from asyncgraph.partition import partition_graph
+    from asyncgraph.partition.graph import Graph
 
     stages: dict[str, float] = {}
 

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from asyncgraph.processes import free_port
+from asyncgraph.launch.processes import free_port
 from asyncgraph.testing import start_servers
 from benchmarks.common import (
     RESULTS,

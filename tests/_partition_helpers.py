@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from asyncgraph.graph import Graph
 from asyncgraph.partition import PartitionConfig, load_partition
+from asyncgraph.partition.graph import Graph
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "examples" / "data"

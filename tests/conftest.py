@@ -29,8 +29,8 @@ class PartitionedGraph:
 
 
 def _partition(name: str, num_parts: int, out: Path, method: str = "metis") -> PartitionedGraph:
-    from asyncgraph.graph import Graph
     from asyncgraph.partition import partition_graph
+    from asyncgraph.partition.graph import Graph
 
     raw = dict(np.load(DATA / f"{name}.npz"))
     graph = Graph.from_npz(DATA / f"{name}.npz")

@@ -18,7 +18,7 @@ import asyncgraph
 from asyncgraph.distributed.context import parse_server_list
 from asyncgraph.env import ENV_CONNECT_TIMEOUT, ENV_IP_CONFIG, ProcessRank, process_rank
 from asyncgraph.errors import AuthenticationError, InvalidRequestError, ServersMissingError
-from asyncgraph.processes import free_port
+from asyncgraph.launch.processes import free_port
 from asyncgraph.testing import start_servers, subprocess_env
 
 WORKERS = Path(__file__).resolve().parent / "workers"

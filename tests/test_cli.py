@@ -17,8 +17,8 @@ TOOLS = {
     "server": "asyncgraph.server",
     "partition": "asyncgraph.partition",
     "launch": "asyncgraph.launch",
-    "stage": "asyncgraph.stage",
-    "health": "asyncgraph.health",
+    "stage": "asyncgraph.launch.stage",
+    "health": "asyncgraph.launch.health",
     "loadgen": "benchmarks.loadgen",
 }
 
@@ -158,11 +158,11 @@ def test_dgl_launch_spellings(cora2) -> None:
 
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:
-    from asyncgraph.health import main as _health  # noqa: F401 - imported for its module
     from asyncgraph.launch import build_parser as launch_parser
+    from asyncgraph.launch.health import main as _health  # noqa: F401 - imported for its module
+    from asyncgraph.launch.stage import build_parser as stage_parser
     from asyncgraph.partition.__main__ import build_parser as partition_parser
     from asyncgraph.server.__main__ import build_parser as server_parser
-    from asyncgraph.stage import build_parser as stage_parser
     from benchmarks.loadgen.cli import build_parser as loadgen_parser
 
     return {
@@ -185,7 +185,7 @@ def test_help_documents_every_option_and_log_level(tool: str) -> None:
 
 
 def test_health_help_and_log_level() -> None:
-    proc = run_tool("asyncgraph.health", "--help")
+    proc = run_tool("asyncgraph.launch.health", "--help")
     assert proc.returncode == 0 and "--log-level" in proc.stdout and "--secret-file" in proc.stdout
     assert "server port" in proc.stdout
 

@@ -216,7 +216,7 @@ def test_new_op_records_reject_bad_arguments() -> None:
 # --- 5. Graph with torch inputs, DGL-style constructor -------------------------------------------
 def test_graph_accepts_torch_and_dgl_constructor(tmp_path) -> None:
     from asyncgraph.errors import ShapeMismatchError
-    from asyncgraph.graph import Graph
+    from asyncgraph.partition.graph import Graph
 
     src, dst = torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 0])
     g = asyncgraph.graph((src, dst), num_nodes=5)
@@ -241,7 +241,7 @@ def test_graph_accepts_torch_and_dgl_constructor(tmp_path) -> None:
         np.testing.assert_array_equal(feat, g.ndata["feat"][np.asarray(orig_nids)])
     finally:
         asyncgraph.finalize()
-    from asyncgraph.graph import Graph as G2  # the module stays importable as a module
+    from asyncgraph.partition.graph import Graph as G2  # the module stays importable as a module
 
     assert G2 is Graph
 

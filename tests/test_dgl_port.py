@@ -16,8 +16,8 @@ import torch
 import asyncgraph
 import asyncgraph as dgl
 from asyncgraph.errors import InvalidRequestError, UnknownTensorError
-from asyncgraph.graph import Graph
 from asyncgraph.partition import load_orig_ids, load_partition, load_partition_book, partition_graph
+from asyncgraph.partition.graph import Graph
 
 ROOT = Path(__file__).resolve().parent.parent
 CORA = ROOT / "examples" / "data" / "cora.npz"

@@ -9,7 +9,7 @@ import pytest
 from _partition_helpers import DATA
 
 from asyncgraph.errors import DTypeMismatchError, OutOfRangeError, ShapeMismatchError
-from asyncgraph.graph import Graph
+from asyncgraph.partition.graph import Graph
 
 
 def test_basic_properties() -> None:

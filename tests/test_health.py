@@ -1,4 +1,4 @@
-"""``python -m asyncgraph.health`` against a real server: ok, wrong secret, nothing listening."""
+"""``python -m asyncgraph.launch.health`` against a real server: ok, wrong secret, nothing listening."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from asyncgraph.processes import free_port
+from asyncgraph.launch.processes import free_port
 from asyncgraph.testing import PACKAGE_ROOT as ROOT
 from asyncgraph.testing import start_servers
 
 
 def probe(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "asyncgraph.health", *args],
+        [sys.executable, "-m", "asyncgraph.launch.health", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,

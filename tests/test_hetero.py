@@ -17,10 +17,10 @@ from asyncgraph.client.sync_client import Client
 from asyncgraph.dataloading import DistNodeDataLoader, NeighborSampler
 from asyncgraph.distributed import DistGraph
 from asyncgraph.errors import InvalidRequestError, OutOfRangeError, UnknownTypeError
-from asyncgraph.hetero import HeteroGraph
 from asyncgraph.names import ETYPE, NTYPE, TYPE_EID
 from asyncgraph.nn import HeteroGraphSAGE
 from asyncgraph.partition import PartitionConfig, RangePartitionBook
+from asyncgraph.partition.hetero_graph import HeteroGraph
 from asyncgraph.partition.reader import load_partition
 from asyncgraph.testing import ServerGroup, start_servers, subprocess_env
 

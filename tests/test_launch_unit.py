@@ -5,8 +5,8 @@ from __future__ import annotations
 import shlex
 
 from asyncgraph.launch import main
-from asyncgraph.processes import free_port
-from asyncgraph.processes import ssh_argv as _remote
+from asyncgraph.launch.processes import free_port
+from asyncgraph.launch.processes import ssh_argv as _remote
 
 
 def test_remote_command_quotes_everything() -> None:
@@ -30,7 +30,7 @@ def test_missing_command_and_bad_trainer_count_exit_2(cora2, capsys) -> None:  #
 
 
 def test_omp_threads_share_and_remote_form() -> None:
-    from asyncgraph.processes import omp_threads
+    from asyncgraph.launch.processes import omp_threads
 
     assert omp_threads(16, 4) == 4 and omp_threads(2, 4) == 1 and omp_threads(7, 2) == 3
     words = shlex.split(_remote("h", ["python", "t.py"], {"RANK": "0"}, "/w", omp_share=3)[6])
@@ -41,7 +41,7 @@ def test_launcher_sets_omp_num_threads_unless_user_did(cora2, tmp_path, monkeypa
     import subprocess
     import sys
 
-    from asyncgraph.processes import local_cores, omp_threads
+    from asyncgraph.launch.processes import local_cores, omp_threads
     from asyncgraph.testing import subprocess_env
 
     probe = [sys.executable, "-c", "import os; print('OMP=' + os.environ['OMP_NUM_THREADS'])"]

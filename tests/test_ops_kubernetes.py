@@ -59,7 +59,8 @@ def test_server_and_trainer_wiring() -> None:
     # probes run the real handshake with the mounted secret
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         command = server[probe]["exec"]["command"]
-        assert command[:3] == ["python", "-m", "asyncgraph.health"] and "/etc/asyncgraph/secret" in command
+        assert command[:3] == ["python", "-m", "asyncgraph.launch.health"]
+        assert "/etc/asyncgraph/secret" in command
     secret_vol = next(v for v in pod["volumes"] if v["name"] == "secret")
     assert secret_vol["secret"]["defaultMode"] == 0o400
     assert "--secret-file /etc/asyncgraph/secret" in script

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from asyncgraph.lifeline import exit_status
+from asyncgraph.launch.lifeline import exit_status
 from asyncgraph.testing import subprocess_env
 
 LAUNCH = [sys.executable, "-m", "asyncgraph.launch"]

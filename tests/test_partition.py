@@ -13,9 +13,9 @@ import pytest
 from _partition_helpers import ROOT, categories, check_partitioning, make_graph, raw_graph
 
 from asyncgraph.errors import InvalidRequestError, OutOfRangeError
-from asyncgraph.graph import Graph
 from asyncgraph.partition import RangePartitionBook, load_partition, partition_graph, summarize_partitions
 from asyncgraph.partition.book import split_by_owner
+from asyncgraph.partition.graph import Graph
 
 
 def _balance(values: np.ndarray, tol: float) -> None:

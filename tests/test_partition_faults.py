@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from asyncgraph.errors import InvalidRequestError
-from asyncgraph.graph import Graph
 from asyncgraph.partition import partition_graph
+from asyncgraph.partition.graph import Graph
 from asyncgraph.partition.partitioner import remove_stale_temp
 from asyncgraph.testing import subprocess_env
 

@@ -26,8 +26,8 @@ from asyncgraph.client import AsyncClient
 from asyncgraph.client.connection import Connection
 from asyncgraph.client.replicated import ReplicatedPartition
 from asyncgraph.errors import InvalidRequestError, UnknownTensorError
+from asyncgraph.launch.processes import process_alive, replica_args
 from asyncgraph.partition.book import RangePartitionBook
-from asyncgraph.processes import process_alive, replica_args
 from asyncgraph.protocol.ops import Op, PullArgs, PushArgs
 from asyncgraph.testing import ServerGroup, start_servers
 

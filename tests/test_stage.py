@@ -1,4 +1,4 @@
-"""``python -m asyncgraph.stage``: real partitions of Cora, local copies, and a fake remote host.
+"""``python -m asyncgraph.launch.stage``: real partitions of Cora, local copies, and a fake remote host.
 
 The fake host is a pair of scripts on PATH standing in for ``ssh`` and ``rsync``: they run the
 command on this machine with every path under ``--dest`` moved into ``<sandbox>/<host>``, so
@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from asyncgraph import stage as stage_mod
+from asyncgraph.launch import stage as stage_mod
 from asyncgraph.client.ipconfig import IpConfig
 from asyncgraph.partition.config import PartitionConfig
 
@@ -32,8 +32,8 @@ MAPPINGS = ("orig_nids.npy", "orig_eids.npy")  # ID mapping files written beside
 @pytest.fixture(scope="module")
 def cora3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Cora in 3 random partitions (quick), as conftest's helpers partition it."""
-    from asyncgraph.graph import Graph
     from asyncgraph.partition import partition_graph
+    from asyncgraph.partition.graph import Graph
 
     out = tmp_path_factory.mktemp("cora3") / "out"
     partition_graph(Graph.from_npz(ROOT / "examples/data/cora.npz"), "cora", 3, out, part_method="random")
@@ -59,7 +59,7 @@ def files_under(root: Path) -> set[str]:
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "asyncgraph.stage", *args],
+        [sys.executable, "-m", "asyncgraph.launch.stage", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -14,7 +14,7 @@ import torch
 from workers.ddp_train import fail_on_rank_1, train
 
 from asyncgraph.distributed import ddp_backend, spawn_trainers, trainer_device
-from asyncgraph.processes import omp_threads, parse_gpus
+from asyncgraph.launch.processes import omp_threads, parse_gpus
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -106,8 +106,8 @@ def test_launched_training_accuracy_matches_standalone(
     dataset: str, fixture: str, threshold: float, epochs: int, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """2 partitions x 2 trainers vs one standalone process, same hyper-parameters and seed."""
-    from asyncgraph.graph import Graph
     from asyncgraph.partition import partition_graph
+    from asyncgraph.partition.graph import Graph
 
     parted = request.getfixturevalue(fixture)
     one = tmp_path / "one"

@@ -5,8 +5,9 @@ Attributes load lazily, so ``asyncgraph.client.ipconfig`` (used by the launcher)
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from asyncgraph.lazy import lazy_exports
 
 _EXPORTS = {
     "AsyncClient": "asyncgraph.client.async_client",
@@ -29,11 +30,7 @@ if TYPE_CHECKING:
     from .sync_client import Client, EventLoopThread
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'asyncgraph.client' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = [

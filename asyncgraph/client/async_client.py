@@ -25,11 +25,11 @@ from asyncgraph.errors import (
     InvalidRequestError,
 )
 from asyncgraph.kernels.sparse_optim import validate_spec
-from asyncgraph.malloc import retain_large_allocations
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.protocol.ops import BarrierArgs, Op, SnapshotArgs
 from asyncgraph.service import LocalPartition, Partition, PartitionService
+from asyncgraph.storage.malloc import retain_large_allocations
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
 from .cache import FeatureCache

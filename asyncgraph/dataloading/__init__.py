@@ -8,12 +8,12 @@ The loaders pull in the client stack, so they are imported lazily on first acces
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from asyncgraph.dataloading import negative
 from asyncgraph.dataloading.block import Block, to_block
 from asyncgraph.dataloading.sampler import NeighborSampler, SampleFn
+from asyncgraph.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from asyncgraph.dataloading.edge_loader import DistEdgeDataLoader, EdgeMiniBatch, PairGraph
@@ -46,24 +46,16 @@ negative_sampler = negative  # DGL's module name: ``negative_sampler.Uniform(k)`
 MultiLayerNeighborSampler = NeighborSampler
 
 _LAZY = {
-    "DistDataLoader": "prefetch",
-    "DistEdgeDataLoader": "edge_loader",
-    "DistNodeDataLoader": "node_loader",
-    "EdgeMiniBatch": "edge_loader",
-    "MiniBatch": "node_loader",
-    "NodeDataLoader": "node_loader",  # DGL's older names: on a DistGraph they are the Dist* loaders
-    "EdgeDataLoader": "edge_loader",
-    "PairGraph": "edge_loader",
+    "DistDataLoader": "asyncgraph.dataloading.prefetch",
+    "DistEdgeDataLoader": "asyncgraph.dataloading.edge_loader",
+    "DistNodeDataLoader": "asyncgraph.dataloading.node_loader",
+    "EdgeMiniBatch": "asyncgraph.dataloading.edge_loader",
+    "MiniBatch": "asyncgraph.dataloading.node_loader",
+    "PairGraph": "asyncgraph.dataloading.edge_loader",
+    # DGL's older names: on a DistGraph they are the Dist* loaders
+    "NodeDataLoader": "asyncgraph.dataloading.node_loader:DistNodeDataLoader",
+    "EdgeDataLoader": "asyncgraph.dataloading.edge_loader:DistEdgeDataLoader",
 }
 
-_OLD_NAMES = {"NodeDataLoader": "DistNodeDataLoader", "EdgeDataLoader": "DistEdgeDataLoader"}
-
-
-def __getattr__(name: str) -> Any:
-    """Import the loader classes on first use (they depend on the client stack)."""
-    if name in _LAZY:
-        real = {"NodeDataLoader": "DistNodeDataLoader", "EdgeDataLoader": "DistEdgeDataLoader"}.get(
-            name, name
-        )
-        return getattr(importlib.import_module(f"asyncgraph.dataloading.{_LAZY[name]}"), real)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: Import the loader classes on first use (they depend on the client stack).
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

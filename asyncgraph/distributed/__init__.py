@@ -8,8 +8,9 @@ tools (``partition_graph``, ``load_partition``, ``load_partition_book``) and the
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from asyncgraph.lazy import lazy_exports
 
 from .context import (
     barrier,
@@ -84,23 +85,16 @@ __all__ = [
 #: DGL's name for ``finalize``.
 exit_client = finalize
 
-_LAZY: dict[str, tuple[str, str]] = {
-    "DistDataLoader": ("asyncgraph.dataloading.prefetch", "DistDataLoader"),
-    "DistNodeDataLoader": ("asyncgraph.dataloading.node_loader", "DistNodeDataLoader"),
-    "DistEdgeDataLoader": ("asyncgraph.dataloading.edge_loader", "DistEdgeDataLoader"),
-    "partition_graph": ("asyncgraph.partition", "partition_graph"),
-    "load_partition": ("asyncgraph.partition", "load_partition"),
-    "load_partition_book": ("asyncgraph.partition", "load_partition_book"),
-    "load_partition_feats": ("asyncgraph.partition", "load_partition_feats"),
-    "GraphPartitionBook": ("asyncgraph.partition.book", "RangePartitionBook"),
+_LAZY = {
+    "DistDataLoader": "asyncgraph.dataloading.prefetch",
+    "DistNodeDataLoader": "asyncgraph.dataloading.node_loader",
+    "DistEdgeDataLoader": "asyncgraph.dataloading.edge_loader",
+    "partition_graph": "asyncgraph.partition",
+    "load_partition": "asyncgraph.partition",
+    "load_partition_book": "asyncgraph.partition",
+    "load_partition_feats": "asyncgraph.partition",
+    "GraphPartitionBook": "asyncgraph.partition.book:RangePartitionBook",
 }
 
-
-def __getattr__(name: str) -> Any:
-    """Import the loaders and partition tools on first use (they pull in more modules)."""
-    target = _LAZY.get(name)
-    if target is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(target[0]), target[1])
-    globals()[name] = value
-    return value
+#: Import the loaders and partition tools on first use (they pull in more modules).
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from asyncgraph.arrays import as_id_array
+from asyncgraph.names import DEFAULT_NTYPE, DEFAULT_RELATION
 from asyncgraph.partition.book import RangePartitionBook
 
 __all__ = ["ALL", "EID", "NID", "EdgePartitionPolicy", "NodePartitionPolicy", "SampledSubgraph"]
@@ -113,7 +114,7 @@ class _PartitionPolicy:
 
     @property
     def type_name(self) -> str:
-        return "_N" if self.kind == "node" else "_E"
+        return DEFAULT_NTYPE if self.kind == "node" else DEFAULT_RELATION
 
     def to_partid(self, ids: Any) -> torch.Tensor:
         return torch.from_numpy(self.partition_book.owner(as_id_array(ids), self.kind))

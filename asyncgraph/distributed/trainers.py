@@ -72,10 +72,10 @@ def _trainer_main(
     """Entry point of one spawned trainer (module level, so ``spawn`` can pickle it)."""
     os.environ.update(env)
     os.environ.update(
-        {"RANK": str(rank), "LOCAL_RANK": str(rank), ENV_DEVICE: devices[rank], "ASYNCGRAPH_ROLE": "trainer"}
+        {"RANK": str(rank), "LOCAL_RANK": str(rank), ENV_DEVICE: devices[rank]}
     )
     if "OMP_NUM_THREADS" not in os.environ:  # the machine's cores shared among its trainers
-        from asyncgraph.processes import omp_threads
+        from asyncgraph.launch.processes import omp_threads
 
         torch.set_num_threads(omp_threads(os.cpu_count() or 1, len(devices)))
     device = torch.device(devices[rank])
@@ -86,9 +86,9 @@ def _trainer_main(
         return
     import torch.distributed as dist
 
-    import asyncgraph
+    from asyncgraph.distributed.context import finalize, initialize
 
-    asyncgraph.initialize()
+    initialize()
     try:
         dist.init_process_group(env[ENV_DDP_BACKEND], rank=rank, world_size=int(env["WORLD_SIZE"]))
         try:
@@ -96,7 +96,7 @@ def _trainer_main(
         finally:
             dist.destroy_process_group()
     finally:
-        asyncgraph.finalize()
+        finalize()
 
 
 def spawn_trainers(
@@ -119,9 +119,9 @@ def spawn_trainers(
     """
     from torch.multiprocessing.spawn import spawn
 
+    from asyncgraph.launch.processes import free_port
+    from asyncgraph.launch.servers import start_servers
     from asyncgraph.partition.config import PartitionConfig
-    from asyncgraph.processes import free_port
-    from asyncgraph.testing import start_servers
 
     if nprocs < 1:
         raise ValueError(f"nprocs must be at least 1, got {nprocs}")

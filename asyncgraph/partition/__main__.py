@@ -21,8 +21,8 @@ import numpy as np
 import numpy.typing as npt
 
 from asyncgraph.cli import CliError, Parser, configure_logging, run_main
-from asyncgraph.graph import Graph
 from asyncgraph.partition.assign import METHODS
+from asyncgraph.partition.graph import Graph
 from asyncgraph.partition.layout import ORIG_EIDS_FILE, ORIG_NIDS_FILE, config_file
 from asyncgraph.partition.partitioner import partition_graph
 from asyncgraph.partition.reader import summarize_partitions

@@ -15,8 +15,8 @@ import numpy as np
 import numpy.typing as npt
 
 from asyncgraph.errors import InvalidRequestError
-from asyncgraph.graph import Graph, to_numpy
 from asyncgraph.partition.book import IdArray
+from asyncgraph.partition.graph import Graph, to_numpy
 
 __all__ = ["METHODS", "Stage", "assign_parts", "balance_categories", "symmetric_csr"]
 

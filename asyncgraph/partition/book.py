@@ -15,6 +15,7 @@ import numpy as np
 
 from asyncgraph.arrays import IdArray, as_id_array
 from asyncgraph.errors import OutOfRangeError, UnknownTypeError
+from asyncgraph.names import DEFAULT_ETYPE, DEFAULT_NTYPE
 
 __all__ = ["IdArray", "RangePartitionBook", "as_id_array", "split_by_owner"]
 
@@ -65,8 +66,8 @@ class RangePartitionBook:
         self._bound_lists = {"node": nb.tolist(), "edge": eb.tolist()}  # for scalar lookups
         p = nb.size - 1
         self._hetero = ntypes is not None
-        self._ntypes = list(ntypes) if ntypes is not None else ["_N"]
-        self._canon = [tuple(c) for c in canonical_etypes] if canonical_etypes else [("_N", "_E", "_N")]
+        self._ntypes = list(ntypes) if ntypes is not None else [DEFAULT_NTYPE]
+        self._canon = [tuple(c) for c in canonical_etypes] if canonical_etypes else [DEFAULT_ETYPE]
         nc = np.diff(nb)[:, None] if ntype_counts is None else np.asarray(ntype_counts, dtype=np.int64)
         ec = np.diff(eb)[:, None] if etype_counts is None else np.asarray(etype_counts, dtype=np.int64)
         if nc.shape != (p, len(self._ntypes)) or not np.array_equal(nc.sum(axis=1), np.diff(nb)):
@@ -202,7 +203,7 @@ class RangePartitionBook:
 
     def etype_id(self, etype: Any) -> int:
         """Index of a relation name or canonical triple in ``canonical_etypes``."""
-        from asyncgraph.hetero import resolve_etype
+        from asyncgraph.partition.hetero_graph import resolve_etype
 
         if etype is None and len(self._canon) == 1:
             return 0

@@ -1,4 +1,4 @@
-"""Offline partitioning: split a :class:`~asyncgraph.graph.Graph` into range-owned partitions.
+"""Offline partitioning: split a :class:`~asyncgraph.partition.graph.Graph` into range-owned partitions.
 
 Pipeline (all vectorised numpy, no Python loop over nodes or edges):
 
@@ -34,12 +34,12 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from asyncgraph.errors import InvalidRequestError
-from asyncgraph.graph import Graph
-from asyncgraph.hetero import HeteroGraph
 from asyncgraph.names import ETYPE, NTYPE, TYPE_EID
 from asyncgraph.partition.assign import METHODS, assign_parts, balance_categories
 from asyncgraph.partition.book import IdArray
 from asyncgraph.partition.config import PartitionConfig, PartSpec, TensorSpec
+from asyncgraph.partition.graph import Graph
+from asyncgraph.partition.hetero_graph import HeteroGraph
 from asyncgraph.partition.layout import ORIG_EIDS_FILE, ORIG_NIDS_FILE, PartFiles, config_file, part_dir_name
 
 __all__ = ["METHODS", "partition_graph"]
@@ -234,7 +234,7 @@ def partition_graph(
         hetero = graph
         graph, ntype, etype = hetero.to_homogeneous()
     if not isinstance(graph, Graph):
-        raise InvalidRequestError(f"graph must be an asyncgraph.graph.Graph, got {type(graph).__name__}")
+        raise InvalidRequestError(f"graph must be an asyncgraph.Graph, got {type(graph).__name__}")
     if not isinstance(graph_name, str) or not graph_name or "/" in graph_name or graph_name.startswith("."):
         raise InvalidRequestError(
             f"graph_name {graph_name!r} is not valid: it must be a non-empty file name "

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from asyncgraph.errors import InvalidRequestError, OutOfRangeError
+from asyncgraph.names import DEFAULT_ETYPE, DEFAULT_NTYPE
 from asyncgraph.partition.book import IdArray, RangePartitionBook
 from asyncgraph.partition.config import PartitionConfig, TensorSpec
 from asyncgraph.partition.layout import PartFiles
@@ -56,7 +57,7 @@ class Partition:
 
 def homogeneous_types() -> tuple[dict[str, int], dict[tuple[str, str, str], int]]:
     """DGL's type dictionaries of a homogeneous graph: ``{"_N": 0}`` and ``{("_N", "_E", "_N"): 0}``."""
-    return {"_N": 0}, {("_N", "_E", "_N"): 0}
+    return {DEFAULT_NTYPE: 0}, {DEFAULT_ETYPE: 0}
 
 
 def _read_config(cfg_path: Path) -> PartitionConfig:

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 from asyncgraph.errors import AsyncGraphError
 from asyncgraph.kernels import compiled
-from asyncgraph.malloc import retain_large_allocations
 from asyncgraph.partition import load_partition
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.server.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_PENDING, Admission
@@ -23,6 +22,7 @@ from asyncgraph.server.handlers import RequestHandlers
 from asyncgraph.server.transport import ServerConnection
 from asyncgraph.service.limits import DEFAULT_MAX_SAMPLED_EDGES, WorkLimits
 from asyncgraph.storage.fdpass import FdExporter
+from asyncgraph.storage.malloc import retain_large_allocations
 from asyncgraph.storage.store import PartitionStore
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ import numpy as np
 
 from asyncgraph.errors import BarrierTimeoutError, InvalidRequestError, StateLogError, UnknownOpError
 from asyncgraph.kernels import compiled
-from asyncgraph.processes import process_alive
+from asyncgraph.launch.processes import process_alive
 from asyncgraph.protocol.ops import (
     AddReplicaArgs,
     BarrierArgs,

@@ -8,8 +8,6 @@ the partitioner can work on it with vectorised numpy.
 
 from __future__ import annotations
 
-import sys
-import types
 import zipfile
 import zlib
 from collections.abc import Mapping
@@ -21,6 +19,7 @@ import numpy.typing as npt
 
 from asyncgraph.arrays import to_numpy as as_numpy
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, OutOfRangeError, ShapeMismatchError
+from asyncgraph.names import DEFAULT_ETYPE, DEFAULT_NTYPE, DEFAULT_RELATION
 
 IdArray = npt.NDArray[np.int64]
 
@@ -199,15 +198,15 @@ class Graph:
     # A homogeneous graph is a heterogeneous one with a single node and edge type (DGL's names).
     @property
     def ntypes(self) -> list[str]:
-        return ["_N"]
+        return [DEFAULT_NTYPE]
 
     @property
     def etypes(self) -> list[str]:
-        return ["_E"]
+        return [DEFAULT_RELATION]
 
     @property
     def canonical_etypes(self) -> list[tuple[str, str, str]]:
-        return [("_N", "_E", "_N")]
+        return [DEFAULT_ETYPE]
 
     def number_of_edges(self) -> int:
         return int(self._src.size)
@@ -270,14 +269,3 @@ def graph(
     if num_nodes is None:
         num_nodes = int(max(src.max(initial=-1), dst.max(initial=-1))) + 1
     return Graph(num_nodes, src, dst, ndata, edata)
-
-
-class _CallableModule(types.ModuleType):
-    """Lets ``asyncgraph.graph((src, dst), num_nodes=N)`` work although ``asyncgraph.graph`` is
-    also this module's name (importing a submodule sets the package attribute to the module)."""
-
-    def __call__(self, data: tuple[Any, Any], num_nodes: int | None = None, **kwargs: Any) -> Graph:
-        return graph(data, num_nodes, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

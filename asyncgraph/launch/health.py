@@ -1,4 +1,4 @@
-"""``python -m asyncgraph.health``: is a server up and answering? One line, exit 0 or 1.
+"""``python -m asyncgraph.launch.health``: is a server up and answering? One line, exit 0 or 1.
 
 Connects with the real client handshake (the secret, when given, is proved exactly as trainers
 prove it), sends ``ping`` and prints ``ok host:port graph=<name> part=<id> rtt=<ms>``; any failure
@@ -43,7 +43,7 @@ def _read_secret(path: Path) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m asyncgraph.health", description=__doc__, raw_description=True)
+    parser = Parser(prog="python -m asyncgraph.launch.health", description=__doc__, raw_description=True)
     parser.add_argument("--host", default="127.0.0.1", help="server address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, required=True, help="server port")
     parser.add_argument(

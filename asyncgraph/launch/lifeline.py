@@ -5,7 +5,7 @@ Two mechanisms, because each alone has holes:
 * ``die_with_parent`` (``preexec_fn`` of every child): Linux ``prctl(PR_SET_PDEATHSIG)`` so
   the kernel signals the child the moment the launcher's thread that forked it is gone (SIGKILL
   included); if the launcher died before the child got there, the child kills itself.
-* a watchdog process (``python -m asyncgraph.lifeline --dir LAUNCH_DIR``) that the launcher
+* a watchdog process (``python -m asyncgraph.launch.lifeline --dir LAUNCH_DIR``) that the launcher
   feeds one line per child process group over a pipe (its stdin). EOF without ``done`` means the
   launcher died: the watchdog SIGTERMs every group (grandchildren included, which the
   parent-death signal does not reach), SIGKILLs what is left after a grace period and removes
@@ -98,7 +98,7 @@ def watchdog(launch_dir: Path | None, grace: float, lines: Iterable[str] | None 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m asyncgraph.lifeline", description=__doc__.split("\n\n")[0]
+        prog="python -m asyncgraph.launch.lifeline", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--dir", type=Path, help="launch directory to remove when the launcher is gone")
     parser.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")

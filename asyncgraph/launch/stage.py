@@ -1,4 +1,4 @@
-"""``python -m asyncgraph.stage``: copy each partition to the host that serves it, verified.
+"""``python -m asyncgraph.launch.stage``: copy each partition to the host that serves it, verified.
 
 Partition ``p`` goes to the host on line ``p`` of the ip_config (the order servers and trainers
 read it in), together with the partition JSON and a SHA-256 manifest, under ``--dest`` on that
@@ -373,7 +373,7 @@ def stage(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="python -m asyncgraph.stage", description=(__doc__ or "").split("\n\n")[0])
+    parser = Parser(prog="python -m asyncgraph.launch.stage", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--part-config", type=Path, required=True, help="partition JSON file")
     parser.add_argument("--ip-config", type=Path, required=True, help="servers in partition order")
     parser.add_argument("--dest", type=Path, required=True, help="folder on every host (absolute)")

@@ -1,6 +1,6 @@
 """Heterogeneous graphs: several node types and canonical edge types ``(src_type, rel, dst_type)``.
 
-A :class:`HeteroGraph` is the input of offline partitioning, like :class:`~asyncgraph.graph.Graph`.
+A :class:`HeteroGraph` is the input of offline partitioning, like :class:`~asyncgraph.partition.graph.Graph`.
 Node IDs are per type (``0 .. num_nodes(ntype)-1``), edge IDs per canonical edge type. Internally
 the partitioner works on the homogeneous form (:meth:`HeteroGraph.to_homogeneous`): node types
 laid out one after another in ``ntypes`` order, edge types likewise in ``canonical_etypes`` order,
@@ -16,14 +16,12 @@ from typing import Any
 import numpy as np
 
 from asyncgraph.errors import InvalidRequestError, OutOfRangeError, UnknownTypeError
-from asyncgraph.graph import Graph, IdArray, TensorDict, _ids
+from asyncgraph.partition.graph import Graph, IdArray, TensorDict, _ids
 
 __all__ = ["CanonicalEType", "HeteroGraph", "check_type_keys", "heterograph", "resolve_etype"]
 
 CanonicalEType = tuple[str, str, str]
 
-DEFAULT_NTYPE = "_N"
-DEFAULT_ETYPE: CanonicalEType = ("_N", "_E", "_N")
 
 
 def resolve_etype(etype: Any, canonical: list[CanonicalEType]) -> CanonicalEType:
