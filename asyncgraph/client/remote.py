@@ -150,6 +150,7 @@ class RemotePartition:
         holder: str | None = None,
     ) -> tuple[TensorMeta, bool]:
         args = CreateTensorArgs(name, policy, shape, dtype, init, holder).encode()
+        args["rid"] = self._rid()  # a resent create takes no second reference
         out = await self.conn.call(Op.CREATE_TENSOR, args, self.timeout)
         return TensorMeta.from_dict(out), bool(out.get("created", False))
 
@@ -160,6 +161,7 @@ class RemotePartition:
 
     async def release_tensors(self, holder: str, names: list[str], every: bool = False) -> list[str]:
         args = ReleaseTensorsArgs(holder, names, every).encode()
+        args["rid"] = self._rid()
         deleted: list[str] = await self.conn.call(Op.RELEASE_TENSORS, args, self.timeout)
         return deleted
 

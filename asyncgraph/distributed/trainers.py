@@ -71,9 +71,7 @@ def _trainer_main(
 ) -> None:
     """Entry point of one spawned trainer (module level, so ``spawn`` can pickle it)."""
     os.environ.update(env)
-    os.environ.update(
-        {"RANK": str(rank), "LOCAL_RANK": str(rank), ENV_DEVICE: devices[rank]}
-    )
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), ENV_DEVICE: devices[rank]})
     if "OMP_NUM_THREADS" not in os.environ:  # the machine's cores shared among its trainers
         from asyncgraph.launch.processes import omp_threads
 
@@ -86,9 +84,9 @@ def _trainer_main(
         return
     import torch.distributed as dist
 
-    from asyncgraph.distributed.context import finalize, initialize
+    from asyncgraph.distributed import context
 
-    initialize()
+    context.initialize()
     try:
         dist.init_process_group(env[ENV_DDP_BACKEND], rank=rank, world_size=int(env["WORLD_SIZE"]))
         try:
@@ -96,7 +94,7 @@ def _trainer_main(
         finally:
             dist.destroy_process_group()
     finally:
-        finalize()
+        context.finalize()
 
 
 def spawn_trainers(

@@ -1,22 +1,40 @@
-"""Operation names and their argument schemas, defined once for client and server.
+"""Every op a server answers, declared once: its argument record and what it may do.
 
-``Op`` members are plain ``str`` on the wire. Each op with arguments has a small record:
-``Record.decode(args)`` checks a request's argument map (``InvalidRequestError`` /
-``DTypeMismatchError`` naming the op and the argument) and ``record.encode()`` builds it.
+``Op`` members are plain ``str`` on the wire. :data:`OPS` holds one :class:`OpSpec` per op; every
+set of ops the code needs (which ops are logged, resent, refused by a replica, run in a client
+over shared memory, ...) is derived from it, and so is the server's dispatch. Adding an op = one
+``OpSpec`` here, its record in :mod:`asyncgraph.protocol.args`, one service method, and tests.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
-
-from asyncgraph.errors import DTypeMismatchError, InvalidRequestError
+from asyncgraph.protocol.args import (
+    AddReplicaArgs,
+    ArgsRecord,
+    BarrierArgs,
+    CreateTensorArgs,
+    DegreesArgs,
+    DeleteTensorArgs,
+    FindEdgesArgs,
+    PullArgs,
+    PushArgs,
+    ReleaseTensorsArgs,
+    SampleArgs,
+    SampleEdgesArgs,
+    SnapshotArgs,
+    SparseUpdateArgs,
+    request_id,
+)
 
 __all__ = [
+    "ATTACHED_OPS",
+    "CATALOG_OPS",
+    "OFFLOADED_OPS",
+    "OPS",
+    "PRIMARY_ONLY_OPS",
     "RETRYABLE_OPS",
     "WRITE_OPS",
     "AddReplicaArgs",
@@ -26,8 +44,10 @@ __all__ = [
     "DeleteTensorArgs",
     "FindEdgesArgs",
     "Op",
+    "OpSpec",
     "PullArgs",
     "PushArgs",
+    "ReleaseTensorsArgs",
     "SampleArgs",
     "SampleEdgesArgs",
     "SnapshotArgs",
@@ -59,344 +79,73 @@ class Op(enum.StrEnum):
     ADD_REPLICA = "add_replica"
 
 
-#: Ops that change stored data: logged by a server's write-ahead log, and carrying an optional
-#: client request id (``"rid"``) so that a retry after a lost reply is applied once.
-WRITE_OPS = frozenset({Op.PUSH, Op.CREATE_TENSOR, Op.DELETE_TENSOR, Op.SPARSE_UPDATE})
+@dataclass(frozen=True, slots=True)
+class OpSpec:
+    """What one op is and may do.
 
-#: Ops a client may resend after reconnecting: reads, and writes that carry a request id.
-RETRYABLE_OPS = frozenset(
-    {Op.INFO, Op.PULL, Op.LIST_TENSORS, Op.SAMPLE, Op.FIND_EDGES, Op.STATS, Op.PING, Op.SNAPSHOT}
-    | {Op.DEGREES, Op.SAMPLE_EDGES}
-    | WRITE_OPS
+    ``writes``: it changes stored state (rows, the tensor catalog, references), so a server logs
+    it in its write-ahead log before acknowledging and applies it once per request id (``rid``).
+    ``retryable``: a client may resend it after reconnecting (reads; writes, which carry a rid).
+    ``primary_only``: a replica server refuses it (it changes what the whole partition shares,
+    or needs one place per partition). ``attached``: a co-located client may run it itself over
+    the server's shared memory. ``catalog``: it reads the tensor catalog, so a replica catches up
+    with its primary's catalog first. ``offload``: a big one may run in a worker thread.
+    """
+
+    op: Op
+    args: type[ArgsRecord] | None = None
+    writes: bool = False
+    retryable: bool = True
+    primary_only: bool = False
+    attached: bool = False
+    catalog: bool = False
+    offload: bool = False
+
+    def __post_init__(self) -> None:
+        if self.writes and not self.retryable:
+            raise ValueError(f"{self.op}: a write carries a request id, so it must be retryable")
+        if self.attached and not self.catalog:
+            raise ValueError(f"{self.op}: an op run over shared memory reads the catalog")
+
+
+_TABLE = (
+    OpSpec(Op.INFO, catalog=True),
+    OpSpec(Op.PULL, PullArgs, catalog=True, attached=True),
+    OpSpec(Op.PUSH, PushArgs, writes=True, catalog=True, attached=True),
+    OpSpec(Op.CREATE_TENSOR, CreateTensorArgs, writes=True, primary_only=True, offload=True),
+    OpSpec(Op.DELETE_TENSOR, DeleteTensorArgs, writes=True, primary_only=True),
+    OpSpec(Op.RELEASE_TENSORS, ReleaseTensorsArgs, writes=True, primary_only=True),
+    OpSpec(Op.LIST_TENSORS, catalog=True),
+    OpSpec(Op.BARRIER, BarrierArgs, retryable=False, primary_only=True),
+    OpSpec(Op.SAMPLE, SampleArgs, catalog=True, attached=True, offload=True),
+    OpSpec(Op.FIND_EDGES, FindEdgesArgs, catalog=True, attached=True),
+    OpSpec(Op.STATS),
+    OpSpec(Op.PING),
+    OpSpec(Op.SHUTDOWN, retryable=False),
+    OpSpec(Op.SPARSE_UPDATE, SparseUpdateArgs, writes=True, primary_only=True),
+    OpSpec(Op.DEGREES, DegreesArgs, catalog=True, attached=True),
+    OpSpec(Op.SAMPLE_EDGES, SampleEdgesArgs, catalog=True, attached=True),
+    OpSpec(Op.SNAPSHOT, SnapshotArgs, primary_only=True),
+    OpSpec(Op.ADD_REPLICA, AddReplicaArgs, retryable=False, primary_only=True),
 )
 
-
-def request_id(args: Mapping[str, Any], op: str) -> str | None:
-    """The optional client request id of a write (a non-empty str), or None."""
-    rid = args.get("rid")
-    if rid is None:
-        return None
-    if not isinstance(rid, str) or not rid or len(rid) > 128:
-        raise InvalidRequestError(f"{op}: argument 'rid' must be a non-empty str of at most 128 chars")
-    return rid
-
-
-def _edge_dir(args: Mapping[str, Any], op: str) -> str:
-    edge_dir = _get(args, op, "edge_dir", str)
-    if edge_dir not in ("in", "out"):
-        raise InvalidRequestError(f"{op}: edge_dir must be 'in' or 'out', got {edge_dir!r}")
-    return str(edge_dir)
-
-
-def _get(args: Mapping[str, Any], op: str, key: str, kind: type | tuple[type, ...]) -> Any:
-    if key not in args:
-        raise InvalidRequestError(f"{op}: missing argument {key!r}")
-    value = args[key]
-    if kind is int and isinstance(value, bool):
-        raise InvalidRequestError(f"{op}: argument {key!r} must be int, got bool")
-    if not isinstance(value, kind):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise InvalidRequestError(f"{op}: argument {key!r} must be {names}, got {type(value).__name__}")
-    return value
-
-
-def _ids(args: Mapping[str, Any], op: str, key: str = "ids") -> np.ndarray:
-    ids: np.ndarray = _get(args, op, key, np.ndarray)
-    if ids.dtype.kind not in "iu":
-        raise DTypeMismatchError(f"{op}: {key} must be an integer array, got dtype {ids.dtype}")
-    if ids.ndim != 1:
-        raise DTypeMismatchError(f"{op}: {key} must be one-dimensional, got shape {ids.shape}")
-    return ids
-
-
-@dataclass(frozen=True, slots=True)
-class PullArgs:
-    name: str
-    ids: np.ndarray
-
-    @classmethod
-    def decode(cls, args: Mapping[str, Any]) -> PullArgs:
-        return cls(_get(args, Op.PULL, "name", str), _ids(args, Op.PULL))
-
-    def encode(self) -> dict[str, Any]:
-        return {"name": self.name, "ids": self.ids}
-
-
-@dataclass(frozen=True, slots=True)
-class PushArgs:
-    name: str
-    ids: np.ndarray
-    values: np.ndarray
-    op: str = "assign"
-
-    @classmethod
-    def decode(cls, args: Mapping[str, Any]) -> PushArgs:
-        return cls(
-            _get(args, Op.PUSH, "name", str),
-            _ids(args, Op.PUSH),
-            _get(args, Op.PUSH, "values", np.ndarray),
-            _get(args, Op.PUSH, "op", str) if "op" in args else "assign",
-        )
-
-    def encode(self) -> dict[str, Any]:
-        return {"name": self.name, "ids": self.ids, "values": self.values, "op": self.op}
-
-
-@dataclass(frozen=True, slots=True)
-class CreateTensorArgs:
-    name: str
-    policy: str
-    shape: list[int]
-    dtype: str
-    init: dict[str, Any] | None = None
-    #: Non-persistent tensors: the client handle holding a reference (see ``ReleaseTensorsArgs``).
-    holder: str | None = None
-
-    @classmethod
-    def decode(cls, args: Mapping[str, Any]) -> CreateTensorArgs:
-        op = Op.CREATE_TENSOR
-        name = _get(args, op, "name", str)
-        policy = _get(args, op, "policy", str)
-        shape = _get(args, op, "shape", list)
-        dtype = _get(args, op, "dtype", str)
-        init = args.get("init")
-        if init is not None and not isinstance(init, dict):
-            raise InvalidRequestError("create_tensor: argument 'init' must be a map or nil")
-        if policy not in ("node", "edge"):
-            raise InvalidRequestError(f"create_tensor: policy must be 'node' or 'edge', got {policy!r}")
-        if not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-            raise InvalidRequestError(f"create_tensor: shape must be a list of ints, got {shape!r}")
-        holder = args.get("holder")
-        if holder is not None and not isinstance(holder, str):
-            raise InvalidRequestError("create_tensor: argument 'holder' must be a string or nil")
-        return cls(name, policy, shape, dtype, init, holder)
-
-    def encode(self) -> dict[str, Any]:
-        out = {
-            "name": self.name,
-            "policy": self.policy,
-            "shape": self.shape,
-            "dtype": self.dtype,
-            "init": self.init,
-        }
-        if self.holder is not None:
-            out["holder"] = self.holder
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class ReleaseTensorsArgs:
-    """Drop references ``holder`` took by creating non-persistent tensors: one per name in
-    ``names`` (a name may repeat), or all of them when ``all``. A tensor whose last reference goes
-    is deleted with its optimizer state."""
-
-    holder: str
-    names: list[str]
-    all: bool = False
-
-    @classmethod
-    def decode(cls, args: Mapping[str, Any]) -> ReleaseTensorsArgs:
-        op = Op.RELEASE_TENSORS
-        names = _get(args, op, "names", list)
-        if not all(isinstance(n, str) for n in names):
-            raise InvalidRequestError("release_tensors: 'names' must be a list of strings")
-        every = _get(args, op, "all", bool) if "all" in args else False
-        return cls(_get(args, op, "holder", str), names, bool(every))
-
-    def encode(self) -> dict[str, Any]:
-        return {"holder": self.holder, "names": self.names, "all": self.all}
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteTensorArgs:
-    name: str
-
-    @classmethod
-    def decode(cls, args: Mapping[str, Any]) -> DeleteTensorArgs:
-        return cls(_get(args, Op.DELETE_TENSOR, "name", str))
-
-    def encode(self) -> dict[str, Any]:
-        return {"name": self.name}
-
-
-@dataclass(frozen=True, slots=True)
-class AddReplicaArgs:
-    """A replica server of this partition announces where it listens (same host, its pid)."""
-
-    port: int
-    pid: int
-
-    @classmethod
-    def decode(cls, args: Mapping[str, Any]) -> AddReplicaArgs:
-        port = _get(args, Op.ADD_REPLICA, "port", int)
-        pid = _get(args, Op.ADD_REPLICA, "pid", int)
-        if not 0 < port <= 65535 or pid <= 0:
-            raise InvalidRequestError(f"add_replica: bad port {port} or pid {pid}")
-        return cls(port, pid)
-
-    def encode(self) -> dict[str, Any]:
-        return {"port": self.port, "pid": self.pid}
-
-
-@dataclass(frozen=True, slots=True)
-class BarrierArgs:
-    name: str
-    timeout: float
-
-    @classmethod
-    def decode(cls, args: Mapping[str, Any]) -> BarrierArgs:
-        name = _get(args, Op.BARRIER, "name", str)
-        timeout = float(_get(args, Op.BARRIER, "timeout", (int, float)))
-        if not timeout > 0:
-            raise InvalidRequestError(f"barrier: timeout must be positive, got {timeout}")
-        return cls(name, timeout)
-
-    def encode(self) -> dict[str, Any]:
-        return {"name": self.name, "timeout": float(self.timeout)}
-
-
-@dataclass(frozen=True, slots=True)
-class SampleArgs:
-    """Sample in-edges of ``seeds``; ``features`` (tensor keys) asks the owner to answer with the
-    rows of the sampled nodes it owns (the seeds and the sources in its range) as well, and of
-    ``feature_ids`` (more IDs it owns, e.g. sources other owners sampled)."""
-
-    seeds: np.ndarray
-    fanout: int
-    replace: bool = False
-    seed: int | None = None
-    features: tuple[str, ...] = ()
-    feature_ids: np.ndarray | None = None  # more owned IDs whose rows the answer carries
-
-    @classmethod
-    def decode(cls, args: Mapping[str, Any]) -> SampleArgs:
-        op = Op.SAMPLE
-        seeds = _ids(args, op, "seeds")
-        fanout = _get(args, op, "fanout", int)
-        replace = bool(_get(args, op, "replace", bool)) if "replace" in args else False
-        seed = args.get("seed")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise InvalidRequestError("sample: seed must be an int or nil")
-        features: tuple[str, ...] = ()
-        if "features" in args:
-            names = _get(args, op, "features", list)
-            if not all(isinstance(n, str) for n in names):
-                raise InvalidRequestError(f"sample: features must be a list of tensor names, got {names!r}")
-            features = tuple(names)
-        feature_ids = _ids(args, op, "feature_ids") if "feature_ids" in args else None
-        return cls(seeds, fanout, replace, seed, features, feature_ids)
-
-    def encode(self) -> dict[str, Any]:
-        out = {"seeds": self.seeds, "fanout": self.fanout, "replace": self.replace, "seed": self.seed}
-        if self.features:
-            out["features"] = list(self.features)
-            if self.feature_ids is not None:
-                out["feature_ids"] = self.feature_ids
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class FindEdgesArgs:
-    eids: np.ndarray
-
-    @classmethod
-    def decode(cls, args: Mapping[str, Any]) -> FindEdgesArgs:
-        return cls(_ids(args, Op.FIND_EDGES, "eids"))
-
-    def encode(self) -> dict[str, Any]:
-        return {"eids": self.eids}
-
-
-@dataclass(frozen=True, slots=True)
-class SparseUpdateArgs:
-    name: str
-    ids: np.ndarray
-    grads: np.ndarray
-    spec: dict[str, Any]
-
-    @classmethod
-    def decode(cls, args: Mapping[str, Any]) -> SparseUpdateArgs:
-        op = Op.SPARSE_UPDATE
-        return cls(
-            _get(args, op, "name", str),
-            _ids(args, op),
-            _get(args, op, "grads", np.ndarray),
-            _get(args, op, "spec", dict),
-        )
-
-    def encode(self) -> dict[str, Any]:
-        return {"name": self.name, "ids": self.ids, "grads": self.grads, "spec": self.spec}
-
-
-@dataclass(frozen=True, slots=True)
-class DegreesArgs:
-    """In-degrees of owned ``ids``, or this partition's out-edge counts of ``ids``; None: all."""
-
-    ids: np.ndarray | None
-    edge_dir: str
-
-    @classmethod
-    def decode(cls, args: Mapping[str, Any]) -> DegreesArgs:
-        op = Op.DEGREES
-        ids = _ids(args, op) if args.get("ids") is not None else None
-        return cls(ids, _edge_dir(args, op))
-
-    def encode(self) -> dict[str, Any]:
-        return {"ids": self.ids, "edge_dir": self.edge_dir}
-
-
-@dataclass(frozen=True, slots=True)
-class SampleEdgesArgs:
-    """Sampling with options: direction, edge weights (an edge tensor's name), excluded edge IDs."""
-
-    seeds: np.ndarray
-    fanout: int
-    edge_dir: str = "in"
-    replace: bool = False
-    seed: int | None = None
-    prob: str | None = None
-    exclude: np.ndarray | None = None
-    # Heterogeneous graphs: a fanout per edge type (index = the type's position in the book's
-    # canonical_etypes); each seed gets up to that many in-edges of each type.
-    etype_fanouts: np.ndarray | None = None
-
-    @classmethod
-    def decode(cls, args: Mapping[str, Any]) -> SampleEdgesArgs:
-        op = Op.SAMPLE_EDGES
-        base = SampleArgs.decode(args)
-        prob = args.get("prob")
-        if prob is not None and not isinstance(prob, str):
-            raise InvalidRequestError(f"{op}: prob must be an edge tensor name or nil")
-        exclude = _ids(args, op, "exclude") if args.get("exclude") is not None else None
-        fanouts = _ids(args, op, "etype_fanouts") if args.get("etype_fanouts") is not None else None
-        edge_dir = _edge_dir(args, op)
-        return cls(base.seeds, base.fanout, edge_dir, base.replace, base.seed, prob, exclude, fanouts)
-
-    def encode(self) -> dict[str, Any]:
-        return {
-            "seeds": self.seeds,
-            "fanout": self.fanout,
-            "edge_dir": self.edge_dir,
-            "replace": self.replace,
-            "seed": self.seed,
-            "prob": self.prob,
-            "exclude": self.exclude,
-            "etype_fanouts": self.etype_fanouts,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class SnapshotArgs:
-    """Write a snapshot of this server's state as ``epoch`` (every server gets the same one)."""
-
-    epoch: int
-
-    @classmethod
-    def decode(cls, args: Mapping[str, Any]) -> SnapshotArgs:
-        epoch = _get(args, Op.SNAPSHOT, "epoch", int)
-        if epoch < 1:
-            raise InvalidRequestError(f"snapshot: epoch must be positive, got {epoch}")
-        return cls(epoch)
-
-    def encode(self) -> dict[str, Any]:
-        return {"epoch": self.epoch}
+#: One declaration per op (a test checks every ``Op`` has one).
+OPS: dict[Op, OpSpec] = {spec.op: spec for spec in _TABLE}
+
+
+def _ops_where(flag: str) -> frozenset[Op]:
+    return frozenset(spec.op for spec in _TABLE if getattr(spec, flag))
+
+
+#: Ops that change stored state: logged, applied once per client request id.
+WRITE_OPS = _ops_where("writes")
+#: Ops a client may resend after reconnecting.
+RETRYABLE_OPS = _ops_where("retryable")
+#: Ops a replica server refuses.
+PRIMARY_ONLY_OPS = _ops_where("primary_only")
+#: Ops a co-located client runs itself over the server's shared memory.
+ATTACHED_OPS = _ops_where("attached")
+#: Ops that read the tensor catalog (a replica syncs it first).
+CATALOG_OPS = _ops_where("catalog")
+#: Ops that may run off the event loop when big.
+OFFLOADED_OPS = _ops_where("offload")

@@ -136,7 +136,8 @@ class GraphServer:
         )
         handlers = self.handlers
         if self.durable is not None:
-            base, replayed = self.durable.restore(self.store, handlers.replay)
+            partition = handlers.partition
+            base, replayed = self.durable.restore(self.store, handlers.replay, partition.load_references)
             log.info(
                 "state %s: restored snapshot epoch %d, replayed %d logged writes (WAL %s)",
                 self.durable.dir.path,

@@ -32,8 +32,8 @@ import os
 import shutil
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -155,13 +155,20 @@ class Captured:
     part_id: int
     copies: list[tuple[TensorMeta, np.ndarray]]
     request_ids: list[list[Any]]
+    #: Non-persistent tensors' reference counts: tensor -> holder -> count.
+    references: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-def capture(store: PartitionStore, requests: RequestLog) -> Captured:
-    """Copy every tensor's rows under the store's read lock (co-located writers wait)."""
+References = Callable[[], dict[str, dict[str, int]]]
+
+
+def capture(store: PartitionStore, requests: RequestLog, references: References | None = None) -> Captured:
+    """Copy every tensor's rows under the store's read lock (co-located writers wait), with the
+    request ids and the reference counts of the same instant."""
     with store.lock.read():
         copies = [(meta, np.array(store.local_rows(meta.name), copy=True)) for meta in store.list_tensors()]
-    return Captured(store.graph_name, store.part_id, copies, requests.items())
+    refs = references() if references is not None else {}
+    return Captured(store.graph_name, store.part_id, copies, requests.items(), refs)
 
 
 class StateDir:
@@ -199,13 +206,15 @@ class StateDir:
         return max([0, *self.snapshot_epochs(), *self.wal_epochs()])
 
     # --- writing -------------------------------------------------------------------------
-    def write_snapshot(self, store: PartitionStore, epoch: int, requests: RequestLog) -> Path:
+    def write_snapshot(
+        self, store: PartitionStore, epoch: int, requests: RequestLog, references: References | None = None
+    ) -> Path:
         """Write every tensor's rows atomically as ``snap-<epoch>``; returns its folder."""
         final = self.snapshot_path(epoch)
         if final.exists():
             read_snapshot(final)  # already taken (a retried SNAPSHOT): keep it if it verifies
             return final
-        return self.write_captured(capture(store, requests), epoch)
+        return self.write_captured(capture(store, requests, references), epoch)
 
     def write_captured(self, captured: Captured, epoch: int) -> Path:
         """Write captured rows as ``snap-<epoch>`` (temp folder, fsync, rename); no store access."""
@@ -238,6 +247,7 @@ class StateDir:
             "created": time.time(),
             "tensors": entries,
             "request_ids": captured.request_ids,
+            "references": captured.references,
         }
         with open(tmp / "manifest.json", "w") as fh:
             json.dump(manifest, fh)
@@ -333,9 +343,18 @@ class DurableState:
         self.epoch = 0
         self.wal: WriteAheadLog | None = None
         self._lock: asyncio.Lock | None = None
+        #: The reference counts of non-persistent tensors, read at each snapshot (set by the
+        #: server's handlers; ``None``: none are kept).
+        self.references: References | None = None
 
-    def restore(self, store: PartitionStore, apply: Any) -> tuple[int, int]:
-        """Load the newest verified snapshot, replay the logs after it with ``apply(op, args)``.
+    def restore(
+        self,
+        store: PartitionStore,
+        apply: Any,
+        load_references: Callable[[Mapping[str, Mapping[str, int]]], None] | None = None,
+    ) -> tuple[int, int]:
+        """Load the newest verified snapshot (rows, request ids, and reference counts given to
+        ``load_references``), then replay the logs after it with ``apply(op, args)``.
 
         Returns ``(snapshot epoch, records replayed)`` and opens the log for new writes.
         """
@@ -344,6 +363,8 @@ class DurableState:
         if snap is not None:
             restore_rows(store, snap)
             self.requests.load(snap.manifest.get("request_ids", []))
+            if load_references is not None:
+                load_references(snap.manifest.get("references", {}))
             base = snap.epoch
         replayed = 0
         for e in self.dir.wal_epochs():
@@ -391,7 +412,7 @@ class DurableState:
             if final.exists():
                 await asyncio.to_thread(read_snapshot, final)
                 return final
-            captured = capture(store, self.requests)
+            captured = capture(store, self.requests, self.references)
             self._next_log(epoch)
             path = await asyncio.to_thread(self.dir.write_captured, captured, epoch)
             self.dir.prune(epoch)
@@ -411,7 +432,7 @@ class DurableState:
         """Write snapshot ``epoch`` and start its log (the previous logs are pruned later)."""
         if epoch < self.epoch:
             raise SnapshotError(f"snapshot epoch {epoch} is older than this server's epoch {self.epoch}")
-        path = self.dir.write_snapshot(store, epoch, self.requests)
+        path = self.dir.write_snapshot(store, epoch, self.requests, self.references)
         self._next_log(epoch)
         self.dir.prune(epoch)
         return path

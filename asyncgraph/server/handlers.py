@@ -1,43 +1,42 @@
-"""Request handlers: decode a request's arguments and run the op on this server's partition.
+"""The server's executor of the op table: decode a request's arguments, run the op on this
+server's partition.
 
-Handlers see only Python values and numpy arrays (never bytes or sockets). Arguments are decoded
-by the op's record (``asyncgraph.protocol.ops``) and the op runs in ``PartitionService``, the same
-code a client runs for its local partitions, so a bad request raises a typed error and changes
-nothing, and served results equal standalone ones. Synchronous handlers run to completion on the
-event loop, which makes every request atomic with respect to every other request of this server;
-the store's lock extends that to co-located clients writing through shared memory.
+The dispatch is derived from :data:`asyncgraph.protocol.ops.OPS`: every write goes through
+:class:`~asyncgraph.server.writes.WritePath` (dedup, apply, log, acknowledge), every other op to
+the method named like it. Handlers see only Python values and numpy arrays (never bytes or
+sockets), and ops run in ``PartitionService``, the same code a client runs for its local
+partitions, so a bad request raises a typed error and changes nothing, and served results equal
+standalone ones. Synchronous handlers run to completion on the event loop, which makes every
+request atomic with respect to every other request of this server; the store's lock extends that
+to co-located clients writing through shared memory.
 
-Two kinds of request may be long and run in a worker thread instead, so other clients keep being
-served: filling a new tensor's initial values (over ``OFFLOAD_INIT_BYTES``; the tensor is
-published only once filled, and a second create of the same name waits for the first) and
-samples that can return more than ``OFFLOAD_SAMPLE_EDGES`` edges (they only read the immutable
-graph structure).
+Ops marked ``offload`` may run in a worker thread so other clients keep being served: filling a
+new tensor's initial values (over ``OFFLOAD_INIT_BYTES``; the tensor is published only once
+filled, and a second create of the same name waits for the first) and samples that can return
+more than ``OFFLOAD_SAMPLE_EDGES`` edges (they only read the immutable graph structure).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
-import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from asyncgraph.errors import BarrierTimeoutError, InvalidRequestError, StateLogError, UnknownOpError
+from asyncgraph.errors import InvalidRequestError, UnknownOpError
 from asyncgraph.kernels import compiled
-from asyncgraph.launch.processes import process_alive
-from asyncgraph.protocol.ops import (
+from asyncgraph.protocol.args import (
     AddReplicaArgs,
     BarrierArgs,
     CreateTensorArgs,
     DegreesArgs,
     DeleteTensorArgs,
     FindEdgesArgs,
-    Op,
     PullArgs,
     PushArgs,
     ReleaseTensorsArgs,
@@ -47,12 +46,14 @@ from asyncgraph.protocol.ops import (
     SparseUpdateArgs,
     request_id,
 )
-from asyncgraph.server.durable import DurableState, RequestLog
+from asyncgraph.protocol.ops import OPS, Op
+from asyncgraph.server.barriers import Barriers
+from asyncgraph.server.durable import DurableState
+from asyncgraph.server.replica_registry import ReplicaRegistry
+from asyncgraph.server.writes import WritePath
 from asyncgraph.service.limits import WorkLimits
 from asyncgraph.service.local import PartitionService
 from asyncgraph.storage.store import PartitionStore, PendingTensor, TensorMeta
-
-log = logging.getLogger("asyncgraph.server")
 
 if TYPE_CHECKING:
     from asyncgraph.server.metrics import ServerMetrics
@@ -66,45 +67,6 @@ OFFLOAD_SAMPLE_EDGES = 1 << 18
 fanout -1) runs in a worker thread."""
 
 __all__ = ["Barriers", "Handler", "RequestHandlers"]
-
-
-@dataclass
-class _Barrier:
-    generation: int = 0
-    arrived: int = 0
-    released: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-class Barriers:
-    """Named, reusable barriers released when ``num_clients`` clients have arrived."""
-
-    def __init__(self, num_clients: int) -> None:
-        self.num_clients = num_clients
-        self._barriers: dict[str, _Barrier] = {}
-
-    async def wait(self, name: str, timeout: float) -> int:
-        barrier = self._barriers.setdefault(name, _Barrier())
-        barrier.arrived += 1
-        generation = barrier.generation
-        if barrier.arrived >= self.num_clients:
-            self._release(name, barrier)
-            return generation
-        event = barrier.released
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            if not event.is_set():
-                arrived = barrier.arrived
-                barrier.arrived -= 1  # withdraw, so the next attempt counts correctly
-                raise BarrierTimeoutError(
-                    f"barrier {name!r} timed out after {timeout:g} s: "
-                    f"{arrived} of {self.num_clients} clients arrived"
-                ) from None
-        return generation
-
-    def _release(self, name: str, barrier: _Barrier) -> None:
-        barrier.released.set()
-        self._barriers[name] = _Barrier(generation=barrier.generation + 1)
 
 
 class RequestHandlers:
@@ -127,12 +89,8 @@ class RequestHandlers:
         self.max_frame_size = max_frame_size
         self.metrics = metrics
         self.durable = durable
-        self.requests = durable.requests if durable is not None else RequestLog()
         #: Changes at every start: clients compare it to learn that the server restarted.
         self.instance = uuid.uuid4().hex
-        self.writes = 0  # acknowledged writes since start (periodic snapshots skip idle periods)
-        #: Set when the write-ahead log failed: every later write is refused (``StateLogError``).
-        self.log_failure: str | None = None
         shm = (
             {"address": shm_address, "token": shm_token}
             if shm_address is not None and shm_token is not None
@@ -140,97 +98,47 @@ class RequestHandlers:
         )
         self.partition = PartitionService(store, num_clients=num_clients, shm=shm, limits=limits)
         self.barriers = Barriers(num_clients)
+        self.replicas = ReplicaRegistry()
         self._creating: dict[str, asyncio.Future[None]] = {}
         self.on_shutdown = on_shutdown
         self.started = time.time()
         self.requests_served = 0
-        self.ops: dict[str, Handler] = {
-            Op.INFO: self.info,
-            Op.PULL: self.pull,
-            Op.PUSH: self.push,
-            Op.CREATE_TENSOR: self.create_tensor,
-            Op.DELETE_TENSOR: self.delete_tensor,
-            Op.RELEASE_TENSORS: self.release_tensors,
-            Op.LIST_TENSORS: self.list_tensors,
-            Op.BARRIER: self.barrier,
-            Op.SAMPLE: self.sample,
-            Op.FIND_EDGES: self.find_edges,
-            Op.STATS: self.stats,
-            Op.PING: self.ping,
-            Op.SHUTDOWN: self.shutdown,
-            Op.SPARSE_UPDATE: self.sparse_update,
-            Op.DEGREES: self.degrees,
-            Op.SAMPLE_EDGES: self.sample_edges,
-            Op.SNAPSHOT: self.snapshot,
-            Op.ADD_REPLICA: self.add_replica,
-        }
-        #: Replica servers of this partition on this host: port -> pid (``add_replica``).
-        self.replicas: dict[int, int] = {}
-        # Writes without logging or request ids: what a request and a log replay both apply.
-        self._apply: dict[str, Handler] = {
-            Op.PUSH: self._push,
-            Op.CREATE_TENSOR: self._create_tensor,
-            Op.DELETE_TENSOR: self._delete_tensor,
-            Op.SPARSE_UPDATE: self._sparse_update,
-        }
+        self.write_path = WritePath(
+            {
+                Op.PUSH: self._apply_push,
+                Op.CREATE_TENSOR: self._apply_create_tensor,
+                Op.DELETE_TENSOR: self._apply_delete_tensor,
+                Op.RELEASE_TENSORS: self._apply_release_tensors,
+                Op.SPARSE_UPDATE: self._apply_sparse_update,
+            },
+            durable,
+        )
+        if durable is not None:
+            durable.references = self.partition.references
+        #: The dispatch, derived from the op table: writes through the write path, unless the op
+        #: has a handler of its own (create: it may fill off the loop first).
+        self.ops: dict[str, Handler] = {}
+        for spec in OPS.values():
+            own = getattr(self, spec.op.value, None)
+            if spec.writes and own is None:
+                self.ops[spec.op] = functools.partial(self.write_path.submit, spec.op)
+            else:
+                assert own is not None, f"no handler for {spec.op}"
+                self.ops[spec.op] = own
 
     def replay(self, op: str, args: Mapping[str, Any]) -> None:
         """Apply one logged write again (at start-up, after the snapshot)."""
-        self._apply[op](args)
+        self.write_path.replay(op, args)
 
-    def _write(self, op: str, args: Mapping[str, Any]) -> Any:
-        """Apply a write once per request id, log it, then let the reply go out."""
-        rid = request_id(args, op)
-        if rid is not None and rid in self.requests and op != Op.CREATE_TENSOR:
-            return None  # applied before; the client retried after losing our reply
-        self.check_log_healthy(op)
-        result = self._apply[op](args)
-        durable = self._logged(op, args, rid)
-        if durable is not None:
-            return self._when_durable(op, durable, result)
-        return result
+    @property
+    def writes(self) -> int:
+        """Acknowledged writes since start."""
+        return self.write_path.writes
 
-    def _logged(self, op: str, args: Mapping[str, Any], rid: str | None = None) -> Awaitable[None] | None:
-        """Count an applied write, log it (WAL) and remember its request id.
-
-        Returns what to await before acknowledging (the shared fsync of ``--wal-fsync always``).
-        """
-        rid = rid if rid is not None else request_id(args, op)
-        self.writes += 1
-        durable = None
-        if self.durable is not None:
-            try:
-                durable = self.durable.log(op, args, rid)
-            except OSError as exc:
-                raise self._log_failed(op, exc) from None
-        if rid is not None:
-            self.requests.add(rid)
-        return durable
-
-    def _log_failed(self, op: str, exc: OSError) -> StateLogError:
-        self.log_failure = f"{op} could not be logged: {exc}"
-        log.critical("write-ahead log failed (%s); refusing writes until restarted", exc)
-        return StateLogError(
-            f"{self.log_failure}; it may be applied in memory but is not durable, and this "
-            "server refuses writes until it is restarted from its state"
-        )
-
-    async def _when_durable(self, op: str, durable: Awaitable[None], result: Any) -> Any:
-        """``result`` once the write's log record is on disk."""
-        try:
-            await durable
-        except OSError as exc:
-            raise self._log_failed(op, exc) from None
-        return result
-
-    def check_log_healthy(self, op: str) -> None:
-        """``StateLogError`` once the write-ahead log has failed: memory is ahead of the log, so a
-        later write (or a retry of the failed one) must not be applied and acknowledged."""
-        if self.log_failure is not None:
-            raise StateLogError(
-                f"{op} refused: this server's write-ahead log failed earlier ({self.log_failure}); "
-                "restart it from its state"
-            )
+    @property
+    def log_failure(self) -> str | None:
+        """Why the write-ahead log stopped taking writes, or None."""
+        return self.write_path.log_failure
 
     @property
     def epoch(self) -> int:
@@ -253,7 +161,7 @@ class RequestHandlers:
         if self.max_frame_size is not None:
             info["max_frame_size"] = self.max_frame_size  # clients split calls to fit
         info["role"] = "primary"
-        info["replicas"] = self.live_replicas()
+        info["replicas"] = self.replicas.live()
         info["sampler"] = compiled.state()
         return info
 
@@ -264,16 +172,11 @@ class RequestHandlers:
             raise InvalidRequestError(
                 "add_replica: this server runs without shared memory, so no replica can map its data"
             )
-        self.replicas[a.port] = a.pid
-        log.info("replica server pid %d on port %d", a.pid, a.port)
-        return self.live_replicas()
+        return self.replicas.add(a.port, a.pid)
 
     def live_replicas(self) -> list[int]:
-        """Ports of announced replicas whose process still runs (dead ones are forgotten)."""
-        for port, pid in list(self.replicas.items()):
-            if not process_alive(pid):
-                del self.replicas[port]
-        return sorted(self.replicas)
+        """Ports of announced replicas whose process still runs."""
+        return self.replicas.live()
 
     def list_tensors(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         return [meta.to_dict() for meta in self.partition.list_tensors()]
@@ -302,11 +205,7 @@ class RequestHandlers:
             self.metrics.rows_out += len(rows)
         return rows
 
-    def push(self, args: Mapping[str, Any]) -> Any:
-        return self._write(Op.PUSH, args)  # the shared fsync to await under --wal-fsync always
-
-    def _push(self, args: Mapping[str, Any]) -> None:
-        a = PushArgs.decode(args)
+    def _apply_push(self, a: PushArgs, retried: bool) -> None:
         self.partition.push(a.name, a.ids, a.values, a.op)
         if self.metrics is not None:
             self.metrics.rows_in += len(a.ids)
@@ -314,22 +213,28 @@ class RequestHandlers:
     def create_tensor(self, args: Mapping[str, Any]) -> dict[str, Any] | Awaitable[dict[str, Any]]:
         """Create (or get) a tensor; an init over ``OFFLOAD_INIT_BYTES`` is filled off the loop."""
         a = CreateTensorArgs.decode(args)
-        self.check_log_healthy(Op.CREATE_TENSOR)
+        self.write_path.check_healthy(Op.CREATE_TENSOR)
         if a.name in self._creating:
-            return self._create_after(args)
+            return self._create_after(args, a)
+        rid = request_id(args, Op.CREATE_TENSOR)
+        if rid is not None and rid in self.write_path.requests:  # a retry: get, no new reference
+            created: dict[str, Any] | Awaitable[dict[str, Any]] = self.write_path.submit(
+                Op.CREATE_TENSOR, args, a
+            )
+            return created
         pending = self.partition.begin_create(a.name, a.policy, a.shape, a.dtype, a.init)
         if isinstance(pending, TensorMeta) or not pending.needs_fill or pending.nbytes <= OFFLOAD_INIT_BYTES:
             if not isinstance(pending, TensorMeta):
                 pending.discard()  # small or lazy (zeros): created inline by the one write path
-            created: dict[str, Any] | Awaitable[dict[str, Any]] = self._write(Op.CREATE_TENSOR, args)
+            created = self.write_path.submit(Op.CREATE_TENSOR, args, a)
             return created  # the dict, or once the shared fsync is done under --wal-fsync always
         done = asyncio.get_running_loop().create_future()
         self._creating[a.name] = done
         return self._fill_off_loop(args, a, pending, done)
 
-    def _create_tensor(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        a = CreateTensorArgs.decode(args)
-        meta, created = self.partition.create_tensor(a.name, a.policy, a.shape, a.dtype, a.init, a.holder)
+    def _apply_create_tensor(self, a: CreateTensorArgs, retried: bool) -> dict[str, Any]:
+        holder = None if retried else a.holder
+        meta, created = self.partition.create_tensor(a.name, a.policy, a.shape, a.dtype, a.init, holder)
         return {**meta.to_dict(), "created": created}
 
     async def _fill_off_loop(
@@ -347,10 +252,10 @@ class RequestHandlers:
             raise
         try:
             meta, created = self.partition.finish_create(pending, a.holder)  # discards itself on error
-            durable = self._logged(Op.CREATE_TENSOR, args)
+            durable = self.write_path.logged(Op.CREATE_TENSOR, args)
             result = {**meta.to_dict(), "created": created}
             if durable is not None:
-                await self._when_durable(Op.CREATE_TENSOR, durable, None)
+                await self.write_path.when_durable(Op.CREATE_TENSOR, durable, None)
             return result
         finally:
             self._end_create(a.name, done)
@@ -365,24 +270,19 @@ class RequestHandlers:
         if not done.done():
             done.set_result(None)
 
-    async def _create_after(self, args: Mapping[str, Any]) -> dict[str, Any]:
+    async def _create_after(self, args: Mapping[str, Any], a: CreateTensorArgs) -> dict[str, Any]:
         """The same name is being created: wait for that, then create (usually: get) it."""
-        name = CreateTensorArgs.decode(args).name
-        while name in self._creating:
-            await asyncio.shield(self._creating[name])
+        while a.name in self._creating:
+            await asyncio.shield(self._creating[a.name])
         result = self.create_tensor(args)
         if inspect.isawaitable(result):
             return await result
         return result
 
-    def delete_tensor(self, args: Mapping[str, Any]) -> Any:
-        return self._write(Op.DELETE_TENSOR, args)
+    def _apply_delete_tensor(self, a: DeleteTensorArgs, retried: bool) -> None:
+        self.partition.delete_tensor(a.name)
 
-    def _delete_tensor(self, args: Mapping[str, Any]) -> None:
-        self.partition.delete_tensor(DeleteTensorArgs.decode(args).name)
-
-    def release_tensors(self, args: Mapping[str, Any]) -> list[str]:
-        a = ReleaseTensorsArgs.decode(args)
+    def _apply_release_tensors(self, a: ReleaseTensorsArgs, retried: bool) -> list[str]:
         return self.partition.release_tensors(a.holder, a.names, a.all)
 
     def snapshot(self, args: Mapping[str, Any]) -> Awaitable[dict[str, Any]]:
@@ -454,12 +354,8 @@ class RequestHandlers:
         return self.partition.sample_edges(SampleEdgesArgs.decode(args))
 
     # --- sparse optimizers --------------------------------------------------------------
-    def sparse_update(self, args: Mapping[str, Any]) -> Any:
+    def _apply_sparse_update(self, a: SparseUpdateArgs, retried: bool) -> None:
         """One Adagrad/Adam step on owned rows, applied here under the store's write lock."""
-        return self._write(Op.SPARSE_UPDATE, args)
-
-    def _sparse_update(self, args: Mapping[str, Any]) -> None:
-        a = SparseUpdateArgs.decode(args)
         self.partition.sparse_update(a.name, a.ids, a.grads, a.spec)
         if self.metrics is not None:
             self.metrics.rows_in += len(a.ids)

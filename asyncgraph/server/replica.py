@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from asyncgraph.errors import InvalidRequestError
-from asyncgraph.protocol.ops import Op
+from asyncgraph.protocol.ops import CATALOG_OPS, PRIMARY_ONLY_OPS, WRITE_OPS
 from asyncgraph.server.handlers import Handler, RequestHandlers
 from asyncgraph.service.limits import WorkLimits
 from asyncgraph.storage.store import PartitionStore
@@ -33,33 +33,7 @@ from asyncgraph.storage.store import PartitionStore
 if TYPE_CHECKING:
     from asyncgraph.server.metrics import ServerMetrics
 
-__all__ = ["PRIMARY_ONLY_OPS", "ReplicaHandlers"]
-
-#: Ops a replica refuses: they change the catalog or need one place per partition.
-PRIMARY_ONLY_OPS = frozenset(
-    {
-        Op.CREATE_TENSOR,
-        Op.DELETE_TENSOR,
-        Op.RELEASE_TENSORS,
-        Op.BARRIER,
-        Op.SNAPSHOT,
-        Op.SPARSE_UPDATE,
-        Op.ADD_REPLICA,
-    }
-)
-
-#: Ops that read the catalog: run after the replica's mapping caught up with the primary's.
-_CATALOG_OPS = (
-    Op.PULL,
-    Op.PUSH,
-    Op.SAMPLE,
-    Op.FIND_EDGES,
-    Op.DEGREES,
-    Op.SAMPLE_EDGES,
-    Op.LIST_TENSORS,
-    Op.INFO,
-)
-
+__all__ = ["ReplicaHandlers"]
 
 class ReplicaHandlers(RequestHandlers):
     """The ops a replica answers over an attached store of its primary's memory.
@@ -95,10 +69,10 @@ class ReplicaHandlers(RequestHandlers):
         self.writes_via_primary = bool(primary_info.get("durable", False))
         self._fetch_catalog = fetch_catalog
         self._syncing: asyncio.Future[None] | None = None
-        refused = set(PRIMARY_ONLY_OPS)
-        if self.writes_via_primary:
-            refused.add(Op.PUSH)
-        for op in _CATALOG_OPS:
+        # From the op table: what needs one place per partition, and (when the primary logs)
+        # every write, so that each one is logged there.
+        refused = PRIMARY_ONLY_OPS | (WRITE_OPS if self.writes_via_primary else frozenset())
+        for op in CATALOG_OPS - refused:
             self.ops[op] = self._synced(self.ops[op])
         for op in refused:
             self.ops[op] = self._refuse(op)
@@ -113,7 +87,9 @@ class ReplicaHandlers(RequestHandlers):
 
     def _refuse(self, op: str) -> Handler:
         reason = (
-            "the primary logs every write" if op == Op.PUSH else "it changes what the whole partition shares"
+            "it changes what the whole partition shares"
+            if op in PRIMARY_ONLY_OPS
+            else "the primary logs every write"
         )
 
         def refuse(args: Mapping[str, Any]) -> Any:

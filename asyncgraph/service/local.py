@@ -19,7 +19,7 @@ from asyncgraph.kernels.partition_sampling import sample_partition
 from asyncgraph.kernels.sparse_optim import apply_sparse_update
 from asyncgraph.names import ETYPE, TYPE_EID, tensor_key
 from asyncgraph.protocol.messages import PROTOCOL_VERSION
-from asyncgraph.protocol.ops import Op, SampleEdgesArgs
+from asyncgraph.protocol.ops import ATTACHED_OPS, Op, SampleEdgesArgs
 from asyncgraph.service.base import Partition, SampledRows
 from asyncgraph.service.limits import WorkLimits, sample_bound
 from asyncgraph.storage.store import PartitionStore, PendingTensor, Policy, TensorMeta
@@ -27,7 +27,6 @@ from asyncgraph.storage.store import PartitionStore, PendingTensor, Policy, Tens
 __all__ = ["LocalPartition", "PartitionService", "boot_id"]
 
 # What an attached (co-located) partition does through shared memory; the rest goes to its server.
-_ATTACHED_OPS = frozenset({Op.PULL, Op.PUSH, Op.SAMPLE, Op.FIND_EDGES, Op.DEGREES, Op.SAMPLE_EDGES})
 
 
 def boot_id() -> str:
@@ -162,6 +161,20 @@ class PartitionService:
     def delete_tensor(self, name: str) -> None:
         self.store.delete_tensor(name)
         self._refs.pop(name, None)
+
+    def references(self) -> dict[str, dict[str, int]]:
+        """A copy of the reference counts of non-persistent tensors: tensor -> holder -> count
+        (what a snapshot keeps, so that restored tensors are still freed by their holders)."""
+        return {name: dict(held) for name, held in self._refs.items()}
+
+    def load_references(self, refs: Mapping[str, Mapping[str, int]]) -> None:
+        """Replace the reference counts with ``refs`` (from a snapshot), for tensors that exist."""
+        self._refs = {
+            str(name): {str(h): int(c) for h, c in held.items() if int(c) > 0}
+            for name, held in refs.items()
+            if self.store.has_tensor(str(name))
+        }
+        self._refs = {name: held for name, held in self._refs.items() if held}
 
     def release_tensors(self, holder: str, names: list[str], every: bool = False) -> list[str]:
         """Drop ``holder``'s references (one per name, or all); returns the tensors deleted."""
@@ -312,7 +325,7 @@ class LocalPartition:
     def runs_here(self, op: Op) -> bool:
         if op == Op.PUSH and self.writes_via_server:
             return False
-        return self.server is None or op in _ATTACHED_OPS
+        return self.server is None or op in ATTACHED_OPS
 
     def _check_alive(self) -> None:
         server = self.server
