@@ -37,6 +37,7 @@ from asyncgraph.errors import (
 )
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.storage import (
+    AttachedStore,
     FdExporter,
     LocalRWLock,
     PartitionStore,
@@ -44,6 +45,7 @@ from asyncgraph.storage import (
     SharedRWLock,
     TensorMeta,
     attach_store,
+    export,
     fetch_tensors,
 )
 
@@ -229,8 +231,8 @@ def test_zero_size_partition_store() -> None:
     store.push("node:emb", np.empty(0, np.int64), np.empty((0, 2), np.float32), op="add")
     with pytest.raises(OutOfRangeError, match=r"owns \[5, 5\)"):
         store.pull("node:feat", np.array([5]))
-    desc, fds = store.export()
-    client = PartitionStore.attach(desc, [os.dup(fd) for fd in fds])
+    desc, fds = export(store, None, structure=True)
+    client = AttachedStore.attach(desc, [os.dup(fd) for fd in fds])
     assert client.pull("node:emb", np.empty(0, np.int32)).shape == (0, 2)
     client.close()
     store.close()
@@ -244,7 +246,7 @@ def test_nothing_appears_in_dev_shm(exported: ExporterThread) -> None:
     after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     assert after == before
     # the memory is visible only as anonymous memfds
-    target = os.readlink(f"/proc/self/fd/{store.export_fds()[1]}")
+    target = os.readlink(f"/proc/self/fd/{export(store, None, structure=True)[1][1]}")
     assert target.startswith("/memfd:asyncgraph.devshm.p1.indptr")
     client.close()
     store.close()
@@ -873,7 +875,7 @@ def test_close_leaves_no_fds_open() -> None:
     assert fd_count() == before
     local = make_store(shared=False)
     with pytest.raises(InvalidRequestError, match="shared=False"):
-        local.export()
+        export(local, None, structure=True)
     with pytest.raises(InvalidRequestError, match="shared=True"):
         FdExporter(local, label="x")
     local.close()

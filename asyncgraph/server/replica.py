@@ -28,7 +28,7 @@ from asyncgraph.errors import InvalidRequestError
 from asyncgraph.protocol.ops import CATALOG_OPS, PRIMARY_ONLY_OPS, WRITE_OPS
 from asyncgraph.server.handlers import Handler, RequestHandlers
 from asyncgraph.service.limits import WorkLimits
-from asyncgraph.storage.store import PartitionStore
+from asyncgraph.storage.attached import AttachedStore
 
 if TYPE_CHECKING:
     from asyncgraph.server.metrics import ServerMetrics
@@ -45,7 +45,7 @@ class ReplicaHandlers(RequestHandlers):
 
     def __init__(
         self,
-        store: PartitionStore,
+        store: AttachedStore,
         *,
         primary: str,
         primary_info: Mapping[str, Any],
@@ -63,6 +63,7 @@ class ReplicaHandlers(RequestHandlers):
             max_frame_size=max_frame_size,
             metrics=metrics,
         )
+        self.store: AttachedStore = store
         self.primary = primary
         self.primary_instance = str(primary_info.get("instance", ""))
         #: The primary logs writes (WAL): pushes must reach it, not this replica.

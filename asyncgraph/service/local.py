@@ -22,6 +22,7 @@ from asyncgraph.protocol.messages import PROTOCOL_VERSION
 from asyncgraph.protocol.ops import ATTACHED_OPS, Op, SampleEdgesArgs
 from asyncgraph.service.base import Partition, SampledRows
 from asyncgraph.service.limits import WorkLimits, sample_bound
+from asyncgraph.storage.attached import AttachedStore
 from asyncgraph.storage.store import PartitionStore, PendingTensor, Policy, TensorMeta
 
 __all__ = ["LocalPartition", "PartitionService", "boot_id"]
@@ -342,7 +343,7 @@ class LocalPartition:
         conn = getattr(server, "conn", None)
         if server is None or conn is None:
             return
-        if self.service.store.catalog_stale and self.shm is not None and not conn.closed:
+        if self.attached_store.catalog_stale and self.shm is not None and not conn.closed:
             await self._refresh_catalog(self.shm)
         if conn.closed:
             if conn.reconnect_window <= 0:
@@ -371,6 +372,13 @@ class LocalPartition:
         old.close()
 
     @property
+    def attached_store(self) -> AttachedStore:
+        """The store mapped from the co-located server's memory (only when ``server`` is given)."""
+        store = self.service.store
+        assert isinstance(store, AttachedStore), "a standalone partition has no attached store"
+        return store
+
+    @property
     def writes_via_server(self) -> bool:
         """True when the server logs writes (WAL): pushes must go through it, not shared memory."""
         return self.server is not None and bool(self.shm and self.shm.get("writes_via_server"))
@@ -381,14 +389,14 @@ class LocalPartition:
 
         # fds fetched off the loop; the store changed on it, as a replica server does
         descriptor, fds = await asyncio.to_thread(fetch_catalog, shm["address"], shm["token"], 10.0)
-        self.service.store.sync_catalog(descriptor, fds)
+        self.attached_store.sync_catalog(descriptor, fds)
 
     async def _map(self, shm: Mapping[str, Any], name: str) -> None:
         """Map tensor ``name``, created on the server after this store was attached."""
         from asyncgraph.storage.fdpass import fetch_tensors
 
         descriptor, fds = await asyncio.to_thread(fetch_tensors, shm["address"], shm["token"], [name], 10.0)
-        self.service.store.add_attached(descriptor, fds)
+        self.attached_store.add_attached(descriptor, fds)
 
     async def pull(self, name: str, ids: np.ndarray, row_bytes: int = 0) -> np.ndarray:
         await self._current()
@@ -473,7 +481,7 @@ class LocalPartition:
             return self.service.release_tensors(holder, names, every)
         deleted = await self.server.release_tensors(holder, names, every)
         for name in deleted:
-            self.service.store.forget_tensor(name)
+            self.attached_store.forget_tensor(name)
         return deleted
 
     async def delete_tensor(self, name: str) -> None:
@@ -481,7 +489,7 @@ class LocalPartition:
             self.service.delete_tensor(name)
             return
         await self.server.delete_tensor(name)
-        self.service.store.forget_tensor(name)
+        self.attached_store.forget_tensor(name)
 
     async def list_tensors(self) -> list[TensorMeta]:
         if self.server is not None:

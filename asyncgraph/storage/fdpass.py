@@ -3,7 +3,7 @@
 The server runs an ``FdExporter`` next to its TCP listener and gives its ``address`` and
 ``token`` only to clients that authenticated over TCP. A client on the same host calls
 ``attach_store(address, token)``: it connects, presents the token, and receives the store's
-descriptor and fds (SCM_RIGHTS), then maps them with ``PartitionStore.attach``.
+descriptor and fds (SCM_RIGHTS), then maps them with ``AttachedStore.attach``.
 
 The Unix socket speaks the TCP protocol's framing and messages (``asyncgraph.protocol``):
 
@@ -42,6 +42,8 @@ from asyncgraph.errors import (
     error_from_code,
 )
 from asyncgraph.protocol import ErrorResponse, FrameReader, Request, Response, decode_message, encode_message
+from asyncgraph.storage.attached import AttachedStore
+from asyncgraph.storage.sharing import export
 from asyncgraph.storage.store import PartitionStore
 
 __all__ = ["FD_BATCH", "FdExporter", "attach_store", "fetch_catalog", "fetch_tensors"]
@@ -180,7 +182,7 @@ class FdExporter:
         names = args.get("names")
         if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
             raise InvalidRequestError("names must be a list of tensor names or None")
-        desc, fds = self._store.export(names, structure=bool(args.get("structure", True)))
+        desc, fds = export(self._store, names, structure=bool(args.get("structure", True)))
         dups: list[int] = []
         try:
             for fd in fds:
@@ -327,14 +329,14 @@ def _request(
 
 def attach_store(
     address: str, token: bytes, *, names: Sequence[str] | None = None, timeout: float = 5.0
-) -> PartitionStore:
+) -> AttachedStore:
     """Blocking: map a co-located server's store (tensors ``names``, or all) into this process.
 
     ``address`` is ``FdExporter.address`` (``"@..."``; a leading NUL works too). Wrong token:
     AuthenticationError; no server or no answer within ``timeout``: ServerUnavailableError.
     """
     desc, fds = _request(address, token, names, structure=True, timeout=timeout)
-    return PartitionStore.attach(desc, fds)
+    return AttachedStore.attach(desc, fds)
 
 
 def fetch_tensors(

@@ -27,9 +27,8 @@ from asyncgraph.errors import (
     UnknownTensorError,
 )
 from asyncgraph.partition.book import RangePartitionBook
-from asyncgraph.storage import sharing
 from asyncgraph.storage.accumulate import scatter_add as _scatter_add
-from asyncgraph.storage.init import InitSpec, validate_init
+from asyncgraph.storage.initializers import InitSpec, validate_init
 from asyncgraph.storage.memfd import SharedArray
 from asyncgraph.storage.meta import Policy, TensorMeta, check_policy
 from asyncgraph.storage.rwlock import LocalRWLock, RWLock, SharedRWLock
@@ -40,7 +39,8 @@ if TYPE_CHECKING:
 
 __all__ = ["InitSpec", "PartitionStore", "PendingTensor", "Policy", "TensorMeta", "validate_init"]
 
-_STRUCTURE = ("indptr", "indices", "eids")
+#: The structure arrays every store holds, in this order.
+STRUCTURE_KEYS = ("indptr", "indices", "eids")
 
 
 class _Access:
@@ -95,7 +95,7 @@ class PartitionStore:
         self.node_range = book.node_range(part_id)
         self.edge_range = book.edge_range(part_id)
         self._structure = dict(structure)
-        self.indptr, self.indices, self.eids = (self._plain(self._structure[k]) for k in _STRUCTURE)
+        self.indptr, self.indices, self.eids = (self._plain(self._structure[k]) for k in STRUCTURE_KEYS)
         self._lock = lock
         # our own locks are entered without a context manager on the pull path (one call less)
         self._read_pair = (lock.acquire_read, lock.release_read) if isinstance(lock, LocalRWLock) else None
@@ -104,8 +104,6 @@ class PartitionStore:
         self._attached = attached
         self._tensors: dict[str, StoredTensor] = {}
         self._closed = False
-        #: An attached store's catalog generation when its tensors were last synced.
-        self.seen_generation = 0
 
     @staticmethod
     def _plain(a: SharedArray | np.ndarray) -> np.ndarray:
@@ -449,44 +447,38 @@ class PartitionStore:
     def attached(self) -> bool:
         return self._attached
 
-    # --- sharing with co-located processes (details in asyncgraph.storage.sharing) --------
-    def export_descriptor(
-        self, names: Sequence[str] | None = None, *, structure: bool = True
-    ) -> dict[str, Any]:
-        """msgpack-able description of the lock, structure (if asked) and tensors ``names`` (or all)."""
-        return sharing.export(self, names, structure=structure)[0]
-
-    def export_fds(self, names: Sequence[str] | None = None, *, structure: bool = True) -> list[int]:
-        """The fds in the order ``export_descriptor`` (same arguments) lists them (the store keeps them)."""
-        return sharing.export(self, names, structure=structure)[1]
-
-    def export(
-        self, names: Sequence[str] | None = None, *, structure: bool = True
-    ) -> tuple[dict[str, Any], list[int]]:
-        """``(export_descriptor(...), export_fds(...))`` taken together, consistent with each other."""
-        return sharing.export(self, names, structure=structure)
-
-    @classmethod
-    def attach(cls, descriptor: Mapping[str, Any], fds: Sequence[int]) -> PartitionStore:
-        """Map a server's store in this process (same memory and lock); takes every fd, also on error."""
-        return sharing.attach(cls, descriptor, fds, _STRUCTURE)
-
-    def add_attached(self, descriptor: Mapping[str, Any], fds: Sequence[int]) -> list[TensorMeta]:
-        """Map tensors described by a server export (e.g. from ``fetch_tensors``); takes the fds."""
-        return sharing.add_attached(self, descriptor, fds)
+    # --- what sharing needs (asyncgraph.storage.sharing exports; AttachedStore maps) -----
+    def check_open(self) -> None:
+        """``InvalidRequestError`` once the store is closed."""
+        self._check_open()
 
     @property
-    def catalog_stale(self) -> bool:
-        """An attached store whose owner created or deleted tensors since the last sync."""
-        return self._attached and self.catalog_generation != self.seen_generation
+    def structure_arrays(self) -> Mapping[str, SharedArray | np.ndarray]:
+        """``indptr``, ``indices``, ``eids`` as stored (memfds in a shared store)."""
+        return self._structure
 
-    def sync_catalog(self, descriptor: Mapping[str, Any], fds: Sequence[int]) -> None:
-        """Take the tensors of a full export (``fetch_catalog``) as this attached store's; takes the fds."""
-        sharing.sync_catalog(self, descriptor, fds)
+    def stored(self, name: str) -> StoredTensor:
+        """Tensor ``name`` as stored (its meta and this partition's rows)."""
+        return self._get(name)
 
-    def forget_tensor(self, name: str) -> None:
-        """Unmap a tensor in an attached store (e.g. after the server deleted it); no-op if unknown."""
-        sharing.forget_tensor(self, name)
+    def tensor_names(self) -> list[str]:
+        """Every tensor's stored key, in creation order."""
+        return list(self._tensors)
+
+    def owned_range(self, policy: Policy) -> tuple[int, int]:
+        """The global IDs whose rows this partition holds for tensors of ``policy``."""
+        return self._owned(policy)
+
+    def map_rows(self, meta: TensorMeta, data: SharedArray | np.ndarray) -> None:
+        """Make ``data`` (this partition's rows, e.g. mapped from an owner's memfd) tensor
+        ``meta.name``, replacing a tensor of that name."""
+        if meta.name in self._tensors:
+            self._drop(meta.name)
+        self._register(meta, data)
+
+    def unmap(self, name: str) -> None:
+        """Forget tensor ``name`` here (in-flight pulls keep their view until they finish)."""
+        self._drop(name)
 
     def close(self) -> None:
         """Release every mapping and fd this store holds; idempotent.

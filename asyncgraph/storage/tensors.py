@@ -12,7 +12,7 @@ import numpy as np
 
 from asyncgraph.arrays import WIRE_DTYPE_KINDS
 from asyncgraph.errors import DTypeMismatchError
-from asyncgraph.storage.init import fill_init
+from asyncgraph.storage.initializers import fill_init
 from asyncgraph.storage.memfd import SharedArray
 from asyncgraph.storage.meta import TensorMeta
 
