@@ -278,11 +278,10 @@ class DistDataLoader(PrefetchingLoader[Any]):
         overlap: bool = True,
     ) -> None:
         if loop is None:
-            from asyncgraph.distributed.context import _STATE
+            from asyncgraph.distributed.context import current_client
 
-            loop = (
-                _STATE.client.loop if _STATE.client is not None else EventLoopThread("asyncgraph-dataloader")
-            )
+            client = current_client()
+            loop = client.loop if client is not None else EventLoopThread("asyncgraph-dataloader")
         super().__init__(loop, len(dataset), batch_size, shuffle, drop_last, prefetch, seed, device, overlap)
         self.dataset = dataset
         self.collate_fn = collate_fn

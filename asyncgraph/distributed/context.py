@@ -22,6 +22,7 @@ from asyncgraph.env import (
     ENV_PART_CONFIG,
     ENV_SECRET_FILE,
     ENV_SERVERS,
+    process_rank,
 )
 from asyncgraph.errors import AsyncGraphError, InvalidRequestError
 
@@ -221,3 +222,26 @@ def finalize() -> None:
     client, _STATE.client = _STATE.client, None
     if client is not None:
         client.close()
+
+
+def current_client() -> Client | None:
+    """The client ``initialize`` (or a first ``DistGraph``) made, or None before / after."""
+    return _STATE.client
+
+
+def rank_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """Fill ``rank``/``world_size`` from torch.distributed, else the launcher's environment
+    (torchrun's RANK/WORLD_SIZE, srun's SLURM_PROCID/SLURM_NTASKS; ``env.process_rank``), else 0/1."""
+    if rank is None or world_size is None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            env_rank, env_world = dist.get_rank(), dist.get_world_size()
+        else:
+            found = process_rank()
+            env_rank, env_world = found.rank, found.world_size
+        rank = env_rank if rank is None else rank
+        world_size = env_world if world_size is None else world_size
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise InvalidRequestError(f"need 0 <= rank < world_size, got rank {rank}, world_size {world_size}")
+    return int(rank), int(world_size)

@@ -94,7 +94,7 @@ class DistEmbedding:
 
     @property
     def client(self) -> Client:
-        return self._tensor._client
+        return self._tensor.client
 
     @property
     def policy(self) -> str:
@@ -137,19 +137,19 @@ class DistEmbedding:
     def state_dict(self, orig_ids: Any = None) -> dict[str, torch.Tensor]:
         """``{"weight": every row}``, pulled in bounded chunks; with ``orig_ids`` (new -> original
         IDs, from ``partition_graph(..., return_mapping=True)``) row ``i`` is original ID ``i``."""
-        return {"weight": torch.from_numpy(read_rows(self.client, self._tensor._meta, orig_ids))}
+        return {"weight": torch.from_numpy(read_rows(self.client, self._tensor.meta, orig_ids))}
 
     def load_state_dict(self, state: Mapping[str, Any], orig_ids: Any = None) -> None:
         """Write ``state["weight"]`` (as ``state_dict`` gives it) into the table, in chunks."""
         if "weight" not in state:
             raise InvalidRequestError(f"{self!r}: state has no 'weight' (keys: {sorted(state)})")
-        write_rows(self.client, self._tensor._meta, to_numpy(state["weight"]), orig_ids)
+        write_rows(self.client, self._tensor.meta, to_numpy(state["weight"]), orig_ids)
 
     def save(self, path: str | Path, orig_ids: Any = None) -> None:
         """Write every row to ``path/weight.npy`` (+ ``checkpoint.json``), chunk by chunk."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        save_rows(self.client, self._tensor._meta, path / "weight.npy", orig_ids)
+        save_rows(self.client, self._tensor.meta, path / "weight.npy", orig_ids)
         info = {"kind": "embedding", "name": self.name, "shape": list(self.shape), "policy": self.policy}
         write_meta(path, {**info, "orig_ids": orig_ids is not None})
 
@@ -161,4 +161,4 @@ class DistEmbedding:
             raise InvalidRequestError(
                 f"{path} holds a table of shape {info['shape']}, {self!r} is {self.shape}"
             )
-        load_rows(self.client, self._tensor._meta, path / "weight.npy", orig_ids)
+        load_rows(self.client, self._tensor.meta, path / "weight.npy", orig_ids)

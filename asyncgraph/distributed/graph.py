@@ -16,10 +16,9 @@ from asyncgraph.names import is_state_key, tensor_prefix
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.storage.store import PartitionStore
 
-from .context import get_client
+from .context import get_client, rank_world
 from .hetero import EdgeTypes, HeteroSample, NodeTypes, sample_etype_neighbors
 from .queries import ALL, EdgePartitionPolicy, NodePartitionPolicy, SampledSubgraph, relabel
-from .split import _rank_world
 from .tensor import DistTensor
 
 
@@ -93,8 +92,8 @@ class DistGraph:
         self.graph_name = graph_name
         self.ndata = TensorView(self._client, "node")
         self.edata = TensorView(self._client, "edge")
-        self.nodes = NodeTypes(self)
-        self.edges_by_type = EdgeTypes(self)
+        self.nodes = NodeTypes(self.ndata, self._client.book)
+        self.edges_by_type = EdgeTypes(self.edata, self._client.book)
 
     @property
     def client(self) -> Client:
@@ -228,7 +227,7 @@ class DistGraph:
     # --- job and partition metadata ---------------------------------------------------------
     def rank(self) -> int:
         """This trainer's rank (torch.distributed, else $RANK, else 0)."""
-        return _rank_world(None, None)[0]
+        return rank_world()[0]
 
     def get_num_clients(self) -> int:
         """Trainers the servers expect (1 standalone)."""
@@ -242,7 +241,7 @@ class DistGraph:
         local = self.local_partition_ids
         if local:
             return local[0]
-        rank, world = _rank_world(None, None)
+        rank, world = rank_world()
         return rank * self._client.book.num_partitions() // world
 
     def get_node_partition_policy(self, ntype: str | None = None) -> NodePartitionPolicy:

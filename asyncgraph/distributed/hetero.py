@@ -10,30 +10,37 @@ translates per-type IDs through the book before every pull or push.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from asyncgraph.arrays import as_id_array
+from asyncgraph.client.sync_client import Client
 from asyncgraph.errors import InvalidRequestError, OutOfRangeError, UnknownTypeError
 from asyncgraph.partition.book import RangePartitionBook
 
 from .tensor import DistTensor
-
-if TYPE_CHECKING:
-    from .graph import DistGraph
 
 __all__ = ["HeteroSample", "NodeTypeTensor", "etype_fanouts", "sample_etype_neighbors"]
 
 CanonicalEType = tuple[str, str, str]
 
 
+class GraphLike(Protocol):
+    """What the helpers here need of a ``DistGraph``: its client and partition book."""
+
+    @property
+    def client(self) -> Client: ...
+
+    def get_partition_book(self) -> RangePartitionBook: ...
+
+
 class NodeTypeTensor:
     """A node tensor seen through one node type's IDs (``g.nodes[ntype].data[name]``)."""
 
     def __init__(self, tensor: DistTensor, book: RangePartitionBook, ntype: str) -> None:
-        self._tensor, self._book, self.ntype = tensor, book, ntype
+        self._tensor, self.book, self.ntype = tensor, book, ntype
         self._len = book.num_nodes_of(ntype)
 
     @property
@@ -59,7 +66,7 @@ class NodeTypeTensor:
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self._len):
             bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
             raise OutOfRangeError(f"{self.ntype} node ID {bad} out of range [0, {self._len})")
-        return self._book.map_to_homo_nid(ids, self.ntype)
+        return self.book.map_to_homo_nid(ids, self.ntype)
 
     def __getitem__(self, index: Any) -> torch.Tensor:
         return self._tensor[self._homo(index)]
@@ -75,17 +82,17 @@ class NodeTypeTensor:
 
 
 class _NodeTypeData(Mapping[str, NodeTypeTensor]):
-    def __init__(self, graph: DistGraph, ntype: str) -> None:
-        self._g, self._ntype = graph, ntype
+    def __init__(self, ndata: Mapping[str, DistTensor], book: RangePartitionBook, ntype: str) -> None:
+        self._ndata, self._book, self._ntype = ndata, book, ntype
 
     def __getitem__(self, name: str) -> NodeTypeTensor:
-        return NodeTypeTensor(self._g.ndata[name], self._g.get_partition_book(), self._ntype)
+        return NodeTypeTensor(self._ndata[name], self._book, self._ntype)
 
     def __iter__(self) -> Any:
-        return iter(self._g.ndata)
+        return iter(self._ndata)
 
     def __len__(self) -> int:
-        return len(self._g.ndata)
+        return len(self._ndata)
 
 
 class _TypeData:
@@ -94,27 +101,27 @@ class _TypeData:
 
 
 class NodeTypes:
-    """``g.nodes[ntype].data[name]``."""
+    """``g.nodes[ntype].data[name]``: a graph's node tensors seen through one type's IDs."""
 
-    def __init__(self, graph: DistGraph) -> None:
-        self._g = graph
+    def __init__(self, ndata: Mapping[str, DistTensor], book: RangePartitionBook) -> None:
+        self._ndata, self._book = ndata, book
 
     def __getitem__(self, ntype: str) -> _TypeData:
-        self._g.get_partition_book().ntype_id(ntype)  # UnknownTypeError for an unknown type
-        return _TypeData(_NodeTypeData(self._g, ntype))
+        self._book.ntype_id(ntype)  # UnknownTypeError for an unknown type
+        return _TypeData(_NodeTypeData(self._ndata, self._book, ntype))
 
 
 class EdgeTypes:
     """``g.edges[etype]``: edge types resolve; per-type edge tensors are not stored yet."""
 
-    def __init__(self, graph: DistGraph) -> None:
-        self._g = graph
+    def __init__(self, edata: Mapping[str, DistTensor], book: RangePartitionBook) -> None:
+        self._edata, self._book = edata, book
 
     def __getitem__(self, etype: Any) -> _TypeData:
-        book = self._g.get_partition_book()
+        book = self._book
         c = book.canonical_etypes[book.etype_id(etype)]
         if not book.is_hetero:
-            return _TypeData(self._g.edata)
+            return _TypeData(self._edata)
         raise InvalidRequestError(
             f"per-type edge tensors of {c} are not supported yet: partition_graph stores edge IDs "
             "in CSC order, so per-type edge features are not range-partitioned"
@@ -180,7 +187,7 @@ class HeteroSample:
 
 
 def sample_etype_neighbors(
-    graph: DistGraph, seeds: Any, fanout: Any, *, seed: int | None = None, prob: str | None = None
+    graph: GraphLike, seeds: Any, fanout: Any, *, seed: int | None = None, prob: str | None = None
 ) -> HeteroSample:
     """In-edges of ``{ntype: ids}`` seeds with a fanout per edge type (an int or a dict), sampled
     by the owners' servers; returns a :class:`HeteroSample`."""

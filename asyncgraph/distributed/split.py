@@ -31,11 +31,10 @@ import numpy.typing as npt
 import torch
 
 from asyncgraph.arrays import to_numpy
-from asyncgraph.env import process_rank
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, ShapeMismatchError
 from asyncgraph.partition.book import RangePartitionBook
 
-from .context import _STATE
+from .context import current_client, rank_world
 from .tensor import DistTensor
 
 __all__ = ["edge_split", "node_split"]
@@ -50,18 +49,18 @@ def _pull_mask(mask: DistTensor, bounds: IdArray, parts: IdArray | None) -> np.n
     """The rows of a DistTensor mask over the ranges of ``parts`` (all when None), zeros elsewhere."""
     if len(mask.shape) != 1:
         raise ShapeMismatchError(f"mask must be one-dimensional, got shape {mask.shape}")
-    out = np.zeros(len(mask), dtype=np.dtype(mask._meta.dtype))
+    out = np.zeros(len(mask), dtype=np.dtype(mask.meta.dtype))
     wanted = range(bounds.size - 1) if parts is None else parts.tolist()
     for p in wanted:
         for lo in range(int(bounds[p]), int(bounds[p + 1]), _PULL_CHUNK):
             hi = min(int(bounds[p + 1]), lo + _PULL_CHUNK)
-            out[lo:hi] = mask._client.pull(mask.key, np.arange(lo, hi, dtype=np.int64)).numpy()
+            out[lo:hi] = mask.client.pull(mask.key, np.arange(lo, hi, dtype=np.int64)).numpy()
     return out
 
 
 def _current_book(size: int, kind: str) -> RangePartitionBook | None:
     """The book of the graph this process is initialised for, if its ``kind`` count is ``size``."""
-    client = _STATE.client
+    client = current_client()
     if client is None:
         return None
     book = client.book
@@ -78,22 +77,6 @@ def _mask_array(mask: Any) -> npt.NDArray[np.bool_]:
     if arr.dtype.kind in "iu":
         return np.asarray(arr != 0, dtype=np.bool_)
     raise DTypeMismatchError(f"mask must be boolean (or 0/1 integers), got dtype {arr.dtype}")
-
-
-def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Fill ``rank``/``world_size`` from torch.distributed, else the launcher's environment
-    (torchrun's RANK/WORLD_SIZE, srun's SLURM_PROCID/SLURM_NTASKS; ``env.process_rank``), else 0/1."""
-    if rank is None or world_size is None:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            env_rank, env_world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        else:
-            found = process_rank()
-            env_rank, env_world = found.rank, found.world_size
-        rank = env_rank if rank is None else rank
-        world_size = env_world if world_size is None else world_size
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise InvalidRequestError(f"need 0 <= rank < world_size, got rank {rank}, world_size {world_size}")
-    return int(rank), int(world_size)
 
 
 def _trainer_parts(rank: int, world: int, num_parts: int) -> IdArray:
@@ -115,7 +98,7 @@ def _even_cuts(total: IdArray, k: IdArray, j: IdArray) -> tuple[IdArray, IdArray
 def _trainer_order(ids: IdArray, bounds: IdArray, trainer_ids: Any) -> IdArray:
     """``ids`` (sorted) reordered by (partition, trainer ID, ID): each partition stays one slice."""
     if isinstance(trainer_ids, DistTensor):
-        full = _pull_mask(trainer_ids, trainer_ids._client.book.bounds(trainer_ids.policy), None)
+        full = _pull_mask(trainer_ids, trainer_ids.client.book.bounds(trainer_ids.policy), None)
     else:
         full = to_numpy(trainer_ids)
     if full.ndim != 1 or full.size != int(bounds[-1]):
@@ -141,13 +124,13 @@ def _split(
     trainer_ids: Any = None,
 ) -> torch.Tensor:
     """Shared implementation of ``node_split``/``edge_split`` (``type_bounds``: per-type ranges)."""
-    rank, world = _rank_world(rank, world_size)
+    rank, world = rank_world(rank, world_size)
     if isinstance(mask, DistTensor):
         if mask.policy != kind:
             raise InvalidRequestError(
                 f"{kind}_split needs a {kind} mask; {mask!r} is sharded by {mask.policy}s"
             )
-        book = book if book is not None else mask._client.book
+        book = book if book is not None else mask.client.book
         mb = book.bounds(kind)
         if int(mb[-1]) != len(mask):
             raise ShapeMismatchError(f"{kind} mask has {len(mask)} entries but the book has {int(mb[-1])}")
@@ -242,10 +225,11 @@ def node_split(
 
         book: RangePartitionBook | None
         if isinstance(mask, NodeTypeTensor):
-            book = partition_book or mask._book
+            book = partition_book or mask.book
             mask = mask[slice(None)]
         else:
-            book = partition_book or (_STATE.client.book if _STATE.client is not None else None)
+            client = current_client()
+            book = partition_book or (client.book if client is not None else None)
         if book is None:
             raise InvalidRequestError("node_split(ntype=...) needs a partition book or an initialised graph")
         tb = book.ntype_bounds(ntype)

@@ -204,6 +204,16 @@ class DistTensor:
 
     # --- properties -----------------------------------------------------------------------
     @property
+    def client(self) -> Client:
+        """The client this tensor reads and writes through."""
+        return self._client
+
+    @property
+    def meta(self) -> TensorMeta:
+        """The stored tensor's description (key, policy, global shape, dtype)."""
+        return self._meta
+
+    @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self._meta.shape)
 
