@@ -19,7 +19,9 @@ __all__ = [
     "NTYPE",
     "POLICIES",
     "TYPE_EID",
+    "edge_key",
     "is_state_key",
+    "node_key",
     "tensor_key",
     "tensor_prefix",
 ]
@@ -51,6 +53,16 @@ def tensor_prefix(policy: str) -> str:
 def tensor_key(policy: str, name: str) -> str:
     """The stored key of user-facing tensor ``name`` of ``policy`` (``"node:feat"``)."""
     return f"{policy}:{name}"
+
+
+def node_key(name: str) -> str:
+    """The stored key of node tensor ``name`` (``"node:feat"``)."""
+    return f"node:{name}"
+
+
+def edge_key(name: str) -> str:
+    """The stored key of edge tensor ``name``; a name already prefixed is kept (``prob=`` takes both)."""
+    return name if name.startswith("edge:") else f"edge:{name}"
 
 
 def is_state_key(key: str) -> bool:

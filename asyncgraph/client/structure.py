@@ -16,6 +16,7 @@ import numpy as np
 from asyncgraph.arrays import as_id_array
 from asyncgraph.errors import InvalidRequestError, OutOfRangeError
 from asyncgraph.kernels.edge_queries import merge_samples
+from asyncgraph.names import edge_key
 from asyncgraph.protocol.ops import Op, SampleEdgesArgs
 from asyncgraph.service import Partition
 from asyncgraph.service.base import SampledRows
@@ -182,7 +183,7 @@ class StructureQueries(TensorCatalog):
         if isinstance(fanout, bool) or not isinstance(fanout, int | np.integer) or int(fanout) < -1:
             raise InvalidRequestError(f"fanout must be an integer >= -1, got {fanout!r}")
         if prob is not None:
-            meta = await self.tensor_meta(prob if prob.startswith("edge:") else f"edge:{prob}")
+            meta = await self.tensor_meta(edge_key(prob))
             if meta.policy != "edge" or len(meta.shape) != 1:
                 raise InvalidRequestError(f"prob must name a 1-D edge tensor, got {meta.name} {meta.shape}")
         exc = as_id_array(exclude, "exclude") if exclude is not None else np.empty(0, np.int64)

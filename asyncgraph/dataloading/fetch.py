@@ -18,9 +18,9 @@ from asyncgraph.client.cache import Traffic, meta_row_bytes, pick_cached_ids
 from asyncgraph.client.sync_client import Client
 from asyncgraph.dataloading.block import Block
 from asyncgraph.dataloading.prefetch import LoaderStats
-from asyncgraph.dataloading.sampler import NeighborSampler
+from asyncgraph.dataloading.sampler import NeighborSampler, layer_seed
 from asyncgraph.errors import DTypeMismatchError, UnknownTensorError
-from asyncgraph.names import is_state_key, tensor_prefix
+from asyncgraph.names import is_state_key, node_key, tensor_prefix
 from asyncgraph.service.base import SampledRows
 
 __all__ = [
@@ -130,7 +130,7 @@ async def sample_and_pull(
 ) -> Sampled:
     """Sample blocks for ``seeds`` then pull ``node_feats`` of the inputs (and ``labels`` of the seeds).
 
-    Layer ``l`` samples with seed ``batch_seed * 8 + l``; edges whose IDs are in ``exclude`` are
+    Layer ``l`` samples with seed ``layer_seed(batch_seed, l)``; edges whose IDs are in ``exclude`` are
     dropped from every block. ``sample_time`` runs from ``started`` (default: now) to the end of
     sampling, and both times are added to ``stats``. With ``carry_features`` the answers to the
     last sampling layer carry the rows of ``node_feats`` of the sampled nodes each owner holds,
@@ -144,14 +144,14 @@ async def sample_and_pull(
     traffic = Traffic()
     # tensors whose rows the last layer's answers carry; rows they lack go through the pull path
     # (and its feature cache, which then best holds remote nodes sampled by other owners)
-    carried = [f"node:{n}" for n in node_feats] if carry_features else []
+    carried = [node_key(n) for n in node_feats] if carry_features else []
     carry: SampledRows | None = None
 
     async def sample_fn(layer_seeds: np.ndarray, fanout: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         nonlocal layer, carry
         layer += 1
         before = traffic.remote_requests
-        seed = batch_seed * 8 + layer
+        seed = layer_seed(batch_seed, layer)
         if carried and layer == len(sampler.fanouts):
             carry = await aio.sample_with_features(
                 layer_seeds, fanout, carried, replace=replace, seed=seed, traffic=traffic
@@ -174,14 +174,14 @@ async def sample_and_pull(
     before = traffic.remote_requests
     pulls = [
         _pull_rest(
-            aio, f"node:{name}", input_nodes, carry.ids, carry.rows[carried.index(f"node:{name}")], traffic
+            aio, node_key(name), input_nodes, carry.ids, carry.rows[carried.index(node_key(name))], traffic
         )
-        if carry is not None and f"node:{name}" in carried
-        else aio.pull_numpy(f"node:{name}", input_nodes, traffic)
+        if carry is not None and node_key(name) in carried
+        else aio.pull_numpy(node_key(name), input_nodes, traffic)
         for name in node_feats
     ]
     if labels is not None:
-        pulls.append(aio.pull_numpy(f"node:{labels}", output_nodes, traffic))
+        pulls.append(aio.pull_numpy(node_key(labels), output_nodes, traffic))
     tensors = [torch.from_numpy(t) for t in await asyncio.gather(*pulls)]
     traffic.waves += traffic.remote_requests > before
     t2 = time.perf_counter()
@@ -236,7 +236,7 @@ async def build_feature_cache(
     cached (rows, bytes, candidates).
     """
     candidates = aio.remote_ids("node")
-    metas = [await aio.tensor_meta(f"node:{name}") for name in node_feats]
+    metas = [await aio.tensor_meta(node_key(name)) for name in node_feats]
     row_bytes = sum(meta_row_bytes(m) for m in metas)
     max_rows = min(int(budget_bytes) // max(row_bytes, 1), candidates.size)
     if max_rows <= 0 or not node_feats:
@@ -259,7 +259,7 @@ async def build_feature_cache(
             nonlocal layer
             layer += 1
             return await aio.sample_neighbors(
-                layer_seeds, fanout, replace=sampler.replace, seed=(seed + b) * 8 + layer
+                layer_seeds, fanout, replace=sampler.replace, seed=layer_seed(seed + b, layer)
             )
 
         input_nodes, _, blocks = await sampler.sample_blocks(sample_fn, batch)
@@ -273,5 +273,5 @@ async def build_feature_cache(
     ids = pick_cached_ids(scores, candidates, max_rows)
     total = 0
     for name in node_feats:
-        total += (await aio.build_cache(f"node:{name}", ids)).nbytes
+        total += (await aio.build_cache(node_key(name), ids)).nbytes
     return {"rows": int(ids.size), "bytes": total, "candidates": int(candidates.size)}

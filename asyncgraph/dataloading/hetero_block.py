@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from asyncgraph.dataloading.sampler import layer_seed
+from asyncgraph.names import node_key
 from asyncgraph.partition.book import RangePartitionBook
 
 from .block import Block, to_block
@@ -150,17 +152,18 @@ async def sample_and_pull_hetero(
     current = homo_seeds(book, seeds)
     blocks: list[HeteroBlock] = []
     for layer, fanout in enumerate(reversed(sampler.etype_fanouts)):
-        out = await aio.sample_etypes(current, etype_fanouts(book, fanout), seed=batch_seed * 8 + layer + 1)
+        fanouts = etype_fanouts(book, fanout)
+        out = await aio.sample_etypes(current, fanouts, seed=layer_seed(batch_seed, layer))
         block = to_hetero_block(book, out["src"], out["dst"], out["etype"], out["type_eid"], current)
         block.homo.csr()
         blocks.append(block)
         current = block.homo.srcnodes.numpy()
     blocks.reverse()
     first, last = blocks[0], blocks[-1]
-    pulls = [aio.pull(f"node:{name}", current) for name in node_feats]
+    pulls = [aio.pull(node_key(name), current) for name in node_feats]
     output = last.homo.dstnodes.numpy()
     if labels is not None:
-        pulls.append(aio.pull(f"node:{labels}", output))
+        pulls.append(aio.pull(node_key(labels), output))
     tensors = await asyncio.gather(*pulls)
     for name, rows in zip(node_feats, tensors[: len(node_feats)], strict=True):
         for t, pos in first.src_pos.items():

@@ -17,10 +17,21 @@ from asyncgraph.dataloading.block import Block, to_block
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError
 from asyncgraph.partition.book import as_id_array
 
-__all__ = ["NeighborSampler", "SampleFn"]
+__all__ = ["LAYERS_PER_BATCH_SEED", "NeighborSampler", "SampleFn", "layer_seed"]
 
 # (seeds_global int64, fanout) -> (src_global, dst_global, eids_global)
 SampleFn = Callable[[np.ndarray, int], Awaitable[tuple[np.ndarray, np.ndarray, np.ndarray]]]
+
+
+
+LAYERS_PER_BATCH_SEED = 8
+"""Seeds of consecutive batches are this far apart, so each of up to 8 layers gets its own."""
+
+
+def layer_seed(batch_seed: int, layer: int) -> int:
+    """The sampling seed of ``layer`` of the batch seeded ``batch_seed`` (one rule for every loader:
+    the homogeneous and the typed sample-and-pull paths, and the cache warm-up)."""
+    return batch_seed * LAYERS_PER_BATCH_SEED + layer
 
 
 class NeighborSampler:

@@ -22,7 +22,7 @@ import numpy.typing as npt
 from asyncgraph.arrays import as_id_array
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, OutOfRangeError
 from asyncgraph.kernels.partition_sampling import keyed_rng
-from asyncgraph.names import ETYPE, TYPE_EID, tensor_key
+from asyncgraph.names import ETYPE, TYPE_EID, edge_key, tensor_key
 from asyncgraph.storage.store import PartitionStore
 
 __all__ = ["OutIndex", "degrees", "merge_samples", "sample_edges", "segment_topk"]
@@ -96,7 +96,7 @@ def segment_topk(seg: IdArray, keys: np.ndarray, k: int) -> IdArray:
 def _weights(store: PartitionStore, prob: str | None, local_eids: IdArray) -> np.ndarray | None:
     if prob is None:
         return None
-    key = prob if prob.startswith("edge:") else f"edge:{prob}"
+    key = edge_key(prob)
     if not store.has_tensor(key):
         raise InvalidRequestError(f"prob: no edge tensor {prob!r}")
     rows = store.local_rows(key)

@@ -17,7 +17,7 @@ from asyncgraph.kernels.edge_queries import OutIndex, degrees, sample_edges
 from asyncgraph.kernels.edges import find_edges_partition
 from asyncgraph.kernels.partition_sampling import sample_partition
 from asyncgraph.kernels.sparse_optim import apply_sparse_update
-from asyncgraph.names import ETYPE, TYPE_EID, tensor_key
+from asyncgraph.names import ETYPE, TYPE_EID, edge_key, tensor_key
 from asyncgraph.protocol.messages import PROTOCOL_VERSION
 from asyncgraph.protocol.ops import ATTACHED_OPS, Op, SampleEdgesArgs
 from asyncgraph.service.base import Partition, SampledRows
@@ -446,7 +446,7 @@ class LocalPartition:
     async def sample_edges(self, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
         self._check_alive()
         if args.prob is not None and self.shm is not None:
-            key = args.prob if args.prob.startswith("edge:") else f"edge:{args.prob}"
+            key = edge_key(args.prob)
             if not self.service.store.has_tensor(key):
                 await self._map(self.shm, key)
         if args.etype_fanouts is not None and self.shm is not None:
