@@ -224,6 +224,10 @@ def test_hetero_loader_blocks_and_model(graphs: tuple[DistGraph, DistGraph]) -> 
             g, {"paper": np.arange(0, 4019, 13)}, NeighborSampler([fan, fan]), 100, shuffle=True, seed=3
         )
         batches.append(list(loader))
+        # typed batches book their time under sample and pull both, and count their input rows
+        assert loader.stats.sample > 0 and loader.stats.pull > 0
+        rows = sum(int(v.numel()) for b in batches[-1] for v in b.input_nodes.values())
+        assert loader.stats.input_nodes == rows
     assert len(batches[0]) == len(batches[1]) == 4
     for b0, b1 in zip(*batches, strict=True):
         for t in ("author", "paper", "subject"):

@@ -11,6 +11,7 @@ sources are ``dst nodes of dst type ++ src nodes of src type``, so any homogeneo
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -142,12 +143,15 @@ async def sample_and_pull_hetero(
     *,
     node_feats: Sequence[str],
     labels: str | None,
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[HeteroBlock]]:
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[HeteroBlock], float, float]:
     """Typed blocks for ``{ntype: ids}`` seeds (each layer's fanout an int or a dict by edge
     type, honoured by the servers), then ``node_feats`` of the inputs into
-    ``blocks[0].srcdata[ntype]`` and ``labels`` of the seeds into ``blocks[-1].dstdata[ntype]``."""
+    ``blocks[0].srcdata[ntype]`` and ``labels`` of the seeds into ``blocks[-1].dstdata[ntype]``.
+
+    Returns ``(inputs, outputs, blocks, sample seconds, pull seconds)``."""
     from asyncgraph.distributed.hetero import etype_fanouts
 
+    t0 = time.perf_counter()
     book: RangePartitionBook = aio.book
     current = homo_seeds(book, seeds)
     blocks: list[HeteroBlock] = []
@@ -159,6 +163,7 @@ async def sample_and_pull_hetero(
         blocks.append(block)
         current = block.homo.srcnodes.numpy()
     blocks.reverse()
+    t1 = time.perf_counter()
     first, last = blocks[0], blocks[-1]
     pulls = [aio.pull(node_key(name), current) for name in node_feats]
     output = last.homo.dstnodes.numpy()
@@ -174,7 +179,7 @@ async def sample_and_pull_hetero(
             last.dstdata[t][labels] = rows[torch.from_numpy(pos[pos < output.size])]
     inputs = {t: first.srcnodes[t] for t in first.ntypes}
     outputs = {t: last.dstnodes[t] for t in last.ntypes}
-    return inputs, outputs, blocks
+    return inputs, outputs, blocks, t1 - t0, time.perf_counter() - t1
 
 
 def homo_seeds(book: RangePartitionBook, seeds: dict[str, Any]) -> np.ndarray:

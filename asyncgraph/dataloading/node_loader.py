@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,13 +151,15 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
 
     async def _build_hetero(self, seeds: np.ndarray, batch_seed: int) -> MiniBatch:
         """Typed batch: ``input_nodes``/``seeds`` are dicts by node type, blocks HeteroBlocks."""
-        t0 = time.perf_counter()
         types, per_type = self.aio.book.map_to_per_ntype(seeds)
         names = self.aio.book.ntypes
         seed_dict = {names[t]: per_type[types == t] for t in np.unique(types).tolist()}
-        inputs, outputs, blocks = await sample_and_pull_hetero(
+        inputs, outputs, blocks, sample_time, pull_time = await sample_and_pull_hetero(
             self.aio, self.sampler, seed_dict, batch_seed, node_feats=self.node_feats, labels=self.labels
         )
-        dt = time.perf_counter() - t0
-        self.stats.sample += dt
-        return MiniBatch(inputs, outputs, blocks, sample_time=dt)  # type: ignore[arg-type]
+        self.stats.sample += sample_time
+        self.stats.pull += pull_time
+        self.stats.input_nodes += sum(int(v.numel()) for v in inputs.values())
+        return MiniBatch(
+            inputs, outputs, blocks, sample_time=sample_time, pull_time=pull_time  # type: ignore[arg-type]
+        )
