@@ -2,8 +2,8 @@
 
 The server owns a store and calls it from its event loop; standalone mode and co-located
 trainers call it in-process. With ``shared=True`` every array lives in a memfd
-(``SharedArray``) so co-located processes can map the same memory (``export_descriptor`` /
-``export_fds`` on the server, ``attach`` on the client) and read/write it without the socket.
+(``SharedArray``) so co-located processes can map the same memory (``sharing.export`` on the
+server, ``AttachedStore.attach`` on the client) and read/write it without the socket.
 All access goes through one cross-process reader/writer lock: pulls read, pushes write.
 
 Every rejection raises a subclass of ``InvalidRequestError`` and is decided before any data is
@@ -12,14 +12,12 @@ touched, so a rejected request changes nothing.
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from asyncgraph.arrays import check_rows
 from asyncgraph.errors import (
     InvalidRequestError,
     ShapeMismatchError,
@@ -32,7 +30,14 @@ from asyncgraph.storage.initializers import InitSpec, validate_init
 from asyncgraph.storage.memfd import SharedArray
 from asyncgraph.storage.meta import Policy, TensorMeta, check_policy
 from asyncgraph.storage.rwlock import LocalRWLock, RWLock, SharedRWLock
-from asyncgraph.storage.tensors import PendingTensor, StoredTensor, as_numpy, check_dtype
+from asyncgraph.storage.tensors import (
+    PendingTensor,
+    StoredTensor,
+    TensorAccess,
+    check_dtype,
+    check_features,
+    check_structure,
+)
 
 if TYPE_CHECKING:
     from asyncgraph.partition.reader import Partition
@@ -41,23 +46,6 @@ __all__ = ["InitSpec", "PartitionStore", "PendingTensor", "Policy", "TensorMeta"
 
 #: The structure arrays every store holds, in this order.
 STRUCTURE_KEYS = ("indptr", "indices", "eids")
-
-
-class _Access:
-    """What every pull and push of one published tensor needs, derived once from its meta."""
-
-    __slots__ = ("dtype", "owned", "owner", "policy", "row_bytes", "row_shape", "rows", "what")
-
-    def __init__(self, t: StoredTensor, owned: tuple[int, int], owner: str) -> None:
-        meta = t.meta
-        self.rows = t.rows
-        self.what = f"tensor {meta.name!r}"
-        self.dtype = np.dtype(meta.dtype)  # compared with a push's values without a name lookup
-        self.row_shape = meta.row_shape
-        self.policy = meta.policy
-        self.owned = owned
-        self.owner = owner
-        self.row_bytes = math.prod(meta.row_shape) * self.dtype.itemsize
 
 
 class PartitionStore:
@@ -130,36 +118,8 @@ class PartitionStore:
         plain numpy arrays and cannot export. ``node_feats["feat"]`` becomes tensor
         ``"node:feat"`` (policy "node"), ``edge_feats["w"]`` becomes ``"edge:w"``.
         """
-        n_lo, n_hi = book.node_range(part_id)
-        e_lo, e_hi = book.edge_range(part_id)
-        struct_in = {"indptr": as_numpy(indptr), "indices": as_numpy(indices), "eids": as_numpy(eids)}
-        for key, arr in struct_in.items():
-            if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-                raise InvalidRequestError(f"{key} must be a 1-D integer array, got {arr.dtype} {arr.shape}")
-        if struct_in["indptr"].size != n_hi - n_lo + 1:
-            raise ShapeMismatchError(
-                f"indptr has {struct_in['indptr'].size} entries; partition {part_id} owns "
-                f"{n_hi - n_lo} nodes so it needs {n_hi - n_lo + 1}"
-            )
-        if struct_in["indices"].size != struct_in["eids"].size:
-            raise ShapeMismatchError(
-                f"indices ({struct_in['indices'].size}) and eids ({struct_in['eids'].size}) differ in length"
-            )
-        feats: list[tuple[str, Policy, np.ndarray]] = []
-        for policy, group, owned, total in (
-            ("node", node_feats, n_hi - n_lo, book.num_nodes),
-            ("edge", edge_feats, e_hi - e_lo, book.num_edges),
-        ):
-            for fname, feat in group.items():
-                arr = as_numpy(feat)
-                check_dtype(arr.dtype, f"{policy} feature {fname!r}")
-                if arr.ndim == 0 or arr.shape[0] != owned:
-                    raise ShapeMismatchError(
-                        f"{policy} feature {fname!r} has shape {arr.shape}; partition {part_id} owns "
-                        f"{owned} {policy}s (of {total}) so it needs {owned} rows"
-                    )
-                feats.append((f"{policy}:{fname}", cast(Policy, policy), arr))
-
+        struct_in = check_structure(book, part_id, indptr, indices, eids)
+        feats = check_features(book, part_id, node_feats, edge_feats)
         prefix = f"asyncgraph.{graph_name}.p{part_id}"
         made: list[SharedArray] = []
         try:
@@ -364,37 +324,24 @@ class PartitionStore:
         return {name: (t.rows.shape[0], t.rows.nbytes) for name, t in list(self._tensors.items())}
 
     # --- data access ------------------------------------------------------------------------
-    def _entry(self, name: str) -> _Access:
+    def _entry(self, name: str) -> TensorAccess:
         """The published tensor's access record (UnknownTensorError like ``_get``)."""
         t = self._tensors.get(name)
         if t is None:
             t = self._get(name)  # raises
-        acc: _Access | None = t.access
+        acc: TensorAccess | None = t.access
         if acc is None:
-            acc = t.access = _Access(t, self._owned(t.meta.policy), self._owner)
+            acc = t.access = TensorAccess(t, self._owned(t.meta.policy), self._owner)
         return acc
 
     def row_bytes(self, name: str) -> int:
         """Bytes of one row of tensor ``name`` (UnknownTensorError lists what exists)."""
         return self._entry(name).row_bytes
 
-    @staticmethod
-    def _check(acc: _Access, ids: Any, values: Any = None) -> tuple[np.ndarray, Any]:
-        return check_rows(
-            acc.what,
-            ids,
-            values,
-            dtype=acc.dtype,
-            row_shape=acc.row_shape,
-            owned=acc.owned,
-            owner=acc.owner,
-            policy=acc.policy,
-        )
-
     def pull(self, name: str, ids: np.ndarray) -> np.ndarray:
         """Rows for global ``ids`` (owned by this partition) as a NEW array ``[len(ids), *row_shape]``."""
         acc = self._entry(name)
-        local = self._check(acc, ids)[0]
+        local = acc.check(ids)[0]
         rows = acc.rows
         out: np.ndarray
         pair = self._read_pair
@@ -420,7 +367,7 @@ class PartitionStore:
             raise InvalidRequestError(
                 f"unknown push op {op!r} for tensor {name!r}; expected 'assign' or 'add'"
             )
-        local, vals = self._check(acc, ids, values)
+        local, vals = acc.check(ids, values)
         if local.size == 0:
             return
         rows = acc.rows

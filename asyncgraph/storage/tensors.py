@@ -1,22 +1,27 @@
 """The pieces a ``PartitionStore`` is made of: a tensor's rows with the global row they start at,
 a tensor allocated but not yet published (``PendingTensor``), and the dtype rule every stored
-tensor follows (native-endian numeric or bool; the wire kinds).
+tensor follows (native-endian numeric or bool; the wire kinds), and the checks of a partition's
+arrays before a store is made of them.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
 
-from asyncgraph.arrays import WIRE_DTYPE_KINDS
-from asyncgraph.errors import DTypeMismatchError
+from asyncgraph.arrays import WIRE_DTYPE_KINDS, check_rows
+from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, ShapeMismatchError
+from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.storage.initializers import fill_init
 from asyncgraph.storage.memfd import SharedArray
-from asyncgraph.storage.meta import TensorMeta
+from asyncgraph.storage.meta import Policy, TensorMeta
 
-__all__ = ["PendingTensor", "StoredTensor", "as_numpy", "check_dtype"]
+__all__ = ["PendingTensor", "StoredTensor",
+    "TensorAccess", "as_numpy", "check_dtype", "check_features", "check_structure"]
 
 _ALLOWED_DTYPE_KINDS = WIRE_DTYPE_KINDS
 
@@ -49,7 +54,7 @@ class StoredTensor:
     start: int  # first owned global row
     #: What the store derives from ``meta`` once for its fast paths (``PartitionStore._entry``);
     #: it lives and dies with this object, so a deleted or re-created tensor never sees a stale one.
-    access: Any = field(default=None, init=False, repr=False, compare=False)
+    access: TensorAccess | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def rows(self) -> np.ndarray:
@@ -83,3 +88,81 @@ class PendingTensor:
         del rows
         if isinstance(data, SharedArray):
             data.close()
+
+
+class TensorAccess:
+    """What every pull and push of one published tensor needs, derived once from its meta."""
+
+    __slots__ = ("dtype", "owned", "owner", "policy", "row_bytes", "row_shape", "rows", "what")
+
+    def __init__(self, t: StoredTensor, owned: tuple[int, int], owner: str) -> None:
+        meta = t.meta
+        self.rows = t.rows
+        self.what = f"tensor {meta.name!r}"
+        self.dtype = np.dtype(meta.dtype)  # compared with a push's values without a name lookup
+        self.row_shape = meta.row_shape
+        self.policy = meta.policy
+        self.owned = owned
+        self.owner = owner
+        self.row_bytes = math.prod(meta.row_shape) * self.dtype.itemsize
+
+    def check(self, ids: Any, values: Any = None) -> tuple[np.ndarray, Any]:
+        """Local row positions of global ``ids`` (and ``values`` checked against the tensor)."""
+        return check_rows(
+            self.what,
+            ids,
+            values,
+            dtype=self.dtype,
+            row_shape=self.row_shape,
+            owned=self.owned,
+            owner=self.owner,
+            policy=self.policy,
+        )
+
+
+def check_structure(
+    book: RangePartitionBook, part_id: int, indptr: Any, indices: Any, eids: Any
+) -> dict[str, np.ndarray]:
+    """A partition's CSC arrays as numpy, checked against the book (1-D integer, sizes agree)."""
+    n_lo, n_hi = book.node_range(part_id)
+    struct_in = {"indptr": as_numpy(indptr), "indices": as_numpy(indices), "eids": as_numpy(eids)}
+    for key, arr in struct_in.items():
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            raise InvalidRequestError(f"{key} must be a 1-D integer array, got {arr.dtype} {arr.shape}")
+    if struct_in["indptr"].size != n_hi - n_lo + 1:
+        raise ShapeMismatchError(
+            f"indptr has {struct_in['indptr'].size} entries; partition {part_id} owns "
+            f"{n_hi - n_lo} nodes so it needs {n_hi - n_lo + 1}"
+        )
+    if struct_in["indices"].size != struct_in["eids"].size:
+        raise ShapeMismatchError(
+            f"indices ({struct_in['indices'].size}) and eids ({struct_in['eids'].size}) differ in length"
+        )
+    return struct_in
+
+
+def check_features(
+    book: RangePartitionBook,
+    part_id: int,
+    node_feats: Mapping[str, Any],
+    edge_feats: Mapping[str, Any],
+) -> list[tuple[str, Policy, np.ndarray]]:
+    """``(stored key, policy, rows)`` of a partition's features, each checked: a supported dtype
+    and one row per node (edge) the partition owns."""
+    n_lo, n_hi = book.node_range(part_id)
+    e_lo, e_hi = book.edge_range(part_id)
+    feats: list[tuple[str, Policy, np.ndarray]] = []
+    for policy, group, owned, total in (
+        ("node", node_feats, n_hi - n_lo, book.num_nodes),
+        ("edge", edge_feats, e_hi - e_lo, book.num_edges),
+    ):
+        for fname, feat in group.items():
+            arr = as_numpy(feat)
+            check_dtype(arr.dtype, f"{policy} feature {fname!r}")
+            if arr.ndim == 0 or arr.shape[0] != owned:
+                raise ShapeMismatchError(
+                    f"{policy} feature {fname!r} has shape {arr.shape}; partition {part_id} owns "
+                    f"{owned} {policy}s (of {total}) so it needs {owned} rows"
+                )
+            feats.append((f"{policy}:{fname}", cast(Policy, policy), arr))
+    return feats
