@@ -14,6 +14,7 @@ __all__ = [
     "ENV_DEVICE",
     "ENV_IP_CONFIG",
     "ENV_MALLOC_TUNING",
+    "ENV_NO_JIT",
     "ENV_PART_CONFIG",
     "ENV_RECONNECT_WINDOW",
     "ENV_SECRET_FILE",
@@ -33,6 +34,8 @@ ENV_SECRET_FILE = "ASYNCGRAPH_SECRET_FILE"
 ENV_PART_CONFIG = "ASYNCGRAPH_PART_CONFIG"
 #: "0" leaves glibc malloc's thresholds alone (see ``asyncgraph.storage.malloc``).
 ENV_MALLOC_TUNING = "ASYNCGRAPH_MALLOC_TUNING"
+#: Set (to anything but "0"): never load the numba kernels; sample and relabel with numpy only.
+ENV_NO_JIT = "ASYNCGRAPH_NO_JIT"
 #: Seconds a client keeps reconnecting to a server that went away (default 0: fail at once).
 ENV_RECONNECT_WINDOW = "ASYNCGRAPH_RECONNECT_WINDOW"
 

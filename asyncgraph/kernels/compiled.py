@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from asyncgraph.env import ENV_NO_JIT
+
 __all__ = [
     "disabled",
     "ready",
@@ -262,7 +264,7 @@ def _load() -> None:
 
 def disabled() -> bool:
     """True when ``ASYNCGRAPH_NO_JIT`` is set (to anything but 0): the numpy path only."""
-    return os.environ.get("ASYNCGRAPH_NO_JIT", "") not in ("", "0")
+    return os.environ.get(ENV_NO_JIT, "") not in ("", "0")
 
 
 def warm_up() -> None:
