@@ -1133,3 +1133,30 @@ def test_mac_and_nonce_properties() -> None:
     assert verify_mac(b"k", nonce, "g", mac)
     assert not verify_mac(b"k", nonce, "g", None)
     assert not verify_mac(b"k", nonce, "g", mac[:-1])
+
+
+def test_server_info_round_trips_and_names_a_bad_field() -> None:
+    from asyncgraph.protocol import ServerInfo, SharedMemoryInfo
+
+    info = ServerInfo(
+        "g", 1, 2, 10, 20, {"bounds": [0, 5, 10]}, [], 4, 123, "boot",
+        shm=SharedMemoryInfo("@x", b"t"), instance="i", epoch=3, replicas=[7001],
+    )  # fmt: skip
+    wire = info.to_wire()
+    assert wire["shm"] == {"address": "@x", "token": b"t", "writes_via_server": False}
+    assert ServerInfo.from_wire(codec_round_trip(wire)) == info
+    with pytest.raises(ProtocolError, match="'part_id'"):
+        ServerInfo.from_wire({**wire, "part_id": "1"})
+    with pytest.raises(ProtocolError, match="lacks 'boot_id'"):
+        ServerInfo.from_wire({k: v for k, v in wire.items() if k != "boot_id"})
+    assert ServerInfo.from_wire({**wire, "shm": None}).shm is None
+
+
+def codec_round_trip(value: Any) -> Any:
+    """``value`` encoded as a response frame and decoded again, as a client receives it."""
+    from asyncgraph.protocol import Response, decode_message, encode_message
+
+    body = b"".join(bytes(p) for p in encode_message(Response(1, value)))[4:]
+    msg = decode_message(body)
+    assert isinstance(msg, Response)
+    return msg.result

@@ -20,6 +20,7 @@ from asyncgraph.protocol.events import (
     ServerEvent,
 )
 from asyncgraph.protocol.framing import DEFAULT_MAX_FRAME_SIZE, LENGTH_PREFIX, FrameReader
+from asyncgraph.protocol.info import ServerInfo, SharedMemoryInfo
 from asyncgraph.protocol.messages import (
     NONCE_SIZE,
     PROTOCOL_VERSION,
@@ -64,8 +65,10 @@ __all__ = [
     "Response",
     "ServerEvent",
     "ServerHello",
+    "ServerInfo",
     "ServerSession",
     "SessionState",
+    "SharedMemoryInfo",
     "check_client_hello",
     "compute_mac",
     "decode_frame",

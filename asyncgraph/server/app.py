@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -148,7 +149,7 @@ class GraphServer:
             if handlers.partition.shm is not None and opts.wal:
                 # Writes through shared memory would bypass the log: co-located clients must
                 # send them to the server (reads still go through shared memory).
-                handlers.partition.shm["writes_via_server"] = True
+                handlers.partition.shm = dataclasses.replace(handlers.partition.shm, writes_via_server=True)
             if opts.snapshot_interval > 0:
                 self._snapshotter = asyncio.ensure_future(self._snapshot_periodically(opts.snapshot_interval))
             if opts.wal and opts.wal_fsync == "interval":

@@ -19,6 +19,7 @@ more than ``OFFLOAD_SAMPLE_EDGES`` edges (they only read the immutable graph str
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 import time
@@ -46,6 +47,7 @@ from asyncgraph.protocol.args import (
     SparseUpdateArgs,
     request_id,
 )
+from asyncgraph.protocol.info import ServerInfo, SharedMemoryInfo
 from asyncgraph.protocol.ops import OPS, Op
 from asyncgraph.server.barriers import Barriers
 from asyncgraph.server.durable import DurableState
@@ -92,7 +94,7 @@ class RequestHandlers:
         #: Changes at every start: clients compare it to learn that the server restarted.
         self.instance = uuid.uuid4().hex
         shm = (
-            {"address": shm_address, "token": shm_token}
+            SharedMemoryInfo(shm_address, shm_token)
             if shm_address is not None and shm_token is not None
             else None
         )
@@ -152,18 +154,22 @@ class RequestHandlers:
         return handler
 
     # --- metadata -----------------------------------------------------------------------
+    def describe(self) -> ServerInfo:
+        """What ``info`` answers: the partition's description completed with this start's
+        instance and epoch, the frame limit clients split calls to fit, and the replicas."""
+        return dataclasses.replace(
+            self.partition.info(),
+            instance=self.instance,
+            epoch=self.epoch,
+            durable=self.durable is not None and self.durable.use_wal,
+            max_frame_size=self.max_frame_size,
+            role="primary",
+            replicas=self.replicas.live(),
+            sampler=compiled.state(),
+        )
+
     def info(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        """The partition's description, this server's start (instance, epoch) and frame limit."""
-        info = self.partition.info()
-        info["instance"] = self.instance
-        info["epoch"] = self.epoch
-        info["durable"] = self.durable is not None and self.durable.use_wal
-        if self.max_frame_size is not None:
-            info["max_frame_size"] = self.max_frame_size  # clients split calls to fit
-        info["role"] = "primary"
-        info["replicas"] = self.replicas.live()
-        info["sampler"] = compiled.state()
-        return info
+        return self.describe().to_wire()
 
     def add_replica(self, args: Mapping[str, Any]) -> list[int]:
         """A replica server on this host announces its port; returns the live replicas' ports."""

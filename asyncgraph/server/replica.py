@@ -20,11 +20,13 @@ longer authoritative).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from asyncgraph.errors import InvalidRequestError
+from asyncgraph.protocol.info import ServerInfo
 from asyncgraph.protocol.ops import CATALOG_OPS, PRIMARY_ONLY_OPS, WRITE_OPS
 from asyncgraph.server.handlers import Handler, RequestHandlers
 from asyncgraph.service.limits import WorkLimits
@@ -78,13 +80,14 @@ class ReplicaHandlers(RequestHandlers):
         for op in refused:
             self.ops[op] = self._refuse(op)
 
-    def info(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        info = super().info(args)
-        info["role"] = "replica"
-        info["primary"] = self.primary
-        info["primary_instance"] = self.primary_instance
-        info["durable"] = self.writes_via_primary
-        return info
+    def describe(self) -> ServerInfo:
+        return dataclasses.replace(
+            super().describe(),
+            role="replica",
+            primary=self.primary,
+            primary_instance=self.primary_instance,
+            durable=self.writes_via_primary,
+        )
 
     def _refuse(self, op: str) -> Handler:
         reason = (

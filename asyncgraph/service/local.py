@@ -18,7 +18,7 @@ from asyncgraph.kernels.edges import find_edges_partition
 from asyncgraph.kernels.partition_sampling import sample_partition
 from asyncgraph.kernels.sparse_optim import apply_sparse_update
 from asyncgraph.names import ETYPE, TYPE_EID, edge_key, tensor_key
-from asyncgraph.protocol.messages import PROTOCOL_VERSION
+from asyncgraph.protocol.info import ServerInfo, SharedMemoryInfo
 from asyncgraph.protocol.ops import ATTACHED_OPS, Op, SampleEdgesArgs
 from asyncgraph.service.base import Partition, SampledRows
 from asyncgraph.service.limits import WorkLimits, sample_bound
@@ -51,12 +51,12 @@ class PartitionService:
         store: PartitionStore,
         *,
         num_clients: int = 1,
-        shm: Mapping[str, Any] | None = None,
+        shm: SharedMemoryInfo | None = None,
         limits: WorkLimits | None = None,
     ) -> None:
         self.store = store
         self.num_clients = num_clients
-        self.shm = dict(shm) if shm is not None else None
+        self.shm = shm
         self.limits = limits
         self._out_index: OutIndex | None = None
         self._refs: dict[str, dict[str, int]] = {}  # non-persistent tensor -> holder -> references
@@ -68,23 +68,23 @@ class PartitionService:
             self._out_index = OutIndex.build(self.store)
         return self._out_index
 
-    def info(self) -> dict[str, Any]:
-        """The partition's identity, book and tensors, and how to reach its memory."""
+    def info(self) -> ServerInfo:
+        """The partition's identity, book and tensors, and how to reach its memory (a server
+        completes the record with what belongs to its start: instance, epoch, role, ...)."""
         store = self.store
-        return {
-            "protocol_version": PROTOCOL_VERSION,
-            "graph_name": store.graph_name,
-            "part_id": store.part_id,
-            "num_parts": store.book.num_partitions(),
-            "num_nodes": store.book.num_nodes,
-            "num_edges": store.book.num_edges,
-            "book": store.book.to_dict(),
-            "tensors": [meta.to_dict() for meta in store.list_tensors()],
-            "num_clients": self.num_clients,
-            "pid": os.getpid(),
-            "boot_id": boot_id(),
-            "shm": self.shm,
-        }
+        return ServerInfo(
+            graph_name=store.graph_name,
+            part_id=store.part_id,
+            num_parts=store.book.num_partitions(),
+            num_nodes=store.book.num_nodes,
+            num_edges=store.book.num_edges,
+            book=store.book.to_dict(),
+            tensors=[meta.to_dict() for meta in store.list_tensors()],
+            num_clients=self.num_clients,
+            pid=os.getpid(),
+            boot_id=boot_id(),
+            shm=self.shm,
+        )
 
     def list_tensors(self) -> list[TensorMeta]:
         return self.store.list_tensors()
@@ -499,7 +499,7 @@ class LocalPartition:
     async def info(self) -> dict[str, Any]:
         if self.server is not None:
             return await self.server.info()
-        return self.service.info()
+        return self.service.info().to_wire()
 
     def close(self) -> None:
         """Unmap an attached store and close its server's connection (a standalone store stays)."""
