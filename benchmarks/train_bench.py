@@ -322,11 +322,11 @@ def _sampling_trainer(
             start.wait(120)
 
         rate = client.loop.run(
-            _sample_rate(client.aio, num_nodes, seconds, max_requests, stream=999 + rank, start=go)
+            _sample_rate(client.async_client, num_nodes, seconds, max_requests, stream=999 + rank, start=go)
         )
         results.put((rank, rate))
     finally:
-        client.loop.run(client.aio.close())
+        client.loop.run(client.async_client.close())
         client.loop.stop()
 
 
@@ -393,9 +393,11 @@ def sample_bench(part_config: Path, seconds: float, max_requests: int) -> dict[s
             for mode, kwargs in modes.items():
                 client = Client.connect(group.addresses, **kwargs)
                 try:
-                    out[mode] = client.loop.run(_sample_rate(client.aio, num_nodes, seconds, max_requests))
+                    out[mode] = client.loop.run(
+                        _sample_rate(client.async_client, num_nodes, seconds, max_requests)
+                    )
                 finally:
-                    client.loop.run(client.aio.close())
+                    client.loop.run(client.async_client.close())
                     client.loop.stop()
             for mode in TRAINER_MODES:
                 out[f"trainers2_{mode}"] = trainers_sample_rate(
