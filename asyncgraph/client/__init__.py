@@ -12,6 +12,7 @@ from asyncgraph.lazy import lazy_exports
 _EXPORTS = {
     "AsyncClient": "asyncgraph.client.async_client",
     "RemotePartition": "asyncgraph.client.remote",
+    "SampledRows": "asyncgraph.service.base",
     "scatter": "asyncgraph.client.scatter",
     "split_by_owner": "asyncgraph.client.scatter",
     "Connection": "asyncgraph.net.connection",
@@ -25,6 +26,7 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from asyncgraph.net.connection import Connection
+    from asyncgraph.service.base import SampledRows
 
     from .async_client import AsyncClient
     from .ipconfig import IpConfig, ServerEntry
@@ -47,6 +49,7 @@ __all__ = [
     "IpConfig",
     "LocalPartition",
     "RemotePartition",
+    "SampledRows",
     "ServerEntry",
     "Traffic",
     "scatter",

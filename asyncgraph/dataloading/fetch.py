@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from asyncgraph.client import SampledRows
 from asyncgraph.client.async_client import AsyncClient
 from asyncgraph.client.cache import meta_row_bytes, pick_cached_ids
 from asyncgraph.client.sync_client import Client
@@ -22,7 +23,6 @@ from asyncgraph.dataloading.prefetch import LoaderStats
 from asyncgraph.dataloading.sampler import NeighborSampler
 from asyncgraph.errors import DTypeMismatchError, UnknownTensorError
 from asyncgraph.names import is_state_key, tensor_prefix
-from asyncgraph.service.base import SampledRows
 
 __all__ = [
     "AUTO",
