@@ -39,10 +39,12 @@ ROOT = Path(__file__).resolve().parent.parent
 def sample_batches(npz: Path, batches: int, batch_size: int, fanouts: list[int], out: Path) -> dict[str, Any]:
     """Sample ``batches`` mini-batches with our sampler; write edges, features and labels to ``out``."""
     from asyncgraph.client.async_client import AsyncClient
+    from asyncgraph.dataloading import relabel_kernel
     from asyncgraph.dataloading.sampler import NeighborSampler
     from asyncgraph.kernels import compiled
 
     compiled.wait_ready(120)
+    relabel_kernel.wait_ready(120)
     client = AsyncClient.standalone(partitioned(npz, 1, "random"))
     sampler = NeighborSampler(fanouts)
     rng = np.random.default_rng(0)

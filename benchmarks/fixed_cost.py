@@ -129,7 +129,7 @@ def concurrent_case(
     """``batch`` concurrent 1-row pulls to partition 1 (``asyncio.gather``) per round: median
     round time, pulls per second, and the client's socket writes per round (when the connection
     counts them) against the bare echo of ``batch`` requests written at once."""
-    aio = client.aio
+    aio = client.async_client
     conn = aio.partitions[1].conn  # type: ignore[attr-defined]
 
     async def gathered() -> Any:
@@ -186,7 +186,7 @@ def main() -> None:
                 wait_for_sampler(group.addresses)
                 client = Client.connect(group.addresses, use_shared_memory=False)
                 try:
-                    aio = client.aio
+                    aio = client.async_client
                     lo, hi = client.book.node_range(1)
                     rng = np.random.default_rng(0)
                     meta = client.loop.run(aio.tensor_meta("node:feat"))

@@ -311,9 +311,11 @@ def _sampling_trainer(
 ) -> None:
     """One trainer process of ``trainers_sample_rate``: connect, warm up, wait, time, report."""
     from asyncgraph.client.sync_client import Client
+    from asyncgraph.dataloading import relabel_kernel
     from asyncgraph.kernels import compiled
 
     compiled.wait_ready(120)
+    relabel_kernel.wait_ready(120)
     client = Client.connect(addresses, **_trainer_connect_kwargs(mode, rank))
     try:
 
@@ -322,11 +324,11 @@ def _sampling_trainer(
             start.wait(120)
 
         rate = client.loop.run(
-            _sample_rate(client.aio, num_nodes, seconds, max_requests, stream=999 + rank, start=go)
+            _sample_rate(client.async_client, num_nodes, seconds, max_requests, stream=999 + rank, start=go)
         )
         results.put((rank, rate))
     finally:
-        client.loop.run(client.aio.close())
+        client.loop.run(client.async_client.close())
         client.loop.stop()
 
 
@@ -370,9 +372,11 @@ def trainers_sample_rate(
 def sample_bench(part_config: Path, seconds: float, max_requests: int) -> dict[str, Any]:
     from asyncgraph.client.async_client import AsyncClient
     from asyncgraph.client.sync_client import Client
+    from asyncgraph.dataloading import relabel_kernel
     from asyncgraph.kernels import compiled
 
     compiled.wait_ready(120)  # the steady state: the compiled sampler loaded (servers load it at start)
+    relabel_kernel.wait_ready(120)  # and the loaders' compiled relabelling
     out: dict[str, Any] = {}
     standalone = AsyncClient.standalone(part_config)
     num_nodes = standalone.book.num_nodes
@@ -393,9 +397,11 @@ def sample_bench(part_config: Path, seconds: float, max_requests: int) -> dict[s
             for mode, kwargs in modes.items():
                 client = Client.connect(group.addresses, **kwargs)
                 try:
-                    out[mode] = client.loop.run(_sample_rate(client.aio, num_nodes, seconds, max_requests))
+                    out[mode] = client.loop.run(
+                        _sample_rate(client.async_client, num_nodes, seconds, max_requests)
+                    )
                 finally:
-                    client.loop.run(client.aio.close())
+                    client.loop.run(client.async_client.close())
                     client.loop.stop()
             for mode in TRAINER_MODES:
                 out[f"trainers2_{mode}"] = trainers_sample_rate(

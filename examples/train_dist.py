@@ -168,7 +168,7 @@ def main() -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     cache_bytes = 0
     if args.cache_fraction > 0:
-        remote_nodes = int(g.client.aio.remote_ids("node").size)
+        remote_nodes = int(g.client.remote_ids("node").size)
         cache_bytes = int(args.cache_fraction * remote_nodes * feat.dtype.itemsize * in_feats)
     train_loader = DistNodeDataLoader(
         g,

@@ -70,14 +70,15 @@ def test_to_block_compiled_and_numpy_relabel_agree(
     """The compiled relabel (one pass) gives numpy's output and errors, and leaves the scratch
     table all -1 either way (a later block must not see this one's labels)."""
     from asyncgraph.dataloading import block as block_module
-    from asyncgraph.kernels import compiled
+    from asyncgraph.dataloading import relabel_kernel
+    from asyncgraph.kernels.jit import disabled
 
     if compiled_path:
-        if compiled.disabled():
+        if disabled():
             pytest.skip("ASYNCGRAPH_NO_JIT is set")
-        assert compiled.wait_ready(120)
+        assert relabel_kernel.wait_ready(120)
     else:
-        monkeypatch.setattr(compiled, "relabel", lambda *a: None)
+        monkeypatch.setattr(relabel_kernel, "relabel", lambda *a: None)
     rng = np.random.default_rng(7)
     for trial in range(40):
         n = int(rng.integers(1, 300))

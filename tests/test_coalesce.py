@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from asyncgraph.client import AsyncClient, Client, Connection
-from asyncgraph.client.connection import COALESCE_BYTES, COALESCE_REQUESTS
 from asyncgraph.errors import ServerUnavailableError
+from asyncgraph.net.connection import COALESCE_BYTES, COALESCE_REQUESTS
 from asyncgraph.testing import ServerGroup
 
 # Concurrent pulls per tick: the first, one full group, and a half group still queued at the end
@@ -68,7 +68,7 @@ async def queue_a_tick(
     await client.pull("node:feat", requests[0])  # tensor metadata cached: a pull sends at once
     written = conn.requests_written
     tasks = await start_tick(client, requests)
-    assert len(conn._queued) == N - EARLY
+    assert len(conn.writer.queued) == N - EARLY
     return conn, requests, written, tasks
 
 
@@ -82,7 +82,7 @@ async def test_concurrent_pulls_in_one_tick_are_written_in_groups(client: AsyncC
     assert (conn.writes - w0, conn.requests_written - r0) == (WRITES, N)
     for ids, rows in zip(requests, got, strict=True):
         np.testing.assert_array_equal(rows.numpy(), pubmed2.original_rows("feat", ids))
-    assert conn._inflight == 0 and not conn._pending and not conn._queued
+    assert conn._inflight == 0 and not conn._pending and not conn.writer.queued
 
 
 @pytest.mark.timeout(60)
@@ -148,7 +148,7 @@ async def test_sequential_calls_write_once_each(client: AsyncClient, pubmed2: An
         rows = await client.pull("node:feat", ids)
         np.testing.assert_array_equal(rows.numpy(), pubmed2.original_rows("feat", ids))
     assert (conn.writes - w0, conn.requests_written - r0) == (5, 5)
-    assert not conn._queued
+    assert not conn.writer.queued
 
 
 @pytest.mark.timeout(60)
@@ -163,7 +163,7 @@ async def test_cancelled_requests_leave_the_connection_and_the_others_intact(
     await client.pull("node:feat", requests[0])
     w0, r0 = conn.writes, conn.requests_written
     tasks = await start_tick(client, requests)
-    assert len(conn._queued) == N - EARLY and conn.requests_written - r0 == EARLY
+    assert len(conn.writer.queued) == N - EARLY and conn.requests_written - r0 == EARLY
     tasks[0].cancel()
     tasks[N - 2].cancel()
     results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -189,7 +189,7 @@ async def test_connection_lost_with_requests_queued_fails_all_of_them(client: As
     assert all(isinstance(r, ServerUnavailableError) for r in results), results
     assert all(conn.name in str(r) for r in results)
     assert conn.requests_written - r0 == EARLY  # the queued ones were never written
-    assert conn.closed and conn._inflight == 0 and not conn._pending and not conn._queued
+    assert conn.closed and conn._inflight == 0 and not conn._pending and not conn.writer.queued
     with pytest.raises(ServerUnavailableError):  # later calls fail at once
         await client.pull("node:feat", requests[0])
     other = rows_of(client, 1, 1)[0]  # the other server's connection is untouched
@@ -203,7 +203,7 @@ async def test_closing_the_connection_with_requests_queued_fails_them(client: As
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert all(isinstance(r, ServerUnavailableError) for r in results), results
     assert all("closed by the client" in str(r) for r in results[EARLY:]), results
-    assert conn.requests_written - r0 == EARLY and not conn._pending and not conn._queued
+    assert conn.requests_written - r0 == EARLY and not conn._pending and not conn.writer.queued
 
 
 @pytest.mark.timeout(60)

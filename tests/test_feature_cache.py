@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from asyncgraph.client import Client
-from asyncgraph.client.cache import FeatureCache, Traffic, pick_cached_ids
+from asyncgraph.client.cache import FeatureCache, pick_cached_ids
+from asyncgraph.client.traffic import Traffic
 from asyncgraph.dataloading import DistNodeDataLoader, NeighborSampler
 from asyncgraph.distributed import DistGraph
 from asyncgraph.errors import InvalidRequestError

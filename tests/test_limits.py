@@ -140,7 +140,7 @@ async def test_pull_and_push_larger_than_a_frame_are_split(small_frames: ServerG
 
 @pytest.mark.timeout(120)
 async def test_oversized_requests_refused_before_allocation(small_frames: ServerGroup) -> None:
-    from asyncgraph.client.connection import Connection
+    from asyncgraph.net.connection import Connection
     from asyncgraph.protocol.ops import CreateTensorArgs, Op, PullArgs, SampleArgs
 
     host, port = small_frames.addresses[0]

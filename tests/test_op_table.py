@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from asyncgraph.client import AsyncClient
-from asyncgraph.client.connection import Connection
 from asyncgraph.errors import InvalidRequestError
+from asyncgraph.net.connection import Connection
 from asyncgraph.partition import PartitionConfig
 from asyncgraph.protocol.ops import (
     ATTACHED_OPS,

@@ -105,7 +105,7 @@ def test_standalone_blocking_pulls_read_on_the_callers_thread(
     """A standalone client answers a one-owner pull on the caller's thread (no hop to its loop
     thread) with the same rows, errors and empty shapes as the async path; pulls spanning
     several partitions, unknown tensors and cached tensors take the async path."""
-    from asyncgraph.client.cache import Traffic
+    from asyncgraph.client.traffic import Traffic
     from asyncgraph.errors import DTypeMismatchError, OutOfRangeError, UnknownTensorError
 
     data = request.getfixturevalue(which)

@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 
 from asyncgraph.client import AsyncClient
-from asyncgraph.client.connection import Connection
 from asyncgraph.client.replicated import ReplicatedPartition
 from asyncgraph.errors import InvalidRequestError, UnknownTensorError
 from asyncgraph.launch.processes import process_alive, replica_args
+from asyncgraph.net.connection import Connection
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol.ops import Op, PullArgs, PushArgs
 from asyncgraph.testing import ServerGroup, start_servers

@@ -307,18 +307,29 @@ def test_compiled_kernel_marks_its_cache_built() -> None:
     from asyncgraph.kernels import compiled
 
     _compiled_ready()
-    marker = compiled._marker()
+    marker = compiled.SAMPLING.marker()
     assert marker.exists(), marker
     assert marker.name.startswith("compiled-ready-") and marker.parent.name == "__pycache__"
     # every signature the request paths use was built at load (none compiles on a request)
-    kernels = compiled._kernels
+    kernels = compiled.SAMPLING.kernels
     assert kernels is not None
-    *sampling, relabel = kernels
-    assert all(len(k.signatures) >= 2 for k in sampling)  # read-only and writable structure
-    assert len(relabel.signatures) >= 1  # writable only: compiled.relabel declines read-only arrays
+    assert all(len(k.signatures) >= 2 for k in kernels)  # read-only and writable structure
+
+
+def test_relabel_kernel_is_the_loaders_own() -> None:
+    """The loaders' compiled relabelling loads as its own set, with its own cache marker, and
+    declines arrays it was not compiled for (read-only ones) rather than compiling on a batch."""
+    from asyncgraph.dataloading import relabel_kernel
+
+    _compiled_ready()
+    assert relabel_kernel.wait_ready(120)
+    marker = relabel_kernel.RELABEL.marker()
+    assert marker.exists() and marker.name.startswith("relabel_kernel-ready-"), marker
+    kernel = relabel_kernel.RELABEL.kernels
+    assert kernel is not None and len(kernel.signatures) >= 1  # writable int64 only
     ro = np.array([1, 2], dtype=np.int64)
     ro.flags.writeable = False
-    assert compiled.relabel(ro, ro, ro, np.full(3, -1, dtype=np.int64)) is None
+    assert relabel_kernel.relabel(ro, ro, ro, np.full(3, -1, dtype=np.int64)) is None
 
 
 def test_compiled_state_says_which_sampler_runs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -331,13 +342,14 @@ def test_compiled_state_says_which_sampler_runs(monkeypatch: pytest.MonkeyPatch)
         pytest.skip("ASYNCGRAPH_NO_JIT is set")
     _compiled_ready()
     assert compiled.state() == "compiled"
-    monkeypatch.setattr(compiled, "_kernels", None)
-    monkeypatch.setattr(compiled, "_started", True)
-    monkeypatch.setattr(compiled, "_loader_done", threading.Event())
+    jit = compiled.SAMPLING
+    monkeypatch.setattr(jit, "kernels", None)
+    monkeypatch.setattr(jit, "started", True)
+    monkeypatch.setattr(jit, "loader_done", threading.Event())
     assert compiled.state() == "loading"
-    compiled._loader_done.set()  # the loader finished without kernels (no numba, a failure)
+    jit.loader_done.set()  # the loader finished without kernels (no numba, a failure)
     assert compiled.state() == "numpy"
-    monkeypatch.setattr(compiled, "_started", False)
+    monkeypatch.setattr(jit, "started", False)
     assert compiled.state() == "numpy"
 
 

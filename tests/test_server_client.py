@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from asyncgraph.client import AsyncClient, Client
-from asyncgraph.client.connection import Connection
 from asyncgraph.errors import (
     AuthenticationError,
     BarrierTimeoutError,
@@ -30,6 +29,7 @@ from asyncgraph.errors import (
     UnknownOpError,
     UnknownTensorError,
 )
+from asyncgraph.net.connection import Connection
 from asyncgraph.testing import ServerGroup, shm_entries, start_servers
 
 ROOT = Path(__file__).resolve().parent.parent

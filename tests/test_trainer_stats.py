@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from asyncgraph.client import Client
-from asyncgraph.client.cache import Traffic
+from asyncgraph.client.traffic import Traffic
 from asyncgraph.dataloading import DistNodeDataLoader, NeighborSampler
 from asyncgraph.distributed import DistGraph
 from asyncgraph.testing import PACKAGE_ROOT, subprocess_env

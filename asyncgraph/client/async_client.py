@@ -5,49 +5,51 @@ Every partition is a ``Partition``: a ``RemotePartition`` over a connection, or 
 partition itself). A call that spans partitions is validated, split by owner through the
 partition book and handed to ``scatter``, which reassembles it in the caller's order. Standalone
 is simply "every partition is local", so standalone results equal served results.
+
+``AsyncClient`` is composed of small parts sharing one ``ClientState``: ``catalog``
+(``TensorCatalog``: tensor metadata and life cycle), ``reads`` (``TensorReads``: pulls, feature
+caches), ``writes`` (``TensorWrites``: pushes, sparse optimizer steps) and ``structure``
+(``StructureQueries``: sampling, degrees, edges). Their public methods are offered here by
+``forward``; connecting, coordination (barriers, snapshots) and server administration live here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from asyncgraph.arrays import as_id_array, check_rows
 from asyncgraph.env import ENV_MALLOC_TUNING, ENV_RECONNECT_WINDOW
-from asyncgraph.errors import (
-    DTypeMismatchError,
-    InvalidRequestError,
-)
-from asyncgraph.kernels.sparse_optim import validate_spec
+from asyncgraph.errors import InvalidRequestError
+from asyncgraph.net.connection import Connection
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.protocol.ops import BarrierArgs, Op, SnapshotArgs
-from asyncgraph.service import LocalPartition, Partition, PartitionService
+from asyncgraph.service import Partition, PartitionService
 from asyncgraph.storage.malloc import retain_large_allocations
-from asyncgraph.storage.store import PartitionStore, TensorMeta
+from asyncgraph.storage.store import PartitionStore
 
-from .cache import FeatureCache
-from .connection import Connection
+from .catalog import TensorCatalog
+from .forward import forward
+from .local import LocalPartition
 from .partitions import open_partitions
 from .reads import TensorReads
-from .scatter import broadcast, scatter, take
+from .scatter import broadcast
+from .state import ClientState
 from .structure import StructureQueries
+from .writes import TensorWrites
 
 DEFAULT_CALL_TIMEOUT = 60.0
 
 
-class AsyncClient(StructureQueries, TensorReads):
+class AsyncClient:
     """Typed async access to a partitioned graph's tensors, structure and barriers.
 
-    Tensor metadata and life cycle come from ``TensorCatalog``, sampling and structure queries
-    from ``StructureQueries``, pulls and feature caches from ``TensorReads``; this class adds
-    connecting, writes, optimizer steps and coordination.
+    Tensor metadata and life cycle are answered by ``catalog``, pulls and feature caches by
+    ``reads``, pushes and optimizer steps by ``writes``, sampling and structure queries by
+    ``structure`` (all over one ``state``); this class adds connecting and coordination.
     """
 
     def __init__(
@@ -60,16 +62,13 @@ class AsyncClient(StructureQueries, TensorReads):
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
         num_clients: int = 1,
     ) -> None:
-        self.graph_name = graph_name
-        self.book = book
-        self.partitions = list(partitions)
-        self.connections = list(connections)
-        self.call_timeout = call_timeout
-        self.num_clients = num_clients
-        self._metas: dict[str, TensorMeta] = {}
-        self._caches: dict[str, FeatureCache] = {}
-        #: Who holds this client's references to non-persistent tensors on the servers.
-        self.holder = uuid.uuid4().hex
+        self.state = ClientState(
+            graph_name, book, list(partitions), list(connections), call_timeout, num_clients
+        )
+        self.catalog = TensorCatalog(self.state)
+        self.reads = TensorReads(self.state, self.catalog)
+        self.writes = TensorWrites(self.state, self.catalog)
+        self.structure = StructureQueries(self.state, self.catalog)
 
     # --- construction -----------------------------------------------------------------------
     @classmethod
@@ -134,7 +133,7 @@ class AsyncClient(StructureQueries, TensorReads):
             call_timeout=call_timeout,
             num_clients=served.num_clients,
         )
-        client._remember(served.tensors)
+        client.catalog.remember(served.tensors)
         return client
 
     @classmethod
@@ -148,75 +147,94 @@ class AsyncClient(StructureQueries, TensorReads):
             for p in range(config.num_parts)
         ]
         client = cls(config.graph_name, config.book(), [LocalPartition(s) for s in services])
-        client._remember(services[0].list_tensors())
+        client.catalog.remember(services[0].list_tensors())
         return client
 
-    # --- metadata ---------------------------------------------------------------------------
+    # --- the shared state -------------------------------------------------------------------
+    @property
+    def graph_name(self) -> str:
+        return self.state.graph_name
+
+    @property
+    def book(self) -> RangePartitionBook:
+        return self.state.book
+
+    @property
+    def partitions(self) -> list[Partition]:
+        """One ``Partition`` per partition ID, in order."""
+        return self.state.partitions
+
+    @property
+    def connections(self) -> list[Connection]:
+        """The connections to the servers (empty when standalone)."""
+        return self.state.connections
+
+    @property
+    def call_timeout(self) -> float:
+        return self.state.call_timeout
+
+    @property
+    def num_clients(self) -> int:
+        """Clients the servers expect (their ``--num-clients``)."""
+        return self.state.num_clients
+
+    @property
+    def holder(self) -> str:
+        """Who holds this client's references to non-persistent tensors on the servers."""
+        return self.state.holder
+
+    @property
+    def num_partitions(self) -> int:
+        return self.state.num_partitions
+
     @property
     def is_standalone(self) -> bool:
         """True when no server is involved: every partition is held in this process."""
-        return not self.connections
+        return not self.state.connections
 
     def local_partitions(self) -> list[int]:
-        return [p.part_id for p in self.partitions if p.store is not None]
+        """IDs of the partitions read in this process (standalone, or mapped shared memory)."""
+        return [p.part_id for p in self.state.partitions if p.store is not None]
 
     async def info(self, part_id: int = 0) -> dict[str, Any]:
         """Partition ``part_id``'s description, as its server (or, standalone, its store) gives it."""
-        return await self.partitions[part_id].info()
+        return await self.state.partitions[part_id].info()
 
-    # --- tensors (pulls: TensorReads) ----------------------------------------------------------
-    async def push(self, name: str, ids: Any, values: Any, op: str = "assign") -> None:
-        """Write rows: ``op="assign"`` replaces, ``"add"`` accumulates (duplicates add up).
+    # --- tensor catalog ---------------------------------------------------------------------
+    tensor_names = forward("catalog", TensorCatalog.tensor_names)
+    cached_meta = forward("catalog", TensorCatalog.cached_meta)
+    tensor_meta = forward("catalog", TensorCatalog.tensor_meta)
+    refresh_tensors = forward("catalog", TensorCatalog.refresh_tensors)
+    create_tensor = forward("catalog", TensorCatalog.create_tensor)
+    create_tensor_parts = forward("catalog", TensorCatalog.create_tensor_parts)
+    delete_tensor = forward("catalog", TensorCatalog.delete_tensor)
+    release_tensors = forward("catalog", TensorCatalog.release_tensors)
 
-        Everything is validated before any partition is written, so a bad push changes nothing.
-        """
-        if op not in ("assign", "add"):
-            raise InvalidRequestError(f"push: op must be 'assign' or 'add', got {op!r}")
-        self._caches.pop(name, None)
-        meta = await self.tensor_meta(name)
-        gids = as_id_array(ids)
-        _, vals = check_rows(f"push to {name!r}", gids, values, dtype=meta.dtype, row_shape=meta.row_shape)
-        parts = self.book.positions(gids, meta.policy)
-        await scatter(
-            self.partitions, parts, Op.PUSH, lambda p, pos: p.push(name, take(gids, pos), take(vals, pos), op)
-        )
+    # --- reads and writes of rows -------------------------------------------------------------
+    pull = forward("reads", TensorReads.pull)
+    pull_numpy = forward("reads", TensorReads.pull_numpy)
+    pull_here = forward("reads", TensorReads.pull_here)
+    remote_ids = forward("reads", TensorReads.remote_ids)
+    build_cache = forward("reads", TensorReads.build_cache)
+    feature_cache = forward("reads", TensorReads.feature_cache)
+    drop_cache = forward("reads", TensorReads.drop_cache)
+    push = forward("writes", TensorWrites.push)
+    sparse_update = forward("writes", TensorWrites.sparse_update)
 
-    # --- sparse optimizers --------------------------------------------------------------------
-    async def sparse_update(self, name: str, ids: Any, grads: Any, spec: Mapping[str, Any]) -> None:
-        """One sparse optimizer step on rows ``ids`` of float tensor ``name``, run on the owners.
-
-        ``spec`` is ``{"kind": "adagrad", "lr": ..., "eps": ...}`` or ``{"kind": "adam", "lr": ...,
-        "betas": [b1, b2], "eps": ...}`` (see ``asyncgraph.kernels.sparse_optim``); ``grads`` has the
-        tensor's dtype and shape ``(len(ids), *row_shape)``; duplicate IDs' gradients are summed.
-        Each owner reads, updates and writes its rows and their optimizer state under its write
-        lock: one round trip per server, and concurrent trainers never lose an update. A
-        co-located partition is updated through its server (an attached store cannot create the
-        state tensors). Everything is validated before any partition is touched.
-        """
-        self._caches.pop(name, None)
-        opts = validate_spec(spec)
-        meta = await self.tensor_meta(name)
-        if np.dtype(meta.dtype).kind != "f":
-            raise DTypeMismatchError(
-                f"sparse_update {name!r}: the tensor is {meta.dtype}; optimizers need a floating-point tensor"
-            )
-        gids = as_id_array(ids)
-        what, row_shape = f"sparse_update {name!r}", meta.row_shape
-        _, grad = check_rows(what, gids, grads, dtype=meta.dtype, row_shape=row_shape, values_name="grads")
-        parts = self.book.positions(gids, meta.policy)
-        await scatter(
-            self.partitions,
-            parts,
-            Op.SPARSE_UPDATE,
-            lambda p, pos: p.sparse_update(name, take(gids, pos), take(grad, pos), opts),
-        )
+    # --- structure ----------------------------------------------------------------------------
+    sample_neighbors = forward("structure", StructureQueries.sample_neighbors)
+    sample_with_features = forward("structure", StructureQueries.sample_with_features)
+    sample_edges = forward("structure", StructureQueries.sample_edges)
+    sample_etypes = forward("structure", StructureQueries.sample_etypes)
+    degrees = forward("structure", StructureQueries.degrees)
+    find_edges = forward("structure", StructureQueries.find_edges)
 
     # --- coordination -------------------------------------------------------------------------
     async def barrier(self, name: str = "default", timeout: float = 300.0) -> None:
         """Wait until every client of the job reaches this barrier (held by server 0)."""
-        if self.connections:
+        if self.state.connections:
             args = BarrierArgs(name, float(timeout)).encode()
-            await self.connections[0].call(Op.BARRIER, args, timeout + 10.0)
+            await self.state.connections[0].call(Op.BARRIER, args, timeout + 10.0)
 
     async def snapshot(self) -> int:
         """Snapshot every server's state (servers need ``--state-dir``) as one new epoch.
@@ -225,26 +243,31 @@ class AsyncClient(StructureQueries, TensorReads):
         under that number, so a restore finds a consistent set. Call it while no client writes
         (e.g. between barriers, as ``asyncgraph.distributed.snapshot`` does). Returns the epoch.
         """
-        if not self.connections:
+        conns, timeout = self.state.connections, self.state.call_timeout
+        if not conns:
             raise InvalidRequestError("snapshot: a standalone client has no server to snapshot")
-        infos = await broadcast(self.connections, lambda c: c.call(Op.INFO, {}, self.call_timeout))
+        infos = await broadcast(conns, lambda c: c.call(Op.INFO, {}, timeout))
         epoch = max(int(i.get("epoch", 0)) for i in infos) + 1
         args = SnapshotArgs(epoch).encode()
-        await broadcast(self.connections, lambda c: c.call(Op.SNAPSHOT, args, self.call_timeout))
+        await broadcast(conns, lambda c: c.call(Op.SNAPSHOT, args, timeout))
         return epoch
 
     def retries(self) -> int:
         """Requests resent after a reconnect, over all connections."""
-        return sum(c.retries for c in self.connections)
+        return sum(c.retries for c in self.state.connections)
 
     async def server_stats(self) -> list[dict[str, Any]]:
-        return await broadcast(self.connections, lambda c: c.call(Op.STATS, {}, self.call_timeout))
+        """Every server's ``stats`` (requests, bytes, timings), in partition order."""
+        timeout = self.state.call_timeout
+        return await broadcast(self.state.connections, lambda c: c.call(Op.STATS, {}, timeout))
 
     async def shutdown_servers(self) -> None:
         """Ask every server to stop (after answering)."""
-        calls = [c.call(Op.SHUTDOWN, {}, self.call_timeout) for c in self.connections]
+        timeout = self.state.call_timeout
+        calls = [c.call(Op.SHUTDOWN, {}, timeout) for c in self.state.connections]
         await asyncio.gather(*calls, return_exceptions=True)
 
     async def close(self) -> None:
-        for part in self.partitions:
+        """Close every partition: connections closed, attached memory unmapped."""
+        for part in self.state.partitions:
             part.close()

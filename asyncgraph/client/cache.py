@@ -1,4 +1,4 @@
-"""A trainer-side cache of remote rows of read-only tensors, and the traffic counters of pulls.
+"""A trainer-side cache of remote rows of read-only tensors.
 
 Each process builds its own cache (version 1: not shared between the trainers of a host). A
 cache holds the sorted global IDs it covers and their rows; a lookup is one vectorised
@@ -11,64 +11,18 @@ is why only tensors nobody writes during training (partition features) should be
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, fields
 
 import numpy as np
 
 from asyncgraph.errors import InvalidRequestError
-from asyncgraph.protocol.ops import Op
-from asyncgraph.service.base import Partition
 from asyncgraph.storage.store import TensorMeta
 
-__all__ = ["FeatureCache", "Traffic", "count_remote", "meta_row_bytes", "pick_cached_ids"]
+__all__ = ["FeatureCache", "meta_row_bytes", "pick_cached_ids"]
 
 
 def meta_row_bytes(meta: TensorMeta) -> int:
     """Bytes of one row of ``meta``'s tensor."""
     return int(math.prod(meta.row_shape) * np.dtype(meta.dtype).itemsize)
-
-
-@dataclass
-class Traffic:
-    """What requests cost: rows/bytes pulled over a socket, requests sent over a socket (pulls and
-    samples), cache hits/misses.
-
-    ``cache_hits``/``cache_misses`` count remote-owned rows looked up in a cache; ``waves`` counts
-    sequential rounds that sent at least one request over a socket (filled in by the loaders).
-    """
-
-    remote_rows: int = 0
-    remote_bytes: int = 0
-    remote_requests: int = 0
-    cache_hits: int = 0
-    cache_misses: int = 0
-    waves: int = 0
-
-    def add(self, other: Traffic) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
-    def as_dict(self) -> dict[str, int]:
-        return {f.name: int(getattr(self, f.name)) for f in fields(self)}
-
-    @property
-    def hit_rate(self) -> float:
-        total = self.cache_hits + self.cache_misses
-        return self.cache_hits / total if total else 0.0
-
-
-def count_remote(
-    partitions: Sequence[Partition], parts: Sequence[np.ndarray], op: Op, traffic: Traffic
-) -> int:
-    """Count in ``traffic`` the requests of ``parts`` (positions per partition) that go over a
-    socket; returns their rows."""
-    rows = 0
-    for part, pos in zip(partitions, parts, strict=True):
-        if pos.size and not part.runs_here(op):
-            rows += int(pos.size)
-            traffic.remote_requests += 1
-    return rows
 
 
 class FeatureCache:

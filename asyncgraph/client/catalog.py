@@ -1,9 +1,8 @@
 """The client's tensor catalog: which tensors exist, their metadata, and their life cycle.
 
 ``TensorCatalog`` is the part of ``AsyncClient`` that creates, lists, releases and deletes
-tensors on every partition and caches their ``TensorMeta`` (names, shapes, dtypes, policies), so
-reads and writes validate without a round trip. It needs only the partition book and the list of
-partitions; ``AsyncClient`` adds reads, writes and structure queries on top. Creating, deleting
+tensors on every partition and keeps their ``TensorMeta`` (names, shapes, dtypes, policies) in the
+client's ``ClientState``, so reads and writes validate without a round trip. Creating, deleting
 or releasing a tensor drops this client's feature cache of it (``TensorReads.build_cache``).
 """
 
@@ -16,55 +15,49 @@ from typing import Any
 import numpy as np
 
 from asyncgraph.errors import PartialTensorError, UnknownTensorError
-from asyncgraph.partition.book import RangePartitionBook
-from asyncgraph.service import Partition
 from asyncgraph.storage.store import TensorMeta
 
-from .cache import FeatureCache
 from .scatter import broadcast
+from .state import ClientState
 
 __all__ = ["TensorCatalog"]
 
 
 class TensorCatalog:
-    """Tensor metadata cache and life cycle over every partition (a base of ``AsyncClient``)."""
+    """Tensor metadata and life cycle over every partition (a part of ``AsyncClient``)."""
 
-    book: RangePartitionBook
-    partitions: list[Partition]
-    #: Who holds this client's references to non-persistent tensors on the servers.
-    holder: str
-    _metas: dict[str, TensorMeta]
-    #: Per-tensor feature caches of this client (see ``TensorReads``), dropped on its writes.
-    _caches: dict[str, FeatureCache]
+    def __init__(self, state: ClientState) -> None:
+        self.state = state
 
     @property
     def num_partitions(self) -> int:
-        return self.book.num_partitions()
+        return self.state.num_partitions
 
     def tensor_names(self) -> list[str]:
-        return sorted(self._metas)
+        return sorted(self.state.metas)
 
     def cached_meta(self, name: str) -> TensorMeta | None:
-        return self._metas.get(name)
+        return self.state.metas.get(name)
 
     async def tensor_meta(self, name: str) -> TensorMeta:
-        meta = self._metas.get(name)
+        meta = self.state.metas.get(name)
         if meta is None:
             await self.refresh_tensors()
-            meta = self._metas.get(name)
+            meta = self.state.metas.get(name)
         if meta is None:
-            raise UnknownTensorError(f"no tensor named {name!r}; known: {sorted(self._metas)}")
+            raise UnknownTensorError(f"no tensor named {name!r}; known: {sorted(self.state.metas)}")
         return meta
 
     async def refresh_tensors(self) -> list[TensorMeta]:
-        metas = await self.partitions[0].list_tensors()
-        self._metas.clear()
-        self._remember(metas)
-        return list(self._metas.values())
+        metas = await self.state.partitions[0].list_tensors()
+        self.state.metas.clear()
+        self.remember(metas)
+        return list(self.state.metas.values())
 
-    def _remember(self, metas: Sequence[TensorMeta]) -> None:
+    def remember(self, metas: Sequence[TensorMeta]) -> None:
+        """Record metadata a server sent (its ``info``, a listing)."""
         for meta in metas:
-            self._metas[meta.name] = meta
+            self.state.metas[meta.name] = meta
 
     # --- life cycle ---------------------------------------------------------------------------
     async def create_tensor(
@@ -86,7 +79,7 @@ class TensorCatalog:
         partial view is re-checked a few times (~0.7 s in all) before it counts as lost state.
         """
         for attempt in range(4):
-            present = await broadcast(self.partitions, lambda p: p.list_tensors())
+            present = await broadcast(self.state.partitions, lambda p: p.list_tensors())
             have = [any(m.name == name for m in metas) for metas in present]
             if all(have) or not any(have):
                 return
@@ -112,30 +105,34 @@ class TensorCatalog:
         ``persistent=False`` takes a reference as this client's ``holder``; the servers delete the
         tensor when ``release_tensors`` has dropped every holder's references.
         """
-        self._caches.pop(name, None)
+        self.state.caches.pop(name, None)
         dims = [int(d) for d in shape]
         dt = np.dtype(dtype).name
         spec = dict(init) if init else None
         if self.num_partitions > 1:
             await self._refuse_partial_tensor(name)
-        holder = None if persistent else self.holder
+        holder = None if persistent else self.state.holder
         out = await broadcast(
-            self.partitions, lambda p: p.create_tensor(name, policy, dims, dt, spec, holder)
+            self.state.partitions, lambda p: p.create_tensor(name, policy, dims, dt, spec, holder)
         )
-        self._metas[name] = out[0][0]
-        return out[0][0], [p.part_id for p, (_, created) in zip(self.partitions, out, strict=True) if created]
+        self.state.metas[name] = out[0][0]
+        return out[0][0], [
+            p.part_id for p, (_, created) in zip(self.state.partitions, out, strict=True) if created
+        ]
 
     async def delete_tensor(self, name: str) -> None:
-        self._caches.pop(name, None)
-        await broadcast(self.partitions, lambda p: p.delete_tensor(name))
-        self._metas.pop(name, None)
+        self.state.caches.pop(name, None)
+        await broadcast(self.state.partitions, lambda p: p.delete_tensor(name))
+        self.state.metas.pop(name, None)
 
     async def release_tensors(self, names: Sequence[str], every: bool = False) -> list[str]:
         """Drop this client's references to non-persistent tensors (one per name, or all)."""
         listed = list(names)
-        out = await broadcast(self.partitions, lambda p: p.release_tensors(self.holder, listed, every))
+        out = await broadcast(
+            self.state.partitions, lambda p: p.release_tensors(self.state.holder, listed, every)
+        )
         deleted = sorted({n for part in out for n in part})
         for name in deleted:
-            self._metas.pop(name, None)
-            self._caches.pop(name, None)
+            self.state.metas.pop(name, None)
+            self.state.caches.pop(name, None)
         return deleted

@@ -18,18 +18,24 @@ import torch
 from asyncgraph.arrays import as_id_array
 from asyncgraph.protocol.ops import Op
 from asyncgraph.service.base import Partition
-from asyncgraph.service.local import LocalPartition
 from asyncgraph.storage.store import TensorMeta
 
-from .cache import FeatureCache, Traffic, count_remote, meta_row_bytes
+from .cache import FeatureCache, meta_row_bytes
 from .catalog import TensorCatalog
+from .local import LocalPartition
 from .scatter import gather_rows, scatter, take
+from .state import ClientState
+from .traffic import Traffic, count_remote
 
 __all__ = ["TensorReads"]
 
 
-class TensorReads(TensorCatalog):
-    """Pulls of rows, and the feature caches they read from (a base of ``AsyncClient``)."""
+class TensorReads:
+    """Pulls of rows, and the feature caches they read from (a part of ``AsyncClient``)."""
+
+    def __init__(self, state: ClientState, catalog: TensorCatalog) -> None:
+        self.state = state
+        self.catalog = catalog
 
     async def pull(self, name: str, ids: Any) -> torch.Tensor:
         """Rows ``ids`` (global, any order, duplicates allowed) of tensor ``name``."""
@@ -38,19 +44,19 @@ class TensorReads(TensorCatalog):
     async def pull_numpy(self, name: str, ids: Any, traffic: Traffic | None = None) -> np.ndarray:
         """Rows ``ids`` of ``name`` as numpy; served from the tensor's feature cache where it holds
         them. ``traffic`` (optional) accumulates remote rows/bytes/requests and cache hits/misses."""
-        meta = await self.tensor_meta(name)
+        meta = await self.catalog.tensor_meta(name)
         gids = as_id_array(ids)
-        cache = self._caches.get(name)
+        cache = self.state.caches.get(name)
         if cache is None:
             return await self._pull_uncached(name, meta, gids, traffic)
         hit, slot = cache.lookup(gids)
         hits = int(np.count_nonzero(hit))
         before = traffic.remote_rows if traffic is not None else 0
-        bounds = self.book.bounds(meta.policy)
+        bounds = self.state.book.bounds(meta.policy)
         local = next(
             (
                 p.part_id
-                for p in self.partitions
+                for p in self.state.partitions
                 if p.runs_here(Op.PULL) and bounds[p.part_id + 1] > bounds[p.part_id]
             ),
             None,
@@ -86,15 +92,15 @@ class TensorReads(TensorCatalog):
         to the client's loop thread (a third of a 1k-row read here). Reads are safe beside the
         loop thread's work: the store takes its read lock.
         """
-        meta = self._metas.get(name)
-        if meta is None or name in self._caches:
+        meta = self.state.metas.get(name)
+        if meta is None or name in self.state.caches:
             return None
         gids = as_id_array(ids)
-        parts = self.book.positions(gids, meta.policy)
+        parts = self.state.book.positions(gids, meta.policy)
         owners = [i for i, pos in enumerate(parts) if pos.size]
         if len(owners) != 1:
             return None if owners else np.empty((0, *meta.row_shape), dtype=meta.dtype)
-        owner = self.partitions[owners[0]]
+        owner = self.state.partitions[owners[0]]
         if not isinstance(owner, LocalPartition) or owner.server is not None:
             return None  # over a socket, or mapped from a server that may have restarted
         return owner.service.pull(name, gids)
@@ -102,16 +108,16 @@ class TensorReads(TensorCatalog):
     async def _pull_uncached(
         self, name: str, meta: TensorMeta, gids: np.ndarray, traffic: Traffic | None
     ) -> np.ndarray:
-        parts = self.book.positions(gids, meta.policy)
+        parts = self.state.book.positions(gids, meta.policy)
         row_bytes = meta_row_bytes(meta)
         if traffic is not None:
-            rows = count_remote(self.partitions, parts, Op.PULL, traffic)
+            rows = count_remote(self.state.partitions, parts, Op.PULL, traffic)
             traffic.remote_rows += rows
             traffic.remote_bytes += rows * row_bytes
         base = self._gather_base(parts, gids.size)
         if base is None:
             rows_by_part = await scatter(
-                self.partitions, parts, Op.PULL, lambda p, pos: p.pull(name, take(gids, pos), row_bytes)
+                self.state.partitions, parts, Op.PULL, lambda p, pos: p.pull(name, take(gids, pos), row_bytes)
             )
             return gather_rows(rows_by_part, gids.size, meta.row_shape, meta.dtype)
         # A partition in this process owns most rows: it gathers a row for EVERY position (the
@@ -119,7 +125,7 @@ class TensorReads(TensorCatalog):
         # theirs. One gather of all rows plus a scatter of the few, instead of a gather of the
         # many plus a scatter of all (numpy's scatter costs ~1.7x its gather per row).
         base_ids = gids.copy()
-        first = int(self.book.bounds(meta.policy)[base])
+        first = int(self.state.book.bounds(meta.policy)[base])
         for i, others in enumerate(parts):
             if i != base and others.size:
                 base_ids[others] = first
@@ -128,7 +134,7 @@ class TensorReads(TensorCatalog):
             ids = base_ids if p.part_id == base else take(gids, pos)
             return p.pull(name, ids, row_bytes)
 
-        rows_by_part = await scatter(self.partitions, parts, Op.PULL, pull)
+        rows_by_part = await scatter(self.state.partitions, parts, Op.PULL, pull)
         out: np.ndarray = next(got for where, got in rows_by_part if where is parts[base])
         for where, got in rows_by_part:
             if where is not parts[base]:
@@ -143,15 +149,15 @@ class TensorReads(TensorCatalog):
             return None
         best, best_size = None, 0
         for i, pos in enumerate(parts):
-            if pos.size > best_size and self.partitions[i].runs_here(Op.PULL):
+            if pos.size > best_size and self.state.partitions[i].runs_here(Op.PULL):
                 best, best_size = i, int(pos.size)
         return best if best is not None and best_size * 5 >= size * 2 else None
 
     def remote_ids(self, policy: str = "node") -> np.ndarray:
         """Global IDs owned by partitions reached over a socket (candidates for a feature cache)."""
-        book = self.book
+        book = self.state.book
         ranges = []
-        for part in self.partitions:
+        for part in self.state.partitions:
             if not part.runs_here(Op.PULL):
                 lo, hi = book.node_range(part.part_id) if policy == "node" else book.edge_range(part.part_id)
                 ranges.append(np.arange(lo, hi, dtype=np.int64))
@@ -164,18 +170,18 @@ class TensorReads(TensorCatalog):
         Later pulls of ``name`` read cached rows here; this client's own writes to ``name`` drop
         the cache. Only cache tensors no other process writes while the cache is in use.
         """
-        meta = await self.tensor_meta(name)
+        meta = await self.catalog.tensor_meta(name)
         gids = np.unique(as_id_array(ids))
-        self._caches.pop(name, None)
+        self.state.caches.pop(name, None)
         rows = await self._pull_uncached(name, meta, gids, None)
         cache = FeatureCache(name, gids, np.ascontiguousarray(rows))
-        self._caches[name] = cache
+        self.state.caches[name] = cache
         return cache
 
     def feature_cache(self, name: str) -> FeatureCache | None:
         """The feature cache of tensor ``name``, if this client holds one."""
-        return self._caches.get(name)
+        return self.state.caches.get(name)
 
     def drop_cache(self, name: str) -> None:
         """Forget the feature cache of tensor ``name`` (if any)."""
-        self._caches.pop(name, None)
+        self.state.caches.pop(name, None)

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from asyncgraph.net.connection import Connection
 from asyncgraph.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.protocol.ops import (
     CreateTensorArgs,
@@ -28,8 +29,6 @@ from asyncgraph.protocol.ops import (
 from asyncgraph.service.base import SampledRows
 from asyncgraph.service.limits import REPLY_OVERHEAD
 from asyncgraph.storage.store import TensorMeta
-
-from .connection import Connection
 
 
 def row_chunks(num_rows: int, row_bytes: int, budget: int) -> list[slice]:

@@ -1,9 +1,9 @@
 """The client's graph-structure queries: neighbor sampling, degrees and edge endpoints.
 
 Each query is validation plus one ``scatter`` (by the seeds' or edges' owners) or ``broadcast``
-(out-edges, which every partition may hold), merged in the caller's order. A base of
-``AsyncClient``; it needs the partition book, the partitions and the tensor catalog (``prob=``
-names an edge tensor).
+(out-edges, which every partition may hold), merged in the caller's order. A part of
+``AsyncClient``; it reads the client's state (book, partitions, feature caches) and asks the
+tensor catalog for metadata (``features``, ``prob=``).
 """
 
 from __future__ import annotations
@@ -21,15 +21,21 @@ from asyncgraph.protocol.ops import Op, SampleEdgesArgs
 from asyncgraph.service import Partition
 from asyncgraph.service.base import SampledRows
 
-from .cache import Traffic, count_remote, meta_row_bytes
+from .cache import meta_row_bytes
 from .catalog import TensorCatalog
 from .scatter import broadcast, gather_rows, scatter, take
+from .state import ClientState
+from .traffic import Traffic, count_remote
 
 __all__ = ["StructureQueries"]
 
 
-class StructureQueries(TensorCatalog):
-    """Sampling and structure queries over every partition (a base of ``AsyncClient``)."""
+class StructureQueries:
+    """Sampling and structure queries over every partition (a part of ``AsyncClient``)."""
+
+    def __init__(self, state: ClientState, catalog: TensorCatalog) -> None:
+        self.state = state
+        self.catalog = catalog
 
     async def sample_neighbors(
         self,
@@ -46,12 +52,12 @@ class StructureQueries(TensorCatalog):
         ``traffic`` (optional) counts the requests sent over a socket.
         """
         gids = as_id_array(seeds, "seeds")
-        parts = self.book.positions(gids, "node")
+        parts = self.state.book.positions(gids, "node")
         if traffic is not None:
-            count_remote(self.partitions, parts, Op.SAMPLE, traffic)
+            count_remote(self.state.partitions, parts, Op.SAMPLE, traffic)
         fan, rep = int(fanout), bool(replace)
         results = await scatter(
-            self.partitions, parts, Op.SAMPLE, lambda p, pos: p.sample(take(gids, pos), fan, rep, seed)
+            self.state.partitions, parts, Op.SAMPLE, lambda p, pos: p.sample(take(gids, pos), fan, rep, seed)
         )
         if len(results) == 1:
             return results[0][1]
@@ -84,26 +90,28 @@ class StructureQueries(TensorCatalog):
         """
         gids = as_id_array(seeds, "seeds")
         names = list(features)
-        metas = [await self.tensor_meta(name) for name in names]
+        metas = [await self.catalog.tensor_meta(name) for name in names]
         for meta in metas:
             if meta.policy != "node":
                 raise InvalidRequestError(f"sample_with_features: {meta.name!r} is not a node tensor")
-        parts = self.book.positions(gids, "node")
+        parts = self.state.book.positions(gids, "node")
         fan, rep = int(fanout), bool(replace)
         if traffic is not None:
-            count_remote(self.partitions, parts, Op.SAMPLE, traffic)
+            count_remote(self.state.partitions, parts, Op.SAMPLE, traffic)
         owners = [i for i, pos in enumerate(parts) if pos.size]
-        local = [i for i in owners if self.partitions[i].runs_here(Op.SAMPLE)]
+        local = [i for i in owners if self.state.partitions[i].runs_here(Op.SAMPLE)]
         results: list[tuple[np.ndarray | None, SampledRows]]
         if local and len(local) < len(owners):
             # sample here first: the sources we sample that a remote owner holds ride in its answer
             done: dict[int, SampledRows] = {}
             for i in local:
-                done[i] = await self.partitions[i].sample_with_features(gids[parts[i]], fan, rep, seed, names)
+                done[i] = await self.state.partitions[i].sample_with_features(
+                    gids[parts[i]], fan, rep, seed, names
+                )
             extra = self._carry_requests(owners, done, names)
             todo = [pos if i not in done else pos[:0] for i, pos in enumerate(parts)]
             answered = await scatter(
-                self.partitions,
+                self.state.partitions,
                 todo,
                 Op.SAMPLE,
                 lambda p, _: p.sample_with_features(
@@ -116,7 +124,7 @@ class StructureQueries(TensorCatalog):
             results = [(parts[i], done[i]) for i in owners]
         else:
             results = await scatter(
-                self.partitions,
+                self.state.partitions,
                 parts,
                 Op.SAMPLE,
                 lambda p, pos: p.sample_with_features(take(gids, pos), fan, rep, seed, names),
@@ -124,7 +132,7 @@ class StructureQueries(TensorCatalog):
         if traffic is not None:  # results are in partition order
             row_bytes = sum(meta_row_bytes(m) for m in metas)
             for i, (_, r) in zip(owners, results, strict=True):
-                if not self.partitions[i].runs_here(Op.SAMPLE):
+                if not self.state.partitions[i].runs_here(Op.SAMPLE):
                     traffic.remote_rows += int(r.ids.size)
                     traffic.remote_bytes += int(r.ids.size) * row_bytes
         if len(results) == 1:
@@ -144,8 +152,8 @@ class StructureQueries(TensorCatalog):
         """For each owner not in ``done``: the sources sampled in ``done`` that it holds, less
         those every named tensor's feature cache holds (the pull that follows reads them here)."""
         src_here = np.concatenate([r.src for r in done.values()])
-        owner_here = self.book.owner(src_here, "node")
-        caches = [self._caches.get(name) for name in names]
+        owner_here = self.state.book.owner(src_here, "node")
+        caches = [self.state.caches.get(name) for name in names]
         extra: dict[int, np.ndarray] = {}
         for i in owners:
             if i in done:
@@ -183,29 +191,29 @@ class StructureQueries(TensorCatalog):
         if isinstance(fanout, bool) or not isinstance(fanout, int | np.integer) or int(fanout) < -1:
             raise InvalidRequestError(f"fanout must be an integer >= -1, got {fanout!r}")
         if prob is not None:
-            meta = await self.tensor_meta(edge_key(prob))
+            meta = await self.catalog.tensor_meta(edge_key(prob))
             if meta.policy != "edge" or len(meta.shape) != 1:
                 raise InvalidRequestError(f"prob must name a 1-D edge tensor, got {meta.name} {meta.shape}")
         exc = as_id_array(exclude, "exclude") if exclude is not None else np.empty(0, np.int64)
-        exc_parts = self.book.positions(exc, "edge")
+        exc_parts = self.state.book.positions(exc, "edge")
         fan, rep = int(fanout), bool(replace)
 
         def args(part: Partition, ids: np.ndarray) -> SampleEdgesArgs:
             return SampleEdgesArgs(ids, fan, edge_dir, rep, seed, prob, exc[exc_parts[part.part_id]])
 
         if edge_dir == "in":
-            parts = self.book.positions(gids, "node")
+            parts = self.state.book.positions(gids, "node")
             results = [
                 r
                 for _, r in await scatter(
-                    self.partitions,
+                    self.state.partitions,
                     parts,
                     Op.SAMPLE_EDGES,
                     lambda p, pos: p.sample_edges(args(p, take(gids, pos))),
                 )
             ]
         else:
-            results = await broadcast(self.partitions, lambda p: p.sample_edges(args(p, gids)))
+            results = await broadcast(self.state.partitions, lambda p: p.sample_edges(args(p, gids)))
             return merge_samples(results, gids.size, fan, rep, seed)
         if not results:
             return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
@@ -220,16 +228,16 @@ class StructureQueries(TensorCatalog):
         and each edge's ``etype`` (index into the book's canonical_etypes) and ``type_eid``."""
         gids = as_id_array(seeds, "seeds")
         fan = as_id_array(etype_fanouts, "etype_fanouts")
-        if fan.size != len(self.book.canonical_etypes):
+        if fan.size != len(self.state.book.canonical_etypes):
             raise InvalidRequestError(
-                f"need one fanout per edge type ({len(self.book.canonical_etypes)}), got {fan.size}"
+                f"need one fanout per edge type ({len(self.state.book.canonical_etypes)}), got {fan.size}"
             )
-        parts = self.book.positions(gids, "node")
+        parts = self.state.book.positions(gids, "node")
 
         def call(p: Partition, pos: np.ndarray | None) -> Awaitable[dict[str, np.ndarray]]:
             return p.sample_edges(SampleEdgesArgs(take(gids, pos), -1, "in", False, seed, prob, None, fan))
 
-        results = [r for _, r in await scatter(self.partitions, parts, Op.SAMPLE_EDGES, call)]
+        results = [r for _, r in await scatter(self.state.partitions, parts, Op.SAMPLE_EDGES, call)]
         keys = ("src", "dst", "eids", "etype", "type_eid")
         if not results:
             return {k: np.empty(0, np.int64) for k in keys}
@@ -245,17 +253,19 @@ class StructureQueries(TensorCatalog):
         gids = None if ids is None else as_id_array(ids)
         if gids is not None and gids.size:
             lo, hi = int(gids.min()), int(gids.max())
-            if lo < 0 or hi >= self.book.num_nodes:
-                raise OutOfRangeError(f"node ID {lo if lo < 0 else hi} outside [0, {self.book.num_nodes})")
+            if lo < 0 or hi >= self.state.book.num_nodes:
+                raise OutOfRangeError(
+                    f"node ID {lo if lo < 0 else hi} outside [0, {self.state.book.num_nodes})"
+                )
         if edge_dir == "out":
-            counts = await broadcast(self.partitions, lambda p: p.degrees(gids, "out"))
+            counts = await broadcast(self.state.partitions, lambda p: p.degrees(gids, "out"))
             total: np.ndarray = np.stack(counts).sum(axis=0, dtype=np.int64)
             return total
         if gids is None:
-            return np.concatenate(await broadcast(self.partitions, lambda p: p.degrees(None, "in")))
-        parts = self.book.positions(gids, "node")
+            return np.concatenate(await broadcast(self.state.partitions, lambda p: p.degrees(None, "in")))
+        parts = self.state.book.positions(gids, "node")
         results = await scatter(
-            self.partitions, parts, Op.DEGREES, lambda p, pos: p.degrees(take(gids, pos), "in")
+            self.state.partitions, parts, Op.DEGREES, lambda p, pos: p.degrees(take(gids, pos), "in")
         )
         return gather_rows(results, gids.size, (), np.int64)
 
@@ -266,9 +276,9 @@ class StructureQueries(TensorCatalog):
         before any request is sent.
         """
         gids = as_id_array(eids, "eids")
-        parts = self.book.positions(gids, "edge")
+        parts = self.state.book.positions(gids, "edge")
         results = await scatter(
-            self.partitions, parts, Op.FIND_EDGES, lambda p, pos: p.find_edges(take(gids, pos))
+            self.state.partitions, parts, Op.FIND_EDGES, lambda p, pos: p.find_edges(take(gids, pos))
         )
         src = gather_rows([(pos, r[0]) for pos, r in results], gids.size, (), np.int64)
         dst = gather_rows([(pos, r[1]) for pos, r in results], gids.size, (), np.int64)

@@ -1,134 +1,114 @@
 """A blocking facade over ``AsyncClient``: one event loop on a daemon thread.
 
 Plain scripts and Jupyter cells call ``client.pull(...)`` without touching asyncio; each call is
-submitted to the background loop with ``run_coroutine_threadsafe`` and waited for. The typed
-surface stays in two small classes (async and sync) instead of one class whose methods return
-"a value or an awaitable".
+handed to the background loop (``EventLoopThread.run``) and waited for. The facade is derived
+from ``AsyncClient``, not written beside it: every public method is ``blocking(AsyncClient.x)``
+(a coroutine method, run on the loop) or ``mirror(AsyncClient.x)`` (a plain one), so each keeps
+its one signature, checked by mypy; the few written here (connecting, ``pull``'s no-hop path,
+``tensor_meta``'s cached answer, ``close``) are held to ``AsyncClient``'s signatures by
+``tests/test_client_facade.py``, which also proves that no public method is missing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
+import inspect
 import logging
-import threading
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Concatenate
 
-import numpy as np
 import torch
 
+from asyncgraph.net.connection import Connection
 from asyncgraph.partition.book import RangePartitionBook
+from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
+from asyncgraph.service.base import Partition
 from asyncgraph.storage.store import TensorMeta
 
-from .async_client import AsyncClient
+from .async_client import DEFAULT_CALL_TIMEOUT, AsyncClient
+from .forward import P, R
+from .loop_thread import EventLoopThread
 
-T = TypeVar("T")
+__all__ = ["SYNC_ONLY", "Client", "EventLoopThread", "blocking", "mirror"]
 
 logger = logging.getLogger("asyncgraph.client")
 
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop where available (faster socket I/O), else the default loop."""
-    try:
-        import uvloop
-
-        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-        return loop
-    except ImportError:  # pragma: no cover
-        return asyncio.new_event_loop()
+#: Public names on ``Client``'s class that ``AsyncClient`` lacks: the async client behind
+#: the facade, and releases queued from finalizers.
+SYNC_ONLY = frozenset({"aio", "async_client", "release_later", "flush_releases"})
 
 
-class EventLoopThread:
-    """An event loop running forever on a daemon thread."""
+def blocking(
+    method: Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[Client, P], R]:
+    """``Client``'s form of coroutine method ``AsyncClient.x``: run on the loop, waited for."""
+    if not inspect.iscoroutinefunction(inspect.unwrap(method)):
+        raise TypeError(f"blocking({method.__name__}): not a coroutine method; use mirror")
 
-    def __init__(self, name: str = "asyncgraph-loop") -> None:
-        self.loop = new_event_loop()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+    def call(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.loop.run(method(self._aio, *args, **kwargs))
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+    functools.update_wrapper(call, method)
+    return call
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run ``coro`` on the loop and block until it finishes (or ``timeout`` passes).
 
-        The hand-off is one ``call_soon_threadsafe`` and one lock released by the task's done
-        callback: a third of ``run_coroutine_threadsafe``'s cost (no concurrent future, no
-        future chaining), which every blocking call pays. If the wait ends early (timeout,
-        KeyboardInterrupt) the task is cancelled.
-        """
-        if threading.current_thread() is self._thread:
-            coro.close()
-            raise RuntimeError(
-                "blocking call made from the client's own event loop thread; use the async API"
-            )
-        done = threading.Lock()
-        done.acquire()
-        box: list[asyncio.Task[T] | BaseException] = []
+def mirror(method: Callable[Concatenate[AsyncClient, P], R]) -> Callable[Concatenate[Client, P], R]:
+    """``Client``'s form of plain method ``AsyncClient.x``: called on the caller's thread."""
+    if inspect.iscoroutinefunction(inspect.unwrap(method)):
+        raise TypeError(f"mirror({method.__name__}): a coroutine method must be wrapped by blocking")
 
-        def start() -> None:
-            try:
-                task = self.loop.create_task(coro)
-            except BaseException as exc:  # pragma: no cover - the loop refused the task
-                coro.close()
-                box.append(exc)
-                done.release()
-                return
-            box.append(task)
-            task.add_done_callback(lambda _: done.release())
+    def call(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return method(self._aio, *args, **kwargs)
 
-        self.loop.call_soon_threadsafe(start)
-        finished = False
-        try:
-            finished = done.acquire(timeout=-1 if timeout is None else timeout)
-        finally:
-            if not finished:
-                self.loop.call_soon_threadsafe(self._cancel, box)
-        if not finished:
-            raise TimeoutError(f"call did not finish within {timeout} s")
-        outcome = box[0]
-        if isinstance(outcome, BaseException):  # pragma: no cover
-            raise outcome
-        return outcome.result()
-
-    @staticmethod
-    def _cancel(box: list[asyncio.Task[Any] | BaseException]) -> None:
-        if box and isinstance(box[0], asyncio.Task):
-            box[0].cancel()
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
-        """Schedule ``coro`` and return a concurrent future for it (non-blocking)."""
-        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
-
-    @property
-    def thread(self) -> threading.Thread:
-        return self._thread
-
-    def stop(self) -> None:
-        if self.loop.is_closed():
-            return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=5)
-        if not self._thread.is_alive():
-            self.loop.close()
+    functools.update_wrapper(call, method)
+    return call
 
 
 class Client:
-    """Blocking client: the same operations as ``AsyncClient``."""
+    """Blocking client: the same operations as ``AsyncClient``, with the same signatures."""
 
     def __init__(self, aio: AsyncClient, loop: EventLoopThread) -> None:
-        self.aio = aio
+        self._aio = aio
         self.loop = loop
         self._releases: collections.deque[str] = collections.deque()  # appended from any thread
 
     @classmethod
-    def connect(cls, servers: Sequence[tuple[str, int]], **kwargs: Any) -> Client:
+    def connect(
+        cls,
+        servers: Sequence[tuple[str, int]],
+        *,
+        graph_name: str | None = None,
+        secret: bytes | None = None,
+        connect_timeout: float = 30.0,
+        call_timeout: float = DEFAULT_CALL_TIMEOUT,
+        use_shared_memory: bool = True,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_inflight: int = 32,
+        local_partitions: Sequence[int] | None = None,
+        reconnect_window: float | None = None,
+        use_replicas: bool = True,
+    ) -> Client:
+        """``AsyncClient.connect`` on a new loop thread (stopped again if connecting fails)."""
         loop = EventLoopThread()
         try:
-            aio = loop.run(AsyncClient.connect(servers, **kwargs))
+            aio = loop.run(
+                AsyncClient.connect(
+                    servers,
+                    graph_name=graph_name,
+                    secret=secret,
+                    connect_timeout=connect_timeout,
+                    call_timeout=call_timeout,
+                    use_shared_memory=use_shared_memory,
+                    max_frame_size=max_frame_size,
+                    max_inflight=max_inflight,
+                    local_partitions=local_partitions,
+                    reconnect_window=reconnect_window,
+                    use_replicas=use_replicas,
+                )
+            )
         except BaseException:
             loop.stop()
             raise
@@ -136,58 +116,78 @@ class Client:
 
     @classmethod
     def standalone(cls, part_config: str | Path) -> Client:
+        """Every partition of ``part_config`` held in this process: no server, same API."""
         return cls(AsyncClient.standalone(part_config), EventLoopThread())
 
-    # --- metadata ---------------------------------------------------------------------------
+    @property
+    def async_client(self) -> AsyncClient:
+        """The ``AsyncClient`` behind this facade, for coroutines run on ``loop`` (the loaders'
+        pipelines); anything else has a blocking method here."""
+        return self._aio
+
+    @property
+    def aio(self) -> AsyncClient:
+        """``async_client`` (the older name)."""
+        return self._aio
+
+    # --- the shared state -------------------------------------------------------------------
     @property
     def graph_name(self) -> str:
-        return self.aio.graph_name
+        return self._aio.graph_name
 
     @property
     def book(self) -> RangePartitionBook:
-        return self.aio.book
+        return self._aio.book
+
+    @property
+    def partitions(self) -> list[Partition]:
+        """One ``Partition`` per partition ID, in order."""
+        return self._aio.partitions
+
+    @property
+    def connections(self) -> list[Connection]:
+        """The connections to the servers (empty when standalone)."""
+        return self._aio.connections
+
+    @property
+    def call_timeout(self) -> float:
+        return self._aio.call_timeout
+
+    @property
+    def num_clients(self) -> int:
+        """Clients the servers expect (their ``--num-clients``)."""
+        return self._aio.num_clients
+
+    @property
+    def holder(self) -> str:
+        """Who holds this client's references to non-persistent tensors on the servers."""
+        return self._aio.holder
+
+    @property
+    def num_partitions(self) -> int:
+        return self._aio.num_partitions
 
     @property
     def is_standalone(self) -> bool:
         """True when every partition is held in this process (no server)."""
-        return self.aio.is_standalone
+        return self._aio.is_standalone
 
-    def info(self, part_id: int = 0) -> dict[str, Any]:
-        return self.loop.run(self.aio.info(part_id))
+    local_partitions = mirror(AsyncClient.local_partitions)
+    info = blocking(AsyncClient.info)
+
+    # --- tensor catalog ---------------------------------------------------------------------
+    tensor_names = mirror(AsyncClient.tensor_names)
+    cached_meta = mirror(AsyncClient.cached_meta)
+    refresh_tensors = blocking(AsyncClient.refresh_tensors)
+    create_tensor = blocking(AsyncClient.create_tensor)
+    create_tensor_parts = blocking(AsyncClient.create_tensor_parts)
+    delete_tensor = blocking(AsyncClient.delete_tensor)
+    release_tensors = blocking(AsyncClient.release_tensors)
 
     def tensor_meta(self, name: str) -> TensorMeta:
-        meta = self.aio.cached_meta(name)
-        return meta if meta is not None else self.loop.run(self.aio.tensor_meta(name))
-
-    def refresh_tensors(self) -> list[TensorMeta]:
-        return self.loop.run(self.aio.refresh_tensors())
-
-    # --- data ---------------------------------------------------------------------------------
-    def pull(self, name: str, ids: Any) -> torch.Tensor:
-        rows = self.aio.pull_here(name, ids)  # standalone, one owner: no hop to the loop thread
-        if rows is not None:
-            return torch.from_numpy(rows)
-        return self.loop.run(self.aio.pull(name, ids))
-
-    def push(self, name: str, ids: Any, values: Any, op: str = "assign") -> None:
-        self.loop.run(self.aio.push(name, ids, values, op))
-
-    def create_tensor(
-        self, name: str, policy: str, shape: Sequence[int], dtype: str, init: Mapping[str, Any] | None = None
-    ) -> TensorMeta:
-        return self.loop.run(self.aio.create_tensor(name, policy, shape, dtype, init))
-
-    def create_tensor_parts(
-        self,
-        name: str,
-        policy: str,
-        shape: Sequence[int],
-        dtype: str,
-        init: Mapping[str, Any] | None = None,
-        persistent: bool = True,
-    ) -> tuple[TensorMeta, list[int]]:
-        """``create_tensor`` and the partitions this call created it on."""
-        return self.loop.run(self.aio.create_tensor_parts(name, policy, shape, dtype, init, persistent))
+        """``AsyncClient.tensor_meta``, answered on this thread when the metadata is known."""
+        meta = self._aio.cached_meta(name)
+        return meta if meta is not None else self.loop.run(self._aio.tensor_meta(name))
 
     def release_later(self, name: str) -> None:
         """Queue the release of one reference to non-persistent tensor ``name``; never blocks.
@@ -211,7 +211,7 @@ class Client:
         if not names:
             return
         try:
-            await self.aio.release_tensors(names)
+            await self._aio.release_tensors(names)
         except Exception as exc:  # a finalizer has nobody to raise to
             logger.warning("releasing tensors %s failed: %s", names, exc)
 
@@ -219,63 +219,48 @@ class Client:
         """Send the queued releases now (they are otherwise sent as soon as the loop runs)."""
         self.loop.run(self._flush_releases())
 
-    def delete_tensor(self, name: str) -> None:
-        self.loop.run(self.aio.delete_tensor(name))
+    # --- reads and writes of rows -------------------------------------------------------------
+    def pull(self, name: str, ids: Any) -> torch.Tensor:
+        """``AsyncClient.pull``; rows a partition in this process can give without the loop
+        (``pull_here``) are read on this thread, with no hop to the loop thread."""
+        rows = self._aio.pull_here(name, ids)
+        if rows is not None:
+            return torch.from_numpy(rows)
+        return self.loop.run(self._aio.pull(name, ids))
 
-    def sample_neighbors(
-        self, seeds: Any, fanout: int, *, replace: bool = False, seed: int | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return self.loop.run(self.aio.sample_neighbors(seeds, fanout, replace=replace, seed=seed))
+    pull_numpy = blocking(AsyncClient.pull_numpy)
+    pull_here = mirror(AsyncClient.pull_here)
+    remote_ids = mirror(AsyncClient.remote_ids)
+    build_cache = blocking(AsyncClient.build_cache)
+    feature_cache = mirror(AsyncClient.feature_cache)
+    drop_cache = mirror(AsyncClient.drop_cache)
+    push = blocking(AsyncClient.push)
+    sparse_update = blocking(AsyncClient.sparse_update)
 
-    def sample_edges(
-        self, seeds: Any, fanout: int, **options: Any
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``AsyncClient.sample_edges``: direction, weights and excluded edges."""
-        return self.loop.run(self.aio.sample_edges(seeds, fanout, **options))
+    # --- structure ----------------------------------------------------------------------------
+    sample_neighbors = blocking(AsyncClient.sample_neighbors)
+    sample_with_features = blocking(AsyncClient.sample_with_features)
+    sample_edges = blocking(AsyncClient.sample_edges)
+    sample_etypes = blocking(AsyncClient.sample_etypes)
+    degrees = blocking(AsyncClient.degrees)
+    find_edges = blocking(AsyncClient.find_edges)
 
-    def sample_etypes(
-        self, seeds: Any, etype_fanouts: np.ndarray, *, seed: int | None = None, prob: str | None = None
-    ) -> dict[str, np.ndarray]:
-        """``AsyncClient.sample_etypes``: in-edges with a fanout per edge type."""
-        return self.loop.run(self.aio.sample_etypes(seeds, etype_fanouts, seed=seed, prob=prob))
-
-    def degrees(self, ids: Any, edge_dir: str) -> np.ndarray:
-        """In- or out-degrees of node ``ids`` (None: all nodes)."""
-        return self.loop.run(self.aio.degrees(ids, edge_dir))
-
-    @property
-    def num_clients(self) -> int:
-        return self.aio.num_clients
-
-    def barrier(self, name: str = "default", timeout: float = 300.0) -> None:
-        self.loop.run(self.aio.barrier(name, timeout))
-
-    def snapshot(self) -> int:
-        """Snapshot every server's state as one new epoch (see ``AsyncClient.snapshot``)."""
-        return self.loop.run(self.aio.snapshot())
-
-    def server_stats(self) -> list[dict[str, Any]]:
-        return self.loop.run(self.aio.server_stats())
-
-    def shutdown_servers(self) -> None:
-        self.loop.run(self.aio.shutdown_servers())
+    # --- coordination -------------------------------------------------------------------------
+    barrier = blocking(AsyncClient.barrier)
+    snapshot = blocking(AsyncClient.snapshot)
+    retries = mirror(AsyncClient.retries)
+    server_stats = blocking(AsyncClient.server_stats)
+    shutdown_servers = blocking(AsyncClient.shutdown_servers)
 
     def close(self) -> None:
-        """Release every non-persistent tensor reference of this client, then disconnect."""
+        """Release every non-persistent tensor reference of this client, disconnect, and stop
+        the loop thread."""
         try:
             self._releases.clear()
             try:
-                self.loop.run(self.aio.release_tensors([], every=True), timeout=10)
+                self.loop.run(self._aio.release_tensors([], every=True), timeout=10)
             except Exception as exc:  # servers already gone: nothing left to free
                 logger.debug("releasing tensors at close failed: %s", exc)
-            self.loop.run(self.aio.close(), timeout=10)
+            self.loop.run(self._aio.close(), timeout=10)
         finally:
             self.loop.stop()
-
-    def sparse_update(self, name: str, ids: Any, grads: Any, spec: Mapping[str, Any]) -> None:
-        """One sparse Adagrad/Adam step run on the owners of ``ids`` (see ``AsyncClient.sparse_update``)."""
-        self.loop.run(self.aio.sparse_update(name, ids, grads, spec))
-
-    def find_edges(self, eids: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Global ``(src, dst)`` of edge IDs ``eids`` (see ``AsyncClient.find_edges``)."""
-        return self.loop.run(self.aio.find_edges(eids))

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, ShapeMismatchError
-from asyncgraph.kernels import compiled
+
+from . import relabel_kernel
 
 __all__ = ["Block", "to_block"]
 
@@ -168,10 +169,10 @@ def _relabel_table(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(src_local, dst_local, new sources in first-appearance order); leaves ``table`` all -1.
 
-    The compiled form (``kernels.compiled.relabel``, one pass, ~5x faster) runs when loaded;
+    The compiled form (``relabel_kernel.relabel``, one pass, ~5x faster) runs when loaded;
     both give the same output and errors.
     """
-    fast = compiled.relabel(src, dst, dst_nodes, table)
+    fast = relabel_kernel.relabel(src, dst, dst_nodes, table)
     if fast is not None:
         src_local, dst_local, new_src, unique = fast
         if not unique:

@@ -129,7 +129,7 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
             client.loop, self.eids.size, batch_size, shuffle, drop_last, prefetch, seed, device, overlap
         )
         self.client = client
-        self.aio: AsyncClient = client.aio
+        self.async_client: AsyncClient = client.async_client
         self.sampler = sampler
         self.negative_sampler = negative_sampler
         self.exclude = exclude
@@ -139,7 +139,7 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
         return self._build(self.eids[positions], self._batch_seed(epoch, index))
 
     async def _build(self, eids: np.ndarray, batch_seed: int) -> EdgeMiniBatch:
-        aio = self.aio
+        aio = self.async_client
         t0 = time.perf_counter()
         pos_src, pos_dst = await aio.find_edges(eids)
         ends = [pos_src, pos_dst]

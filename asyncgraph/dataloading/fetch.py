@@ -13,15 +13,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from asyncgraph.client import SampledRows
 from asyncgraph.client.async_client import AsyncClient
-from asyncgraph.client.cache import Traffic, meta_row_bytes, pick_cached_ids
+from asyncgraph.client.cache import meta_row_bytes, pick_cached_ids
 from asyncgraph.client.sync_client import Client
+from asyncgraph.client.traffic import Traffic
 from asyncgraph.dataloading.block import Block
 from asyncgraph.dataloading.prefetch import LoaderStats
 from asyncgraph.dataloading.sampler import NeighborSampler, layer_seed
 from asyncgraph.errors import DTypeMismatchError, UnknownTensorError
 from asyncgraph.names import is_state_key, node_key, tensor_prefix
-from asyncgraph.service.base import SampledRows
 
 __all__ = [
     "AUTO",

@@ -101,7 +101,7 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
             client.loop, self.nids.size, batch_size, shuffle, drop_last, prefetch, seed, device, overlap
         )
         self.client = client
-        self.aio: AsyncClient = client.aio
+        self.async_client: AsyncClient = client.async_client
         self.sampler = sampler
         self.node_feats, self.labels = node_tensor_names(client, node_feats, labels)
         self.carry_features = carry_features
@@ -113,7 +113,7 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
                 )
             self.cache_info = client.loop.run(
                 build_feature_cache(
-                    self.aio,
+                    self.async_client,
                     sampler,
                     self.nids,
                     self.node_feats,
@@ -132,7 +132,7 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
         if self.typed is not None:
             return await self._build_hetero(seeds, batch_seed)
         s = await sample_and_pull(
-            self.aio,
+            self.async_client,
             self.sampler,
             seeds,
             batch_seed,
@@ -151,11 +151,16 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
 
     async def _build_hetero(self, seeds: np.ndarray, batch_seed: int) -> MiniBatch:
         """Typed batch: ``input_nodes``/``seeds`` are dicts by node type, blocks HeteroBlocks."""
-        types, per_type = self.aio.book.map_to_per_ntype(seeds)
-        names = self.aio.book.ntypes
+        types, per_type = self.async_client.book.map_to_per_ntype(seeds)
+        names = self.async_client.book.ntypes
         seed_dict = {names[t]: per_type[types == t] for t in np.unique(types).tolist()}
         inputs, outputs, blocks, sample_time, pull_time = await sample_and_pull_hetero(
-            self.aio, self.sampler, seed_dict, batch_seed, node_feats=self.node_feats, labels=self.labels
+            self.async_client,
+            self.sampler,
+            seed_dict,
+            batch_seed,
+            node_feats=self.node_feats,
+            labels=self.labels,
         )
         self.stats.sample += sample_time
         self.stats.pull += pull_time

@@ -30,8 +30,8 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import torch
 
-from asyncgraph.client.cache import Traffic
-from asyncgraph.client.sync_client import EventLoopThread
+from asyncgraph.client.loop_thread import EventLoopThread
+from asyncgraph.client.traffic import Traffic
 from asyncgraph.dataloading.device import DeviceCopier, as_device
 
 __all__ = ["DistDataLoader", "LoaderStats", "Prefetcher", "PrefetchingLoader"]

@@ -45,10 +45,10 @@ class TensorView(MutableMapping[str, DistTensor]):
         if name in self._aliases:
             return self._aliases[name]
         key = self._prefix + name
-        meta = self._client.aio.cached_meta(key)
+        meta = self._client.cached_meta(key)
         if meta is None:
             self._client.refresh_tensors()
-            meta = self._client.aio.cached_meta(key)
+            meta = self._client.cached_meta(key)
         if meta is None:
             raise UnknownTensorError(f"no {self._policy} tensor {name!r}; known: {self._names()}")
         return DistTensor._attach(self._client, meta)
@@ -144,14 +144,14 @@ class DistGraph:
     @property
     def local_partition(self) -> PartitionStore | None:
         """The store of a partition this process reads through shared memory (or in-process)."""
-        for part in self._client.aio.partitions:
+        for part in self._client.partitions:
             if part.store is not None:
                 return part.store
         return None
 
     @property
     def local_partition_ids(self) -> list[int]:
-        return self._client.aio.local_partitions()
+        return self._client.local_partitions()
 
     def sample_neighbors(
         self,

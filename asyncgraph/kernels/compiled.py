@@ -1,5 +1,6 @@
-"""Compiled (numba) forms of the data path's hot loops: the sampling kernel's main branch
-(uniform, without replacement) and ``to_block``'s relabelling (``relabel``).
+"""Compiled (numba) form of the server's hottest loop: the sampling kernel's main branch
+(uniform, without replacement). The loaders' relabelling has its own compiled form
+(``asyncgraph.dataloading.relabel_kernel``).
 
 ``sample_csc`` spends most of a small request in numpy call overhead (Floyd's algorithm is
 ``3 * fanout`` vector calls, plus ~40 others for offsets, repeats and gathers, each 2-5 µs on a
@@ -9,33 +10,24 @@ m))``, exactly as the numpy path draws them), take every in-edge of the small se
 Floyd's algorithm for the others. The output is the numpy path's, bit for bit, so whether a
 process has the compiled kernel yet never changes a sample (tested).
 
-The compiled code loads in the background (``warm_up``): importing numba and loading the on-disk
-cache (``cache=True``) takes ~1 s here, and no request waits for it: until it is ready
-``ready()`` is False and the numpy path runs. The first process on a machine (no cache yet)
-compiles in a child process (~5 s), since compiling in a thread would hold the GIL, and with it
-the server's event loop, that long. Without numba, or with ``ASYNCGRAPH_NO_JIT=1``, it never
-becomes ready.
+The compiled code loads in the background (``warm_up``, ``SAMPLING``: a ``BackgroundJit``,
+see ``kernels.jit``): no request waits for it; until it is ready ``ready()`` is False and the
+numpy path runs. Without numba, or with ``ASYNCGRAPH_NO_JIT=1``, it never becomes ready.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import os
-import sys
-import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from asyncgraph.env import ENV_NO_JIT
+from .jit import BackgroundJit, disabled
 
 __all__ = [
+    "SAMPLING",
     "disabled",
     "ready",
-    "relabel",
     "state",
     "uniform_edges",
     "uniform_positions",
@@ -43,10 +35,7 @@ __all__ = [
     "warm_up",
 ]
 
-_Kernels = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any], Callable[..., Any]]
-_kernels: _Kernels | None = None
-_started = False
-_lock = threading.Lock()
+_Kernels = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]
 
 
 def _build() -> _Kernels | None:
@@ -158,40 +147,6 @@ def _build() -> _Kernels | None:
             eid[q] = eids[e]
         return src, dst, eid
 
-    @numba.njit(cache=True, nogil=True)
-    def relabel(
-        src: np.ndarray, dst: np.ndarray, dst_nodes: np.ndarray, table: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:  # pragma: no cover - compiled; tested against numpy
-        # ``block._relabel_table`` in one pass over the edges: destinations get their position
-        # in dst_nodes, sources that are not destinations num_dst + their rank of first
-        # appearance; ``table`` (every entry -1, longer than any ID) is left all -1 again.
-        nd = dst_nodes.size
-        for i in range(nd):
-            table[dst_nodes[i]] = i
-        unique = True
-        for i in range(nd):
-            if table[dst_nodes[i]] != i:
-                unique = False
-        dst_local = np.empty(dst.size, np.int64)
-        for e in range(dst.size):
-            dst_local[e] = table[dst[e]]
-        src_local = np.empty(src.size, np.int64)
-        new_src = np.empty(src.size, np.int64)
-        k = 0
-        for e in range(src.size):
-            v = table[src[e]]
-            if v < 0:
-                v = nd + k
-                table[src[e]] = v
-                new_src[k] = src[e]
-                k += 1
-            src_local[e] = v
-        for i in range(nd):
-            table[dst_nodes[i]] = -1
-        for i in range(k):
-            table[new_src[i]] = -1
-        return src_local, dst_local, new_src[:k].copy(), unique
-
     # Compile (or load from the on-disk cache) now, off the request path: for writable structure
     # arrays (standalone stores) and read-only ones (servers and attached stores map theirs
     # read-only), which numba types apart; a signature first seen by a request would compile
@@ -204,111 +159,33 @@ def _build() -> _Kernels | None:
         count_big(ip, sd, 1)
         positions(ip, sd, 1, u)
         edges(ip, ind, ind, sd, sd, 1, u)
-    relabel(sd, sd, sd, np.full(2, -1, dtype=np.int64))  # blocks' arrays are writable
-    return count_big, positions, edges, relabel
+    return count_big, positions, edges
 
 
-_loader_done = threading.Event()
-
-
-def _marker() -> Path:
-    """A file saying this source's kernels are in numba's on-disk cache (next to its index)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        numba_version = version("numba")
-    except PackageNotFoundError:
-        numba_version = "none"
-    key = Path(__file__).read_bytes() + sys.version.encode() + numba_version.encode()
-    digest = hashlib.sha256(key).hexdigest()[:16]
-    return Path(__file__).parent / "__pycache__" / f"compiled-ready-{digest}"
-
-
-def _prime_cache() -> None:
-    """Compile into the on-disk cache in a child process, unless already done for this source.
-
-    Compiling holds the GIL for seconds (~5 s here for every signature); in a child it costs
-    this process nothing but the wait, and the in-process build then only loads the cache
-    (~0.5 s). Best effort: a failed or unwritable cache leaves the in-process build to compile.
-    """
-    import subprocess
-
-    marker = _marker()
-    if marker.exists():
-        return
-    code = "from asyncgraph.kernels.compiled import _build; _build()"
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        subprocess.run(
-            [sys.executable, "-c", code],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=300,
-            check=True,
-        )
-
-
-def _load() -> None:
-    global _kernels
-    try:
-        _prime_cache()
-        kernels = _build()
-        with _lock:
-            _kernels = kernels
-        if kernels is not None:
-            with contextlib.suppress(OSError):
-                _marker().touch()
-    finally:
-        _loader_done.set()
-
-
-def disabled() -> bool:
-    """True when ``ASYNCGRAPH_NO_JIT`` is set (to anything but 0): the numpy path only."""
-    return os.environ.get(ENV_NO_JIT, "") not in ("", "0")
+#: The sampling kernels, loaded in the background (``warm_up``).
+SAMPLING: BackgroundJit[_Kernels] = BackgroundJit("asyncgraph.kernels.compiled", "_build")
 
 
 def warm_up() -> None:
-    """Load the compiled kernel on a daemon thread (once per process; a no-op when disabled)."""
-    global _started
-    with _lock:
-        if _started or disabled():
-            return
-        _started = True
-    threading.Thread(target=_load, name="asyncgraph-jit", daemon=True).start()
+    """Load the compiled sampling kernels on a daemon thread (once per process; a no-op when
+    disabled): a server calls it at start-up."""
+    SAMPLING.warm_up()
 
 
 def ready() -> bool:
-    """True once the compiled kernel is loaded; starts loading it on first call."""
-    if _kernels is None:
-        warm_up()
-        return False
-    return True
+    """True once the compiled sampling kernels are loaded; starts loading them on first call."""
+    return SAMPLING.ready()
 
 
 def state() -> str:
-    """``"compiled"`` (loaded), ``"loading"`` (started, not done yet) or ``"numpy"`` (disabled,
-    not started, or failed to load): which sampler a request gets now. Servers report it in
-    ``info`` so a benchmark can wait for the steady state before timing."""
-    if _kernels is not None:
-        return "compiled"
-    if _started and not _loader_done.is_set():
-        return "loading"
-    return "numpy"
+    """``"compiled"`` (loaded), ``"loading"`` or ``"numpy"``: which sampler a request gets now.
+    Servers report it in ``info`` so a benchmark can wait for the steady state before timing."""
+    return SAMPLING.state()
 
 
 def wait_ready(timeout: float) -> bool:
-    """Start loading the compiled kernel and wait up to ``timeout`` s for it (benchmarks that
-    measure the steady state, tests); False if it did not load (disabled, no numba, too slow)."""
-    import time
-
-    if disabled():
-        return False
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if time.monotonic() >= deadline or (_started and _loader_done.is_set()):
-            return ready()
-        time.sleep(0.02)
-    return True
+    """Start loading the compiled sampling kernels and wait up to ``timeout`` s for them."""
+    return SAMPLING.wait_ready(timeout)
 
 
 def uniform_positions(
@@ -317,8 +194,9 @@ def uniform_positions(
     """``(pos, seg)`` of uniform sampling without replacement, ``fanout > 0``, exactly as the
     numpy path computes them: in-edge positions into ``indices``/``eids`` and each one's seed
     position, grouped by seed in order. Call only when ``ready()``. int64 ``indptr``/``seeds``."""
-    assert _kernels is not None, "call only when ready()"
-    count_big, positions, _, _ = _kernels
+    kernels = SAMPLING.kernels
+    assert kernels is not None, "call only when ready()"
+    count_big, positions, _ = kernels
     u = rng.random((fanout, int(count_big(indptr, seeds, fanout))))
     out: tuple[np.ndarray, np.ndarray] = positions(indptr, seeds, int(fanout), u)
     return out
@@ -337,30 +215,11 @@ def uniform_edges(
     gathered in the same compiled pass (no position arrays, no numpy gathers). Every array
     int64 (others would compile a new specialisation on the request path); call only when
     ``ready()``."""
-    assert _kernels is not None, "call only when ready()"
-    count_big, _, edges, _ = _kernels
+    kernels = SAMPLING.kernels
+    assert kernels is not None, "call only when ready()"
+    count_big, _, edges = kernels
     u = rng.random((fanout, int(count_big(indptr, seeds, fanout))))
     out: tuple[np.ndarray, np.ndarray, np.ndarray] = edges(
         indptr, indices, eids, seeds, global_seeds, int(fanout), u
     )
-    return out
-
-
-def relabel(
-    src: np.ndarray, dst: np.ndarray, dst_nodes: np.ndarray, table: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool] | None:
-    """``(src_local, dst_local, new_src, dst_nodes_unique)`` of a block's edges, as
-    ``block._relabel_table`` computes them (same output, one compiled pass), or None when the
-    compiled kernel is not loaded or an array is not a writable, contiguous int64 one (another
-    type would compile a new specialisation here). ``table``: every entry -1, longer than any
-    ID; left all -1. Destinations missing from ``dst_nodes`` get -1 in ``dst_local``."""
-    if _kernels is None:
-        ready()
-        return None
-    for a in (src, dst, dst_nodes, table):
-        if type(a) is not np.ndarray or a.dtype != np.int64 or a.ndim != 1:
-            return None
-        if not (a.flags.writeable and a.flags.c_contiguous):
-            return None
-    out: tuple[np.ndarray, np.ndarray, np.ndarray, bool] = _kernels[3](src, dst, dst_nodes, table)
     return out

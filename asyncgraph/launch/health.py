@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from asyncgraph.cli import Parser, configure_logging
-from asyncgraph.client.connection import Connection
 from asyncgraph.env import ENV_SECRET_FILE
+from asyncgraph.net.connection import Connection
 
 __all__ = ["check", "main"]
 

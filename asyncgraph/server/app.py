@@ -27,7 +27,7 @@ from asyncgraph.storage.malloc import retain_large_allocations
 from asyncgraph.storage.store import PartitionStore
 
 if TYPE_CHECKING:
-    from asyncgraph.client.connection import Connection
+    from asyncgraph.net.connection import Connection
     from asyncgraph.server.metrics import ServerMetrics
 
 log = logging.getLogger("asyncgraph.server")
@@ -228,7 +228,7 @@ class GraphServer:
 
     async def _start_replica(self, primary: tuple[str, int], t0: float) -> tuple[str, int]:
         """Map the primary's memory, serve the ops a replica may, announce this server to it."""
-        from asyncgraph.client.partitions import open_retrying
+        from asyncgraph.net.dial import open_retrying
         from asyncgraph.protocol.ops import AddReplicaArgs, Op
         from asyncgraph.server.replica import ReplicaHandlers
         from asyncgraph.service.local import boot_id

@@ -1,9 +1,9 @@
-"""A partition held in this process: the server's request handlers and the client's local
-partitions run the same code, so standalone and served results are equal by construction."""
+"""A partition's ops over a store in this process: the server's request handlers and the
+client's ``LocalPartition`` (``asyncgraph.client.local``) run the same code, so standalone and
+served results are equal by construction."""
 
 from __future__ import annotations
 
-import asyncio
 import operator
 import os
 import socket
@@ -12,22 +12,18 @@ from typing import Any, cast
 
 import numpy as np
 
-from asyncgraph.errors import InvalidRequestError, ServerUnavailableError
+from asyncgraph.errors import InvalidRequestError
 from asyncgraph.kernels.edge_queries import OutIndex, degrees, sample_edges
 from asyncgraph.kernels.edges import find_edges_partition
 from asyncgraph.kernels.partition_sampling import sample_partition
 from asyncgraph.kernels.sparse_optim import apply_sparse_update
-from asyncgraph.names import ETYPE, TYPE_EID, edge_key, tensor_key
 from asyncgraph.protocol.info import ServerInfo, SharedMemoryInfo
-from asyncgraph.protocol.ops import ATTACHED_OPS, Op, SampleEdgesArgs
-from asyncgraph.service.base import Partition, SampledRows
+from asyncgraph.protocol.ops import SampleEdgesArgs
+from asyncgraph.service.base import SampledRows
 from asyncgraph.service.limits import WorkLimits, sample_bound
-from asyncgraph.storage.attached import AttachedStore
 from asyncgraph.storage.store import PartitionStore, PendingTensor, Policy, TensorMeta
 
-__all__ = ["LocalPartition", "PartitionService", "boot_id"]
-
-# What an attached (co-located) partition does through shared memory; the rest goes to its server.
+__all__ = ["PartitionService", "boot_id"]
 
 
 def boot_id() -> str:
@@ -284,225 +280,3 @@ class PartitionService:
             exclude=args.exclude,
             etype_fanouts=args.etype_fanouts,
         )
-
-
-class LocalPartition:
-    """``Partition`` over a ``PartitionService`` in this process.
-
-    Standalone, it does everything here. Attached to a co-located server's memory (``server``
-    given), it reads and writes rows, samples and finds edges here, maps tensors created later
-    on first use, sends everything else to ``server``, and refuses service once that server's
-    connection is closed.
-    """
-
-    def __init__(
-        self,
-        service: PartitionService,
-        *,
-        server: Partition | None = None,
-        shm: Mapping[str, Any] | None = None,
-        instance: str | None = None,
-    ) -> None:
-        self.service = service
-        self.part_id = service.store.part_id
-        self.server = server
-        self.shm = shm
-        self._instance: Any = instance
-        conn = getattr(server, "conn", None)
-        self._generation = conn.generation if conn is not None else 0
-
-    @property
-    def name(self) -> str:
-        return f"local partition {self.part_id}" if self.server is None else self.server.name
-
-    @property
-    def store(self) -> PartitionStore:
-        return self.service.store
-
-    @property
-    def closed(self) -> bool:
-        return self.service.store.closed
-
-    def runs_here(self, op: Op) -> bool:
-        if op == Op.PUSH and self.writes_via_server:
-            return False
-        return self.server is None or op in ATTACHED_OPS
-
-    def _check_alive(self) -> None:
-        server = self.server
-        if server is not None and server.closed:
-            raise ServerUnavailableError(f"server {server.name} of partition {self.part_id} is gone")
-
-    async def _current(self) -> None:
-        """Make sure the mapped memory is the live server's.
-
-        A server that restarted (its connection reconnected) holds new memory: the old mapping
-        belongs to a dead process, so it is dropped and the new server's store attached.
-        """
-        server = self.server
-        conn = getattr(server, "conn", None)
-        if server is None or conn is None:
-            return
-        if self.attached_store.catalog_stale and self.shm is not None and not conn.closed:
-            await self._refresh_catalog(self.shm)
-        if conn.closed:
-            if conn.reconnect_window <= 0:
-                self._check_alive()
-            await conn.reconnect()
-        if conn.generation == self._generation:
-            return
-        info = await server.info()
-        if info.get("instance") != self._instance:
-            await self._reattach(info)
-        self._generation = conn.generation
-
-    async def _reattach(self, info: Mapping[str, Any]) -> None:
-        from asyncgraph.storage.fdpass import attach_store
-
-        shm = info.get("shm")
-        if not shm:
-            raise ServerUnavailableError(
-                f"server {self.name} of partition {self.part_id} restarted without shared memory"
-            )
-        store = await asyncio.to_thread(attach_store, shm["address"], shm["token"], timeout=10.0)
-        old = self.service.store
-        self.service = PartitionService(store)
-        self.shm = shm
-        self._instance = info.get("instance")
-        old.close()
-
-    @property
-    def attached_store(self) -> AttachedStore:
-        """The store mapped from the co-located server's memory (only when ``server`` is given)."""
-        store = self.service.store
-        assert isinstance(store, AttachedStore), "a standalone partition has no attached store"
-        return store
-
-    @property
-    def writes_via_server(self) -> bool:
-        """True when the server logs writes (WAL): pushes must go through it, not shared memory."""
-        return self.server is not None and bool(self.shm and self.shm.get("writes_via_server"))
-
-    async def _refresh_catalog(self, shm: Mapping[str, Any]) -> None:
-        """Another process created or deleted tensors: map the new ones, unmap the deleted."""
-        from asyncgraph.storage.fdpass import fetch_catalog
-
-        # fds fetched off the loop; the store changed on it, as a replica server does
-        descriptor, fds = await asyncio.to_thread(fetch_catalog, shm["address"], shm["token"], 10.0)
-        self.attached_store.sync_catalog(descriptor, fds)
-
-    async def _map(self, shm: Mapping[str, Any], name: str) -> None:
-        """Map tensor ``name``, created on the server after this store was attached."""
-        from asyncgraph.storage.fdpass import fetch_tensors
-
-        descriptor, fds = await asyncio.to_thread(fetch_tensors, shm["address"], shm["token"], [name], 10.0)
-        self.attached_store.add_attached(descriptor, fds)
-
-    async def pull(self, name: str, ids: np.ndarray, row_bytes: int = 0) -> np.ndarray:
-        await self._current()
-        if self.shm is not None and not self.service.store.has_tensor(name):
-            await self._map(self.shm, name)
-        return self.service.pull(name, ids)
-
-    async def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str) -> None:
-        if self.server is not None and self.writes_via_server:
-            return await self.server.push(name, ids, values, op)
-        await self._current()
-        if self.shm is not None and not self.service.store.has_tensor(name):
-            await self._map(self.shm, name)
-        self.service.push(name, ids, values, op)
-        return None
-
-    async def sample(
-        self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        await self._current()
-        return self.service.sample(seeds, fanout, replace, seed)
-
-    async def sample_with_features(
-        self,
-        seeds: np.ndarray,
-        fanout: int,
-        replace: bool,
-        seed: int | None,
-        features: Sequence[str],
-        extra: np.ndarray | None = None,
-    ) -> SampledRows:
-        await self._current()
-        if self.shm is not None:
-            for name in features:
-                if not self.service.store.has_tensor(name):
-                    await self._map(self.shm, name)
-        return self.service.sample_with_features(seeds, fanout, replace, seed, features, extra)
-
-    async def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        await self._current()
-        return self.service.find_edges(eids)
-
-    async def degrees(self, ids: np.ndarray | None, edge_dir: str) -> np.ndarray:
-        self._check_alive()
-        return self.service.degrees(ids, edge_dir)
-
-    async def sample_edges(self, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
-        self._check_alive()
-        if args.prob is not None and self.shm is not None:
-            key = edge_key(args.prob)
-            if not self.service.store.has_tensor(key):
-                await self._map(self.shm, key)
-        if args.etype_fanouts is not None and self.shm is not None:
-            for key in (tensor_key("edge", ETYPE), tensor_key("edge", TYPE_EID)):
-                if not self.service.store.has_tensor(key):
-                    await self._map(self.shm, key)
-        return self.service.sample_edges(args)
-
-    async def sparse_update(
-        self, name: str, ids: np.ndarray, grads: np.ndarray, spec: Mapping[str, Any]
-    ) -> None:
-        if self.server is not None:  # an attached store cannot create the optimizer state
-            return await self.server.sparse_update(name, ids, grads, spec)
-        self.service.sparse_update(name, ids, grads, spec)
-        return None
-
-    async def create_tensor(
-        self,
-        name: str,
-        policy: str,
-        shape: list[int],
-        dtype: str,
-        init: dict[str, Any] | None,
-        holder: str | None = None,
-    ) -> tuple[TensorMeta, bool]:
-        if self.server is not None:
-            return await self.server.create_tensor(name, policy, shape, dtype, init, holder)
-        return self.service.create_tensor(name, policy, shape, dtype, init, holder)
-
-    async def release_tensors(self, holder: str, names: list[str], every: bool = False) -> list[str]:
-        if self.server is None:
-            return self.service.release_tensors(holder, names, every)
-        deleted = await self.server.release_tensors(holder, names, every)
-        for name in deleted:
-            self.attached_store.forget_tensor(name)
-        return deleted
-
-    async def delete_tensor(self, name: str) -> None:
-        if self.server is None:
-            self.service.delete_tensor(name)
-            return
-        await self.server.delete_tensor(name)
-        self.attached_store.forget_tensor(name)
-
-    async def list_tensors(self) -> list[TensorMeta]:
-        if self.server is not None:
-            return await self.server.list_tensors()
-        return self.service.list_tensors()
-
-    async def info(self) -> dict[str, Any]:
-        if self.server is not None:
-            return await self.server.info()
-        return self.service.info().to_wire()
-
-    def close(self) -> None:
-        """Unmap an attached store and close its server's connection (a standalone store stays)."""
-        if self.server is not None:
-            self.server.close()
-            self.service.store.close()

@@ -10,8 +10,8 @@ import sys
 
 import asyncgraph
 from asyncgraph.client import AsyncClient
-from asyncgraph.client.connection import Connection
 from asyncgraph.errors import AuthenticationError, ServerUnavailableError
+from asyncgraph.net.connection import Connection
 
 
 async def attempts(servers: list[tuple[str, int]]) -> None:

@@ -5,24 +5,28 @@ the connection); this module owns the socket, the futures and the timeouts. Many
 be in flight on a connection; responses are matched by id in any order. ``max_inflight``
 bounds the requests in flight (back-pressure: callers wait rather than queueing without
 limit); a call that finds a free slot costs one future and one timer handle. Requests issued in
-one loop tick are coalesced: the tick's first is written at once, the others in groups of up to
-``COALESCE_REQUESTS`` (or ``COALESCE_BYTES``), the last group at the end of the tick (``_send``);
-``writes`` and ``requests_written`` count them. When the server goes away every pending, queued
-and later call fails at once with ``ServerUnavailableError`` naming the server; a server that
-stops answering makes calls fail at their timeout. Nothing here knows about partitions or
-tensors.
+one loop tick share writes (``TickWriter``, ``asyncgraph.net.coalesce``). When the server goes
+away every pending, queued and later call fails at once with ``ServerUnavailableError`` naming
+the server; a server that stops answering makes calls fail at their timeout. Nothing here knows
+about partitions or tensors.
 
 Riding through a restart: with ``reconnect_window > 0`` a call that finds the connection lost
 reconnects (jittered exponential backoff, for at most the window; one reconnect shared by every
 caller) and, if its op may be resent (``RETRYABLE_OPS``: reads, and writes carrying a request id
 the server deduplicates), sends it again. ``generation`` counts reconnects so that users of the
 server's shared memory know to re-attach.
+
+Life cycle: one ``ConnectionState`` (as asyncpg's protocol keeps one), and beside it only why
+the connection is not open (``_error``, the error calls fail with):
+CONNECTING -> OPEN -> LOST -> RECONNECTING -> OPEN (``generation`` + 1) or LOST again; any state
+-> CLOSED by ``close()``, which is final. Calls go out in OPEN only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import enum
 import logging
 import random
 from typing import Any, cast
@@ -31,92 +35,32 @@ from asyncgraph.errors import (
     AsyncGraphError,
     RequestTimeoutError,
     ServerUnavailableError,
-    error_from_code,
 )
 from asyncgraph.protocol import (
     CONNECTION_ERROR_ID,
     DEFAULT_MAX_FRAME_SIZE,
     ClientSession,
-    ErrorResponse,
     HandshakeComplete,
-    Response,
     ServerHello,
 )
-from asyncgraph.protocol.codec import frame_size
 from asyncgraph.protocol.ops import RETRYABLE_OPS
-from asyncgraph.protocol.session import Pieces
+
+from .coalesce import COALESCE_BYTES, COALESCE_REQUESTS, TickWriter
+from .protocol import ClientProtocol
 
 log = logging.getLogger("asyncgraph.client")
 
-__all__ = ["COALESCE_BYTES", "COALESCE_REQUESTS", "CONNECTION_ERROR_ID", "Connection"]
-
-# A tick's queue is written as soon as it holds COALESCE_REQUESTS requests or COALESCE_BYTES.
-# Requests: the server starts on the first ones while the client still issues the rest (one write
-# per tick made the server wait for all of them: 32 concurrent 1-row pulls 1.3x slower than a
-# write each with the machine's cores free; groups of 8 were 1.16x faster than a write each there
-# and 1.2x under load, where one write per tick was 1.36x). Bytes: frames that big gain nothing
-# from sharing a write, and the transport's flow control (``pause_writing``, high-water mark
-# 64 KiB by default) must stop the tick's later requests as it did when each was written.
-COALESCE_REQUESTS = 8
-COALESCE_BYTES = 64 << 10
+__all__ = ["COALESCE_BYTES", "COALESCE_REQUESTS", "CONNECTION_ERROR_ID", "Connection", "ConnectionState"]
 
 
-class _ClientProtocol(asyncio.BufferedProtocol):
-    """Feeds received bytes to the session and its events to the connection."""
+class ConnectionState(enum.Enum):
+    """Where a ``Connection`` is in its life cycle (see the module docstring)."""
 
-    def __init__(self, conn: Connection) -> None:
-        self._conn = conn
-        self._session = conn._session
-
-    def _current(self) -> bool:
-        """False once the connection has moved on to a newer session (after a reconnect)."""
-        return self._conn._session is self._session
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if self._current():
-            self._conn._transport = cast(asyncio.Transport, transport)
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._session.get_buffer(sizehint)
-
-    def buffer_updated(self, nbytes: int) -> None:
-        conn = self._conn
-        if not self._current():
-            self._session.buffer_updated(nbytes)
-            return
-        pending = conn._pending
-        for event in self._session.buffer_updated(nbytes):
-            if isinstance(event, Response):
-                future = pending.get(event.id)
-                if future is not None and not future.done():  # else the caller timed out and left
-                    future.set_result(event.result)
-            elif isinstance(event, ErrorResponse):
-                future = pending.get(event.id)
-                if future is not None and not future.done():
-                    future.set_exception(error_from_code(event.code, event.message))
-            elif isinstance(event, HandshakeComplete):
-                conn._on_ready(event)
-            else:
-                conn._fail(event.error)
-        out = self._session.data_to_send()
-        if out and conn._transport is not None and not conn._transport.is_closing():
-            conn._transport.writelines(out)  # the client hello
-
-    def eof_received(self) -> bool | None:
-        return None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._session.close()
-        if not self._current():
-            return
-        reason = f": {exc}" if exc else ""
-        self._conn._fail(ServerUnavailableError(f"connection to server {self._conn.name} lost{reason}"))
-
-    def pause_writing(self) -> None:
-        self._conn._writable.clear()
-
-    def resume_writing(self) -> None:
-        self._conn._writable.set()
+    CONNECTING = "connecting"  # socket opening, handshake under way: no calls yet
+    OPEN = "open"  # handshake done: calls go out
+    LOST = "lost"  # the server went away: calls fail (or, with a window, reconnect)
+    RECONNECTING = "reconnecting"  # one shared reconnect is under way; calls wait for it
+    CLOSED = "closed"  # closed by the user: final
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:
@@ -146,17 +90,17 @@ class Connection:
         self.graph_name = graph_name
         self.secret = secret
         self.reconnect_window = reconnect_window
-        self.generation = 0
+        self.generation = 0  # reconnects so far: users of the server's memory re-attach on a change
         self.retries = 0
-        self._closed_by_user = False
-        self._reconnecting: asyncio.Future[None] | None = None
+        self.state = ConnectionState.CONNECTING
+        self._error: AsyncGraphError | None = None  # why the state is not OPEN
+        self._reconnecting: asyncio.Future[None] | None = None  # the shared task, in RECONNECTING
         self._session = ClientSession(
             graph_name=graph_name, secret=secret, name=name, max_frame_size=max_frame_size
         )
         self._transport: asyncio.Transport | None = None
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._handshake: asyncio.Future[None] | None = None
-        self._error: AsyncGraphError | None = None
         self._max_inflight = max_inflight
         self._inflight = 0  # calls between their slot and their reply
         self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -164,13 +108,7 @@ class Connection:
         self._writable = asyncio.Event()
         self._writable.set()
         self.server_hello: ServerHello | None = None
-        # Requests issued in a loop tick after its first, written together by ``_flush`` at its
-        # end: (request id, the call's future, the frame's pieces).
-        self._queued: list[tuple[int, asyncio.Future[Any], Pieces]] = []
-        self._queued_bytes = 0
-        self._flush_pending = False  # a flush is scheduled: this tick's first request went out
-        self.writes = 0  # transport writes carrying requests (handshakes not counted)
-        self.requests_written = 0  # requests those writes carried
+        self.writer = TickWriter(self._pending, self._live_transport, self._unavailable)
 
     @classmethod
     async def open(
@@ -197,6 +135,7 @@ class Connection:
             reconnect_window=reconnect_window,
         )
         await conn._connect(timeout)
+        conn.state = ConnectionState.OPEN
         hello = conn.server_hello
         if hello is not None:
             conn.graph_name = hello.graph_name  # a reconnect must find the same graph
@@ -213,7 +152,7 @@ class Connection:
         self._handshake.add_done_callback(_retrieve)
         try:
             await asyncio.wait_for(
-                loop.create_connection(lambda: _ClientProtocol(self), self.host, self.port), timeout
+                loop.create_connection(lambda: ClientProtocol(self), self.host, self.port), timeout
             )
         except (TimeoutError, OSError) as exc:
             self._handshake = None
@@ -238,15 +177,20 @@ class Connection:
 
         Raises ``ServerUnavailableError`` when the server did not come back in time.
         """
-        if self._error is None:
+        if self.state is ConnectionState.OPEN or self.state is ConnectionState.CONNECTING:
             return
+        if self.state is ConnectionState.CLOSED:
+            raise self._unavailable()
         if self._reconnecting is None:
+            self.state = ConnectionState.RECONNECTING
             self._reconnecting = asyncio.ensure_future(self._reconnect_loop())
             self._reconnecting.add_done_callback(self._reconnect_done)
         await asyncio.shield(self._reconnecting)
 
     def _reconnect_done(self, fut: asyncio.Future[None]) -> None:
         self._reconnecting = None
+        if self.state is ConnectionState.RECONNECTING:  # failed: a later call may try again
+            self.state = ConnectionState.LOST
         if not fut.cancelled():
             fut.exception()  # retrieved: each waiter got it through the shield
 
@@ -255,7 +199,7 @@ class Connection:
         deadline = loop.time() + self.reconnect_window
         delay = 0.05
         last: BaseException | None = None
-        while not self._closed_by_user:
+        while self.state is ConnectionState.RECONNECTING:
             left = deadline - loop.time()
             if left <= 0:
                 break
@@ -285,9 +229,11 @@ class Connection:
                         "it lost state (restarted without its --state-dir?)"
                     )
             if problem is not None:
-                self._error = None
-                self._fail(ServerUnavailableError(f"server {self.name} {problem}"))
-                raise cast(AsyncGraphError, self._error)
+                self.state = ConnectionState.LOST
+                self._error = ServerUnavailableError(f"server {self.name} {problem}")
+                self._fail(self._error)
+                raise self._error
+            self.state = ConnectionState.OPEN
             self._error = None
             self.generation += 1
             log.info("reconnected to server %s (generation %d)", self.name, self.generation)
@@ -309,21 +255,21 @@ class Connection:
             try:
                 return await self._call_once(op, args, timeout)
             except ServerUnavailableError:
-                if not may_retry or self.reconnect_window <= 0 or self._closed_by_user:
+                if not may_retry or self.reconnect_window <= 0 or self.state is ConnectionState.CLOSED:
                     raise
             await self.reconnect()
             self.retries += 1
 
     async def _call_once(self, op: str, args: dict[str, Any], timeout: float) -> Any:
-        if self._error is not None:
-            raise type(self._error)(str(self._error))
+        if self.state is not ConnectionState.OPEN:
+            raise self._unavailable()
         request_id, pieces = self._session.send_request(op, args)
         loop = self._loop or asyncio.get_running_loop()
         deadline = loop.time() + timeout
         if self._inflight >= self._max_inflight or self._slot_waiters or not self._writable.is_set():
             await self._wait_for_slot(op, timeout, deadline)  # back-pressure: the slow path
-            if self._error is not None:
-                raise type(self._error)(str(self._error))
+            if self.state is not ConnectionState.OPEN:
+                raise self._unavailable()
         # The fast path: one future and one timer handle, no context managers. The timer fails
         # the future itself, so a timeout the server reports (a barrier's) stays its own error.
         self._inflight += 1
@@ -331,7 +277,10 @@ class Connection:
         self._pending[request_id] = future
         timer = loop.call_at(deadline, self._expire, future, op, timeout)
         try:
-            self._send(loop, request_id, future, pieces)
+            transport = self._live_transport()
+            if transport is None:
+                raise ServerUnavailableError(f"connection to server {self.name} is closed")
+            self.writer.send(loop, transport, request_id, future, pieces)
             return await future
         finally:
             timer.cancel()
@@ -344,8 +293,8 @@ class Connection:
         """The deadline of a call passed: fail its future (unless the reply won the race)."""
         if future.done():
             return
-        if self._error is not None:
-            future.set_exception(type(self._error)(str(self._error)))
+        if self.state is not ConnectionState.OPEN:
+            future.set_exception(self._unavailable())
         else:
             future.set_exception(
                 RequestTimeoutError(f"{op} on server {self.name} timed out after {timeout:g} s")
@@ -361,12 +310,12 @@ class Connection:
                     waiter: asyncio.Future[None] = loop.create_future()
                     self._slot_waiters.append(waiter)  # a cancelled one is skipped when woken
                     await waiter
-                    if self._error is not None:
+                    if self.state is not ConnectionState.OPEN:
                         return
                 await self._writable.wait()
         except TimeoutError:
-            if self._error is not None:
-                raise type(self._error)(str(self._error)) from None
+            if self.state is not ConnectionState.OPEN:
+                raise self._unavailable() from None
             raise RequestTimeoutError(f"{op} on server {self.name} timed out after {timeout:g} s") from None
         finally:
             if self._slot_waiters and self._inflight < self._max_inflight:
@@ -379,74 +328,29 @@ class Connection:
                 waiter.set_result(None)
                 return
 
-    def _send(
-        self, loop: asyncio.AbstractEventLoop, request_id: int, future: asyncio.Future[Any], pieces: Pieces
-    ) -> None:
-        """Write a request, coalescing the requests of one loop tick.
+    @property
+    def writes(self) -> int:
+        """Transport writes that carried requests (handshakes not counted)."""
+        return self.writer.writes
 
-        The first request of a tick is written at once (a lone call waits for no extra loop
-        iteration) and schedules ``_flush`` for the end of the tick; requests issued meanwhile
-        are queued and written by it with one ``writelines`` (one syscall on uvloop, one read
-        wake-up on the server instead of one per request), or at once when the queue holds
-        ``COALESCE_REQUESTS`` requests or ``COALESCE_BYTES``.
-        """
+    @property
+    def requests_written(self) -> int:
+        """Requests those writes carried."""
+        return self.writer.requests_written
+
+    def _live_transport(self) -> asyncio.Transport | None:
+        """The transport, or None when it is gone or closing (the connection fails then)."""
         transport = self._transport
         if transport is None or transport.is_closing():
             self._lost()
-            raise ServerUnavailableError(f"connection to server {self.name} is closed")
-        if self._flush_pending:
-            self._queued.append((request_id, future, pieces))
-            self._queued_bytes += frame_size(pieces)
-            if self._queued_bytes >= COALESCE_BYTES or len(self._queued) >= COALESCE_REQUESTS:
-                self._flush(early=True)  # the server starts on them; flow control sees them
-            return
-        self.writes += 1
-        self.requests_written += 1
-        transport.writelines(pieces)
-        self._flush_pending = True
-        loop.call_soon(self._flush)
-
-    def _flush(self, early: bool = False) -> None:
-        """Write the requests queued this tick with one ``writelines``; ``early``: before the
-        tick ends, the queue being full (the scheduled flush still runs then).
-
-        A request whose call already ended (cancelled, timed out) is left out: the server never
-        sees it. If the connection closed meanwhile, the queued calls fail like in-flight ones.
-        """
-        self._flush_pending = early
-        queued = self._queued
-        if not queued:
-            return
-        self._queued = []
-        self._queued_bytes = 0
-        pending = self._pending
-        live = [entry for entry in queued if pending.get(entry[0]) is entry[1] and not entry[1].done()]
-        if not live:
-            return
-        transport = self._transport
-        if transport is None or transport.is_closing():
-            self._lost()
-            error = self._error
-            assert error is not None
-            for _, future, _ in live:  # when the user's close() came first: fail them here too
-                if not future.done():
-                    future.set_exception(type(error)(str(error)))
-            return
-        if len(live) == 1:
-            out = live[0][2]
-        else:
-            out = []
-            for entry in live:
-                out += entry[2]
-        self.writes += 1
-        self.requests_written += len(live)
-        transport.writelines(out)
+            return None
+        return transport
 
     def _lost(self) -> None:
         """The transport is closing but ``connection_lost`` has not run yet (it follows a tick
         later): fail the connection now, so pending calls fail and a retry reconnects instead of
         finding the connection still "open"."""
-        if self._error is None:
+        if self.state is ConnectionState.OPEN:
             self._fail(ServerUnavailableError(f"connection to server {self.name} lost"))
 
     # --- session events -------------------------------------------------------------------
@@ -455,7 +359,18 @@ class Connection:
         if self._handshake is not None and not self._handshake.done():
             self._handshake.set_result(None)
 
+    def _unavailable(self) -> AsyncGraphError:
+        """A fresh error for a call that finds the connection not open."""
+        error = self._error
+        if error is None:
+            return ServerUnavailableError(f"connection to server {self.name} is not open")
+        return type(error)(str(error))
+
     def _fail(self, exc: AsyncGraphError) -> None:
+        """The session or socket failed: OPEN becomes LOST (a reconnect attempt stays
+        RECONNECTING, CLOSED stays); everything waiting fails with ``exc``."""
+        if self.state is ConnectionState.OPEN:
+            self.state = ConnectionState.LOST
         if self._error is None:
             self._error = exc
         if self._handshake is not None and not self._handshake.done():
@@ -464,8 +379,7 @@ class Connection:
             if not future.done():
                 future.set_exception(type(exc)(str(exc)))
         self._pending.clear()
-        self._queued.clear()  # their futures were failed above; never written to a later transport
-        self._queued_bytes = 0
+        self.writer.drop()  # their futures were failed above; never written to a later transport
         self._writable.set()
         while self._slot_waiters:  # they see the error and fail
             waiter = self._slot_waiters.popleft()
@@ -476,7 +390,8 @@ class Connection:
 
     @property
     def closed(self) -> bool:
-        return self._error is not None
+        """True unless calls can go out now (OPEN, or still CONNECTING)."""
+        return self.state not in (ConnectionState.OPEN, ConnectionState.CONNECTING)
 
     def _drop_transport(self) -> None:
         if self._transport is not None and not self._transport.is_closing():
@@ -484,7 +399,8 @@ class Connection:
         self._session.close()
 
     def close(self) -> None:
-        self._closed_by_user = True
+        """Close for good (CLOSED): pending and later calls fail, a reconnect under way stops."""
+        self.state = ConnectionState.CLOSED
         if self._reconnecting is not None:
             self._reconnecting.cancel()
         if self._transport is not None and not self._transport.is_closing():
