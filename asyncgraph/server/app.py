@@ -229,6 +229,7 @@ class GraphServer:
     async def _start_replica(self, primary: tuple[str, int], t0: float) -> tuple[str, int]:
         """Map the primary's memory, serve the ops a replica may, announce this server to it."""
         from asyncgraph.net.dial import open_retrying
+        from asyncgraph.protocol.info import ServerInfo
         from asyncgraph.protocol.ops import AddReplicaArgs, Op
         from asyncgraph.server.replica import ReplicaHandlers
         from asyncgraph.service.local import boot_id
@@ -246,18 +247,17 @@ class GraphServer:
             max_frame_size=opts.max_frame_size,
             max_inflight=opts.max_inflight,
         )
-        info = await self.primary.call(Op.INFO, {}, REPLICA_CALL_TIMEOUT)
-        shm = info.get("shm")
-        if info.get("part_id") != opts.part_id:
-            raise ReplicaError(f"primary {where} serves partition {info.get('part_id')}, not {opts.part_id}")
-        if info.get("role", "primary") != "primary":
-            raise ReplicaError(f"{where} is itself a replica (of {info.get('primary')}); name the primary")
-        if not shm or info.get("boot_id") != boot_id():
+        info = ServerInfo.from_wire(await self.primary.call(Op.INFO, {}, REPLICA_CALL_TIMEOUT))
+        if info.part_id != opts.part_id:
+            raise ReplicaError(f"primary {where} serves partition {info.part_id}, not {opts.part_id}")
+        if info.role != "primary":
+            raise ReplicaError(f"{where} is itself a replica (of {info.primary}); name the primary")
+        if info.shm is None or info.boot_id != boot_id():
             raise ReplicaError(
                 f"primary {where} shares no memory with this host (a replica must run on its primary's "
                 "host, and the primary with shared memory)"
             )
-        address, token = str(shm["address"]), bytes(shm["token"])
+        address, token = info.shm.address, info.shm.token
         self.store = await asyncio.to_thread(attach_store, address, token, timeout=REPLICA_CALL_TIMEOUT)
         if opts.metrics_port is not None:
             self._make_metrics()

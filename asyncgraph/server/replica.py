@@ -50,7 +50,7 @@ class ReplicaHandlers(RequestHandlers):
         store: AttachedStore,
         *,
         primary: str,
-        primary_info: Mapping[str, Any],
+        primary_info: ServerInfo,
         fetch_catalog: Callable[[], tuple[dict[str, Any], list[int]]],
         on_shutdown: Callable[[], None] | None = None,
         limits: WorkLimits | None = None,
@@ -59,7 +59,7 @@ class ReplicaHandlers(RequestHandlers):
     ) -> None:
         super().__init__(
             store,
-            num_clients=int(primary_info.get("num_clients", 1)),
+            num_clients=primary_info.num_clients,
             on_shutdown=on_shutdown,
             limits=limits,
             max_frame_size=max_frame_size,
@@ -67,9 +67,9 @@ class ReplicaHandlers(RequestHandlers):
         )
         self.store: AttachedStore = store
         self.primary = primary
-        self.primary_instance = str(primary_info.get("instance", ""))
+        self.primary_instance = primary_info.instance
         #: The primary logs writes (WAL): pushes must reach it, not this replica.
-        self.writes_via_primary = bool(primary_info.get("durable", False))
+        self.writes_via_primary = primary_info.durable
         self._fetch_catalog = fetch_catalog
         self._syncing: asyncio.Future[None] | None = None
         # From the op table: what needs one place per partition, and (when the primary logs)
