@@ -154,6 +154,11 @@ class DistFeatureStore(FeatureStore):  # type: ignore[misc]
         self.client.push(f"node:{name}", ids, values.numpy())
         return True
 
+    def update_tensor(self, tensor: Any, *args: Any, **kwargs: Any) -> bool:
+        """Overwrite the rows ``index`` in place (PyG's default removes the whole tensor first)."""
+        attr = self._tensor_attr_cls.cast(*args, **kwargs)
+        return self._put_tensor(tensor, attr)
+
     def _create(self, name: str, values: torch.Tensor) -> bool:
         from asyncgraph.distributed import DistTensor
 
