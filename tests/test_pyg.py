@@ -287,3 +287,85 @@ def test_bad_input_is_typed_and_servers_keep_serving(g: Any) -> None:
     # nothing changed, everything still answers
     assert fs[None, "x", idx].shape == (2, 500)
     assert sampler.sample_from_nodes(NodeSamplerInput(input_id=None, node=idx)).node[:2].tolist() == [1, 2]
+
+
+# --- heterogeneous: ACM ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def acm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """ACM (small word features) partitioned once into 1 partition, with its per-type ID mapping."""
+    import sys
+    from pathlib import Path
+
+    from tests.conftest import DATA
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    from hetero_node_classification import load_acm
+
+    out = tmp_path_factory.mktemp("acm1")
+    nmap, _ = asyncgraph.partition_graph(
+        load_acm(words=32), "acm", 1, out, part_method="random", return_mapping=True
+    )
+    return {
+        "config": out / "acm.json",
+        "nmap": {k: np.asarray(v) for k, v in nmap.items()},
+        "raw": dict(np.load(DATA / "acm.npz")),
+    }
+
+
+def test_hetero_sampler_and_loader(acm: dict[str, Any]) -> None:
+    asyncgraph.initialize()
+    try:
+        g = asyncgraph.DistGraph("acm", part_config=acm["config"])
+        fs, gs = DistFeatureStore(g), DistGraphStore(g)
+        assert {a.group_name for a in fs.get_all_tensor_attrs()} == {"paper", "author", "subject"}
+        assert fs.get_tensor_size("author", "x", None) == (7167, 32)
+        with pytest.raises(UnknownTypeError, match="venue"):
+            fs["venue", "x", torch.tensor([0])]
+        with pytest.raises(OutOfRangeError, match="7167"):
+            fs["author", "x", torch.tensor([7167])]
+        # one hop, every in-edge: the seeds' authors and subjects, exactly
+        new = {t: np.argsort(m) for t, m in acm["nmap"].items()}  # original per-type ID -> new
+        raw = acm["raw"]
+        seeds = torch.tensor([3, 0, 100, 4018])
+        sampler = DistNeighborSampler(g, [-1], seed=0)
+        out = sampler.sample_from_nodes(NodeSamplerInput(input_id=None, node=seeds, input_type="paper"))
+        assert torch.equal(out.node["paper"][:4], seeds)
+        pa_paper = new["paper"][raw["src:paper:written-by:author"]]
+        pa_author = new["author"][raw["dst:paper:written-by:author"]]
+        want = pa_author[np.isin(pa_paper, seeds.numpy())]
+        writes = ("author", "writes", "paper")
+        got_authors = out.node["author"][out.row[writes]].numpy()
+        got_papers = out.node["paper"][out.col[writes]].numpy()
+        assert sorted(got_authors.tolist()) == sorted(want.tolist())
+        assert set(got_papers.tolist()) <= set(seeds.tolist())
+        assert set(out.node["author"].tolist()) == set(want.tolist())
+        assert out.num_sampled_nodes["paper"] == [4, 0] and out.num_sampled_edges[writes] == [want.size]
+        # PyG's NodeLoader and our loader give HeteroData with x per type and y for papers
+        train = torch.from_numpy(np.flatnonzero(g.nodes["paper"].data["train_mask"][0:4019].numpy()))
+        fan = {c: [5, 5] for c in g.canonical_etypes}
+        nl = NodeLoader(
+            (fs, gs), node_sampler=DistNeighborSampler(g, fan), input_nodes=("paper", train), batch_size=20
+        )
+        hb = next(iter(nl))
+        assert hb["paper"].batch_size == 20 and hb["author"].x.shape[1] == 32
+        for b in (hb, next(iter(DistNeighborLoader(g, fan, input_nodes=("paper", train), batch_size=20)))):
+            assert torch.equal(b["paper"].n_id[:20], train[:20])  # seeds first
+            for c in g.canonical_etypes:
+                ei = b[c].edge_index
+                assert ei.shape[1] == 0 or (
+                    int(ei[0].max()) < b[c[0]].num_nodes and int(ei[1].max()) < b[c[2]].num_nodes
+                )
+            n_id = b["paper"].n_id
+            assert torch.equal(b["paper"].y, fs["paper", "y", n_id])
+            assert torch.equal(b["author"].x, fs["author", "x", b["author"].n_id])
+        # the graph store: per-type COO equals the raw relation
+        src, dst = gs[("paper", "written-by", "author"), "coo"]
+        assert set(zip(src.tolist(), dst.tolist(), strict=True)) == set(
+            zip(pa_paper.tolist(), pa_author.tolist(), strict=True)
+        )
+        with pytest.raises(InvalidRequestError, match="replace"):
+            DistNeighborSampler(g, [5], replace=True)
+    finally:
+        asyncgraph.finalize()
