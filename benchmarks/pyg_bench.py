@@ -177,7 +177,14 @@ def main() -> None:
             def nodeloader() -> Any:
                 sampler = DistNeighborSampler(g, fanouts, seed=0)
                 fs, gs = DistFeatureStore(g), DistGraphStore(g)
-                return NodeLoader((fs, gs), node_sampler=sampler, batch_size=args.batch_size, shuffle=True)
+                every = torch.arange(g.num_nodes())
+                return NodeLoader(
+                    (fs, gs),
+                    node_sampler=sampler,
+                    input_nodes=every,
+                    batch_size=args.batch_size,
+                    shuffle=True,
+                )
 
             rows["nodeloader_2parts"] = {
                 s: time_loader(nodeloader(), args.batches, fn) for s, fn in steps.items()

@@ -226,6 +226,15 @@ def test_dist_neighbor_loader_trains_graphsage(g: Any, pubmed2: Any) -> None:
     b = next(iter(loader))
     assert {"x", "y", "edge_index", "n_id", "e_id", "batch_size", "input_id"} <= set(b.keys())
     assert np.array_equal(b.n_id[: b.batch_size].numpy(), loader.input_nodes[b.input_id.numpy()])
+    # device=: batches staged and copied in the background arrive identical (CPU here; CUDA in
+    # dataloading/device.py's own tests)
+    on_dev = next(iter(DistNeighborLoader(g, [5, 5], batch_size=64, seed=0, device="cpu")))
+    plain = next(iter(DistNeighborLoader(g, [5, 5], batch_size=64, seed=0)))
+    assert set(on_dev.keys()) == set(plain.keys())
+    for k in plain.keys():  # noqa: SIM118 (a Data iterates as (key, value) pairs)
+        assert (
+            torch.equal(on_dev[k], plain[k]) if isinstance(plain[k], torch.Tensor) else on_dev[k] == plain[k]
+        )
     acc = _train_graphsage(loader, test_loader, epochs=15)
     assert acc > 0.6, acc  # 3 classes; chance ~0.4 (the largest class)
     assert loader.stats.batches == 3
