@@ -15,7 +15,8 @@ Configurations, all on the same graph in the same run (one trainer process):
 
 Each runs ``--batches`` batches of ``--batch-size`` seeds (every node a seed, shuffled) with
 ``--num-neighbors`` under two steps: ``fixed`` (a ``--fixed-ms`` sleep: an accelerator-like step)
-and ``sage`` (PyG's GraphSAGE forward, backward, Adam step). Ceilings measured in the same run:
+and ``sage`` (PyG's GraphSAGE forward, backward, Adam step), the median of ``--repeats`` rounds with
+the configurations interleaved (this VM is shared; ``loadavg_*`` are recorded). Ceilings, same run:
 ``fixed`` -> 1000 / fixed-ms batches/s; ``sage`` -> the GraphSAGE step alone on batches held in
 memory (the loaders' batches, materialised first). Writes ``benchmarks/results/pyg_bench.json``.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import platform
 import tempfile
 import time
@@ -126,6 +128,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=15)
     ap.add_argument("--fixed-ms", type=float, default=40.0)
     ap.add_argument("--prefetch", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3, help="rounds per configuration (median reported)")
     ap.add_argument("--out", type=Path, default=RESULTS / "pyg_bench.json")
     args = ap.parse_args()
     fanouts = [int(f) for f in args.num_neighbors.split(",")]
@@ -139,7 +142,8 @@ def main() -> None:
     result: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
-        "cpus": __import__("os").cpu_count(),
+        "cpus": os.cpu_count(),
+        "loadavg_start": list(os.getloadavg()),
         "graph": args.graph.name,
         "batch_size": args.batch_size,
         "num_neighbors": fanouts,
@@ -151,8 +155,22 @@ def main() -> None:
     result["a_pyg_inmemory"] = {k: v for k, v in a.items() if k != "loader"}
     result["b_pyg_distributed"] = pyg_distributed_status()
     rows: dict[str, dict[str, Any]] = {}
-    if a["runs"]:
-        rows["a_pyg_inmemory"] = {s: time_loader(a["loader"], args.batches, fn) for s, fn in steps.items()}
+    runs: dict[str, dict[str, list[dict[str, float]]]] = {}
+    ceiling_runs: list[float] = []
+    held: list[Any] = []
+
+    def measure(makers: dict[str, Any]) -> None:
+        """``--repeats`` rounds, configurations interleaved; the sage ceiling timed in each round."""
+        for _ in range(args.repeats):
+            for name, make in makers.items():
+                for step, fn in steps.items():
+                    runs.setdefault(name, {}).setdefault(step, []).append(
+                        time_loader(make(), args.batches, fn)
+                    )
+            t0 = time.perf_counter()
+            for b in held:
+                steps["sage"](b)
+            ceiling_runs.append(len(held) / (time.perf_counter() - t0))
 
     def ours(g: Any) -> Any:
         return DistNeighborLoader(
@@ -162,22 +180,24 @@ def main() -> None:
     cfg1 = partitioned(args.graph, 1)
     asyncgraph.initialize()
     g = asyncgraph.DistGraph(args.graph.stem, part_config=cfg1)
-    rows["ours_standalone"] = {s: time_loader(ours(g), args.batches, fn) for s, fn in steps.items()}
     held = [b for _, b in zip(range(args.batches), ours(g), strict=False)]  # for the sage ceiling
+    if a["runs"]:
+        measure({"a_pyg_inmemory": lambda: a["loader"], "ours_standalone": lambda: ours(g)})
+    else:
+        measure({"ours_standalone": lambda: ours(g)})
     asyncgraph.finalize()
     cfg2 = partitioned(args.graph, 2)
     with tempfile.TemporaryDirectory() as tmp:
         group = start_servers(cfg2, Path(tmp), num_parts=2)
         try:
             asyncgraph.initialize(group.ip_config())
-            g = asyncgraph.DistGraph(args.graph.stem)
-            rows["ours_2parts"] = {s: time_loader(ours(g), args.batches, fn) for s, fn in steps.items()}
+            g2 = asyncgraph.DistGraph(args.graph.stem)
             from torch_geometric.loader import NodeLoader
 
             def nodeloader() -> Any:
-                sampler = DistNeighborSampler(g, fanouts, seed=0)
-                fs, gs = DistFeatureStore(g), DistGraphStore(g)
-                every = torch.arange(g.num_nodes())
+                sampler = DistNeighborSampler(g2, fanouts, seed=0)
+                fs, gs = DistFeatureStore(g2), DistGraphStore(g2)
+                every = torch.arange(g2.num_nodes())
                 return NodeLoader(
                     (fs, gs),
                     node_sampler=sampler,
@@ -186,16 +206,22 @@ def main() -> None:
                     shuffle=True,
                 )
 
-            rows["nodeloader_2parts"] = {
-                s: time_loader(nodeloader(), args.batches, fn) for s, fn in steps.items()
-            }
+            measure({"ours_2parts": lambda: ours(g2), "nodeloader_2parts": nodeloader})
             asyncgraph.finalize()
         finally:
             group.stop()
-    t0 = time.perf_counter()
-    for b in held:
-        steps["sage"](b)
-    ceilings = {"fixed": 1000.0 / args.fixed_ms, "sage": len(held) / (time.perf_counter() - t0)}
+    for name, by_step in runs.items():
+        rows[name] = {
+            step: {
+                "batches_per_s": float(np.median([r["batches_per_s"] for r in rs])),
+                "wait_fraction": float(np.median([r["wait_fraction"] for r in rs])),
+                "runs": [round(r["batches_per_s"], 3) for r in rs],
+            }
+            for step, rs in by_step.items()
+        }
+    ceilings = {"fixed": 1000.0 / args.fixed_ms, "sage": float(np.median(ceiling_runs))}
+    result["sage_ceiling_runs"] = [round(c, 3) for c in ceiling_runs]
+    result["loadavg_end"] = list(os.getloadavg())
     result["ceiling_batches_per_s"] = ceilings
     result["rows"] = rows
     ref = rows.get("a_pyg_inmemory", rows["ours_standalone"])
