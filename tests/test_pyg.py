@@ -58,6 +58,9 @@ def test_feature_store_semantics(g: Any, pubmed2: Any) -> None:
         [(None, "x", idx), (None, "y", idx[:2]), (None, "train_mask", slice(0, 3))]
     )
     assert x.shape == (4, 500) and y.shape == (2,) and mask.shape == (3,)
+    mask = torch.zeros(19717, dtype=torch.bool)
+    mask[[0, 5]] = True  # a boolean index selects rows, as in PyG
+    assert np.array_equal(fs[None, "x", mask].numpy(), pubmed2.original_rows("feat", np.array([0, 5])))
     everything = fs[None, "y", None]
     assert np.array_equal(everything.numpy(), pubmed2.original_rows("label", np.arange(19717)))
     # put / update / remove a tensor of our own
@@ -181,6 +184,9 @@ def test_pyg_node_and_link_loaders_take_our_sampler(g: Any, pubmed2: Any) -> Non
     assert np.array_equal(b.x.numpy(), pubmed2.original_rows("feat", b.n_id.numpy()))
     assert int(b.edge_index.max()) < b.n_id.numel()
     assert bool(train[b.n_id[: b.batch_size]].all())
+    # our loader takes the (fs, gs) pair as PyG's loaders do
+    ours = next(iter(DistNeighborLoader((fs, gs), [5, 5], input_nodes=train, batch_size=16)))
+    assert ours.batch_size == 16 and ours.x.shape == (ours.n_id.numel(), 500)
     # PyG's NeighborLoader with our sampler in place of its own (which needs pyg-lib)
     nl = NeighborLoader((fs, gs), [5, 5], neighbor_sampler=sampler, input_nodes=train, batch_size=60)
     assert next(iter(nl)).batch_size == 60
