@@ -92,10 +92,11 @@ def run(part_config: Path | None, args: argparse.Namespace) -> float:
             opt.zero_grad()
             n = b["paper"].batch_size
             out = model(b.x_dict, b.edge_index_dict)["paper"][:n]
-            F.cross_entropy(out, b["paper"].y[:n]).backward()
+            loss = F.cross_entropy(out, b["paper"].y[:n])
+            loss.backward()
             opt.step()
         if rank == 0 and (epoch + 1) % 10 == 0:
-            print(f"epoch {epoch + 1}: loss {float(F.cross_entropy(out, b['paper'].y[:n])):.3f}", flush=True)
+            print(f"epoch {epoch + 1}: last batch's loss {float(loss.detach()):.3f}", flush=True)
     correct, total = accuracy(model, test)
     if rank == 0:
         print(f"test accuracy {correct / total:.3f} ({correct}/{total} papers)", flush=True)

@@ -73,7 +73,7 @@ def main() -> None:
                 loss = F.binary_cross_entropy_with_logits(score, b.edge_label)
                 loss.backward()
                 opt.step()
-                total += float(loss)
+                total += float(loss.detach())
             print(f"epoch {epoch}: mean loss {total / len(loader):.4f}", flush=True)
         model.eval()
         everyone = DistNeighborLoader(g, [-1, -1], batch_size=g.num_nodes())  # one batch: every node
