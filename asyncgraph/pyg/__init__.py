@@ -1,0 +1,31 @@
+"""asyncgraph as PyG's distributed backend (``pip install asyncgraph[pyg]``).
+
+PyG's remote-backend interface over a ``DistGraph`` (:class:`DistFeatureStore`,
+:class:`DistGraphStore`), PyG's ``BaseSampler`` with the sampling done by asyncgraph's servers
+(:class:`DistNeighborSampler`: ``torch_geometric.loader.NodeLoader``/``LinkLoader`` take it), and
+prefetching loaders that yield PyG ``Data``/``HeteroData`` (:class:`DistNeighborLoader`,
+:class:`DistLinkNeighborLoader`: the names of PyG's deprecated distributed loaders). Needs
+``torch_geometric`` only (pure Python); no pyg-lib or torch-sparse.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch_geometric  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("asyncgraph.pyg needs torch_geometric: pip install 'asyncgraph[pyg]'") from exc
+
+from .feature_store import PYG_ALIASES, DistFeatureStore
+from .graph_store import DistGraphStore
+from .loader import DistLinkNeighborLoader, DistNeighborLoader
+from .sampler import DistNeighborSampler, sample_hops
+
+__all__ = [
+    "PYG_ALIASES",
+    "DistFeatureStore",
+    "DistGraphStore",
+    "DistLinkNeighborLoader",
+    "DistNeighborLoader",
+    "DistNeighborSampler",
+    "sample_hops",
+]

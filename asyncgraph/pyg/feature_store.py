@@ -1,0 +1,206 @@
+"""PyG's remote-backend ``FeatureStore`` over a ``DistGraph``: node tensors served by asyncgraph.
+
+Keys are PyG's ``TensorAttr(group_name, attr_name, index)``: ``group_name`` is the node type of a
+heterogeneous graph (``None`` for a homogeneous one), ``attr_name`` a node tensor and ``index``
+the rows (``None`` = every row of the group). PyG's conventional names are aliases of ours:
+``x`` reads ``feat`` and ``y`` reads ``label``, so PyG code runs on asyncgraph partitions
+unchanged. Every read goes through the client's one pull path (split by owner, all servers at
+once); ``multi_get_tensor`` gathers every attribute of a batch in one concurrent wave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch_geometric.data import FeatureStore, TensorAttr
+
+from asyncgraph.arrays import as_id_array
+from asyncgraph.client.sync_client import Client
+from asyncgraph.dataloading.fetch import client_of
+from asyncgraph.errors import (
+    DTypeMismatchError,
+    OutOfRangeError,
+    ShapeMismatchError,
+    UnknownTensorError,
+    UnknownTypeError,
+)
+from asyncgraph.names import is_state_key, tensor_prefix
+from asyncgraph.partition.book import RangePartitionBook
+
+__all__ = ["PYG_ALIASES", "DistFeatureStore"]
+
+PYG_ALIASES: dict[str, str] = {"x": "feat", "y": "label"}
+"""PyG attribute name -> asyncgraph node tensor read for it (when the graph has no tensor so named)."""
+
+
+class DistFeatureStore(FeatureStore):  # type: ignore[misc]
+    """PyG ``FeatureStore`` whose tensors are a ``DistGraph``'s node tensors.
+
+    ``attrs`` names the PyG attributes ``get_all_tensor_attrs`` lists (what PyG's loaders fetch
+    for every batch); by default ``x``/``y`` (for ``feat``/``label``) and every other node
+    tensor under its own name, or only ``x`` on a heterogeneous graph (labels of the seed type
+    reach a batch through the sampler). Any node tensor can still be read by name.
+    """
+
+    def __init__(self, g: Any, attrs: Sequence[str] | None = None) -> None:
+        super().__init__()
+        self.graph = g
+        self.client: Client = client_of(g)
+        self.book: RangePartitionBook = self.client.book
+        self.hetero = bool(self.book.is_hetero)
+        if attrs is not None:
+            for a in attrs:
+                self._tensor_name(a)  # UnknownTensorError now, not on the first batch
+        self._attrs = None if attrs is None else list(attrs)
+        self._created: list[Any] = []
+
+    # --- names ------------------------------------------------------------------------------
+    def _node_tensors(self) -> list[str]:
+        prefix = tensor_prefix("node")
+        metas = self.client.refresh_tensors()
+        return sorted(
+            m.name[len(prefix) :] for m in metas if m.name.startswith(prefix) and not is_state_key(m.name)
+        )
+
+    def _tensor_name(self, attr_name: Any) -> str:
+        """Our tensor behind PyG's ``attr_name`` (``UnknownTensorError`` listing what exists)."""
+        if not isinstance(attr_name, str):
+            raise DTypeMismatchError(f"attr_name must be a str, got {attr_name!r}")
+        key = tensor_prefix("node") + attr_name
+        if self.client.aio.cached_meta(key) is not None:
+            return attr_name
+        alias = PYG_ALIASES.get(attr_name)
+        if alias is not None and self.client.aio.cached_meta(tensor_prefix("node") + alias) is not None:
+            return alias
+        have = self._node_tensors()  # refreshes the catalog: a tensor made elsewhere is found
+        if attr_name in have:
+            return attr_name
+        if alias is not None and alias in have:
+            return alias
+        raise UnknownTensorError(
+            f"no node tensor {attr_name!r}"
+            + (f" (nor {alias!r}, its asyncgraph name)" if alias else "")
+            + f"; node tensors: {have}"
+        )
+
+    def _group(self, group_name: Any) -> str | None:
+        """The node type of ``group_name`` (``None`` on a homogeneous graph)."""
+        if not self.hetero:
+            if group_name not in (None, "_N"):
+                raise UnknownTypeError(f"group_name {group_name!r}: the graph is homogeneous (use None)")
+            return None
+        if group_name not in self.book.ntypes:
+            raise UnknownTypeError(f"unknown node type {group_name!r}; node types: {self.book.ntypes}")
+        return str(group_name)
+
+    def _num_rows(self, ntype: str | None) -> int:
+        return self.book.num_nodes if ntype is None else self.book.num_nodes_of(ntype)
+
+    def _ids(self, attr: TensorAttr, ntype: str | None) -> np.ndarray:
+        """Global (homogeneous) row IDs of ``attr.index`` in group ``ntype``, range-checked."""
+        n = self._num_rows(ntype)
+        index = attr.index
+        if index is None:
+            ids = np.arange(n, dtype=np.int64)
+        elif isinstance(index, slice):
+            ids = np.arange(*index.indices(n), dtype=np.int64)
+        else:
+            arr = index.detach().cpu().numpy() if isinstance(index, torch.Tensor) else np.asarray(index)
+            if arr.dtype == bool:
+                if arr.shape != (n,):
+                    raise ShapeMismatchError(f"a boolean index must have shape ({n},), got {arr.shape}")
+                arr = np.flatnonzero(arr)
+            ids = as_id_array(arr, "index")
+            if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n):
+                bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+                what = f"{ntype} node" if ntype else "node"
+                raise OutOfRangeError(f"index: {what} ID {bad} out of range [0, {n})")
+        return ids if ntype is None else self.book.map_to_homo_nid(ids, ntype)
+
+    # --- PyG's interface --------------------------------------------------------------------
+    def _get_tensor(self, attr: TensorAttr) -> torch.Tensor:
+        return self._multi_get_tensor([attr])[0]
+
+    def _multi_get_tensor(self, attrs: list[TensorAttr]) -> list[torch.Tensor]:
+        """Every attribute's rows in one wave: all pulls run concurrently on the client's loop."""
+        keys: list[tuple[str, np.ndarray]] = []
+        for attr in attrs:  # validate everything before any request is sent
+            ntype = self._group(attr.group_name)
+            keys.append((f"node:{self._tensor_name(attr.attr_name)}", self._ids(attr, ntype)))
+        aio = self.client.aio
+
+        async def pull_all() -> list[np.ndarray]:
+            return list(await asyncio.gather(*(aio.pull_numpy(k, ids) for k, ids in keys)))
+
+        return [torch.from_numpy(a) for a in self.client.loop.run(pull_all())]
+
+    def _put_tensor(self, tensor: Any, attr: TensorAttr) -> bool:
+        """Write rows of an existing tensor, or (index ``None``, homogeneous) create a new one."""
+        values = tensor.detach().cpu() if isinstance(tensor, torch.Tensor) else torch.as_tensor(tensor)
+        ntype = self._group(attr.group_name)
+        try:
+            name = self._tensor_name(attr.attr_name)
+        except UnknownTensorError:
+            if attr.index is not None or ntype is not None:
+                raise
+            return self._create(str(attr.attr_name), values)
+        ids = self._ids(attr, ntype)
+        if values.shape[0] != ids.size:
+            raise ShapeMismatchError(f"{values.shape[0]} rows given for {ids.size} indices")
+        self.client.push(f"node:{name}", ids, values.numpy())
+        return True
+
+    def update_tensor(self, tensor: Any, *args: Any, **kwargs: Any) -> bool:
+        """Overwrite the rows ``index`` in place (PyG's default removes the whole tensor first)."""
+        attr = self._tensor_attr_cls.cast(*args, **kwargs)
+        return self._put_tensor(tensor, attr)
+
+    def _create(self, name: str, values: torch.Tensor) -> bool:
+        from asyncgraph.distributed import DistTensor
+
+        if values.dim() < 1 or values.shape[0] != self.book.num_nodes:
+            raise ShapeMismatchError(
+                f"a new node tensor {name!r} needs {self.book.num_nodes} rows, "
+                f"got shape {tuple(values.shape)}"
+            )
+        t = DistTensor(tuple(values.shape), values.dtype, name, persistent=True, client=self.client)
+        self._created.append(t)  # the handle keeps it alive for this store's lifetime
+        t[0 : self.book.num_nodes] = values
+        return True
+
+    def _remove_tensor(self, attr: TensorAttr) -> bool:
+        """Delete the node tensor on every server (PyG: ``False`` if there was none)."""
+        self._group(attr.group_name)
+        try:
+            name = self._tensor_name(attr.attr_name)
+        except UnknownTensorError:
+            return False
+        self.client.loop.run(self.client.aio.delete_tensor(f"node:{name}"))
+        return True
+
+    def _get_tensor_size(self, attr: TensorAttr) -> tuple[int, ...]:
+        ntype = self._group(attr.group_name)
+        name = self._tensor_name(attr.attr_name)
+        meta = self.client.aio.cached_meta(f"node:{name}")
+        assert meta is not None  # _tensor_name found it
+        return (self._num_rows(ntype), *meta.row_shape)
+
+    def get_all_tensor_attrs(self) -> list[TensorAttr]:
+        """The attributes PyG's loaders fetch for a batch (see the class docstring)."""
+        have = self._node_tensors()
+        if self._attrs is not None:
+            names = list(self._attrs)
+        elif self.hetero:
+            names = ["x"] if PYG_ALIASES["x"] in have or "x" in have else []
+        else:
+            shown = {a: PYG_ALIASES[a] for a in PYG_ALIASES if a not in have and PYG_ALIASES[a] in have}
+            names = list(shown) + [n for n in have if n not in shown.values()]
+        groups: Sequence[str | None] = self.book.ntypes if self.hetero else [None]
+        return [TensorAttr(group_name=t, attr_name=n, index=None) for t in groups for n in names]
+
+    def __repr__(self) -> str:
+        return f"DistFeatureStore({self.graph!r})"

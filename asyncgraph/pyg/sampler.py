@@ -1,0 +1,355 @@
+"""PyG's ``BaseSampler`` with the sampling done by asyncgraph's servers.
+
+PyG's neighbour sampling (``NeighborSampler`` over pyg-lib) expands every node once, at the hop
+that first reaches it: hop ``k`` samples ``num_neighbors[k]`` in-edges of the nodes that hop
+``k - 1`` added (the seeds for hop 0), and the batch's nodes are the seeds followed by each
+hop's new nodes in order of first appearance. :func:`sample_hops` reproduces that layout with
+one request wave per hop (each frontier split by owner, every server at once) and vectorised
+relabelling (sorted ID table + ``searchsorted``; no Python loop over nodes or edges). Note the
+order of fanouts: PyG's ``num_neighbors[0]`` is the seeds' hop, DGL's ``fanouts[-1]``.
+
+``DistNeighborSampler`` wraps it in PyG's interface (``sample_from_nodes``,
+``sample_from_edges`` with PyG's own negative sampling) and, as PyG's distributed sampler of the
+same name did, carries each batch's features in ``metadata[-3:]`` = ``(x, y, edge_attr)``:
+PyG's ``NodeLoader``/``LinkLoader`` recognise the class name and build the ``Data`` from them,
+so a batch's features are pulled in the same coroutine as its sample (one pull per tensor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch_geometric.sampler import (
+    BaseSampler,
+    EdgeSamplerInput,
+    HeteroSamplerOutput,
+    NegativeSampling,
+    NodeSamplerInput,
+    SamplerOutput,
+)
+from torch_geometric.sampler.neighbor_sampler import edge_sample, node_sample
+
+from asyncgraph.arrays import as_id_array
+from asyncgraph.client.async_client import AsyncClient
+from asyncgraph.client.sync_client import Client
+from asyncgraph.dataloading.fetch import AUTO, Auto, client_of, node_tensor_names
+from asyncgraph.dataloading.hetero_block import _type_local
+from asyncgraph.distributed.hetero import etype_fanouts
+from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, UnknownTypeError
+from asyncgraph.partition.book import RangePartitionBook
+
+__all__ = ["DistNeighborSampler", "Hops", "check_options", "sample_hops"]
+
+CanonicalEType = tuple[str, str, str]
+
+
+def check_options(
+    *,
+    replace: bool = False,
+    subgraph_type: Any = "directional",
+    disjoint: bool = False,
+    temporal_strategy: str = "uniform",
+    time_attr: str | None = None,
+    weight_attr: str | None = None,
+    input_time: Any = None,
+    hetero: bool = False,
+) -> None:
+    """``InvalidRequestError`` naming any PyG sampling option asyncgraph's servers do not offer."""
+    st = getattr(subgraph_type, "value", subgraph_type)
+    if st != "directional":
+        raise InvalidRequestError(
+            f"subgraph_type={st!r} is not supported: asyncgraph samples 'directional' subgraphs only"
+        )
+    if disjoint:
+        raise InvalidRequestError("disjoint=True is not supported: seeds share one sampled subgraph")
+    if time_attr is not None or input_time is not None or temporal_strategy != "uniform":
+        raise InvalidRequestError(
+            "temporal sampling (time_attr, input_time, temporal_strategy) is not supported"
+        )
+    if weight_attr is not None:
+        raise InvalidRequestError("weight_attr is not supported: neighbours are sampled uniformly")
+    if replace and hetero:
+        raise InvalidRequestError("replace=True is not supported on heterogeneous graphs")
+
+
+def _fanouts(num_neighbors: Any, book: RangePartitionBook) -> list[int] | list[np.ndarray]:
+    """Homogeneous: a list of ints (hop order). Heterogeneous: one per-edge-type array per hop."""
+    if isinstance(num_neighbors, Mapping):
+        if not book.is_hetero:
+            raise InvalidRequestError("num_neighbors per edge type needs a heterogeneous graph")
+        hops = max((len(v) for v in num_neighbors.values()), default=0)
+        per_hop = []
+        for h in range(hops):
+            layer = {}
+            for key, values in num_neighbors.items():
+                try:
+                    book.etype_id(tuple(key) if isinstance(key, list) else key)
+                except (KeyError, ValueError) as exc:
+                    raise UnknownTypeError(f"num_neighbors: unknown edge type {key!r}") from exc
+                layer[tuple(key) if isinstance(key, list) else key] = int(values[h]) if h < len(values) else 0
+            per_hop.append(etype_fanouts(book, layer))
+        return per_hop
+    values = list(getattr(num_neighbors, "values", num_neighbors))
+    if not values:
+        raise InvalidRequestError("num_neighbors must name at least one hop")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise DTypeMismatchError(f"num_neighbors must be integers, got {v!r}")
+        if int(v) < -1:
+            raise InvalidRequestError(f"num_neighbors must be -1 (all) or >= 0, got {v}")
+    if book.is_hetero:
+        return [etype_fanouts(book, int(v)) for v in values]
+    return [int(v) for v in values]
+
+
+@dataclass
+class Hops:
+    """One sample in PyG's layout, homogeneous IDs: ``nodes[row[i]] -> nodes[col[i]]`` is edge ``edge[i]``."""
+
+    nodes: np.ndarray  # seeds first, then each hop's new nodes
+    row: np.ndarray  # local source (the sampled neighbour)
+    col: np.ndarray  # local destination (the node expanded)
+    edge: np.ndarray  # global edge IDs (per-type edge IDs on a heterogeneous graph)
+    etype: np.ndarray | None  # each edge's canonical type index (heterogeneous), else None
+    num_nodes: list[int]  # per hop, seeds first
+    num_edges: list[int]  # per hop
+
+
+async def sample_hops(
+    aio: AsyncClient, seeds: np.ndarray, fanouts: Sequence[Any], *, replace: bool, seed: int
+) -> Hops:
+    """Expand ``seeds`` hop by hop as PyG does (see the module docstring); seeds must be unique."""
+    seeds = as_id_array(seeds, "seeds")
+    if np.unique(seeds).size != seeds.size:
+        raise InvalidRequestError("seeds must be unique (disjoint sampling is not supported)")
+    order = np.argsort(seeds, kind="stable")
+    known, known_local = seeds[order], order.astype(np.int64)  # sorted IDs -> local index
+    nodes, rows, cols, edges, etypes = [seeds], [], [], [], []
+    num_nodes, num_edges = [int(seeds.size)], []
+    frontier, total = seeds, int(seeds.size)
+    hetero = not isinstance(fanouts[0], int)
+    for hop, fanout in enumerate(fanouts):
+        hop_seed = (seed * 8 + hop + 1) % (1 << 62)
+        if not frontier.size:
+            num_nodes.append(0)
+            num_edges.append(0)
+            continue
+        if hetero:
+            out = await aio.sample_etypes(frontier, fanout, seed=hop_seed)
+            src, dst, eid = out["src"], out["dst"], out["type_eid"]
+            etypes.append(out["etype"])
+        else:
+            src, dst, eid = await aio.sample_neighbors(frontier, fanout, replace=replace, seed=hop_seed)
+        pos = np.minimum(np.searchsorted(known, src), known.size - 1)
+        fresh = src[known[pos] != src]
+        uniq, first = np.unique(fresh, return_index=True)
+        appear = np.argsort(first, kind="stable")  # new nodes in order of first appearance
+        uniq_local = np.empty(uniq.size, dtype=np.int64)
+        uniq_local[appear] = total + np.arange(uniq.size, dtype=np.int64)
+        frontier = uniq[appear]
+        nodes.append(frontier)
+        total += int(uniq.size)
+        merged = np.concatenate([known, uniq])
+        by_id = np.argsort(merged, kind="stable")
+        known, known_local = merged[by_id], np.concatenate([known_local, uniq_local])[by_id]
+        rows.append(known_local[np.searchsorted(known, src)])
+        cols.append(known_local[np.searchsorted(known, dst)])
+        edges.append(eid)
+        num_nodes.append(int(uniq.size))
+        num_edges.append(int(src.size))
+
+    def cat(parts: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+    return Hops(
+        cat(nodes), cat(rows), cat(cols), cat(edges), cat(etypes) if hetero else None, num_nodes, num_edges
+    )
+
+
+def to_sampler_output(hops: Hops) -> SamplerOutput:
+    """PyG's homogeneous ``SamplerOutput`` of a sample."""
+    t = torch.from_numpy
+    return SamplerOutput(
+        node=t(hops.nodes),
+        row=t(hops.row),
+        col=t(hops.col),
+        edge=t(hops.edge),
+        batch=None,
+        num_sampled_nodes=list(hops.num_nodes),
+        num_sampled_edges=list(hops.num_edges),
+    )
+
+
+def split_types(book: RangePartitionBook, hops: Hops) -> dict[str, Any]:
+    """The per-type pieces of a heterogeneous sample (vectorised; loops over types only)."""
+    nt, canon = len(book.ntypes), book.canonical_etypes
+    types, per_type = book.map_to_per_ntype(hops.nodes)
+    local, pos = _type_local(types, nt)
+    hop_of_node = np.repeat(np.arange(len(hops.num_nodes)), hops.num_nodes)
+    assert hops.etype is not None
+    hop_of_edge = np.repeat(np.arange(len(hops.num_edges)), hops.num_edges)
+    node, nsn, row, col, edge, nse = {}, {}, {}, {}, {}, {}
+    for t, name in enumerate(book.ntypes):
+        node[name] = per_type[pos[t]]
+        nsn[name] = np.bincount(hop_of_node[pos[t]], minlength=len(hops.num_nodes)).tolist()
+    for r, c in enumerate(canon):
+        m = hops.etype == r
+        row[c], col[c], edge[c] = local[hops.row[m]], local[hops.col[m]], hops.edge[m]
+        nse[c] = np.bincount(hop_of_edge[m], minlength=len(hops.num_edges)).tolist()
+    return {"node": node, "pos": pos, "row": row, "col": col, "edge": edge, "nsn": nsn, "nse": nse}
+
+
+def to_hetero_output(book: RangePartitionBook, hops: Hops) -> tuple[HeteroSamplerOutput, dict[str, Any]]:
+    """PyG's ``HeteroSamplerOutput`` of a heterogeneous sample, and the per-type pieces."""
+    parts = split_types(book, hops)
+
+    def t(d: dict[Any, np.ndarray]) -> dict[Any, torch.Tensor]:
+        return {k: torch.from_numpy(v) for k, v in d.items()}
+
+    out = HeteroSamplerOutput(
+        node=t(parts["node"]),
+        row=t(parts["row"]),
+        col=t(parts["col"]),
+        edge=t(parts["edge"]),
+        batch=None,
+        num_sampled_nodes=parts["nsn"],
+        num_sampled_edges=parts["nse"],
+    )
+    return out, parts
+
+
+class DistNeighborSampler(BaseSampler):  # type: ignore[misc]
+    """PyG's ``BaseSampler`` over a ``DistGraph`` (or a ``(DistFeatureStore, DistGraphStore)`` pair).
+
+    ``num_neighbors`` is PyG's: a list per hop (``-1`` = every in-edge), or on a heterogeneous
+    graph a dict ``{edge type: list}``. ``x``/``y`` name the node tensors carried as the batch's
+    ``x`` and ``y`` (defaults: ``feat``/``label`` if the graph has them; ``None`` for none).
+    Options the servers do not offer (``disjoint``, ``subgraph_type`` other than
+    ``'directional'``, temporal or weighted sampling, ``replace`` on a heterogeneous graph) raise
+    ``InvalidRequestError`` naming them. ``seed`` makes every call's sample reproducible.
+    """
+
+    def __init__(
+        self,
+        data: Any,
+        num_neighbors: Any,
+        *,
+        replace: bool = False,
+        subgraph_type: Any = "directional",
+        disjoint: bool = False,
+        temporal_strategy: str = "uniform",
+        time_attr: str | None = None,
+        weight_attr: str | None = None,
+        x: str | Auto | None = AUTO,
+        y: str | Auto | None = AUTO,
+        seed: int | None = None,
+    ) -> None:
+        graph = data[1].graph if isinstance(data, tuple) else data
+        self.client: Client = client_of(graph)
+        self.book: RangePartitionBook = self.client.book
+        self.is_hetero = bool(self.book.is_hetero)
+        check_options(
+            replace=replace,
+            subgraph_type=subgraph_type,
+            disjoint=disjoint,
+            temporal_strategy=temporal_strategy,
+            time_attr=time_attr,
+            weight_attr=weight_attr,
+            hetero=self.is_hetero,
+        )
+        self.fanouts = _fanouts(num_neighbors, self.book)
+        self.replace = bool(replace)
+        feats, self.y = node_tensor_names(self.client, AUTO if x is AUTO else ([] if x is None else [x]), y)
+        self.x: str | None = feats[0] if feats else None
+        self._rng = np.random.default_rng(seed)
+
+    @property
+    def edge_permutation(self) -> None:
+        """Edge IDs are the servers' own: no permutation."""
+        return None
+
+    @property
+    def num_nodes(self) -> int | dict[str, int]:
+        if self.is_hetero:
+            return {t: self.book.num_nodes_of(t) for t in self.book.ntypes}
+        return self.book.num_nodes
+
+    def _next_seed(self) -> int:
+        return int(self._rng.integers(1 << 62))
+
+    async def sample_async(
+        self, seeds: Any, seed: int, input_type: str | None = None
+    ) -> tuple[SamplerOutput | HeteroSamplerOutput, tuple[Any, Any]]:
+        """A sample of ``seeds`` (tensor, or ``{ntype: ids}``) and its ``(x, y)`` in PyG's layout."""
+        aio = self.client.aio
+        if self.is_hetero:
+            if not isinstance(seeds, Mapping):
+                raise InvalidRequestError("seeds of a heterogeneous graph must be {node type: ids}")
+            from asyncgraph.distributed.hetero import seeds_to_homo
+
+            gids = seeds_to_homo(self.book, seeds)
+        else:
+            gids = as_id_array(seeds, "seeds")
+        if gids.size:
+            self.book.owner(gids, "node")  # OutOfRangeError names the ID before any request
+        hops = await sample_hops(aio, gids, self.fanouts, replace=self.replace, seed=seed)
+        names = [n for n in (self.x, self.y) if n is not None]
+        rows = await asyncio.gather(*(aio.pull_numpy(f"node:{n}", hops.nodes) for n in names))
+        pulled = dict(zip(names, (torch.from_numpy(r) for r in rows), strict=True))
+        if not self.is_hetero:
+            x = pulled.get(self.x) if self.x else None
+            y = pulled.get(self.y) if self.y else None
+            return to_sampler_output(hops), (x, y)
+        out, parts = to_hetero_output(self.book, hops)
+        pos = {t: torch.from_numpy(parts["pos"][i]) for i, t in enumerate(self.book.ntypes)}
+        xs = {t: pulled[self.x][p] for t, p in pos.items()} if self.x else None
+        ys = None
+        if self.y and input_type is not None:
+            ys = {input_type: pulled[self.y][pos[input_type]]}
+        return out, (xs, ys)
+
+    def _sample(self, seed: Any, seed_time: Any = None, **kwargs: Any) -> Any:
+        if seed_time is not None:
+            check_options(input_time=seed_time)
+        input_type = next(iter(seed)) if isinstance(seed, Mapping) else None
+        out, feats = self.client.loop.run(self.sample_async(seed, self._next_seed(), input_type))
+        out.metadata = feats  # completed by sample_from_*
+        return out
+
+    def sample_from_nodes(self, index: NodeSamplerInput, **kwargs: Any) -> Any:
+        """PyG's node sampling: ``metadata = (input_id, seed_time, x, y, edge_attr)``."""
+        feats: list[Any] = []
+
+        def fn(seed: Any, seed_time: Any) -> Any:
+            out = self._sample(seed, seed_time)
+            feats.extend(out.metadata)
+            return out
+
+        out = node_sample(index, fn)
+        out.metadata = (*out.metadata, *feats, None)
+        return out
+
+    def sample_from_edges(self, index: EdgeSamplerInput, neg_sampling: NegativeSampling | None = None) -> Any:
+        """PyG's link sampling (and its negative sampling); ``metadata`` ends with ``(x, y, None)``."""
+        if index.time is not None:
+            check_options(input_time=index.time)
+        feats: list[Any] = []
+
+        def fn(seed: Any, seed_time: Any) -> Any:
+            out = self._sample(seed, seed_time)
+            feats.extend(out.metadata)
+            return out
+
+        out = edge_sample(index, fn, self.num_nodes, False, None, neg_sampling)
+        if self.is_hetero:  # PyG would set y on the input *edge* type: no labels for links
+            feats[1] = None
+        out.metadata = (*out.metadata, *feats, None)
+        return out
+
+    def __repr__(self) -> str:
+        return f"DistNeighborSampler(num_neighbors={self.fanouts!r}, replace={self.replace})"
