@@ -1,5 +1,10 @@
 """CLI: ``python -m asyncgraph.partition --input g.npz --graph-name g --num-parts 2 --out dir``.
 
+``--input DIR/metadata.json`` reads DGL's chunked graph format instead and partitions it out of
+core within ``--memory-limit`` on ``--workers`` processes (or a Dask cluster,
+``--dask-scheduler``); ``--assignment DIR`` takes DGL's ``<ntype>.txt`` assignment files;
+``--resume`` restarts a killed chunked run after its last finished stage.
+
 Prints stage timings to stderr while it works and a per-partition summary table at the end.
 Writes ``orig_nids.npy``/``orig_eids.npy`` beside the config (``orig_nids[new_id] == input ID``;
 ``asyncgraph.partition.load_orig_ids(config)`` reads them) to map results back to input IDs.
@@ -23,6 +28,7 @@ import numpy.typing as npt
 from asyncgraph.cli import CliError, Parser, configure_logging, run_main
 from asyncgraph.graph import Graph
 from asyncgraph.partition.assign import METHODS
+from asyncgraph.partition.cli_chunked import add_chunked_options, check_npz_options, run_chunked
 from asyncgraph.partition.layout import ORIG_EIDS_FILE, ORIG_NIDS_FILE, config_file
 from asyncgraph.partition.partitioner import partition_graph
 from asyncgraph.partition.reader import summarize_partitions
@@ -73,9 +79,12 @@ def _terminate(signum: int, frame: object) -> None:
 
 def build_parser() -> Parser:
     ap = Parser(prog="python -m asyncgraph.partition", description=__doc__, raw_description=True)
-    ap.add_argument("--input", required=True, type=Path, help="graph .npz (src, dst, node arrays)")
     ap.add_argument(
-        "--graph-name", required=True, help="name of the graph (the JSON file is <out>/<name>.json)"
+        "--input", required=True, type=Path, help="graph .npz, or DGL chunked format's metadata.json"
+    )
+    ap.add_argument(
+        "--graph-name",
+        help="name of the graph (the JSON file is <out>/<name>.json); chunked input: default its graph_name",
     )
     ap.add_argument("--num-parts", required=True, type=int, help="number of partitions (servers) to cut into")
     ap.add_argument(
@@ -100,6 +109,7 @@ def build_parser() -> Parser:
     ap.add_argument("--out", required=True, type=Path, help="output folder for the JSON and part<p>/ folders")
     ap.add_argument("--overwrite", action="store_true", help="replace an existing partitioning in --out")
     ap.add_argument("--seed", type=int, default=0, help="random seed of the assignment (default 0)")
+    add_chunked_options(ap)
     return ap
 
 
@@ -116,6 +126,9 @@ def _run(args: Any) -> int:
         raise CliError(f"--input {args.input} does not exist")
     if args.num_parts < 1:
         raise CliError(f"--num-parts must be at least 1, got {args.num_parts}")
+    if args.input.suffix == ".json":
+        return run_chunked(args)
+    check_npz_options(args)
     t0 = time.perf_counter()
     graph = Graph.from_npz(args.input)
     print(
