@@ -267,9 +267,10 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
             for p in range(num_parts):
                 ctx.spill_dir(p).mkdir(parents=True)
             tasks: list[tuple[Any, ...]] = []
+            spread = max(MIN_ROWS, -(-int(g.edge_offsets()[-1]) // (4 * plan.workers)))  # keep all busy
             for r, c in enumerate(g.canonical_etypes):
                 for ci, ch in enumerate(g.edges[c]):
-                    step = ch.rows if ch.fmt == "csv" else plan.edge_rows
+                    step = ch.rows if ch.fmt == "csv" else min(plan.edge_rows, spread)
                     for lo in range(0, ch.rows, max(1, step)):
                         tasks.append((ctx, r, ci, lo, min(ch.rows, lo + step), plan.edge_rows, len(tasks)))
             _count(report, run.map(shuffle_edges, tasks, "shuffle"))

@@ -77,8 +77,13 @@ def preallocate(path: Path, dtype: Any, shape: tuple[int, ...]) -> int:
     return offset
 
 
-def _part_of(bounds: tuple[int, ...], ids: IdArray) -> IdArray:
-    return np.searchsorted(np.asarray(bounds, dtype=np.int64), ids, side="right").astype(np.int64) - 1
+def _part_of(bounds: tuple[int, ...], ids: IdArray) -> np.ndarray[Any, Any]:
+    """The range of ``bounds`` holding each ID; int16 when few, so a stable argsort is a radix sort."""
+    small = np.int16 if len(bounds) < 2**15 else np.int64
+    part: np.ndarray[Any, Any] = np.searchsorted(np.asarray(bounds, dtype=np.int64), ids, side="right")
+    part = part.astype(small)
+    part -= 1
+    return part
 
 
 def shuffle_edges(ctx: Ctx, r: int, ci: int, lo: int, hi: int, block_rows: int, task: int) -> tuple[int, int]:
@@ -231,7 +236,8 @@ def _write_at(path: Path, pos: IdArray, rows: np.ndarray[Any, Any]) -> None:
             np.lib.format.read_magic(f)
             np.lib.format.read_array_header_1_0(f)
             row_bytes = rows.dtype.itemsize * int(np.prod(rows.shape[1:], dtype=np.int64))
-            os.pwrite(f.fileno(), np.ascontiguousarray(rows).tobytes(), f.tell() + int(pos[0]) * row_bytes)
+            data = memoryview(np.ascontiguousarray(rows).reshape(-1)).cast("B")  # type: ignore[arg-type]
+            os.pwrite(f.fileno(), data, f.tell() + int(pos[0]) * row_bytes)
         return
     out = np.load(path, mmap_mode="r+")
     out[pos] = rows
