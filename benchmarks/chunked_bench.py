@@ -185,7 +185,8 @@ def main() -> None:
         t0 = time.perf_counter()
         meta = write_rmat_chunked(scale, folder)
         print(
-            f"scale {scale}: input {format_size(tree_bytes(folder))} ready in {time.perf_counter() - t0:.1f} s"
+            f"scale {scale}: input {format_size(tree_bytes(folder))} "
+            f"ready in {time.perf_counter() - t0:.1f} s"
         )
         for method in args.methods:
             limit = args.limit_random if method == "random" else args.limit_metis
