@@ -175,37 +175,37 @@ def sort_part(ctx: Ctx, p: int, cap_edges: int) -> tuple[int, int]:
     e0, e1 = ctx.edge_bounds[p], ctx.edge_bounds[p + 1]
     files = sorted(ctx.spill_dir(p).glob("*.bin"))
     pdir = ctx.out / f"part{p}"
-    in_deg = np.zeros(n1 - n0, dtype=np.int64)
     rows = max(1, cap_edges)
+    if e1 - e0 <= cap_edges:
+        return _sort_in_memory(ctx, p, files, n, e)
+    in_deg = np.zeros(n1 - n0, dtype=np.int64)
     for rec in _records(files, rows):
         in_deg += np.bincount(rec[:, 0] - n0, minlength=n1 - n0)
-    if e1 - e0 <= cap_edges:
-        buckets = [files]
-    else:  # destination ranges of at most cap_edges edges each (one node may exceed it alone)
-        cum = np.cumsum(in_deg)
-        cuts = [0]
-        while cuts[-1] < in_deg.size:
-            base = int(cum[cuts[-1] - 1]) if cuts[-1] else 0
-            nxt = int(np.searchsorted(cum, base + cap_edges, side="right"))
-            cuts.append(min(in_deg.size, max(nxt, cuts[-1] + 1)))
-        bdir = ctx.work / "buckets" / f"p{p}"
-        bdir.mkdir(parents=True, exist_ok=True)
-        bounds = np.asarray(cuts, dtype=np.int64) + n0
-        handles = [open(bdir / f"{i}.bin", "wb") for i in range(len(cuts) - 1)]  # noqa: SIM115
-        try:
-            for rec in _records(files, rows):
-                b = _part_of(tuple(int(x) for x in bounds), rec[:, 0])
-                order = np.argsort(b, kind="stable")
-                counts = np.bincount(b, minlength=len(handles))
-                rec = rec[order]
-                start = 0
-                for i in np.flatnonzero(counts):
-                    rec[start : start + counts[i]].tofile(handles[i])
-                    start += int(counts[i])
-        finally:
-            for h in handles:
-                h.close()
-        buckets = [[bdir / f"{i}.bin"] for i in range(len(cuts) - 1)]
+    # destination ranges of at most cap_edges edges each (one node may exceed it alone)
+    cum = np.cumsum(in_deg)
+    cuts = [0]
+    while cuts[-1] < in_deg.size:
+        base = int(cum[cuts[-1] - 1]) if cuts[-1] else 0
+        nxt = int(np.searchsorted(cum, base + cap_edges, side="right"))
+        cuts.append(min(in_deg.size, max(nxt, cuts[-1] + 1)))
+    bdir = ctx.work / "buckets" / f"p{p}"
+    bdir.mkdir(parents=True, exist_ok=True)
+    bounds = np.asarray(cuts, dtype=np.int64) + n0
+    handles = [open(bdir / f"{i}.bin", "wb") for i in range(len(cuts) - 1)]  # noqa: SIM115
+    try:
+        for rec in _records(files, rows):
+            b = _part_of(tuple(int(x) for x in bounds), rec[:, 0])
+            order = np.argsort(b, kind="stable")
+            counts = np.bincount(b, minlength=len(handles))
+            rec = rec[order]
+            start = 0
+            for i in np.flatnonzero(counts):
+                rec[start : start + counts[i]].tofile(handles[i])
+                start += int(counts[i])
+    finally:
+        for h in handles:
+            h.close()
+    buckets = [[bdir / f"{i}.bin"] for i in range(len(cuts) - 1)]
     indptr = np.zeros(n1 - n0 + 1, dtype=np.int64)
     np.cumsum(in_deg, out=indptr[1:])
     np.save(pdir / "indptr.npy", indptr)
@@ -222,60 +222,98 @@ def sort_part(ctx: Ctx, p: int, cap_edges: int) -> tuple[int, int]:
         oe.write(eid)
     ind.close()
     oe.close()
-    eids = NpyWriter(pdir / "eids.npy", np.int64, (e1 - e0,))
-    for a in range(e0, e1, rows):
-        eids.write(np.arange(a, min(e1, a + rows), dtype=np.int64))
-    eids.close()
+    _write_eids(pdir, e0, e1, rows)
     return (e1 - e0) * REC_BYTES, (e1 - e0) * 24 + (n1 - n0 + 1) * 8
 
 
-def _write_at(path: Path, pos: IdArray, rows: np.ndarray[Any, Any]) -> None:
-    """Write ``rows`` at row positions ``pos`` of an existing ``.npy`` (one write if contiguous)."""
-    if pos.size and int(pos[-1]) - int(pos[0]) + 1 == pos.size and bool(np.all(np.diff(pos) == 1)):
-        with open(path, "r+b") as f:
-            np.lib.format.read_magic(f)
+def _write_eids(pdir: Path, e0: int, e1: int, rows: int) -> None:
+    eids = NpyWriter(pdir / "eids.npy", np.int64, (e1 - e0,))
+    for a in range(e0, e1, max(1, rows)):
+        eids.write(np.arange(a, min(e1, a + rows), dtype=np.int64))
+    eids.close()
+
+
+def _sort_in_memory(ctx: Ctx, p: int, files: list[Path], n: int, e: int) -> tuple[int, int]:
+    """Partition ``p``'s edges fit a worker's share: one read, one sort, in-degrees from the result."""
+    n0, n1 = ctx.node_bounds[p], ctx.node_bounds[p + 1]
+    e0, e1 = ctx.edge_bounds[p], ctx.edge_bounds[p + 1]
+    rec = np.empty((e1 - e0, REC), dtype=np.int64)
+    at = 0
+    for f in files:
+        k = f.stat().st_size // REC_BYTES
+        with open(f, "rb") as fh:
+            fh.readinto(memoryview(rec[at : at + k].reshape(-1)).cast("B"))  # type: ignore[arg-type]
+        at += k
+    dst, src, eid = _sorted_block(rec, n0, n1 - n0, n, e)
+    del rec
+    pdir = ctx.out / f"part{p}"
+    indptr = np.zeros(n1 - n0 + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=n1 - n0), out=indptr[1:])
+    del dst
+    np.save(pdir / "indptr.npy", indptr)
+    np.save(pdir / "indices.npy", src)
+    np.save(ctx.oeids(p), eid)
+    _write_eids(pdir, e0, e1, 1 << 22)
+    return (e1 - e0) * REC_BYTES, (e1 - e0) * 24 + (n1 - n0 + 1) * 8
+
+
+def _write_rows_at(path: Path, start: int, rows: np.ndarray[Any, Any]) -> None:
+    """Write ``rows`` (C-contiguous) at row ``start`` of an existing ``.npy``: one ``pwrite``."""
+    with open(path, "r+b") as f:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
             np.lib.format.read_array_header_1_0(f)
-            row_bytes = rows.dtype.itemsize * int(np.prod(rows.shape[1:], dtype=np.int64))
-            data = memoryview(np.ascontiguousarray(rows).reshape(-1)).cast("B")  # type: ignore[arg-type]
-            os.pwrite(f.fileno(), data, f.tell() + int(pos[0]) * row_bytes)
-        return
-    out = np.load(path, mmap_mode="r+")
-    out[pos] = rows
-    out.flush()
-    del out
+        else:
+            np.lib.format.read_array_header_2_0(f)
+        row_bytes = rows.dtype.itemsize * int(np.prod(rows.shape[1:], dtype=np.int64))
+        data = memoryview(rows.reshape(-1)).cast("B")  # type: ignore[arg-type]
+        os.pwrite(f.fileno(), data, f.tell() + start * row_bytes)
 
 
 def copy_node_rows(ctx: Ctx, key: str, name: str, ci: int, lo: int, hi: int) -> tuple[int, int]:
     """Copy rows ``[lo, hi)`` of node-data chunk ``ci`` of ``key/name`` into the parts' files.
 
-    Nodes are ordered by (part, type, ID) in the output, so a chunk's rows land in one
-    contiguous run per part: one sequential write each.
+    Nodes are ordered by (part, type, ID) in the output, so a chunk's rows of one part land in
+    one contiguous run: the rows are gathered once from the memory-mapped chunk in part order
+    and written with one ``pwrite`` per part.
     """
     g = ctx.graph
     chunk = g.node_data[key][name][ci]
-    rows = read_rows(chunk, lo, hi)
-    v = np.arange(lo, hi, dtype=np.int64) + (int(g.node_offsets()[g.ntypes.index(key)]) + chunk.start)
-    new = np.asarray(np.load(ctx.work / "new_id.npy", mmap_mode="r")[v])
-    return _scatter(ctx, ctx.node_bounds, new, rows, "node_feat", name)
+    v0 = int(g.node_offsets()[g.ntypes.index(key)]) + chunk.start
+    new = np.asarray(np.load(ctx.work / "new_id.npy", mmap_mode="r")[v0 + lo : v0 + hi])
+    part = _part_of(ctx.node_bounds, new)
+    order = np.argsort(part, kind="stable")
+    counts = np.bincount(part, minlength=ctx.num_parts)
+    src = np.load(chunk.path, mmap_mode="r")
+    order += lo
+    rows = np.take(src, order, axis=0)
+    del src
+    first = np.cumsum(counts) - counts
+    for p in np.flatnonzero(counts).tolist():
+        a, k = int(first[p]), int(counts[p])
+        start = int(new[order[a] - lo]) - ctx.node_bounds[p]
+        _write_rows_at(ctx.out / f"part{p}" / "node_feat" / f"{name}.npy", start, rows[a : a + k])
+    return rows.nbytes, rows.nbytes
 
 
 def copy_edge_rows(ctx: Ctx, key: int, name: str, ci: int, lo: int, hi: int) -> tuple[int, int]:
-    """Copy rows ``[lo, hi)`` of edge-data chunk ``ci`` of edge type ``key`` into the parts' files."""
+    """Copy rows ``[lo, hi)`` of edge-data chunk ``ci`` of edge type ``key`` into the parts' files.
+
+    Edge rows land at scattered positions (CSC order), so they are written through a memory map.
+    """
     g = ctx.graph
     canon = g.canonical_etypes[key]
     chunk = g.edge_data[canon][name][ci]
     rows = read_rows(chunk, lo, hi)
     e = np.arange(lo, hi, dtype=np.int64) + (int(g.edge_offsets()[key]) + chunk.start)
     new = np.asarray(np.load(ctx.work / "new_eid.npy", mmap_mode="r")[e])
-    return _scatter(ctx, ctx.edge_bounds, new, rows, "edge_feat", name)
-
-
-def _scatter(ctx: Ctx, bounds: tuple[int, ...], new: IdArray, rows: np.ndarray[Any, Any], sub: str,
-             name: str) -> tuple[int, int]:  # fmt: skip
-    part = _part_of(bounds, new)
-    for p in np.unique(part):
+    part = _part_of(ctx.edge_bounds, new)
+    for p in np.unique(part).tolist():
         sel = part == p
-        _write_at(ctx.out / f"part{p}" / sub / f"{name}.npy", new[sel] - bounds[p], rows[sel])
+        out = np.load(ctx.out / f"part{p}" / "edge_feat" / f"{name}.npy", mmap_mode="r+")
+        out[new[sel] - ctx.edge_bounds[p]] = rows[sel]
+        out.flush()
+        del out
     return rows.nbytes, rows.nbytes
 
 
