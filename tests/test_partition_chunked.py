@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _partition_helpers import ROOT, categories, make_graph, raw_graph
+from _partition_helpers import ROOT, categories, check_partitioning, make_graph, raw_graph
 
 from asyncgraph.errors import InvalidRequestError
 from asyncgraph.partition import partition_graph
@@ -22,6 +22,7 @@ from asyncgraph.partition.__main__ import main
 from asyncgraph.partition.chunked import load_chunked, read_metadata
 from asyncgraph.partition.chunked_write import write_chunked
 from asyncgraph.partition.memory import PeakSampler, parse_size
+from asyncgraph.partition.reader import summarize_partitions
 from asyncgraph.partition.stream import partition_chunked, plan_run
 
 sys.path.insert(0, str(ROOT / "examples"))
@@ -151,6 +152,20 @@ def test_assignment_files_reproduce_a_partitioning(cora_npy: Path, tmp_path: Pat
     with pytest.raises(InvalidRequestError, match=r"_N.txt: holds 2707 part IDs but node type '_N' has 2708"):
         partition_chunked(cora_npy, 2, tmp_path / "bad", assignment=tmp_path / "asg", workers=1)
     assert not (tmp_path / "bad").exists()
+
+
+def test_fennel_streams_a_valid_balanced_lower_cut_partitioning(cora_npy: Path, tmp_path: Path) -> None:
+    cuts = {}
+    for method in ("random", "fennel"):
+        partition_chunked(cora_npy, 4, tmp_path / method, part_method=method, workers=1)
+        rows = summarize_partitions(tmp_path / method / "cora.json")
+        cuts[method] = sum(r["remote_src_edges"] for r in rows) / sum(r["in_edges"] for r in rows)
+        sizes = np.array([r["owned_nodes"] for r in rows])
+        assert sizes.max() <= np.ceil(1.03 * sizes.sum() / 4)
+    out = tmp_path / "fennel"
+    check_partitioning(out / "cora.json", raw_graph("cora"), np.load(out / "orig_nids.npy"),
+                       np.load(out / "orig_eids.npy"))  # fmt: skip
+    assert cuts["fennel"] < 0.4 * cuts["random"], cuts
 
 
 # --- bad input: one line naming the file and the problem, exit 2, nothing written ---------------

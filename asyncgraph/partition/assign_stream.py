@@ -2,8 +2,10 @@
 
 Methods: ``random`` (the same seeded balanced split as :func:`partition_graph`, from a
 permutation and a small int part array), ``metis`` (the in-memory METIS path on the structure
-alone: edges are read chunk by chunk, features are never loaded) and DGL's assignment files
-(``<ntype>.txt``, one part ID a line, any external partitioner's output, kept as given).
+alone: edges are read chunk by chunk, features are never loaded), ``fennel`` (restreaming
+Fennel over the edge chunks, :mod:`asyncgraph.partition.fennel`, for structure that does not
+fit) and DGL's assignment files (``<ntype>.txt``, one part ID a line, any external
+partitioner's output, kept as given).
 The relabelling orders nodes by (part, type, ID) exactly as :func:`partition_graph` does and
 writes ``orig_nids.npy`` (into the output tree) and its inverse ``new_id.npy`` (for the tasks).
 """
@@ -21,6 +23,7 @@ from asyncgraph.errors import InvalidRequestError
 from asyncgraph.graph import Graph
 from asyncgraph.partition.assign import _metis_assign
 from asyncgraph.partition.chunked import ChunkedGraph, check_ids, iter_edges, read_rows
+from asyncgraph.partition.fennel import fennel_assign
 from asyncgraph.partition.layout import ORIG_NIDS_FILE
 
 __all__ = ["assign_chunked"]
@@ -125,6 +128,11 @@ def assign_chunked(g: ChunkedGraph, num_parts: int, work: Path, opts: dict[str, 
         parts = np.zeros(n, dtype=np.int16)
     elif opts["method"] == "random":
         parts = _random_parts(n, num_parts, int(opts["seed"]), cats)
+    elif opts["method"] == "fennel":
+        if progress and (opts["train"] or opts["edges"] or hetero):
+            print("--method fennel balances node counts only (not categories, types or in-edges)",
+                  file=sys.stderr)  # fmt: skip
+        parts = fennel_assign(g, num_parts, int(opts["seed"]), plan.edge_rows)
     else:
         graph = _structure(g, plan.edge_rows)
         parts = _metis_assign(graph, num_parts, cats, bool(opts["edges"]), int(opts["seed"]),

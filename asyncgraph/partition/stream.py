@@ -57,7 +57,7 @@ from asyncgraph.partition.tasks import (
 
 __all__ = ["Plan", "RunReport", "partition_chunked", "plan_run"]
 
-METHODS = ("random", "metis")
+METHODS = ("random", "metis", "fennel")
 MAIN_BASE = 96 << 20  # the main process: interpreter, numpy, the metadata, the sampler
 WORKER_BASE = 64 << 20  # a spawned worker before it holds any chunk
 SHUFFLE_BYTES = 112  # per edge row in a shuffle piece (ids, relabelled record, sort by part)
@@ -90,20 +90,22 @@ class RunReport:
     skipped: list[str]
 
 
-def plan_run(g: ChunkedGraph, method: str, limit: int, workers: int, assignment: bool) -> Plan:
+def plan_run(
+    g: ChunkedGraph, method: str, limit: int, workers: int, assignment: bool, num_parts: int = 4
+) -> Plan:
     """Chunk sizes for ``limit`` bytes, or an error naming the method, what it needs and the limit."""
     n = int(g.node_offsets()[-1])
     e = int(g.edge_offsets()[-1])
     # assign: parts + orig_nids + new_id + the permutation or METIS' structure (src, dst, the
     # symmetric CSR and METIS' own copy, measured at ~100 B/edge with pymetis 2025.2)
-    per_node = 34 if method == "random" or assignment else 120
-    assign_need = MAIN_BASE + per_node * n + (0 if method == "random" or assignment else 100 * e)
+    per_node = {"random": 34, "fennel": 34 + 8 * num_parts, "metis": 120}[method] if not assignment else 34
+    assign_need = MAIN_BASE + per_node * n + (100 * e if method == "metis" and not assignment else 0)
     what = "--assignment files" if assignment else f"method {method!r}"
     if assign_need > limit:
         raise InvalidRequestError(
             f"{what} needs about {format_size(assign_need)} for {n:,} nodes and {e:,} edges, but "
             f"the memory limit is {format_size(limit)}; raise --memory-limit"
-            + ("" if method == "random" or assignment else " or use --method random")
+            + (" or use --method fennel (streamed) or random" if method == "metis" and not assignment else "")
         )
     budget = (limit - MAIN_BASE) // max(1, workers) - WORKER_BASE
     need = MIN_ROWS * SHUFFLE_BYTES + 8 * max(g.node_offsets()[-1] // max(1, 64), 1)
@@ -207,9 +209,8 @@ def partition_chunked(
         raise InvalidRequestError(f"workers must be at least 1, got {workers}")
     if dask_scheduler is not None:
         nworkers = max(1, nworkers)
-    plan = plan_run(
-        g, part_method, limit, 1 if dask_scheduler is not None else nworkers, assignment is not None
-    )
+    nw = 1 if dask_scheduler is not None else nworkers
+    plan = plan_run(g, part_method, limit, nw, assignment is not None, num_parts)
     out = Path(out_path)
     _check_out_path(out, overwrite)
     opts = {"parts": num_parts, "method": part_method, "assignment": str(assignment), "seed": seed,
