@@ -74,6 +74,16 @@ def test_homogeneous_random_csv_same_bytes_as_in_memory(pubmed_csv: Path, tmp_pa
     assert not list(tmp_path.glob(".st.*"))  # the work folder is gone
 
 
+def test_partition_graph_takes_a_metadata_path(cora_npy: Path, tmp_path: Path) -> None:
+    nids, eids = partition_graph(str(cora_npy), "cora", 2, tmp_path / "p", part_method="random",
+                                 return_mapping=True)  # fmt: skip
+    partition_graph(load_chunked(cora_npy), "cora", 2, tmp_path / "mem", part_method="random")
+    same_tree(tmp_path / "mem", tmp_path / "p")
+    assert np.array_equal(nids, np.load(tmp_path / "mem" / "orig_nids.npy")) and eids.size == 10556
+    with pytest.raises(InvalidRequestError, match="balance_ntypes cannot be given with chunked input"):
+        partition_graph(cora_npy, "cora", 2, tmp_path / "q", balance_ntypes=np.zeros(2708, np.int64))
+
+
 def test_balance_train_same_as_cli_npz_path(pubmed_csv: Path, tmp_path: Path) -> None:
     a = raw_graph("pubmed")
     partition_graph(

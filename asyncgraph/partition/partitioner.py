@@ -138,7 +138,7 @@ def _spec(arr: np.ndarray[Any, Any]) -> TensorSpec:
 
 @overload
 def partition_graph(
-    graph: Graph | HeteroGraph,
+    graph: Graph | HeteroGraph | str | os.PathLike[str],
     graph_name: str,
     num_parts: int,
     out_path: str | os.PathLike[str],
@@ -156,7 +156,7 @@ def partition_graph(
 
 @overload
 def partition_graph(
-    graph: Graph | HeteroGraph,
+    graph: Graph | HeteroGraph | str | os.PathLike[str],
     graph_name: str,
     num_parts: int,
     out_path: str | os.PathLike[str],
@@ -175,7 +175,7 @@ def partition_graph(
 
 @overload
 def partition_graph(
-    graph: Graph | HeteroGraph,
+    graph: Graph | HeteroGraph | str | os.PathLike[str],
     graph_name: str,
     num_parts: int,
     out_path: str | os.PathLike[str],
@@ -192,7 +192,7 @@ def partition_graph(
 
 
 def partition_graph(
-    graph: Graph | HeteroGraph,
+    graph: Graph | HeteroGraph | str | os.PathLike[str],
     graph_name: str,
     num_parts: int,
     out_path: str | os.PathLike[str],
@@ -226,7 +226,15 @@ def partition_graph(
     node_trainer_ids=g.ndata["trainer_id"])`` uses to give each trainer its own sub-range.
     Invalid arguments raise ``InvalidRequestError`` (a ``ValueError``) before anything is written;
     a failed run leaves ``out_path`` as it was.
+
+    ``graph`` may also be the path of a DGL chunked-format ``metadata.json``: the graph is then
+    partitioned out of core by :func:`asyncgraph.partition.stream.partition_chunked` (default
+    memory limit and workers; call it directly for those, ``balance_train`` or ``fennel``).
     """
+    if isinstance(graph, (str, os.PathLike)):
+        return _partition_path(graph, graph_name, num_parts, out_path, part_method, balance_ntypes,
+                               balance_edges, return_mapping, seed, overwrite, progress,
+                               num_trainers_per_machine)  # fmt: skip
     # ---- validate everything before touching the disk ----
     hetero: HeteroGraph | None = None
     ntype = etype = None
@@ -396,6 +404,31 @@ def partition_graph(
     if return_mapping:
         return orig_nids, orig_eids
     return None
+
+
+def _partition_path(
+    meta: str | os.PathLike[str], graph_name: str, num_parts: int, out_path: str | os.PathLike[str],
+    part_method: str, balance_ntypes: Any, balance_edges: bool, return_mapping: bool, seed: int,
+    overwrite: bool, progress: bool, tpm: int,
+) -> tuple[IdArray, IdArray] | None:  # fmt: skip
+    """``partition_graph`` of a chunked-format ``metadata.json`` (out of core)."""
+    from asyncgraph.partition.stream import partition_chunked
+
+    if balance_ntypes is not None:
+        raise InvalidRequestError(
+            "balance_ntypes cannot be given with chunked input: use "
+            "asyncgraph.partition.stream.partition_chunked(..., balance_train=True)"
+        )
+    if tpm != 1:
+        raise InvalidRequestError("num_trainers_per_machine > 1 is not supported with chunked input yet")
+    partition_chunked(
+        meta, num_parts, out_path, graph_name=graph_name, part_method=part_method,
+        balance_edges=balance_edges, seed=seed, overwrite=overwrite, progress=progress,
+    )  # fmt: skip
+    if not return_mapping:
+        return None
+    out = Path(out_path)
+    return np.load(out / ORIG_NIDS_FILE), np.load(out / ORIG_EIDS_FILE)
 
 
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)@(?P<host>.+)-[0-9a-f]{12}$")
