@@ -191,7 +191,9 @@ def main() -> None:
         for method in args.methods:
             limit = args.limit_random if method == "random" else args.limit_metis
             out = DATA / f"chunked{scale}.{method}.out"
+            load0 = os.getloadavg()[0]
             r = run_cli(meta, method, limit, args.workers, out)
+            r["load_avg_1min"] = [load0, os.getloadavg()[0]]  # a shared machine: other users' load
             in_b, out_b = tree_bytes(folder), tree_bytes(out)
             ceil = copy_ceiling(folder, out_b, DATA / "ceiling.bin")
             row = {
@@ -217,7 +219,8 @@ def main() -> None:
                 f"  {method:>6} 4-way: {r['wall_s']:.1f} s (ceiling: sequential copy {ceil:.1f} s, "
                 f"{row['x_ceiling']:.2f}x), peak {format_size(r['peak_bytes'])} of {limit}, "
                 f"read {format_size(in_b)} wrote {format_size(out_b)}, cut {row['edge_cut']:.1%}, "
-                f"balance nodes {row['node_balance']:.3f} edges {row['edge_balance']:.3f}"
+                f"balance nodes {row['node_balance']:.3f} edges {row['edge_balance']:.3f}, "
+                f"load average {r['load_avg_1min'][0]:.1f}->{r['load_avg_1min'][1]:.1f}"
                 + (
                     f"; in memory {row['in_memory']['wall_s']:.1f} s, peak "
                     f"{format_size(row['in_memory']['peak_bytes'])}"
