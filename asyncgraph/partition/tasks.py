@@ -105,16 +105,20 @@ def shuffle_edges(ctx: Ctx, r: int, ci: int, lo: int, hi: int, block_rows: int, 
             read += block.nbytes
             check_ids(block[:, 0], g.num_nodes[canon[0]], chunk, f"source ({canon[0]})")
             check_ids(block[:, 1], g.num_nodes[canon[2]], chunk, f"destination ({canon[2]})")
-            rec = np.empty((k, REC), dtype=np.int64)
-            np.take(new_id, block[:, 1] + noff[dt], out=rec[:, 0])
-            np.take(new_id, block[:, 0] + noff[st], out=rec[:, 1])
-            del block
-            rec[:, 2] = np.arange(k, dtype=np.int64) + (eoff[r] + chunk.start + row0)
-            part = _part_of(ctx.node_bounds, rec[:, 0])
-            order = np.argsort(part, kind="stable")
+            nd = np.take(new_id, block[:, 1] + noff[dt])
+            part = _part_of(ctx.node_bounds, nd)
+            order = np.argsort(part, kind="stable")  # radix sort of int16 parts
             counts = np.bincount(part, minlength=ctx.num_parts)
-            rec = rec[order]
-            del order, part
+            del part
+            rec = np.empty((k, REC), dtype=np.int64)  # built directly in part order
+            np.take(nd, order, out=rec[:, 0])
+            del nd
+            src = np.take(block[:, 0], order)
+            src += noff[st]
+            np.take(new_id, src, out=rec[:, 1])
+            del src, block
+            np.add(order, eoff[r] + chunk.start + row0, out=rec[:, 2])
+            del order
             start = 0
             for p in np.flatnonzero(counts).tolist():
                 if p not in files:
