@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import re
-import threading
+import subprocess
+import sys
 from types import TracebackType
 
 import psutil
@@ -70,43 +71,59 @@ def _unswappable(pid: int) -> int:
     return total
 
 
-def tree_memory(root: int | None = None) -> int:
-    """``RssAnon + RssShmem`` summed over ``root`` (default: this process) and its descendants."""
+def tree_memory(root: int | None = None, exclude: int | None = None) -> int:
+    """``RssAnon + RssShmem`` summed over ``root`` (default: this process) and its descendants.
+
+    ``exclude``: a process left out of the sum (the sampler itself).
+    """
     pid = os.getpid() if root is None else root
     try:
         kids = [c.pid for c in psutil.Process(pid).children(recursive=True)]
     except psutil.Error:
         kids = []
-    return sum(_unswappable(p) for p in [pid, *kids])
+    return sum(_unswappable(p) for p in [pid, *kids] if p != exclude)
+
+
+_SAMPLER = r"""
+import sys, time
+from asyncgraph.partition.memory import tree_memory
+import os
+root, interval = int(sys.argv[1]), float(sys.argv[2])
+me, peak = os.getpid(), 0
+import select
+while True:
+    peak = max(peak, tree_memory(root, exclude=me))
+    if select.select([sys.stdin], [], [], interval)[0]:
+        break
+print(peak, flush=True)
+"""
 
 
 class PeakSampler:
-    """Samples :func:`tree_memory` of a process tree every ``interval`` s in a thread; ``peak``.
+    """Samples :func:`tree_memory` of a process tree every ``interval`` s; ``peak`` (bytes).
 
-    ``with PeakSampler() as s: ...; s.peak`` (bytes). Sampling misses spikes shorter than the
-    interval; the pipeline's own bounds are estimates checked against this measurement.
+    ``with PeakSampler() as s: ...; s.peak``. The sampling runs in a small child process (its
+    own memory is left out of the sum), not a thread: a C extension holding the GIL (pymetis
+    does, for the whole METIS call) would stop a sampling thread exactly at the peak. Sampling
+    still misses spikes shorter than the interval.
     """
 
     def __init__(self, root: int | None = None, interval: float = 0.02) -> None:
-        self.root = root
+        self.root = os.getpid() if root is None else root
         self.interval = interval
         self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="peak-sampler", daemon=True)
-
-    def _run(self) -> None:
-        while True:
-            self.peak = max(self.peak, tree_memory(self.root))
-            if self._stop.wait(self.interval):
-                return
+        self._proc: subprocess.Popen[str] | None = None
 
     def __enter__(self) -> PeakSampler:
-        self._thread.start()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _SAMPLER, str(self.root), str(self.interval)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
         return self
 
     def __exit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, tree_memory(self.root))
+        assert self._proc is not None
+        out, _ = self._proc.communicate("stop\n", timeout=30)
+        self.peak = max(int(out.strip() or 0), tree_memory(self.root))
