@@ -63,6 +63,7 @@ WORKER_BASE = 64 << 20  # a spawned worker before it holds any chunk
 SHUFFLE_BYTES = 112  # per edge row in a shuffle piece (ids, relabelled record, sort by part)
 SORT_BYTES = 80  # per edge in a sort bucket (records, packed keys, outputs)
 MIN_ROWS = 4096
+METIS_EDGE_BYTES = 280  # pymetis 2025.2, measured (see plan_run)
 
 
 @dataclass(frozen=True)
@@ -97,9 +98,12 @@ def plan_run(
     n = int(g.node_offsets()[-1])
     e = int(g.edge_offsets()[-1])
     # assign: parts + orig_nids + new_id + the permutation or METIS' structure (src, dst, the
-    # symmetric CSR and METIS' own copy, measured at ~100 B/edge with pymetis 2025.2)
+    # symmetric CSR, pymetis' copy and METIS' coarse graphs: the process tree peaked at 2.79 GiB
+    # for 2^20 nodes / 10.5M edges, 0.64 GiB for 2^18 / 2.6M: ~265 B an input edge)
     per_node = {"random": 34, "fennel": 34 + 8 * num_parts, "metis": 120}[method] if not assignment else 34
-    assign_need = MAIN_BASE + per_node * n + (100 * e if method == "metis" and not assignment else 0)
+    assign_need = (
+        MAIN_BASE + per_node * n + (METIS_EDGE_BYTES * e if method == "metis" and not assignment else 0)
+    )
     what = "--assignment files" if assignment else f"method {method!r}"
     if assign_need > limit:
         raise InvalidRequestError(
