@@ -10,7 +10,9 @@ and samples ``RssAnon + RssShmem`` over that process and all its workers every 2
 each run it measures the ceiling in the same run: a sequential copy (16 MiB reads and writes, no
 fsync, as the partitioner) of the input bytes read plus a write of the output bytes, on the same
 disk. ``--in-memory`` also times today's in-memory path (``partition_graph`` of the loaded graph)
-where it fits. Writes ``benchmarks/results/chunked_bench.json``.
+where it fits. Wall times on a shared machine vary with other users' load (recorded), so CPU
+seconds (user + system, the process and its workers) are reported beside them.
+Writes ``benchmarks/results/chunked_bench.json``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import datetime as dt
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -87,10 +90,11 @@ def tree_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def copy_ceiling(inputs: Path, out_bytes: int, scratch: Path) -> float:
-    """Seconds to read every input file once and write ``out_bytes`` once, sequentially."""
+def copy_ceiling(inputs: Path, out_bytes: int, scratch: Path) -> tuple[float, float]:
+    """(wall, CPU) seconds to read every input file once and write ``out_bytes`` once, sequentially."""
     buf = bytearray(16 << 20)
     t0 = time.perf_counter()
+    c0 = time.process_time()
     for p in sorted(inputs.rglob("*")):
         if p.is_file():
             with open(p, "rb", buffering=0) as f:
@@ -101,9 +105,9 @@ def copy_ceiling(inputs: Path, out_bytes: int, scratch: Path) -> float:
         while left > 0:
             f.write(memoryview(buf)[: min(left, len(buf))])
             left -= len(buf)
-    dt_s = time.perf_counter() - t0
+    dt_s, cpu = time.perf_counter() - t0, time.process_time() - c0
     scratch.unlink()
-    return dt_s
+    return dt_s, cpu
 
 
 def run_cli(meta: Path, method: str, limit: str, workers: int, out: Path) -> dict[str, Any]:
@@ -128,14 +132,22 @@ def run_cli(meta: Path, method: str, limit: str, workers: int, out: Path) -> dic
         str(out),
     ]
     t0 = time.perf_counter()
+    cpu0 = _children_cpu()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     with PeakSampler(root=proc.pid, interval=0.02) as sampler:
         stdout, stderr = proc.communicate()
+        cpu = _children_cpu() - cpu0  # the CLI and its workers (waited for), not the sampler
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{stderr[-3000:]}")
     done = [x for x in stderr.splitlines() if x.startswith("done in")][-1]
-    return {"wall_s": wall, "peak_bytes": sampler.peak, "stages": done, "summary": stdout}
+    return {"wall_s": wall, "cpu_s": cpu, "peak_bytes": sampler.peak, "stages": done, "summary": stdout}
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of this process' waited-for descendants."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def quality(out: Path, name: str) -> dict[str, float]:
@@ -161,10 +173,12 @@ def in_memory(meta: Path, method: str, out: Path) -> dict[str, Any]:
         "print(time.perf_counter()-t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss*1024)"
     )
     shutil.rmtree(out, ignore_errors=True)
+    cpu0 = _children_cpu()
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    cpu = _children_cpu() - cpu0
     wall, peak = res.stdout.split()
     shutil.rmtree(out, ignore_errors=True)
-    return {"wall_s": float(wall), "peak_bytes": int(peak)}
+    return {"wall_s": float(wall), "cpu_s": cpu, "peak_bytes": int(peak)}
 
 
 def main() -> None:
@@ -195,7 +209,7 @@ def main() -> None:
             r = run_cli(meta, method, limit, args.workers, out)
             r["load_avg_1min"] = [load0, os.getloadavg()[0]]  # a shared machine: other users' load
             in_b, out_b = tree_bytes(folder), tree_bytes(out)
-            ceil = copy_ceiling(folder, out_b, DATA / "ceiling.bin")
+            ceil, ceil_cpu = copy_ceiling(folder, out_b, DATA / "ceiling.bin")
             row = {
                 "scale": scale,
                 "nodes": 1 << scale,
@@ -206,6 +220,7 @@ def main() -> None:
                 **r,
                 **quality(out, f"rmat{scale}"),
                 "input_bytes": in_b,
+                "ceiling_cpu_s": ceil_cpu,
                 "output_bytes": out_b,
                 "ceiling_s": ceil,
                 "x_ceiling": r["wall_s"] / ceil,
@@ -216,13 +231,15 @@ def main() -> None:
             row.pop("summary")
             rows.append(row)
             print(
-                f"  {method:>6} 4-way: {r['wall_s']:.1f} s (ceiling: sequential copy {ceil:.1f} s, "
+                f"  {method:>6} 4-way: {r['wall_s']:.1f} s, CPU {r['cpu_s']:.1f} s (ceiling: sequential copy "
+                f"{ceil:.1f} s, CPU {ceil_cpu:.1f} s; "
                 f"{row['x_ceiling']:.2f}x), peak {format_size(r['peak_bytes'])} of {limit}, "
                 f"read {format_size(in_b)} wrote {format_size(out_b)}, cut {row['edge_cut']:.1%}, "
                 f"balance nodes {row['node_balance']:.3f} edges {row['edge_balance']:.3f}, "
                 f"load average {r['load_avg_1min'][0]:.1f}->{r['load_avg_1min'][1]:.1f}"
                 + (
-                    f"; in memory {row['in_memory']['wall_s']:.1f} s, peak "
+                    f"; in memory {row['in_memory']['wall_s']:.1f} s, "
+                    f"CPU {row['in_memory']['cpu_s']:.1f} s, peak "
                     f"{format_size(row['in_memory']['peak_bytes'])}"
                     if "in_memory" in row
                     else ""
