@@ -3,7 +3,8 @@
 ``python -m benchmarks.kaminpar_vs_metis --scales 18 20 [--parts 4]``: for each graph of
 ``benchmarks.chunked_bench`` (generated if missing) builds the undirected CSR once
 (``symmetric_csr``), then partitions it with pymetis (recursive bisection, as ``partition_graph``
-does at <= 8 parts) and with KaMinPar (default context, eps 0.03, 1 and all threads), each in a
+does at <= 8 parts) and with KaMinPar (``--contexts`` presets, default ``default`` and ``fm``,
+eps 0.03, 1 and all threads), each in a
 fresh process whose peak RSS (``ru_maxrss``) is reported beside its wall time, edge cut (of the
 symmetric edges) and node balance (max part / mean). KaMinPar's Python binding reads graphs only
 from files, so the CSR is written in ParHIP's binary format first (its time is reported apart).
@@ -26,7 +27,7 @@ from benchmarks.common import DATA, RESULTS, ROOT
 WORKER = r"""
 import json, resource, sys, time
 import numpy as np
-kind, xadj_p, adj_p, k, threads, parhip = sys.argv[1:7]
+kind, xadj_p, adj_p, k, threads, parhip, context = sys.argv[1:8]
 k, threads = int(k), int(threads)
 xadj = np.load(xadj_p); adj = np.load(adj_p)
 t0 = time.perf_counter()
@@ -42,7 +43,8 @@ else:
     g = kaminpar.load_graph(parhip, kaminpar.GraphFileFormat.PARHIP)
     load = time.perf_counter() - t
     kaminpar.reseed(0)
-    parts = np.asarray(kaminpar.KaMinPar(threads, kaminpar.default_context()).compute_partition(g, k, 0.03))
+    solver = kaminpar.KaMinPar(threads, kaminpar.context_by_name(context))
+    parts = np.asarray(solver.compute_partition(g, k, 0.03))
 wall = time.perf_counter() - t0
 rows = np.repeat(np.arange(xadj.size - 1), np.diff(xadj))
 cut = int(np.count_nonzero(parts[rows] != parts[adj])) // 2
@@ -68,6 +70,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.kaminpar_vs_metis", description=__doc__)
     ap.add_argument("--scales", type=int, nargs="+", default=[18])
     ap.add_argument("--parts", type=int, default=4)
+    ap.add_argument("--contexts", nargs="+", default=["default", "fm"], help="KaMinPar presets")
+    ap.add_argument("--skip-metis", action="store_true")
     args = ap.parse_args()
     from asyncgraph.graph import Graph
     from asyncgraph.partition.assign import symmetric_csr
@@ -86,24 +90,30 @@ def main() -> None:
         np.save(tmp / "xadj.npy", xadj)
         np.save(tmp / "adj.npy", adj)
         write_parhip(tmp / "g.parhip", xadj, adj)
-        for kind, threads in (("metis", 1), ("kaminpar", 1), ("kaminpar", os.cpu_count() or 1)):
+        runs = [("kaminpar", c, t) for c in args.contexts for t in sorted({1, os.cpu_count() or 1})]
+        for kind, context, threads in ([("metis", "-", 1)] if not args.skip_metis else []) + runs:
             res = subprocess.run(
                 [sys.executable, "-c", WORKER, kind, str(tmp / "xadj.npy"), str(tmp / "adj.npy"),
-                 str(args.parts), str(threads), str(tmp / "g.parhip")],
+                 str(args.parts), str(threads), str(tmp / "g.parhip"), context],
                 capture_output=True, text=True, cwd=ROOT, check=True,
             )  # fmt: skip
-            row = {"scale": scale, "method": kind, "threads": threads, "undirected_edges": int(adj.size // 2),
+            row = {"scale": scale, "method": kind, "context": context, "threads": threads,
+                   "undirected_edges": int(adj.size // 2),
                    **json.loads(res.stdout.strip().splitlines()[-1])}  # fmt: skip
             out.append(row)
             print(
-                f"scale {scale} {kind:>8} x{threads}: {row['wall_s']:.1f} s "
+                f"scale {scale} {kind:>8} {context:>7} x{threads}: {row['wall_s']:.1f} s "
                 f"(file load {row['load_s']:.1f} s), "
                 f"peak {row['peak_bytes'] / 2**30:.2f} GiB, cut {row['cut_frac']:.1%}, "
                 f"balance {row['node_balance']:.3f}",
                 flush=True,
             )
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "kaminpar_vs_metis.json").write_text(json.dumps({"runs": out}, indent=2))
+    path = RESULTS / "kaminpar_vs_metis.json"
+    old = json.loads(path.read_text())["runs"] if path.is_file() else []
+    keys = {(r["scale"], r["method"], r["context"], r["threads"]) for r in out}
+    old = [r for r in old if (r["scale"], r["method"], r.get("context", "default"), r["threads"]) not in keys]
+    path.write_text(json.dumps({"runs": old + out}, indent=2))
 
 
 if __name__ == "__main__":
