@@ -164,18 +164,22 @@ def test_assignment_files_reproduce_a_partitioning(cora_npy: Path, tmp_path: Pat
     assert not (tmp_path / "bad").exists()
 
 
-def test_fennel_streams_a_valid_balanced_lower_cut_partitioning(cora_npy: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["fennel", "kaminpar"])
+def test_fennel_and_kaminpar_valid_balanced_lower_cut(method: str, cora_npy: Path, tmp_path: Path) -> None:
+    if method == "kaminpar":
+        pytest.importorskip("kaminpar")
     cuts = {}
-    for method in ("random", "fennel"):
-        partition_chunked(cora_npy, 4, tmp_path / method, part_method=method, workers=1)
-        rows = summarize_partitions(tmp_path / method / "cora.json")
-        cuts[method] = sum(r["remote_src_edges"] for r in rows) / sum(r["in_edges"] for r in rows)
+    for m in ("random", method):
+        partition_chunked(cora_npy, 4, tmp_path / m, part_method=m, workers=1, memory_limit="1GiB")
+        rows = summarize_partitions(tmp_path / m / "cora.json")
+        cuts[m] = sum(r["remote_src_edges"] for r in rows) / sum(r["in_edges"] for r in rows)
         sizes = np.array([r["owned_nodes"] for r in rows])
         assert sizes.max() <= np.ceil(1.03 * sizes.sum() / 4)
-    out = tmp_path / "fennel"
-    check_partitioning(out / "cora.json", raw_graph("cora"), np.load(out / "orig_nids.npy"),
-                       np.load(out / "orig_eids.npy"))  # fmt: skip
-    assert cuts["fennel"] < 0.4 * cuts["random"], cuts
+    out = tmp_path / method
+    a = raw_graph("cora")
+    check_partitioning(out / "cora.json", a, np.load(out / "orig_nids.npy"), np.load(out / "orig_eids.npy"))
+    assert cuts[method] < 0.4 * cuts["random"], cuts
+    assert json.loads((out / "cora.json").read_text())["part_method"] == method
 
 
 # --- bad input: one line naming the file and the problem, exit 2, nothing written ---------------

@@ -91,8 +91,8 @@ def build_parser() -> Parser:
         "--method",
         "--part-method",
         default="metis",
-        choices=(*METHODS, "fennel"),
-        help="assignment method (default metis; fennel: restreaming Fennel, chunked input only)",
+        choices=(*METHODS, "kaminpar", "fennel"),
+        help="assignment method (default metis; chunked input only: kaminpar, fennel)",
     )
     ap.add_argument(
         "--balance-train",

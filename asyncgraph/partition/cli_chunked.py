@@ -41,8 +41,8 @@ def check_npz_options(args: Any) -> None:
             raise CliError(f"--{opt.replace('_', '-')} applies to chunked input (--input metadata.json) only")
     if not args.graph_name:
         raise CliError("--graph-name is required with .npz input")
-    if args.method == "fennel":
-        raise CliError("--method fennel applies to chunked input (--input metadata.json) only")
+    if args.method in ("fennel", "kaminpar"):
+        raise CliError(f"--method {args.method} applies to chunked input (--input metadata.json) only")
 
 
 def run_chunked(args: Any) -> int:
