@@ -16,7 +16,7 @@ import pytest
 from asyncgraph.errors import InvalidRequestError
 from asyncgraph.partition import partition_graph
 from asyncgraph.partition.graph import Graph
-from asyncgraph.partition.partitioner import remove_stale_temp
+from asyncgraph.partition.output import remove_stale_temp
 from asyncgraph.testing import subprocess_env
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,5 +1,10 @@
 """CLI: ``python -m asyncgraph.partition --input g.npz --graph-name g --num-parts 2 --out dir``.
 
+``--input DIR/metadata.json`` reads DGL's chunked graph format instead and partitions it out of
+core within ``--memory-limit`` on ``--workers`` processes (or a Dask cluster,
+``--dask-scheduler``); ``--assignment DIR`` takes DGL's ``<ntype>.txt`` assignment files;
+``--resume`` restarts a killed chunked run after its last finished stage.
+
 Prints stage timings to stderr while it works and a per-partition summary table at the end.
 Writes ``orig_nids.npy``/``orig_eids.npy`` beside the config (``orig_nids[new_id] == input ID``;
 ``asyncgraph.partition.load_orig_ids(config)`` reads them) to map results back to input IDs.
@@ -22,10 +27,11 @@ import numpy.typing as npt
 
 from asyncgraph.cli import CliError, Parser, configure_logging, run_main
 from asyncgraph.partition.assign import METHODS
+from asyncgraph.partition.cli_chunked import add_chunked_options, check_npz_options, run_chunked
 from asyncgraph.partition.graph import Graph
 from asyncgraph.partition.layout import ORIG_EIDS_FILE, ORIG_NIDS_FILE, config_file
 from asyncgraph.partition.partitioner import partition_graph
-from asyncgraph.partition.reader import summarize_partitions
+from asyncgraph.partition.reader import format_summary, summarize_partitions
 
 MASKS = ("train_mask", "val_mask", "test_mask")
 
@@ -46,26 +52,6 @@ def train_categories(graph: Graph) -> npt.NDArray[np.int64] | None:
     return cat
 
 
-def format_summary(rows: list[dict[str, int]]) -> str:
-    """The summary table printed at the end: one line per part plus totals and the cut fraction."""
-    head = f"{'part':>5} {'nodes':>12} {'in-edges':>14} {'train':>10} {'cut edges':>14}"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(
-            f"{r['part_id']:>5} {r['owned_nodes']:>12,} {r['in_edges']:>14,} {r['train_nodes']:>10,} "
-            f"{r['remote_src_edges']:>14,}"
-        )
-    tn = sum(r["owned_nodes"] for r in rows)
-    te = sum(r["in_edges"] for r in rows)
-    tt = sum(r["train_nodes"] for r in rows)
-    tc = sum(r["remote_src_edges"] for r in rows)
-    lines.append("-" * len(head))
-    lines.append(f"{'total':>5} {tn:>12,} {te:>14,} {tt:>10,} {tc:>14,}")
-    frac = tc / te if te else 0.0
-    lines.append(f"edge cut: {tc:,} of {te:,} edges have a remote source ({frac:.2%})")
-    return "\n".join(lines)
-
-
 def _terminate(signum: int, frame: object) -> None:
     """SIGTERM unwinds like an exception, so the partitioner removes its temporary folder."""
     raise SystemExit(128 + signum)
@@ -73,17 +59,20 @@ def _terminate(signum: int, frame: object) -> None:
 
 def build_parser() -> Parser:
     ap = Parser(prog="python -m asyncgraph.partition", description=__doc__, raw_description=True)
-    ap.add_argument("--input", required=True, type=Path, help="graph .npz (src, dst, node arrays)")
     ap.add_argument(
-        "--graph-name", required=True, help="name of the graph (the JSON file is <out>/<name>.json)"
+        "--input", required=True, type=Path, help="graph .npz, or DGL chunked format's metadata.json"
+    )
+    ap.add_argument(
+        "--graph-name",
+        help="name of the graph (the JSON file is <out>/<name>.json); chunked input: default its graph_name",
     )
     ap.add_argument("--num-parts", required=True, type=int, help="number of partitions (servers) to cut into")
     ap.add_argument(
         "--method",
         "--part-method",
         default="metis",
-        choices=METHODS,
-        help="assignment method (default metis)",
+        choices=(*METHODS, "kaminpar", "fennel"),
+        help="assignment method (default metis; chunked input only: kaminpar, fennel)",
     )
     ap.add_argument(
         "--balance-train",
@@ -100,6 +89,7 @@ def build_parser() -> Parser:
     ap.add_argument("--out", required=True, type=Path, help="output folder for the JSON and part<p>/ folders")
     ap.add_argument("--overwrite", action="store_true", help="replace an existing partitioning in --out")
     ap.add_argument("--seed", type=int, default=0, help="random seed of the assignment (default 0)")
+    add_chunked_options(ap)
     return ap
 
 
@@ -116,6 +106,9 @@ def _run(args: Any) -> int:
         raise CliError(f"--input {args.input} does not exist")
     if args.num_parts < 1:
         raise CliError(f"--num-parts must be at least 1, got {args.num_parts}")
+    if args.input.suffix == ".json":
+        return run_chunked(args)
+    check_npz_options(args)
     t0 = time.perf_counter()
     graph = Graph.from_npz(args.input)
     print(

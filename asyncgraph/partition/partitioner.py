@@ -20,12 +20,9 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
-import socket
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,6 +38,7 @@ from asyncgraph.partition.config import PartitionConfig, PartSpec, TensorSpec
 from asyncgraph.partition.graph import Graph
 from asyncgraph.partition.hetero_graph import HeteroGraph
 from asyncgraph.partition.layout import ORIG_EIDS_FILE, ORIG_NIDS_FILE, PartFiles, config_file, part_dir_name
+from asyncgraph.partition.output import check_out_path, commit, remove_stale_temp, temp_name
 
 __all__ = ["METHODS", "partition_graph"]
 
@@ -70,21 +68,7 @@ class _Stages:
         logger.info("%s: %.3f s", name, dt, extra={"stage": name, "seconds": dt})
 
 
-# --- validation ----------------------------------------------------------------------------------
-def _check_out_path(out_path: Path, overwrite: bool) -> None:
-    """Reject an out_path we must not replace (before anything is written)."""
-    if out_path.exists() or out_path.is_symlink():
-        if not out_path.is_dir():
-            raise InvalidRequestError(f"out_path {out_path} exists and is not a directory")
-        if not overwrite and any(out_path.iterdir()):
-            raise InvalidRequestError(
-                f"out_path {out_path} exists and is not empty; pass overwrite=True to replace it"
-            )
-    parent = out_path.parent
-    if parent.exists() and not parent.is_dir():
-        raise InvalidRequestError(f"parent of out_path {out_path} is not a directory")
-
-
+# --- edge order ----------------------------------------------------------------------------------
 def _csc_order(num_nodes: int, new_dst: IdArray, new_src: IdArray) -> tuple[IdArray, IdArray]:
     """Edge order by (new dst, new src, original edge ID): returns (orig_eids, sorted new src).
 
@@ -138,7 +122,7 @@ def _spec(arr: np.ndarray[Any, Any]) -> TensorSpec:
 
 @overload
 def partition_graph(
-    graph: Graph | HeteroGraph,
+    graph: Graph | HeteroGraph | str | os.PathLike[str],
     graph_name: str,
     num_parts: int,
     out_path: str | os.PathLike[str],
@@ -156,7 +140,7 @@ def partition_graph(
 
 @overload
 def partition_graph(
-    graph: Graph | HeteroGraph,
+    graph: Graph | HeteroGraph | str | os.PathLike[str],
     graph_name: str,
     num_parts: int,
     out_path: str | os.PathLike[str],
@@ -175,7 +159,7 @@ def partition_graph(
 
 @overload
 def partition_graph(
-    graph: Graph | HeteroGraph,
+    graph: Graph | HeteroGraph | str | os.PathLike[str],
     graph_name: str,
     num_parts: int,
     out_path: str | os.PathLike[str],
@@ -192,7 +176,7 @@ def partition_graph(
 
 
 def partition_graph(
-    graph: Graph | HeteroGraph,
+    graph: Graph | HeteroGraph | str | os.PathLike[str],
     graph_name: str,
     num_parts: int,
     out_path: str | os.PathLike[str],
@@ -226,7 +210,15 @@ def partition_graph(
     node_trainer_ids=g.ndata["trainer_id"])`` uses to give each trainer its own sub-range.
     Invalid arguments raise ``InvalidRequestError`` (a ``ValueError``) before anything is written;
     a failed run leaves ``out_path`` as it was.
+
+    ``graph`` may also be the path of a DGL chunked-format ``metadata.json``: the graph is then
+    partitioned out of core by :func:`asyncgraph.partition.stream.partition_chunked` (default
+    memory limit and workers; call it directly for those, ``balance_train`` or ``fennel``).
     """
+    if isinstance(graph, (str, os.PathLike)):
+        return _partition_path(graph, graph_name, num_parts, out_path, part_method, balance_ntypes,
+                               balance_edges, return_mapping, seed, overwrite, progress,
+                               num_trainers_per_machine)  # fmt: skip
     # ---- validate everything before touching the disk ----
     hetero: HeteroGraph | None = None
     ntype = etype = None
@@ -278,7 +270,7 @@ def partition_graph(
         balance_ntypes = ntype  # even every node type across partitions
     categories = balance_categories(balance_ntypes, n)
     out = Path(out_path)
-    _check_out_path(out, overwrite)
+    check_out_path(out, overwrite)
 
     stage = _Stages(progress)
     # ---- 1. node -> partition ----
@@ -339,7 +331,7 @@ def partition_graph(
     # ---- 4. write into a temporary sibling, then rename into place ----
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temp(out)
-    tmp = out.parent / _temp_name(out, "tmp")
+    tmp = out.parent / temp_name(out, "tmp")
     try:
         tmp.mkdir()
         specs: list[PartSpec] = []
@@ -383,7 +375,7 @@ def partition_graph(
             config.etype_feats = hetero.etype_data_names()
         config_file(tmp, graph_name).write_text(config.model_dump_json(indent=2))
         with stage("committing"):
-            _commit(tmp, out)
+            commit(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -398,57 +390,28 @@ def partition_graph(
     return None
 
 
-_TEMP = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)@(?P<host>.+)-[0-9a-f]{12}$")
+def _partition_path(
+    meta: str | os.PathLike[str], graph_name: str, num_parts: int, out_path: str | os.PathLike[str],
+    part_method: str, balance_ntypes: Any, balance_edges: bool, return_mapping: bool, seed: int,
+    overwrite: bool, progress: bool, tpm: int,
+) -> tuple[IdArray, IdArray] | None:  # fmt: skip
+    """``partition_graph`` of a chunked-format ``metadata.json`` (out of core)."""
+    from asyncgraph.partition.stream import partition_chunked
+
+    if balance_ntypes is not None:
+        raise InvalidRequestError(
+            "balance_ntypes cannot be given with chunked input: use "
+            "asyncgraph.partition.stream.partition_chunked(..., balance_train=True)"
+        )
+    if tpm != 1:
+        raise InvalidRequestError("num_trainers_per_machine > 1 is not supported with chunked input yet")
+    partition_chunked(
+        meta, num_parts, out_path, graph_name=graph_name, part_method=part_method,
+        balance_edges=balance_edges, seed=seed, overwrite=overwrite, progress=progress,
+    )  # fmt: skip
+    if not return_mapping:
+        return None
+    out = Path(out_path)
+    return np.load(out / ORIG_NIDS_FILE), np.load(out / ORIG_EIDS_FILE)
 
 
-def _temp_name(out: Path, kind: str) -> str:
-    """A sibling folder name for ``out`` that says who wrote it (pid@host), so leftovers are known."""
-    return f".{out.name}.{kind}-{os.getpid()}@{socket.gethostname()}-{uuid.uuid4().hex[:12]}"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def remove_stale_temp(out: Path) -> list[Path]:
-    """Remove temporary siblings of ``out`` left by killed runs on this host; returns them."""
-    removed: list[Path] = []
-    if not out.parent.is_dir():
-        return removed
-    host = socket.gethostname()
-    for path in out.parent.glob(f".{glob_escape(out.name)}.*-*@*-*"):
-        m = _TEMP.match(path.name)
-        if m is None or m["name"] != out.name or m["host"] != host or not path.is_dir():
-            continue
-        if _pid_alive(int(m["pid"])):
-            continue  # a run in progress (or a live process that reused the pid: leave it)
-        shutil.rmtree(path, ignore_errors=True)
-        logger.info("removed %s left by a killed run", path)
-        removed.append(path)
-    return removed
-
-
-def glob_escape(name: str) -> str:
-    """``name`` with glob metacharacters escaped."""
-    return re.sub(r"([*?\[])", r"[\1]", name)
-
-
-def _commit(tmp: Path, out: Path) -> None:
-    """Move the finished ``tmp`` folder to ``out``, replacing an existing (empty or old) one."""
-    if not (out.exists() or out.is_symlink()):
-        os.rename(tmp, out)
-        return
-    trash = out.parent / _temp_name(out, "old")
-    os.rename(out, trash)
-    try:
-        os.rename(tmp, out)
-    except BaseException:
-        os.rename(trash, out)
-        raise
-    shutil.rmtree(trash, ignore_errors=True)

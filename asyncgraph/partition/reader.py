@@ -220,3 +220,23 @@ def summarize_partitions(part_config: str | os.PathLike[str]) -> list[dict[str, 
             }
         )
     return rows
+
+
+def format_summary(rows: list[dict[str, int]]) -> str:
+    """The summary table printed at the end: one line per part plus totals and the cut fraction."""
+    head = f"{'part':>5} {'nodes':>12} {'in-edges':>14} {'train':>10} {'cut edges':>14}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r['part_id']:>5} {r['owned_nodes']:>12,} {r['in_edges']:>14,} {r['train_nodes']:>10,} "
+            f"{r['remote_src_edges']:>14,}"
+        )
+    tn = sum(r["owned_nodes"] for r in rows)
+    te = sum(r["in_edges"] for r in rows)
+    tt = sum(r["train_nodes"] for r in rows)
+    tc = sum(r["remote_src_edges"] for r in rows)
+    lines.append("-" * len(head))
+    lines.append(f"{'total':>5} {tn:>12,} {te:>14,} {tt:>10,} {tc:>14,}")
+    frac = tc / te if te else 0.0
+    lines.append(f"edge cut: {tc:,} of {te:,} edges have a remote source ({frac:.2%})")
+    return "\n".join(lines)

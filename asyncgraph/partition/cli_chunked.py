@@ -1,0 +1,88 @@
+"""The chunked-input half of ``python -m asyncgraph.partition`` (options, run, summary)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from asyncgraph.cli import CliError, Parser
+from asyncgraph.partition.layout import config_file
+from asyncgraph.partition.memory import DEFAULT_FRACTION, format_size
+from asyncgraph.partition.reader import format_summary, summarize_partitions
+
+__all__ = ["add_chunked_options", "check_npz_options", "run_chunked"]
+
+CHUNKED_ONLY = ("memory_limit", "workers", "assignment", "resume", "dask_scheduler")
+
+
+def add_chunked_options(ap: Parser) -> None:
+    """The options of chunked input (``--input metadata.json``)."""
+    ap.add_argument(
+        "--memory-limit",
+        help=f"chunked input: peak memory of the whole run, workers included (e.g. 2GiB; default "
+        f"{DEFAULT_FRACTION:.0%} of available memory)",
+    )
+    ap.add_argument("--workers", type=int, help="chunked input: worker processes (default: cores)")
+    ap.add_argument(
+        "--assignment", type=Path, help="chunked input: folder of DGL assignment files <ntype>.txt"
+    )
+    ap.add_argument(
+        "--resume", action="store_true", help="chunked input: restart after the last finished stage"
+    )
+    ap.add_argument("--dask-scheduler", help="chunked input: run the tasks on this Dask scheduler")
+
+
+def check_npz_options(args: Any) -> None:
+    """Reject chunked-only options with npz input, and a missing --graph-name."""
+    for opt in CHUNKED_ONLY:
+        if getattr(args, opt) not in (None, False):
+            raise CliError(f"--{opt.replace('_', '-')} applies to chunked input (--input metadata.json) only")
+    if not args.graph_name:
+        raise CliError("--graph-name is required with .npz input")
+    if args.method in ("fennel", "kaminpar"):
+        raise CliError(f"--method {args.method} applies to chunked input (--input metadata.json) only")
+
+
+def run_chunked(args: Any) -> int:
+    """Partition a chunked graph; prints the stage times, the peak memory and the summary."""
+    from asyncgraph.partition.chunked import read_metadata
+    from asyncgraph.partition.stream import partition_chunked
+
+    if args.num_trainers_per_machine != 1:
+        raise CliError("--num-trainers-per-machine > 1 is not supported with chunked input yet")
+    if args.workers is not None and args.workers < 1:
+        raise CliError(f"--workers must be at least 1, got {args.workers}")
+    if args.assignment is not None and not args.assignment.is_dir():
+        raise CliError(f"--assignment {args.assignment} is not a folder")
+    name = args.graph_name or read_metadata(args.input).graph_name
+    t0 = time.perf_counter()
+    report = partition_chunked(
+        args.input,
+        args.num_parts,
+        args.out,
+        graph_name=name,
+        part_method=args.method,
+        assignment=args.assignment,
+        balance_train=args.balance_train,
+        balance_edges=args.balance_edges,
+        seed=args.seed,
+        memory_limit=args.memory_limit,
+        workers=args.workers,
+        dask_scheduler=args.dask_scheduler,
+        overwrite=args.overwrite,
+        resume=args.resume,
+        progress=True,
+    )
+    stages = ", ".join(f"{k} {v:.2f} s" for k, v in report.seconds.items())
+    print(
+        f"done in {time.perf_counter() - t0:.2f} s ({stages}); peak memory {format_size(report.peak)} "
+        f"of the {format_size(report.limit)} limit; read {format_size(report.bytes_read)}, wrote "
+        f"{format_size(report.bytes_written)}"
+        + (f"; resumed after {', '.join(report.skipped)}" if report.skipped else ""),
+        file=sys.stderr,
+    )
+
+    print(format_summary(summarize_partitions(config_file(args.out, name))))
+    return 0

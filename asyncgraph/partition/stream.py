@@ -1,0 +1,453 @@
+"""Out-of-core partitioning of a chunked graph under a memory limit: ``partition_chunked``.
+
+Stages (each records its results in the work folder and then an atomic ``done-<stage>``
+marker, so ``resume=True`` restarts after the last finished one):
+
+1. ``assign``: the partition of every node (streamed random, METIS on the structure alone, or
+   DGL's ``<ntype>.txt`` assignment files), then the relabelling: ``orig_nids`` and its inverse
+   ``new_id.npy`` (nodes ordered by part, type, ID exactly as :func:`partition_graph` does);
+2. ``shuffle``: every edge chunk, piece by piece, relabelled and spilled by destination part;
+3. ``sort``: each part's edges sorted into CSC (external, by destination range, when they
+   exceed the memory a worker has), writing ``indptr``/``indices``/``eids``;
+4. ``node data`` and ``edge data``: feature rows streamed from the input chunks into the parts'
+   files;
+5. ``commit``: ``orig_eids``, the JSON config, and the rename of the finished tree into place.
+
+The work folder is ``.<out>.work`` beside ``out``; the output appears only by that final
+rename, so nothing half-written is ever taken for output. Tasks run inline, on a process pool
+(``workers``) or on a Dask cluster (``dask_scheduler``): see :mod:`asyncgraph.partition.runner`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asyncgraph.errors import InvalidRequestError
+from asyncgraph.names import ETYPE, NTYPE, TYPE_EID
+from asyncgraph.partition.assign_stream import assign_chunked
+from asyncgraph.partition.chunked import ChunkedGraph, read_metadata
+from asyncgraph.partition.config import PartitionConfig, PartSpec, TensorSpec
+from asyncgraph.partition.layout import ORIG_EIDS_FILE, ORIG_NIDS_FILE, config_file, part_dir_name
+from asyncgraph.partition.memory import PeakSampler, default_memory_limit, format_size, parse_size
+from asyncgraph.partition.output import check_out_path, commit, pid_alive
+from asyncgraph.partition.runner import Runner
+from asyncgraph.partition.tasks import (
+    REC_BYTES,
+    Ctx,
+    NpyWriter,
+    copy_edge_rows,
+    copy_node_rows,
+    map_edges,
+    preallocate,
+    shuffle_edges,
+    sort_part,
+    write_type_tensors,
+)
+
+__all__ = ["Plan", "RunReport", "partition_chunked", "plan_run"]
+
+METHODS = ("random", "metis", "kaminpar", "fennel")
+MAIN_BASE = 96 << 20  # the main process: interpreter, numpy, the metadata, the sampler
+WORKER_BASE = 64 << 20  # a spawned worker before it holds any chunk
+SHUFFLE_BYTES = 112  # per edge row in a shuffle piece (ids, relabelled record, sort by part)
+SORT_BYTES = 80  # per edge in a sort bucket (records, packed keys, outputs)
+MIN_ROWS = 4096
+METIS_EDGE_BYTES = 280  # pymetis 2025.2, measured (see plan_run)
+KAMINPAR_EDGE_BYTES = 100  # kaminpar 3.7: 0.84 GiB peak for 10.5M edges (loaded CSR included)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Chunk sizes derived from the memory limit (edge rows per piece, edges per sort bucket)."""
+
+    limit: int
+    workers: int
+    assign_need: int
+    worker_budget: int
+    edge_rows: int
+    sort_edges: int
+    data_bytes: int
+
+
+@dataclass
+class RunReport:
+    """What a run did: stage times, measured peak memory, bytes moved."""
+
+    seconds: dict[str, float]
+    peak: int
+    limit: int
+    bytes_read: int
+    bytes_written: int
+    skipped: list[str]
+
+
+def plan_run(
+    g: ChunkedGraph, method: str, limit: int, workers: int, assignment: bool, num_parts: int = 4
+) -> Plan:
+    """Chunk sizes for ``limit`` bytes, or an error naming the method, what it needs and the limit."""
+    n = int(g.node_offsets()[-1])
+    e = int(g.edge_offsets()[-1])
+    # assign: parts + orig_nids + new_id + the permutation or METIS' structure (src, dst, the
+    # symmetric CSR, pymetis' copy and METIS' coarse graphs: the process tree peaked at 2.79 GiB
+    # for 2^20 nodes / 10.5M edges, 0.64 GiB for 2^18 / 2.6M: ~265 B an input edge)
+    key = "assignment" if assignment else method
+    per_node = {"random": 34, "fennel": 34 + 8 * num_parts, "metis": 120, "kaminpar": 120, "assignment": 34}
+    per_edge = {"metis": METIS_EDGE_BYTES, "kaminpar": KAMINPAR_EDGE_BYTES}.get(key, 0)
+    assign_need = MAIN_BASE + per_node[key] * n + per_edge * e
+    what = "--assignment files" if assignment else f"method {method!r}"
+    if assign_need > limit:
+        hint = {"metis": " or use --method kaminpar (less memory), fennel (streamed) or random",
+                "kaminpar": " or use --method fennel (streamed) or random"}.get(key, "")  # fmt: skip
+        raise InvalidRequestError(
+            f"{what} needs about {format_size(assign_need)} for {n:,} nodes and {e:,} edges, but "
+            f"the memory limit is {format_size(limit)}; raise --memory-limit{hint}"
+        )
+    budget = (limit - MAIN_BASE) // max(1, workers) - WORKER_BASE
+    need = MIN_ROWS * SHUFFLE_BYTES + 8 * max(g.node_offsets()[-1] // max(1, 64), 1)
+    if budget < need:
+        raise InvalidRequestError(
+            f"{what} with {workers} workers needs at least "
+            f"{format_size(MAIN_BASE + workers * (WORKER_BASE + need))}, but the memory limit is "
+            f"{format_size(limit)}; raise --memory-limit or lower --workers"
+        )
+    return Plan(limit, workers, assign_need, budget, max(MIN_ROWS, budget // SHUFFLE_BYTES),
+                max(MIN_ROWS, budget // SORT_BYTES), max(1 << 16, budget // 3))  # fmt: skip
+
+
+def _fingerprint(g: ChunkedGraph, opts: dict[str, Any]) -> str:
+    files = [g.meta_path] + [c.path for cs in g.edges.values() for c in cs]
+    files += [c.path for d in g.node_data.values() for cs in d.values() for c in cs]
+    files += [c.path for d in g.edge_data.values() for cs in d.values() for c in cs]
+    stats = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    return hashlib.sha256(json.dumps([stats, opts], sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _atomic_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def _open_work(out: Path, fp: str, resume: bool) -> tuple[Path, dict[str, Any]]:
+    """The work folder: kept (resume with the same inputs and options) or started afresh."""
+    work = out.parent / f".{out.name}.work"
+    lock = work / "owner"
+    if lock.exists():
+        pid, _, host = lock.read_text().partition("@")
+        if (
+            host == socket.gethostname()
+            and pid.isdigit()
+            and int(pid) != os.getpid()
+            and pid_alive(int(pid))
+        ):
+            raise InvalidRequestError(f"{work} is in use by process {pid}; wait for it or kill it")
+    state: dict[str, Any] = {}
+    if resume and (work / "state.json").is_file():
+        state = json.loads((work / "state.json").read_text())
+        if state.get("fingerprint") != fp:
+            raise InvalidRequestError(
+                f"--resume: {work} was made from other inputs or options; run without --resume to restart"
+            )
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+        state = {"fingerprint": fp, "done": []}
+    work.mkdir(parents=True, exist_ok=True)
+    lock.write_text(f"{os.getpid()}@{socket.gethostname()}")
+    _atomic_json(work / "state.json", state)
+    return work, state
+
+
+def _stop_hook(stage: str) -> None:
+    """Testing hook: ``ASYNCGRAPH_PARTITION_KILL_AFTER=<stage>`` SIGKILLs the run after it."""
+    if os.environ.get("ASYNCGRAPH_PARTITION_KILL_AFTER") == stage:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def partition_chunked(
+    metadata: str | os.PathLike[str],
+    num_parts: int,
+    out_path: str | os.PathLike[str],
+    *,
+    graph_name: str | None = None,
+    part_method: str = "random",
+    assignment: str | os.PathLike[str] | None = None,
+    balance_train: bool = False,
+    balance_edges: bool = False,
+    seed: int = 0,
+    memory_limit: int | str | None = None,
+    workers: int | None = None,
+    dask_scheduler: Any = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    progress: bool = False,
+) -> RunReport:
+    """Partition the chunked graph of ``metadata`` (DGL's format) under ``memory_limit``.
+
+    The output is the partition format of :func:`partition_graph` and, for the same method and
+    seed, the same bytes as ``partition_graph(load_chunked(metadata), ...)``. ``assignment``
+    is a folder of DGL partition-assignment files (``<ntype>.txt``, a part ID a line); its
+    balance is kept as given. Bad input raises :class:`InvalidRequestError` and leaves
+    ``out_path`` as it was. Returns stage times and the peak memory measured over all processes.
+    """
+    g = read_metadata(Path(metadata))
+    name = graph_name or g.graph_name
+    if not name or "/" in name or name.startswith("."):
+        raise InvalidRequestError(f"graph_name {name!r} is not valid: it must be a non-empty file name")
+    n = int(g.node_offsets()[-1])
+    if isinstance(num_parts, bool) or not isinstance(num_parts, int) or not 1 <= num_parts <= max(n, 1):
+        raise InvalidRequestError(f"num_parts must be an int in [1, num_nodes={n}], got {num_parts!r}")
+    if part_method not in METHODS:
+        raise InvalidRequestError(f"unknown part_method {part_method!r}; expected one of {list(METHODS)}")
+    if part_method == "kaminpar" and assignment is None:
+        try:
+            import kaminpar  # noqa: F401
+        except ImportError:
+            raise InvalidRequestError(
+                "part_method 'kaminpar' needs the kaminpar package: pip install 'asyncgraph[kaminpar]'"
+            ) from None
+    limit = parse_size(memory_limit) if memory_limit is not None else default_memory_limit()
+    nworkers = os.cpu_count() or 1 if workers is None else int(workers)
+    if nworkers < 1:
+        raise InvalidRequestError(f"workers must be at least 1, got {workers}")
+    if dask_scheduler is not None:
+        nworkers = max(1, nworkers)
+    nw = 1 if dask_scheduler is not None else nworkers
+    plan = plan_run(g, part_method, limit, nw, assignment is not None, num_parts)
+    out = Path(out_path)
+    check_out_path(out, overwrite)
+    opts = {"parts": num_parts, "method": part_method, "assignment": str(assignment), "seed": seed,
+            "train": balance_train, "edges": balance_edges, "name": name}  # fmt: skip
+    fp = _fingerprint(g, opts)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work, state = _open_work(out, fp, resume)
+    report = RunReport({}, 0, limit, 0, 0, [])
+    try:
+        with PeakSampler() as sampler:
+            _run(
+                g, name, num_parts, out, work, state, plan, report, opts, assignment, dask_scheduler, progress
+            )
+        report.peak = sampler.peak
+    except BaseException:
+        if not resume:
+            shutil.rmtree(work, ignore_errors=True)
+        raise
+    shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
+def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, state: dict[str, Any],
+         plan: Plan, report: RunReport, opts: dict[str, Any], assignment: Any, dask: Any,
+         progress: bool) -> None:  # fmt: skip
+    done: list[str] = state["done"]
+
+    def finish(stage: str, t0: float, **extra: Any) -> None:
+        state.update(extra)
+        done.append(stage)
+        report.seconds[stage] = time.perf_counter() - t0
+        _atomic_json(work / "state.json", state)
+        _stop_hook(stage)
+
+    def skip(stage: str) -> bool:
+        if stage in done:
+            report.skipped.append(stage)
+            if progress:
+                print(f"{stage}: done by an earlier run, skipped", flush=True, file=__import__("sys").stderr)
+        return stage in done
+
+    hetero = not g.is_homogeneous
+    if not skip("assign"):
+        t0 = time.perf_counter()
+        for d in ("out", "spill", "sorted"):
+            shutil.rmtree(work / d, ignore_errors=True)
+        (work / "out").mkdir()
+        bounds, tcounts = assign_chunked(g, num_parts, work, opts, assignment, plan, progress)
+        finish("assign", t0, node_bounds=bounds, type_counts=tcounts)
+    ctx = Ctx(g, work, num_parts, tuple(state["node_bounds"]))
+    with Runner(plan.workers, dask, progress) as run:
+        if not skip("shuffle"):
+            t0 = time.perf_counter()
+            shutil.rmtree(work / "spill", ignore_errors=True)
+            for p in range(num_parts):
+                ctx.spill_dir(p).mkdir(parents=True)
+            tasks: list[tuple[Any, ...]] = []
+            spread = max(MIN_ROWS, -(-int(g.edge_offsets()[-1]) // (4 * plan.workers)))  # keep all busy
+            for r, c in enumerate(g.canonical_etypes):
+                for ci, ch in enumerate(g.edges[c]):
+                    step = ch.rows if ch.fmt == "csv" else min(plan.edge_rows, spread)
+                    for lo in range(0, ch.rows, max(1, step)):
+                        tasks.append((ctx, r, ci, lo, min(ch.rows, lo + step), plan.edge_rows, len(tasks)))
+            _count(report, run.map(shuffle_edges, tasks, "shuffle"))
+            sizes = [sum(f.stat().st_size for f in ctx.spill_dir(p).glob("*.bin")) // REC_BYTES
+                     for p in range(num_parts)]  # fmt: skip
+            finish("shuffle", t0, edge_bounds=[0, *np.cumsum(sizes).tolist()])
+        ctx = replace(ctx, edge_bounds=tuple(state["edge_bounds"]))
+        if not skip("sort"):
+            t0 = time.perf_counter()
+            shutil.rmtree(work / "sorted", ignore_errors=True)
+            (work / "sorted").mkdir()
+            for p in range(num_parts):
+                (ctx.out / part_dir_name(p) / "node_feat").mkdir(parents=True, exist_ok=True)
+                (ctx.out / part_dir_name(p) / "edge_feat").mkdir(exist_ok=True)
+            _count(report, run.map(sort_part, [(ctx, p, plan.sort_edges) for p in range(num_parts)], "sort"))
+            shutil.rmtree(work / "spill", ignore_errors=True)
+            shutil.rmtree(work / "buckets", ignore_errors=True)
+            finish("sort", t0)
+        nspecs, especs = _tensor_specs(g)
+        if not skip("node data"):
+            t0 = time.perf_counter()
+            ntasks: list[tuple[Any, ...]] = []
+            for fname, (dtype, shape) in nspecs.items():
+                if fname == NTYPE:
+                    continue
+                for p in range(num_parts):
+                    rows = ctx.node_bounds[p + 1] - ctx.node_bounds[p]
+                    preallocate(
+                        ctx.out / part_dir_name(p) / "node_feat" / f"{fname}.npy", dtype, (rows, *shape)
+                    )
+            for t, feats in g.node_data.items():
+                for fname, chunks in feats.items():
+                    for ci, ch in enumerate(chunks):
+                        step = max(1, plan.data_bytes // max(1, ch.row_bytes))
+                        ntasks += [
+                            (ctx, t, fname, ci, lo, min(ch.rows, lo + step)) for lo in range(0, ch.rows, step)
+                        ]
+            _count(report, run.map(copy_node_rows, ntasks, "node data"))
+            if hetero:
+                _write_ntypes(ctx, state["type_counts"], plan.edge_rows)
+            finish("node data", t0)
+        if not skip("edge data"):
+            t0 = time.perf_counter()
+            if g.edge_data:
+                e = int(g.edge_offsets()[-1])
+                preallocate(work / "new_eid.npy", np.int64, (e,))
+                _count(
+                    report,
+                    run.map(map_edges, [(ctx, p, plan.edge_rows) for p in range(num_parts)], "edge map"),
+                )
+                etasks: list[tuple[Any, ...]] = []
+                for fname, (dtype, shape) in especs.items():
+                    if fname in (ETYPE, TYPE_EID):
+                        continue
+                    for p in range(num_parts):
+                        rows = ctx.edge_bounds[p + 1] - ctx.edge_bounds[p]
+                        preallocate(
+                            ctx.out / part_dir_name(p) / "edge_feat" / f"{fname}.npy", dtype, (rows, *shape)
+                        )
+                for c, feats in g.edge_data.items():
+                    r = g.canonical_etypes.index(c)
+                    for fname, chunks in feats.items():
+                        for ci, ch in enumerate(chunks):
+                            step = max(1, plan.data_bytes // max(1, ch.row_bytes))
+                            etasks += [
+                                (ctx, r, fname, ci, lo, min(ch.rows, lo + step))
+                                for lo in range(0, ch.rows, step)
+                            ]
+                _count(report, run.map(copy_edge_rows, etasks, "edge data"))
+            if hetero:
+                before = _type_edges_before(ctx, plan.edge_rows)
+                args = [(ctx, p, plan.edge_rows, before[p]) for p in range(num_parts)]
+                _count(report, run.map(write_type_tensors, args, "edge types"))
+            finish("edge data", t0)
+    t0 = time.perf_counter()
+    _finalize(ctx, name, opts, nspecs, especs, state, plan.edge_rows)
+    commit(work / "out", out)
+    report.seconds["commit"] = time.perf_counter() - t0
+
+
+def _count(report: RunReport, results: list[tuple[int, int]]) -> None:
+    report.bytes_read += sum(r for r, _ in results)
+    report.bytes_written += sum(w for _, w in results)
+
+
+def _tensor_specs(
+    g: ChunkedGraph,
+) -> tuple[dict[str, tuple[str, tuple[int, ...]]], dict[str, tuple[str, tuple[int, ...]]]]:
+    """The partition's node and edge tensors in the order ``partition_graph`` writes them."""
+    if g.is_homogeneous:
+        (t,), (c,) = g.ntypes, g.canonical_etypes
+        nd = {k: (v[0].dtype, v[0].row_shape) for k, v in g.node_data.get(t, {}).items()}
+        ed = {k: (v[0].dtype, v[0].row_shape) for k, v in g.edge_data.get(c, {}).items()}
+        return nd, ed
+    nd, ed = g.feature_specs("node"), g.feature_specs("edge")
+    nd[NTYPE] = ("int64", ())
+    ed[ETYPE] = ("int64", ())
+    ed[TYPE_EID] = ("int64", ())
+    return nd, ed
+
+
+def _write_ntypes(ctx: Ctx, type_counts: list[list[int]], rows: int) -> None:
+    """Node tensor ``_TYPE`` of every part: nodes are type-major inside a part."""
+    for p, counts in enumerate(type_counts):
+        w = NpyWriter(ctx.out / part_dir_name(p) / "node_feat" / f"{NTYPE}.npy", np.int64, (sum(counts),))
+        for t, k in enumerate(counts):
+            for a in range(0, k, rows):
+                w.write(np.full(min(rows, k - a), t, dtype=np.int64))
+        w.close()
+
+
+def _type_edges_before(ctx: Ctx, rows: int) -> list[list[int]]:
+    """Per part, the edges of each type in earlier parts (the start of ``_TYPE_EID``)."""
+    eoff = ctx.graph.edge_offsets()
+    per_part = []
+    for p in range(ctx.num_parts):
+        oe = np.load(ctx.oeids(p), mmap_mode="r")
+        counts = np.zeros(eoff.size - 1, dtype=np.int64)
+        for a in range(0, oe.shape[0], rows):
+            counts += np.bincount(np.searchsorted(eoff, np.asarray(oe[a : a + rows]), side="right") - 1,
+                                  minlength=eoff.size - 1)  # fmt: skip
+        per_part.append(counts)
+    cum = np.cumsum([np.zeros(eoff.size - 1, np.int64), *per_part], axis=0)
+    return [cum[p].tolist() for p in range(ctx.num_parts)]
+
+
+Specs = dict[str, tuple[str, tuple[int, ...]]]
+
+
+def _finalize(
+    ctx: Ctx, name: str, opts: dict[str, Any], nspecs: Specs, especs: Specs, state: dict[str, Any], rows: int
+) -> None:
+    g = ctx.graph
+    e = int(g.edge_offsets()[-1])
+    w = NpyWriter(ctx.out / ORIG_EIDS_FILE, np.int64, (e,))
+    for p in range(ctx.num_parts):
+        oe = np.load(ctx.oeids(p), mmap_mode="r")
+        for a in range(0, oe.shape[0], rows):
+            w.write(np.asarray(oe[a : a + rows]))
+    w.close()
+    nb, eb = ctx.node_bounds, ctx.edge_bounds
+    specs = [PartSpec(part_id=p, node_range=(nb[p], nb[p + 1]), edge_range=(eb[p], eb[p + 1]),
+                      path=part_dir_name(p)) for p in range(ctx.num_parts)]  # fmt: skip
+    ts = {k: TensorSpec(dtype=np.dtype(d).name, row_shape=list(s)) for k, (d, s) in nspecs.items()}
+    es = {k: TensorSpec(dtype=np.dtype(d).name, row_shape=list(s)) for k, (d, s) in especs.items()}
+    config = PartitionConfig(
+        graph_name=name, num_nodes=int(g.node_offsets()[-1]), num_edges=e, num_parts=ctx.num_parts,
+        part_method=opts["method"] if opts["assignment"] == "None" else "assignment", parts=specs,
+        node_feats=ts, edge_feats=es, orig_nids=ORIG_NIDS_FILE, orig_eids=ORIG_EIDS_FILE,
+    )  # fmt: skip
+    if not g.is_homogeneous:
+        config.ntypes = g.ntypes
+        config.canonical_etypes = g.canonical_etypes
+        config.ntype_counts = state["type_counts"]
+        config.etype_counts = _etype_counts(ctx, rows)
+        config.ntype_feats = {t: sorted(g.node_data.get(t, {})) for t in g.ntypes}
+        config.etype_feats = {":".join(c): sorted(g.edge_data.get(c, {})) for c in g.canonical_etypes}
+    config_file(ctx.out, name).write_text(config.model_dump_json(indent=2))
+
+
+def _etype_counts(ctx: Ctx, rows: int) -> list[list[int]]:
+    before = _type_edges_before(ctx, rows)
+    eoff = ctx.graph.edge_offsets()
+    total = np.diff(eoff)
+    after = [*before[1:], total.tolist()]
+    return [(np.asarray(a) - np.asarray(b)).tolist() for a, b in zip(after, before, strict=True)]
