@@ -197,8 +197,9 @@ class AsyncClient:
         return [p.part_id for p in self.state.partitions if p.store is not None]
 
     async def info(self, part_id: int = 0) -> dict[str, Any]:
-        """Partition ``part_id``'s description, as its server (or, standalone, its store) gives it."""
-        return await self.state.partitions[part_id].info()
+        """Partition ``part_id``'s description, as its server (or, standalone, its store) gives it:
+        the wire map of :class:`~asyncgraph.protocol.info.ServerInfo`."""
+        return (await self.state.partitions[part_id].info()).to_wire()
 
     # --- tensor catalog ---------------------------------------------------------------------
     tensor_names = forward("catalog", TensorCatalog.tensor_names)

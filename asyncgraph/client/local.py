@@ -13,6 +13,7 @@ import numpy as np
 
 from asyncgraph.errors import ServerUnavailableError
 from asyncgraph.names import ETYPE, TYPE_EID, tensor_key
+from asyncgraph.protocol.info import ServerInfo, SharedMemoryInfo
 from asyncgraph.protocol.ops import ATTACHED_OPS, Op, SampleEdgesArgs
 from asyncgraph.service.base import Partition, SampledRows
 from asyncgraph.service.local import PartitionService
@@ -36,14 +37,14 @@ class LocalPartition:
         service: PartitionService,
         *,
         server: Partition | None = None,
-        shm: Mapping[str, Any] | None = None,
+        shm: SharedMemoryInfo | None = None,
         instance: str | None = None,
     ) -> None:
         self.service = service
         self.part_id = service.store.part_id
         self.server = server
         self.shm = shm
-        self._instance: Any = instance
+        self._instance = instance
         conn = getattr(server, "conn", None)
         self._generation = conn.generation if conn is not None else 0
 
@@ -88,23 +89,23 @@ class LocalPartition:
         if conn.generation == self._generation:
             return
         info = await server.info()
-        if info.get("instance") != self._instance:
+        if info.instance != self._instance:
             await self._reattach(info)
         self._generation = conn.generation
 
-    async def _reattach(self, info: Mapping[str, Any]) -> None:
+    async def _reattach(self, info: ServerInfo) -> None:
         from asyncgraph.storage.fdpass import attach_store
 
-        shm = info.get("shm")
-        if not shm:
+        shm = info.shm
+        if shm is None:
             raise ServerUnavailableError(
                 f"server {self.name} of partition {self.part_id} restarted without shared memory"
             )
-        store = await asyncio.to_thread(attach_store, shm["address"], shm["token"], timeout=10.0)
+        store = await asyncio.to_thread(attach_store, shm.address, shm.token, timeout=10.0)
         old = self.service.store
         self.service = PartitionService(store)
         self.shm = shm
-        self._instance = info.get("instance")
+        self._instance = info.instance
         old.close()
 
     @property
@@ -117,21 +118,21 @@ class LocalPartition:
     @property
     def writes_via_server(self) -> bool:
         """True when the server logs writes (WAL): pushes must go through it, not shared memory."""
-        return self.server is not None and bool(self.shm and self.shm.get("writes_via_server"))
+        return self.server is not None and self.shm is not None and self.shm.writes_via_server
 
-    async def _refresh_catalog(self, shm: Mapping[str, Any]) -> None:
+    async def _refresh_catalog(self, shm: SharedMemoryInfo) -> None:
         """Another process created or deleted tensors: map the new ones, unmap the deleted."""
         from asyncgraph.storage.fdpass import fetch_catalog
 
         # fds fetched off the loop; the store changed on it, as a replica server does
-        descriptor, fds = await asyncio.to_thread(fetch_catalog, shm["address"], shm["token"], 10.0)
+        descriptor, fds = await asyncio.to_thread(fetch_catalog, shm.address, shm.token, 10.0)
         self.attached_store.sync_catalog(descriptor, fds)
 
-    async def _map(self, shm: Mapping[str, Any], name: str) -> None:
+    async def _map(self, shm: SharedMemoryInfo, name: str) -> None:
         """Map tensor ``name``, created on the server after this store was attached."""
         from asyncgraph.storage.fdpass import fetch_tensors
 
-        descriptor, fds = await asyncio.to_thread(fetch_tensors, shm["address"], shm["token"], [name], 10.0)
+        descriptor, fds = await asyncio.to_thread(fetch_tensors, shm.address, shm.token, [name], 10.0)
         self.attached_store.add_attached(descriptor, fds)
 
     async def pull(self, name: str, ids: np.ndarray, row_bytes: int = 0) -> np.ndarray:
@@ -232,10 +233,10 @@ class LocalPartition:
             return await self.server.list_tensors()
         return self.service.list_tensors()
 
-    async def info(self) -> dict[str, Any]:
+    async def info(self) -> ServerInfo:
         if self.server is not None:
             return await self.server.info()
-        return self.service.info().to_wire()
+        return self.service.info()
 
     def close(self) -> None:
         """Unmap an attached store and close its server's connection (a standalone store stays)."""

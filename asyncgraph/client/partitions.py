@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -19,6 +19,7 @@ from asyncgraph.errors import (
 )
 from asyncgraph.net import ATTEMPT_TIMEOUT, Connection, open_retrying
 from asyncgraph.partition.book import RangePartitionBook
+from asyncgraph.protocol.info import ServerInfo, SharedMemoryInfo
 from asyncgraph.protocol.ops import Op
 from asyncgraph.service import Partition, PartitionService, boot_id
 from asyncgraph.service.limits import REPLY_OVERHEAD
@@ -151,7 +152,8 @@ async def open_partitions(
         )
 
     try:
-        infos = await asyncio.gather(*(c.call(Op.INFO, {}, call_timeout) for c in opened))
+        answers = await asyncio.gather(*(c.call(Op.INFO, {}, call_timeout) for c in opened))
+        infos = [ServerInfo.from_wire(a) for a in answers]
         served = await _from_infos(opened, infos, call_timeout, use_shared_memory, ATTEMPT_TIMEOUT, wanted)
     except BaseException:
         for c in opened:
@@ -164,7 +166,7 @@ async def open_partitions(
 
 async def _add_replicas(
     served: ServedGraph,
-    infos: list[dict[str, Any]],
+    infos: list[ServerInfo],
     call_timeout: float,
     open_replica: Callable[[str, int], Awaitable[Connection]],
 ) -> None:
@@ -179,11 +181,11 @@ async def _add_replicas(
         conn: Connection | None = None
         try:
             conn = await open_replica(primary.conn.host, port)
-            info = await conn.call(Op.INFO, {}, call_timeout)
+            info = ServerInfo.from_wire(await conn.call(Op.INFO, {}, call_timeout))
             if (
-                info.get("role") != "replica"
-                or info.get("part_id") != primary.part_id
-                or info.get("primary_instance") != instance
+                info.role != "replica"
+                or info.part_id != primary.part_id
+                or info.primary_instance != instance
             ):
                 raise InvalidRequestError(f"{where} is not a replica of {primary.name}")
         except (AsyncGraphError, OSError) as exc:
@@ -198,8 +200,7 @@ async def _add_replicas(
     jobs: list[tuple[int, Awaitable[RemotePartition | None]]] = []
     for index, (part, info) in enumerate(zip(served.partitions, infos, strict=True)):
         if isinstance(part, RemotePartition):
-            instance = info.get("instance")
-            jobs += [(index, one(part, int(port), instance)) for port in info.get("replicas") or ()]
+            jobs += [(index, one(part, port, info.instance)) for port in info.replicas]
     if not jobs:
         return
     found = await asyncio.gather(*(job for _, job in jobs))
@@ -217,66 +218,67 @@ async def _add_replicas(
             return one(primary, port, instance)
 
         served.partitions[index] = ReplicatedPartition(
-            primary, replicas, writes_via_primary=bool(infos[index].get("durable", False)), reopen=reopen
+            primary, replicas, writes_via_primary=infos[index].durable, reopen=reopen
         )
 
 
 async def _from_infos(
     conns: list[Connection],
-    infos: list[dict[str, Any]],
+    infos: list[ServerInfo],
     call_timeout: float,
     use_shared_memory: bool,
     timeout: float,
     wanted: frozenset[int] | None,
 ) -> ServedGraph:
     first = infos[0]
-    book = RangePartitionBook.from_dict(first["book"])
+    book = RangePartitionBook.from_dict(first.book)
     if len(conns) != book.num_partitions():
         raise InvalidRequestError(
-            f"graph {first['graph_name']!r} has {book.num_partitions()} partitions "
+            f"graph {first.graph_name!r} has {book.num_partitions()} partitions "
             f"but {len(conns)} servers were given"
         )
     for i, info in enumerate(infos):
-        if info["part_id"] != i:
+        if info.part_id != i:
             raise InvalidRequestError(
-                f"server {conns[i].name} serves partition {info['part_id']}, expected {i}: "
+                f"server {conns[i].name} serves partition {info.part_id}, expected {i}: "
                 "list servers in partition order"
             )
-        if info["graph_name"] != first["graph_name"] or RangePartitionBook.from_dict(info["book"]) != book:
+        if info.graph_name != first.graph_name or RangePartitionBook.from_dict(info.book) != book:
             raise InvalidRequestError(f"server {conns[i].name} serves a different graph or partitioning")
     here = boot_id()
     partitions: list[Partition] = []
     for conn, info in zip(conns, infos, strict=True):
-        frame = min(conn.max_frame_size, int(info.get("max_frame_size", conn.max_frame_size)))
-        part: Partition = RemotePartition(info["part_id"], conn, call_timeout, max_frame_size=frame)
-        shm = info.get("shm")
+        limit = info.max_frame_size if info.max_frame_size is not None else conn.max_frame_size
+        frame = min(conn.max_frame_size, limit)
+        part: Partition = RemotePartition(info.part_id, conn, call_timeout, max_frame_size=frame)
+        shm = info.shm
         if (
             use_shared_memory
-            and shm
-            and info.get("boot_id") == here
-            and (wanted is None or info["part_id"] in wanted)
+            and shm is not None
+            and info.boot_id == here
+            and (wanted is None or info.part_id in wanted)
         ):
             store = await _try_attach(shm, timeout)
             if store is not None:
                 part = LocalPartition(
-                    PartitionService(store), server=part, shm=shm, instance=info.get("instance")
+                    PartitionService(store), server=part, shm=shm, instance=info.instance
                 )
         partitions.append(part)
     return ServedGraph(
-        first["graph_name"],
+        first.graph_name,
         book,
         partitions,
         conns,
-        first["num_clients"],
-        [TensorMeta.from_dict(m) for m in first["tensors"]],
+        first.num_clients,
+        [TensorMeta.from_dict(m) for m in first.tensors],
     )
 
 
-async def _try_attach(shm: Mapping[str, Any], timeout: float) -> PartitionStore | None:
+async def _try_attach(shm: SharedMemoryInfo, timeout: float) -> PartitionStore | None:
     from asyncgraph.storage.fdpass import attach_store
 
     try:
-        return await asyncio.to_thread(attach_store, shm["address"], shm["token"], timeout=timeout)
+        return await asyncio.to_thread(attach_store, shm.address, shm.token, timeout=timeout)
     except (AsyncGraphError, OSError) as exc:
         log.info("shared memory unavailable (%s); using the socket", exc)
         return None

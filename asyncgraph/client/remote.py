@@ -13,6 +13,7 @@ import numpy as np
 
 from asyncgraph.net.connection import Connection
 from asyncgraph.protocol.framing import DEFAULT_MAX_FRAME_SIZE
+from asyncgraph.protocol.info import ServerInfo
 from asyncgraph.protocol.ops import (
     CreateTensorArgs,
     DegreesArgs,
@@ -168,9 +169,8 @@ class RemotePartition:
         metas = await self.conn.call(Op.LIST_TENSORS, {}, self.timeout)
         return [TensorMeta.from_dict(m) for m in metas]
 
-    async def info(self) -> dict[str, Any]:
-        result: dict[str, Any] = await self.conn.call(Op.INFO, {}, self.timeout)
-        return result
+    async def info(self) -> ServerInfo:
+        return ServerInfo.from_wire(await self.conn.call(Op.INFO, {}, self.timeout))
 
     def close(self) -> None:
         self.conn.close()

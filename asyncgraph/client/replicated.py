@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from asyncgraph.errors import AsyncGraphError, ServerUnavailableError
+from asyncgraph.protocol.info import ServerInfo
 from asyncgraph.protocol.ops import Op, SampleEdgesArgs
 from asyncgraph.service.base import SampledRows
 from asyncgraph.storage.store import TensorMeta
@@ -110,12 +111,12 @@ class ReplicatedPartition:
         assert self._reopen is not None
         try:
             info = await self.primary.info()
-            listed = [int(p) for p in info.get("replicas") or ()]
+            listed = list(info.replicas)
             serving = {m.conn.port for m in self._members if m is not self.primary}
             for port in listed:
                 if port in serving:
                     continue
-                replica = await self._reopen(port, info.get("instance"))
+                replica = await self._reopen(port, info.instance)
                 if replica is None:
                     continue
                 if self.primary.closed:
@@ -201,7 +202,7 @@ class ReplicatedPartition:
     async def list_tensors(self) -> list[TensorMeta]:
         return await self.primary.list_tensors()
 
-    async def info(self) -> dict[str, Any]:
+    async def info(self) -> ServerInfo:
         return await self.primary.info()
 
     def close(self) -> None:

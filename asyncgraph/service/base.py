@@ -7,6 +7,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from asyncgraph.protocol.info import ServerInfo
 from asyncgraph.protocol.ops import Op, SampleEdgesArgs
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
@@ -100,6 +101,6 @@ class Partition(Protocol):
 
     async def list_tensors(self) -> list[TensorMeta]: ...
 
-    async def info(self) -> dict[str, Any]: ...
+    async def info(self) -> ServerInfo: ...
 
     def close(self) -> None: ...
