@@ -1,0 +1,307 @@
+"""Hosts made from Linux network namespaces, for tests of what only happens between machines.
+
+``NetHosts(n)`` (2 by default, up to 4) builds, under a per-run name prefix:
+
+* a bridge ``br0`` held in its own namespace (``<prefix>br``, address 198.18.0.1), and per host
+  a namespace ``<prefix>h<i>`` joined to it by a veth pair (``eth0`` inside, 198.18.0.1<i>/24)
+  with ``lo`` up. Addresses are in 198.18.0.0/15 only (RFC 2544, reserved for benchmarking);
+* per host a mount and UTS namespace (``unshare -m --propagation private -u``) with its own
+  host name, a private tmpfs on ``/dev/shm``, a stock-Debian ``/etc/hosts`` (its own name on
+  127.0.1.1, the classic ``torch.distributed`` trap; the other hosts by name), an
+  ``/etc/ssh/ssh_config`` that trusts the run's throwaway keys, and optionally a private data
+  folder (``private_data=True``: ``data_dir`` is a different folder on every host, the
+  no-shared-file-system case);
+* ``sshd`` (Debian's openssh-server) on port 22 of each host, started inside that mount
+  namespace so every session shares it; the working tree is visible on every host, as NFS is.
+
+A host's ``pid`` is its sshd: ``host.argv(cmd)`` runs ``cmd`` inside the host's network, mount
+and UTS namespaces (``nsenter``; not ``ip netns exec``, which remounts ``/sys``). Everything
+(processes in the namespaces, found by PID through ``/proc/*/ns/net``; namespaces, with their
+mounts and links; keys) is removed by ``close()``, which the fixtures call even when a test
+fails. ``skip_reason()`` says why these hosts cannot be made here (not root, a tool missing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SUBNET = "198.18.0"  # inside 198.18.0.0/15 (RFC 2544); never any other range
+BRIDGE_ADDR = f"{SUBNET}.1"
+TOOLS = ("ip", "nsenter", "unshare", "mount", "ssh", "ssh-keygen", "tc")
+SSHD = "/usr/sbin/sshd"
+
+
+def skip_reason() -> str | None:
+    """Why namespace hosts cannot be made here, or None when they can."""
+    if os.geteuid() != 0:
+        return "multi-host tests need root (network namespaces, mounts); CI runs them as root"
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    if not Path(SSHD).exists():
+        missing.append("sshd")
+    if missing:
+        return f"multi-host tests need {', '.join(missing)} (run ops/ci/system-deps.sh as root)"
+    return None
+
+
+def _run(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip() or done.stdout.strip()}")
+    return done
+
+
+def _netns_inode(pid_or_path: int | str) -> int | None:
+    path = f"/proc/{pid_or_path}/ns/net" if isinstance(pid_or_path, int) else pid_or_path
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+@dataclass
+class Host:
+    """One namespace host: its name (also its host name), address and sshd's PID."""
+
+    name: str
+    addr: str
+    index: int
+    dir: Path
+    pid: int = 0
+    sshd: subprocess.Popen[bytes] | None = None
+    veth: str = ""
+    started: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def argv(self, argv: Sequence[str], cwd: str | os.PathLike[str] | None = None) -> list[str]:
+        """``argv`` run inside this host's network, mount and UTS namespaces."""
+        wd = os.fspath(cwd) if cwd is not None else os.getcwd()
+        return ["nsenter", "-t", str(self.pid), "-n", "-m", "-u", f"--wd={wd}", "--", *argv]
+
+    def run(self, argv: Sequence[str], timeout: float = 60, **kw: object) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` on this host to its end; its output as text."""
+        return subprocess.run(self.argv(argv), capture_output=True, text=True, timeout=timeout, **kw)  # type: ignore[call-overload, no-any-return]
+
+    def popen(self, argv: Sequence[str], **kw: object) -> subprocess.Popen[bytes]:
+        """Start ``argv`` on this host (``nsenter`` execs it: the PID is the command's)."""
+        proc: subprocess.Popen[bytes] = subprocess.Popen(self.argv(argv), **kw)  # type: ignore[call-overload]
+        self.started.append(proc)
+        return proc
+
+    @property
+    def netns_path(self) -> str:
+        return f"/run/netns/{self.name}"
+
+    def pids(self) -> list[int]:
+        """Every process in this host's network namespace, sshd included."""
+        inode = _netns_inode(self.netns_path)
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and inode is not None and _netns_inode(int(entry)) == inode:
+                found.append(int(entry))
+        return found
+
+    def job_pids(self) -> list[int]:
+        """Processes in this host other than its sshd listener (a finished job leaves none)."""
+        return [p for p in self.pids() if p != self.pid]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "?"
+
+
+class NetHosts:
+    """``n`` namespace hosts on one bridge; a context manager that removes them all."""
+
+    def __init__(self, n: int = 2, *, private_data: bool = False, shm_size: str = "512m") -> None:
+        if not 1 <= n <= 4:
+            raise ValueError(f"1 to 4 hosts, not {n}")
+        self.n = n
+        self.private_data = private_data
+        self.shm_size = shm_size
+        self.prefix = "ag" + secrets.token_hex(3)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-"))
+        self.tmp.chmod(0o755)
+        self.bridge_ns = f"{self.prefix}br"
+        self.hosts: list[Host] = []
+        self.data_dir = self.tmp / "data"  # a different folder on each host with private_data
+        self.namespaces: list[str] = []
+
+    # --- building -------------------------------------------------------------------------
+    def __enter__(self) -> NetHosts:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        reason = skip_reason()
+        if reason:
+            raise RuntimeError(reason)
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation folder
+        keys = self.tmp / "keys"
+        keys.mkdir(mode=0o700)
+        for key in ("host_key", "client_key"):
+            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.prefix, "-f", str(keys / key)])
+        shutil.copy(keys / "client_key.pub", keys / "authorized_keys")
+        self.hosts = [
+            Host(f"{self.prefix}h{i + 1}", f"{SUBNET}.{11 + i}", i, self.tmp / f"h{i + 1}") for i in range(self.n)
+        ]
+        host_pub = (keys / "host_key.pub").read_text().split()[:2]
+        names = ",".join(f"{h.addr},{h.name}" for h in self.hosts)
+        (keys / "known_hosts").write_text(f"{names},{BRIDGE_ADDR} {' '.join(host_pub)}\n")
+        (self.tmp / "ssh_config").write_text(
+            "Host *\n"
+            f"    IdentityFile {keys / 'client_key'}\n"
+            f"    UserKnownHostsFile {keys / 'known_hosts'}\n"
+            "    StrictHostKeyChecking yes\n"
+            "    BatchMode yes\n"
+            "    LogLevel ERROR\n"
+            "    ConnectTimeout 5\n"
+        )
+        self.data_dir.mkdir()
+        self._bridge()
+        for host in self.hosts:
+            self._host(host, keys)
+        deadline = time.monotonic() + 10
+        for host in self.hosts:
+            while not self._listening(host.pid, 22):
+                assert host.sshd is not None
+                if host.sshd.poll() is not None:
+                    raise RuntimeError(f"sshd on {host.name} exited with status {host.sshd.returncode}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"sshd on {host.name} not listening after 10 s")
+                time.sleep(0.02)
+
+    def _bridge(self) -> None:
+        ns = self.bridge_ns
+        _run(["ip", "netns", "add", ns])
+        self.namespaces.append(ns)
+        _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        _run(["ip", "-n", ns, "link", "add", "br0", "type", "bridge"])
+        _run(["ip", "-n", ns, "addr", "add", f"{BRIDGE_ADDR}/24", "dev", "br0"])
+        _run(["ip", "-n", ns, "link", "set", "br0", "up"])
+
+    def _host(self, host: Host, keys: Path) -> None:
+        ns = host.name
+        _run(["ip", "netns", "add", ns])
+        self.namespaces.append(ns)
+        inner, outer = f"{self.prefix}v{host.index}", f"{self.prefix}b{host.index}"
+        host.veth = outer
+        _run(["ip", "link", "add", inner, "netns", ns, "type", "veth", "peer", "name", outer, "netns", self.bridge_ns])
+        _run(["ip", "-n", ns, "link", "set", inner, "name", "eth0"])
+        _run(["ip", "-n", ns, "addr", "add", f"{host.addr}/24", "dev", "eth0"])
+        _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+        _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        _run(["ip", "-n", self.bridge_ns, "link", "set", outer, "master", "br0", "up"])
+        host.dir.mkdir()
+        others = "".join(f"{h.addr}\t{h.name}\n" for h in self.hosts if h is not host)
+        (host.dir / "hosts").write_text(
+            f"127.0.0.1\tlocalhost\n127.0.1.1\t{host.name}\n{others}"  # Debian's stock layout
+        )
+        (host.dir / "sshd_config").write_text(
+            "Port 22\n"
+            f"ListenAddress {host.addr}\n"
+            f"HostKey {keys / 'host_key'}\n"
+            f"AuthorizedKeysFile {keys / 'authorized_keys'}\n"
+            "PermitRootLogin prohibit-password\n"
+            "PasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\n"
+            "UsePAM no\n"
+            "StrictModes no\n"
+            "PidFile none\n"
+            "MaxStartups 200\n"
+            "MaxSessions 200\n"
+            "LogLevel ERROR\n"
+        )
+        (host.dir / "data").mkdir()
+        mounts = [
+            f"mount -t tmpfs -o size={self.shm_size},mode=1777 tmpfs /dev/shm",
+            f"mount --bind {host.dir / 'hosts'} /etc/hosts",
+            f"mount --bind {self.tmp / 'ssh_config'} /etc/ssh/ssh_config",
+        ]
+        if self.private_data:
+            mounts.append(f"mount --bind {host.dir / 'data'} {self.data_dir}")
+        script = " && ".join(["set -e", f"hostname {host.name}", *mounts, f"exec {SSHD} -D -e -f {host.dir / 'sshd_config'}"])
+        log = open(host.dir / "sshd.log", "wb")  # noqa: SIM115 - closed with the process
+        host.sshd = subprocess.Popen(
+            ["nsenter", f"--net={host.netns_path}", "unshare", "-m", "--propagation", "private", "-u", "sh", "-c", script],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+        host.pid = host.sshd.pid  # nsenter, unshare and sh each exec the next: this is sshd
+
+    @staticmethod
+    def _listening(pid: int, port: int) -> bool:
+        """Whether the network namespace of ``pid`` has a TCP listener on ``port``."""
+        try:
+            lines = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
+        except OSError:
+            return False
+        want = f":{port:04X}"
+        return any(f[1].endswith(want) and f[3] == "0A" for f in (line.split() for line in lines))
+
+    # --- using ----------------------------------------------------------------------------
+    def __getitem__(self, index: int) -> Host:
+        return self.hosts[index]
+
+    def ip_config(self, path: Path, ports: Sequence[int] | None = None) -> Path:
+        """An ip_config listing every host's address (and ``ports``, when given), one a line."""
+        lines = [f"{h.addr} {ports[i]}" if ports else h.addr for i, h in enumerate(self.hosts)]
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """Per host, the command lines of processes other than its sshd (none: nothing leaked)."""
+        return {h.name: [f"{p}: {_cmdline(p)}" for p in h.job_pids()] for h in self.hosts if h.job_pids()}
+
+    def link(self, index: int, up: bool) -> None:
+        """Take host ``index``'s link down (its bridge end, so the host cannot tell) or up."""
+        _run(["ip", "-n", self.bridge_ns, "link", "set", self.hosts[index].veth, "up" if up else "down"])
+
+    def shape(self, index: int, rate: str | None, burst: str = "256kb", latency: str = "50ms") -> None:
+        """``tc qdisc tbf`` at ``rate`` (e.g. ``1gbit``) on host ``index``'s egress; None removes it."""
+        ns = self.hosts[index].name
+        _run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
+        if rate is not None:
+            _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
+                  "rate", rate, "burst", burst, "latency", latency])  # fmt: skip
+
+    # --- removing -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Kill every process in the hosts (by PID), delete the namespaces and the keys."""
+        for host in self.hosts:
+            for _ in range(50):
+                pids = host.pids()
+                if not pids:
+                    break
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                time.sleep(0.02)
+            for proc in [*host.started, *([host.sshd] if host.sshd else [])]:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=5)
+        for ns in reversed(self.namespaces):
+            _run(["ip", "netns", "del", ns], check=False)
+        self.namespaces.clear()
+        shutil.rmtree(self.tmp, ignore_errors=True)
