@@ -110,8 +110,16 @@ class Host:
         return found
 
     def job_pids(self) -> list[int]:
-        """Processes in this host other than its sshd listener (a finished job leaves none)."""
-        return [p for p in self.pids() if p != self.pid]
+        """Processes in this host other than sshd (its listener, and a session whose connection
+        was cut, which lingers until TCP gives up): a finished job leaves none."""
+        return [p for p in self.pids() if p != self.pid and not _is_sshd(p)]
+
+
+def _is_sshd(pid: int) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/exe") == SSHD
+    except OSError:
+        return False
 
 
 def _cmdline(pid: int) -> str:
@@ -161,7 +169,8 @@ class NetHosts:
             _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.prefix, "-f", str(keys / key)])
         shutil.copy(keys / "client_key.pub", keys / "authorized_keys")
         self.hosts = [
-            Host(f"{self.prefix}h{i + 1}", f"{SUBNET}.{11 + i}", i, self.tmp / f"h{i + 1}") for i in range(self.n)
+            Host(f"{self.prefix}h{i + 1}", f"{SUBNET}.{11 + i}", i, self.tmp / f"h{i + 1}")
+            for i in range(self.n)
         ]
         host_pub = (keys / "host_key.pub").read_text().split()[:2]
         names = ",".join(f"{h.addr},{h.name}" for h in self.hosts)
@@ -204,7 +213,23 @@ class NetHosts:
         self.namespaces.append(ns)
         inner, outer = f"{self.prefix}v{host.index}", f"{self.prefix}b{host.index}"
         host.veth = outer
-        _run(["ip", "link", "add", inner, "netns", ns, "type", "veth", "peer", "name", outer, "netns", self.bridge_ns])
+        _run(
+            [
+                "ip",
+                "link",
+                "add",
+                inner,
+                "netns",
+                ns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                outer,
+                "netns",
+                self.bridge_ns,
+            ]
+        )
         _run(["ip", "-n", ns, "link", "set", inner, "name", "eth0"])
         _run(["ip", "-n", ns, "addr", "add", f"{host.addr}/24", "dev", "eth0"])
         _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
@@ -238,10 +263,23 @@ class NetHosts:
         ]
         if self.private_data:
             mounts.append(f"mount --bind {host.dir / 'data'} {self.data_dir}")
-        script = " && ".join(["set -e", f"hostname {host.name}", *mounts, f"exec {SSHD} -D -e -f {host.dir / 'sshd_config'}"])
+        script = " && ".join(
+            ["set -e", f"hostname {host.name}", *mounts, f"exec {SSHD} -D -e -f {host.dir / 'sshd_config'}"]
+        )
         log = open(host.dir / "sshd.log", "wb")  # noqa: SIM115 - closed with the process
         host.sshd = subprocess.Popen(
-            ["nsenter", f"--net={host.netns_path}", "unshare", "-m", "--propagation", "private", "-u", "sh", "-c", script],
+            [
+                "nsenter",
+                f"--net={host.netns_path}",
+                "unshare",
+                "-m",
+                "--propagation",
+                "private",
+                "-u",
+                "sh",
+                "-c",
+                script,
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -287,6 +325,18 @@ class NetHosts:
                   "rate", rate, "burst", burst, "latency", latency])  # fmt: skip
 
     # --- removing -------------------------------------------------------------------------
+    def close_jobs(self) -> None:
+        """Kill every process in the hosts but their sshd listeners (between tests)."""
+        for host in self.hosts:
+            for _ in range(50):
+                pids = [p for p in host.pids() if p != host.pid]
+                if not pids:
+                    break
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                time.sleep(0.02)
+
     def close(self) -> None:
         """Kill every process in the hosts (by PID), delete the namespaces and the keys."""
         for host in self.hosts:

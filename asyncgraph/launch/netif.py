@@ -1,0 +1,112 @@
+"""Which host is this, and which interface reaches the rendezvous: what a multi-host launch must
+decide on each host rather than assume.
+
+``torch.distributed``'s gloo and nccl advertise the address this host's *name* resolves to
+unless ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` name an interface. Stock Debian/Ubuntu map
+the name to 127.0.1.1, so peers on other hosts dial a loopback address ("Gloo connectFullMesh
+failed ... Connection refused"). :func:`rendezvous_env` picks, on the host it runs on, the
+interface whose address routes to ``MASTER_ADDR``, unless the user chose one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import socket
+import struct
+
+__all__ = [
+    "IFNAME_VARS",
+    "is_loopback",
+    "is_this_host",
+    "rendezvous_env",
+    "route_interface",
+    "source_address",
+]
+
+#: The variables naming the interface gloo and nccl use (set by the user: left alone).
+IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+_SIOCGIFADDR = 0x8915
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is ``localhost`` or a loopback address."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def is_this_host(host: str) -> bool:
+    """Whether ``host`` is this machine: loopback, its own name, or an address one of its
+    interfaces holds (a socket can bind it)."""
+    if host in ("localhost", socket.gethostname()):
+        return True
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if addr.is_loopback:
+        return True
+    family = socket.AF_INET6 if addr.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.bind((host, 0))
+        except OSError:
+            return False
+    return True
+
+
+def source_address(target: str, port: int = 9) -> str | None:
+    """The local address this host's routing table uses to reach ``target`` (no packet is sent)."""
+    try:
+        infos = socket.getaddrinfo(target, port, type=socket.SOCK_DGRAM)
+    except OSError:
+        return None
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as sock:
+            try:
+                sock.connect(sockaddr)
+            except OSError:
+                continue
+            return str(sock.getsockname()[0])
+    return None
+
+
+def _ipv4_of(name: str) -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            packed = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def route_interface(target: str) -> str | None:
+    """The interface holding the address that reaches ``target`` (``eth0``, ``ib0``...), or None.
+
+    None for a loopback target (nothing to choose) or when no interface holds the address.
+    """
+    source = source_address(target)
+    if source is None:
+        return None
+    with contextlib.suppress(ValueError):
+        if ipaddress.ip_address(source).is_loopback:
+            return None
+    for _, name in socket.if_nameindex():
+        if _ipv4_of(name) == source:
+            return name
+    return None
+
+
+def rendezvous_env(master_addr: str, env: dict[str, str]) -> dict[str, str]:
+    """``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` for this host, for those ``env`` lacks:
+    the interface routing to ``master_addr``. Empty when the user set both or none applies."""
+    wanted = [name for name in IFNAME_VARS if name not in env]
+    if not wanted:
+        return {}
+    ifname = route_interface(master_addr)
+    return {name: ifname for name in wanted} if ifname else {}

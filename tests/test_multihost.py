@@ -1,0 +1,196 @@
+"""``python -m asyncgraph.launch`` across two hosts made from network namespaces (tests/nethosts.py).
+
+Each host has its own network stack, ``/dev/shm``, ``/etc/hosts`` (its name on 127.0.1.1, as
+stock Debian has it) and sshd; the working tree is shared, as on a cluster with NFS. The
+launcher runs on host 1 and reaches host 2 (and the servers, and gloo) over 198.18.0.0/15.
+Skipped where these hosts cannot be made (not root, no ``ip``/``sshd``): CI runs them as root
+after ``ops/ci/system-deps.sh``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from nethosts import NetHosts, skip_reason
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = [sys.executable, "examples/train_dist.py", "--no-progress", "--eval-every", "0"]
+
+pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
+
+
+@pytest.fixture(scope="module")
+def nethosts() -> Iterator[NetHosts]:
+    with NetHosts(2) as nh:
+        yield nh
+
+
+@pytest.fixture
+def hosts(nethosts: NetHosts) -> Iterator[NetHosts]:
+    """The two hosts; whatever a test left running on them is killed after it (by PID)."""
+    yield nethosts
+    for host in nethosts.hosts:
+        for proc in host.started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+        host.started.clear()
+    nethosts.close_jobs()
+
+
+class Launched:
+    """The launcher running on host 1, its output collected line by line."""
+
+    def __init__(self, nh: NetHosts, argv: list[str]) -> None:
+        self.lines: list[str] = []
+        self.proc = nh[0].popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+
+    def wait_for(self, pattern: str, limit: float) -> None:
+        deadline = time.monotonic() + limit
+        while not any(re.search(pattern, line) for line in self.lines):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"no line matching {pattern!r}:\n" + self.text)
+            time.sleep(0.05)
+
+    def finish(self, limit: float) -> int:
+        code = self.proc.wait(timeout=limit)
+        self.reader.join(timeout=5)
+        return code
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def launch_argv(nh: NetHosts, part_config: Path, *extra: str) -> list[str]:
+    ip_config = nh.ip_config(nh.tmp / "ip_config.txt")  # addresses only, as a user writes it
+    return [sys.executable, "-m", "asyncgraph.launch", "--part-config", str(part_config),
+            "--ip-config", str(ip_config), *extra]  # fmt: skip
+
+
+def wait_no_leftovers(nh: NetHosts, limit: float) -> None:
+    deadline = time.monotonic() + limit
+    while nh.leftovers():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"processes outlived the job: {nh.leftovers()}")
+        time.sleep(0.1)
+
+
+def visible_anywhere(nh: NetHosts, needle: bytes) -> list[str]:
+    """Processes on any host whose argv or environment holds ``needle``."""
+    found = []
+    for host in nh.hosts:
+        for pid in host.pids():
+            for what in ("cmdline", "environ"):
+                try:
+                    if needle in Path(f"/proc/{pid}/{what}").read_bytes():
+                        found.append(f"{host.name} pid {pid} {what}")
+                except OSError:
+                    pass
+    return found
+
+
+def test_readme_launch_trains_across_two_hosts(hosts: NetHosts, pubmed2, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The README's launched run, unchanged but for --ip-config: trains, binds the configured
+    addresses, picks the interface routing to MASTER_ADDR on each host, keeps the secret off
+    argv/environ/shared files, and leaves no process on either host."""
+    secret = os.urandom(16).hex()
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(secret)
+    secret_file.chmod(0o600)
+    before = set(os.listdir(ROOT))
+    argv = launch_argv(
+        hosts, pubmed2.part_config, "--secret-file", str(secret_file), "--", *TRAIN, "--epochs", "1"
+    )
+    run = Launched(hosts, argv)
+    run.wait_for(r"\[trainer 0\] DistGraph", 120)
+    leaks = visible_anywhere(hosts, secret.encode())
+    code = run.finish(180)
+    assert code == 0, run.text
+    assert "[trainer 0] RESULT" in run.text, run.text  # rank 0 reports for the job
+    assert "role=trainer count=2 exit_codes=0,0 failed=0" in run.text, run.text
+    # each server bound the address the ip_config names, not 0.0.0.0
+    for index, host in enumerate(hosts.hosts):
+        assert re.search(
+            rf"\[server {index}\] .*partition {index} on {re.escape(host.addr)}:\d+", run.text
+        ), run.text
+    # gloo's interface chosen on each host (its name resolves to 127.0.1.1 there)
+    assert "trainers on this host: GLOO_SOCKET_IFNAME=eth0" in run.text, run.text
+    assert f"trainer 1 on {hosts[1].addr}: GLOO_SOCKET_IFNAME=eth0" in run.text, run.text
+    assert leaks == [], leaks
+    assert set(os.listdir(ROOT)) == before  # nothing (ready files, secret) put in the shared folder
+    wait_no_leftovers(hosts, 5)
+
+
+def test_sigkilled_launcher_mid_epoch_leaves_no_process_on_any_host(hosts: NetHosts, pubmed2) -> None:  # type: ignore[no-untyped-def]
+    run = Launched(hosts, launch_argv(hosts, pubmed2.part_config, "--", *TRAIN, "--epochs", "200"))
+    run.wait_for(r"\[trainer 0\] epoch +0 ", 120)
+    assert hosts[1].job_pids(), "the job runs on host 2"
+    run.proc.send_signal(signal.SIGKILL)
+    run.finish(10)
+    wait_no_leftovers(hosts, 10)
+
+
+def sleeper(rank_fails: int | None = None, status: int = 3) -> list[str]:
+    """A trainer command that sleeps (and, on ``rank_fails``, exits with ``status`` at once)."""
+    code = "import os, sys, time\n"
+    if rank_fails is not None:
+        code += f"if os.environ['RANK'] == '{rank_fails}': print('failing', flush=True); sys.exit({status})\n"
+    code += "print('sleeping', flush=True); time.sleep(120)\n"
+    return [sys.executable, "-c", code]
+
+
+def test_failed_remote_trainer_stops_every_process(hosts: NetHosts, cora2) -> None:  # type: ignore[no-untyped-def]
+    run = Launched(hosts, launch_argv(hosts, cora2.part_config, "--", *sleeper(rank_fails=1)))
+    assert run.finish(60) == 3, run.text
+    assert "trainer 1 failed with status 3" in run.text
+    wait_no_leftovers(hosts, 5)
+
+
+def test_env_and_ssh_options_cross_to_the_remote_host(hosts: NetHosts, cora2) -> None:  # type: ignore[no-untyped-def]
+    show = (
+        "import os; print('seen', os.environ.get('AG_FLAG'), os.environ.get('AG_KEEP'), os.environ['RANK'])"
+    )
+    argv = launch_argv(
+        hosts, cora2.part_config, "--env", "AG_FLAG=on", "--env", "AG_KEEP",
+        "--ssh-port", "22", "--ssh-username", "root", "--ssh-option=-o ConnectTimeout=7",
+        "--", sys.executable, "-c", show,
+    )  # fmt: skip
+    run = Launched(hosts, ["env", "AG_KEEP=kept", *argv])
+    assert run.finish(60) == 0, run.text
+    assert "[trainer 1] seen on kept 1" in run.text and "[trainer 0] seen on kept 0" in run.text
+    wait_no_leftovers(hosts, 5)
+
+
+def test_host_cut_off_stops_its_processes_by_heartbeat(hosts: NetHosts, cora2) -> None:  # type: ignore[no-untyped-def]
+    """Host 2's link goes down (no FIN, no RST): its agent hears no heartbeat and stops the job
+    there; the launcher, whose ssh keep-alives fail, stops the rest."""
+    argv = launch_argv(hosts, cora2.part_config, "--heartbeat-timeout", "2", "--", *sleeper())
+    run = Launched(hosts, argv)
+    run.wait_for(r"\[trainer 1\] sleeping", 60)
+    hosts.link(1, up=False)
+    try:
+        deadline = time.monotonic() + 8
+        while hosts[1].job_pids() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not hosts[1].job_pids(), hosts.leftovers()
+    finally:
+        hosts.link(1, up=True)
+    assert run.finish(30) != 0
+    wait_no_leftovers(hosts, 10)
