@@ -34,17 +34,35 @@ def nethosts() -> Iterator[NetHosts]:
         yield nh
 
 
-@pytest.fixture
-def hosts(nethosts: NetHosts) -> Iterator[NetHosts]:
-    """The two hosts; whatever a test left running on them is killed after it (by PID)."""
-    yield nethosts
-    for host in nethosts.hosts:
+@pytest.fixture(scope="module")
+def private_hosts() -> Iterator[NetHosts]:
+    """Two hosts sharing no data folder: ``data_dir`` is a different folder on each."""
+    with NetHosts(2, private_data=True) as nh:
+        yield nh
+
+
+def _tidy(nh: NetHosts) -> None:
+    for host in nh.hosts:
         for proc in host.started:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=10)
         host.started.clear()
-    nethosts.close_jobs()
+    nh.close_jobs()
+
+
+@pytest.fixture
+def hosts(nethosts: NetHosts) -> Iterator[NetHosts]:
+    """The two hosts; whatever a test left running on them is killed after it (by PID)."""
+    yield nethosts
+    _tidy(nethosts)
+
+
+@pytest.fixture
+def apart(private_hosts: NetHosts) -> Iterator[NetHosts]:
+    """The two hosts without a shared data folder, tidied after each test."""
+    yield private_hosts
+    _tidy(private_hosts)
 
 
 class Launched:
@@ -138,13 +156,29 @@ def test_readme_launch_trains_across_two_hosts(hosts: NetHosts, pubmed2, tmp_pat
     wait_no_leftovers(hosts, 5)
 
 
-def test_sigkilled_launcher_mid_epoch_leaves_no_process_on_any_host(hosts: NetHosts, pubmed2) -> None:  # type: ignore[no-untyped-def]
-    run = Launched(hosts, launch_argv(hosts, pubmed2.part_config, "--", *TRAIN, "--epochs", "200"))
+def test_staged_without_shared_files_then_sigkilled_mid_epoch_leaves_nothing(
+    apart: NetHosts, pubmed2
+) -> None:  # type: ignore[no-untyped-def]
+    """No shared data folder: ``stage`` copies each partition to its host only, the job trains
+    from the staged copies; SIGKILL of the launcher mid-epoch leaves no process on any host."""
+    ip_config = apart.ip_config(apart.tmp / "ip_config.txt")
+    dest = apart.data_dir
+    stage = [sys.executable, "-m", "asyncgraph.launch.stage", "--part-config", str(pubmed2.part_config),
+             "--ip-config", str(ip_config), "--dest", str(dest),
+             "--ssh-port", "22", "--ssh-option=-o ConnectTimeout=9"]  # fmt: skip
+    done = apart[0].run(stage, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for index, host in enumerate(apart.hosts):
+        listing = host.run(["ls", str(dest)]).stdout.split()
+        assert f"part{index}" in listing and f"part{1 - index}" not in listing, listing
+    assert os.listdir(dest) == []  # nothing landed in the folder this (root) namespace sees
+    staged = dest / pubmed2.part_config.name
+    run = Launched(apart, launch_argv(apart, staged, "--", *TRAIN, "--epochs", "200"))
     run.wait_for(r"\[trainer 0\] epoch +0 ", 120)
-    assert hosts[1].job_pids(), "the job runs on host 2"
+    assert apart[1].job_pids(), "the job runs on host 2"
     run.proc.send_signal(signal.SIGKILL)
     run.finish(10)
-    wait_no_leftovers(hosts, 10)
+    wait_no_leftovers(apart, 10)
 
 
 def sleeper(rank_fails: int | None = None, status: int = 3) -> list[str]:
