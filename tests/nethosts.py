@@ -145,6 +145,7 @@ class NetHosts:
         self.hosts: list[Host] = []
         self.data_dir = self.tmp / "data"  # a different folder on each host with private_data
         self.namespaces: list[str] = []
+        self.bridge_started: list[subprocess.Popen[bytes]] = []
 
     # --- building -------------------------------------------------------------------------
     def __enter__(self) -> NetHosts:
@@ -302,6 +303,17 @@ class NetHosts:
     def __getitem__(self, index: int) -> Host:
         return self.hosts[index]
 
+    def bridge_argv(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` run in the bridge's namespace (198.18.0.1: a vantage point on every host,
+        like a monitoring or control machine on the cluster's network)."""
+        return ["nsenter", f"--net=/run/netns/{self.bridge_ns}", "--", *argv]
+
+    def bridge_popen(self, argv: Sequence[str], **kw: object) -> subprocess.Popen[bytes]:
+        """Start ``argv`` in the bridge's namespace; ``close()`` kills it."""
+        proc: subprocess.Popen[bytes] = subprocess.Popen(self.bridge_argv(argv), **kw)  # type: ignore[call-overload]
+        self.bridge_started.append(proc)
+        return proc
+
     def ip_config(self, path: Path, ports: Sequence[int] | None = None) -> Path:
         """An ip_config listing every host's address (and ``ports``, when given), one a line."""
         lines = [f"{h.addr} {ports[i]}" if ports else h.addr for i, h in enumerate(self.hosts)]
@@ -351,6 +363,14 @@ class NetHosts:
             for proc in [*host.started, *([host.sshd] if host.sshd else [])]:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=5)
+        bridge = _netns_inode(f"/run/netns/{self.bridge_ns}")
+        for entry in os.listdir("/proc") if bridge is not None else ():
+            if entry.isdigit() and _netns_inode(int(entry)) == bridge:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(entry), signal.SIGKILL)
+        for proc in self.bridge_started:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
         for ns in reversed(self.namespaces):
             _run(["ip", "netns", "del", ns], check=False)
         self.namespaces.clear()
