@@ -110,14 +110,18 @@ class Host:
         return found
 
     def job_pids(self) -> list[int]:
-        """Processes in this host other than sshd (its listener, and a session whose connection
-        was cut, which lingers until TCP gives up): a finished job leaves none."""
+        """Processes in this host other than its daemons (sshd, with a session whose connection
+        was cut lingering until TCP gives up; slurmd): a finished job leaves none."""
         return [p for p in self.pids() if p != self.pid and not _is_sshd(p)]
+
+
+#: Daemons the helpers start in a host (sshd; slurmd with ``SlurmCluster``): not a job's processes.
+DAEMONS = tuple(os.path.realpath(p) for p in (SSHD, "/usr/sbin/slurmd"))  # slurmd links to slurmd-wlm
 
 
 def _is_sshd(pid: int) -> bool:
     try:
-        return os.readlink(f"/proc/{pid}/exe") == SSHD
+        return os.readlink(f"/proc/{pid}/exe") in DAEMONS
     except OSError:
         return False
 
@@ -375,3 +379,129 @@ class NetHosts:
             _run(["ip", "netns", "del", ns], check=False)
         self.namespaces.clear()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+SLURM_TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "sinfo")
+
+
+def slurm_skip_reason() -> str | None:
+    """Why a Slurm cluster cannot be made on namespace hosts here, or None."""
+    missing = [t for t in SLURM_TOOLS if shutil.which(t) is None]
+    if missing:
+        return f"Slurm tests need {', '.join(missing)} (slurm-wlm, munge: ops/ci/system-deps.sh)"
+    return None
+
+
+class SlurmCluster:
+    """A real Slurm 22.05 cluster over ``NetHosts``, every daemon started by hand, stopped by PID.
+
+    ``munged`` runs in the root namespace (its socket is a path every namespace reaches) with a
+    throwaway key; ``slurmctld`` in the bridge's namespace (198.18.0.1) under its own host name;
+    one ``slurmd`` per host, inside the host's namespaces (``nsenter``, which keeps ``/sys`` and
+    the cgroup mounts slurmd needs), named by the host's name. ``SLURM_CONF`` names a temporary
+    config: root runs everything, no accounting, ``proctrack/linuxproc``, ``task/none``.
+    """
+
+    def __init__(self, nh: NetHosts, cpus: int = 4) -> None:
+        self.nh = nh
+        self.dir = nh.tmp / "slurm"
+        self.cpus = cpus
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.dir / "slurm.conf")}
+
+    def __enter__(self) -> SlurmCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _daemon(self, argv: list[str], name: str) -> None:
+        with open(self.dir / f"{name}.out", "wb") as log:
+            self.procs.append(
+                subprocess.Popen(
+                    argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                )
+            )
+
+    def start(self) -> None:
+        d = self.dir
+        for sub in ("", "state", "spool"):
+            (d / sub).mkdir(mode=0o755, exist_ok=True)
+        key = d / "munge.key"
+        key.write_bytes(os.urandom(128))
+        key.chmod(0o600)
+        sock = d / "munge.sock"
+        self._daemon(["munged", "-F", "-f", f"--socket={sock}", f"--key-file={key}",
+                      f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log",
+                      f"--seed-file={d}/munged.seed"], "munged")  # fmt: skip
+        deadline = time.monotonic() + 10
+        while not sock.exists():
+            if time.monotonic() > deadline or self.procs[0].poll() is not None:
+                raise RuntimeError(f"munged did not start: {(d / 'munged.out').read_text(errors='replace')}")
+            time.sleep(0.02)
+        nodes = "".join(
+            f"NodeName={h.name} NodeAddr={h.addr} CPUs={self.cpus} RealMemory=1000 State=UNKNOWN\n"
+            for h in self.nh.hosts
+        )
+        ctl = f"{self.nh.prefix}ctl"
+        (d / "slurm.conf").write_text(
+            f"ClusterName={self.nh.prefix}\n"
+            f"SlurmctldHost={ctl}({BRIDGE_ADDR})\n"
+            f"AuthType=auth/munge\nAuthInfo=socket={sock}\nCredType=cred/munge\n"
+            "SlurmUser=root\nSlurmdUser=root\n"
+            f"StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool/%n\n"
+            f"SlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd-%n.pid\n"
+            f"SlurmctldLogFile={d}/slurmctld.log\nSlurmdLogFile={d}/slurmd-%n.log\n"
+            "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nReturnToService=2\n"
+            "SchedulerParameters=batch_sched_delay=0\nSlurmdParameters=config_overrides\n"
+            "MailProg=/bin/true\nAccountingStorageType=accounting_storage/none\n"
+            "JobAcctGatherType=jobacct_gather/none\nJobCompType=jobcomp/none\n"
+            "MpiDefault=none\nSwitchType=switch/none\nKillWait=5\n"
+            f"{nodes}PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
+        )
+        self._daemon(self.nh.bridge_argv(["unshare", "--uts", "sh", "-c", f"hostname {ctl} && exec slurmctld -D -i"]),
+                     "slurmctld")  # fmt: skip
+        for host in self.nh.hosts:
+            self._daemon(host.argv(["slurmd", "-D"]), f"slurmd-{host.name}")
+        deadline = time.monotonic() + 30
+        while True:
+            done = self.run(0, ["sinfo", "-N", "-h", "-o", "%t"], timeout=10)
+            if done.stdout.split().count("idle") == len(self.nh.hosts):
+                return
+            dead = [p.args for p in self.procs if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                logs = "\n".join(f.read_text(errors="replace")[-800:] for f in sorted(d.glob("*.log")))
+                raise RuntimeError(
+                    f"Slurm not idle (sinfo: {done.stdout!r} {done.stderr!r}; exited: {dead}):\n{logs}"
+                )
+            time.sleep(0.1)
+
+    def run(
+        self, index: int, argv: Sequence[str], timeout: float = 60, **kw: object
+    ) -> subprocess.CompletedProcess[str]:
+        """A Slurm command (``sbatch``, ``srun``...) on host ``index``, with this cluster's config."""
+        return subprocess.run(  # type: ignore[call-overload, no-any-return]
+            self.nh[index].argv(argv, kw.pop("cwd", None)),  # type: ignore[arg-type]
+            env=self.env, capture_output=True, text=True, timeout=timeout, **kw,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        """Stop slurmd, slurmctld and munged by PID (SIGTERM, then SIGKILL)."""
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        self.procs.clear()

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from nethosts import NetHosts, skip_reason
+from nethosts import NetHosts, SlurmCluster, skip_reason, slurm_skip_reason
 from test_multihost import TRAIN, Launched, launch_argv, wait_no_leftovers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,3 +96,30 @@ def test_prometheus_scrapes_every_server_across_hosts(hosts: NetHosts, pubmed2, 
         run.proc.send_signal(signal.SIGTERM)
         assert run.finish(30) == 128 + signal.SIGTERM
     wait_no_leftovers(hosts, 10)
+
+
+@pytest.mark.skipif(slurm_skip_reason() is not None, reason=slurm_skip_reason() or "")
+def test_sbatch_runs_a_two_node_job_that_trains(pubmed2, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """ops/slurm/asyncgraph.sbatch on a real 2-node Slurm (slurmctld, slurmd per host, munge):
+    partitions staged to each node's own disk, servers and trainers by srun, PubMed trains, and
+    nothing of the job is left on either node afterwards."""
+    with NetHosts(2, private_data=True) as nh, SlurmCluster(nh) as slurm:
+        env = {"PART_CONFIG": str(pubmed2.part_config), "PYTHON": sys.executable, "SERVER_PORT": "0",
+               "LOCAL_ROOT": str(nh.data_dir), "READY_TIMEOUT": "120"}  # fmt: skip
+        train = [
+            sys.executable,
+            str(ROOT / "examples" / "train_dist.py"),
+            "--no-progress",
+            "--eval-every",
+            "0",
+        ]
+        argv = ["env", *(f"{k}={v}" for k, v in env.items()),
+                "sbatch", "--wait", "--nodes=2", "--ntasks-per-node=1", f"--output={tmp_path}/job-%j.out",
+                str(ROOT / "ops" / "slurm" / "asyncgraph.sbatch"), "--", *train, "--epochs", "1"]  # fmt: skip
+        done = slurm.run(0, argv, timeout=240, cwd=tmp_path)
+        out = "\n".join(f.read_text(errors="replace") for f in tmp_path.glob("job-*.out"))
+        assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{out}"
+        assert "RESULT" in out and '"world_size": 2' in out, out
+        assert "servers ready:" in out and nh[0].name in out and nh[1].name in out, out
+        assert nh.leftovers() == {}
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".asyncgraph-")] == []

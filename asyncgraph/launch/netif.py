@@ -110,3 +110,33 @@ def rendezvous_env(master_addr: str, env: dict[str, str]) -> dict[str, str]:
         return {}
     ifname = route_interface(master_addr)
     return {name: ifname for name in wanted} if ifname else {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m asyncgraph.launch.netif [--export] HOST[,HOST...]``: the interface variables
+    for this host, routing to the first listed host that is not this one (a job's node list as
+    given to every node). Prints ``NAME=VALUE`` lines (``export NAME=VALUE`` with ``--export``,
+    for ``eval`` in a job script) for those not already set; nothing when none applies."""
+    import argparse
+    import os
+    import shlex
+
+    parser = argparse.ArgumentParser(prog="python -m asyncgraph.launch.netif", description=main.__doc__)
+    parser.add_argument("--export", action="store_true", help="print export lines for a shell's eval")
+    parser.add_argument("hosts", nargs="+", help="candidate peers, comma or space separated")
+    ns = parser.parse_args(argv)
+    peers = [h for arg in ns.hosts for h in arg.split(",") if h]
+    for peer in peers:
+        if is_this_host(peer):
+            continue
+        chosen = rendezvous_env(peer, dict(os.environ))
+        for name, value in chosen.items():
+            print(f"{'export ' if ns.export else ''}{name}={shlex.quote(value)}")
+        break
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
