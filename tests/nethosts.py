@@ -467,8 +467,8 @@ class SlurmCluster:
             "MpiDefault=none\nSwitchType=switch/none\nKillWait=5\n"
             f"{nodes}PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
         )
-        self._daemon(self.nh.bridge_argv(["unshare", "--uts", "sh", "-c", f"hostname {ctl} && exec slurmctld -D -i"]),
-                     "slurmctld")  # fmt: skip
+        named = f"hostname {ctl} && exec slurmctld -D -i"  # slurmctld checks its host name
+        self._daemon(self.nh.bridge_argv(["unshare", "--uts", "sh", "-c", named]), "slurmctld")
         for host in self.nh.hosts:
             self._daemon(host.argv(["slurmd", "-D"]), f"slurmd-{host.name}")
         deadline = time.monotonic() + 30
