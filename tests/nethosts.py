@@ -340,6 +340,16 @@ class NetHosts:
             _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
                   "rate", rate, "burst", burst, "latency", latency])  # fmt: skip
 
+    def shaped_bytes(self, index: int) -> int:
+        """Bytes host ``index`` sent through its ``tbf`` qdisc so far (0 without one)."""
+        out = _run(
+            ["ip", "netns", "exec", self.hosts[index].name, "tc", "-s", "qdisc", "show", "dev", "eth0"]
+        ).stdout
+        if "tbf" not in out:
+            return 0
+        words = out.split()
+        return int(words[words.index("Sent") + 1])
+
     # --- removing -------------------------------------------------------------------------
     def close_jobs(self) -> None:
         """Kill every process in the hosts but their sshd listeners (between tests)."""

@@ -49,6 +49,8 @@ def _tidy(nh: NetHosts) -> None:
                 proc.wait(timeout=10)
         host.started.clear()
     nh.close_jobs()
+    for index in range(len(nh.hosts)):
+        nh.shape(index, None)
 
 
 @pytest.fixture
@@ -124,10 +126,15 @@ def visible_anywhere(nh: NetHosts, needle: bytes) -> list[str]:
     return found
 
 
-def test_readme_launch_trains_across_two_hosts(hosts: NetHosts, pubmed2, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """The README's launched run, unchanged but for --ip-config: trains, binds the configured
-    addresses, picks the interface routing to MASTER_ADDR on each host, keeps the secret off
-    argv/environ/shared files, and leaves no process on either host."""
+def test_readme_launch_trains_across_two_hosts_over_a_100mbit_link(
+    hosts: NetHosts, pubmed2, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """The README's launched run, unchanged but for --ip-config, over links shaped to 100 Mbit/s
+    (tbf): trains, binds the configured addresses, picks the interface routing to MASTER_ADDR
+    on each host, keeps the secret off argv/environ/shared files, reports the prefetcher's
+    overlap, and leaves no process on either host."""
+    for index in range(2):
+        hosts.shape(index, "100mbit")
     secret = os.urandom(16).hex()
     secret_file = tmp_path / "secret"
     secret_file.write_text(secret)
@@ -142,6 +149,8 @@ def test_readme_launch_trains_across_two_hosts(hosts: NetHosts, pubmed2, tmp_pat
     code = run.finish(180)
     assert code == 0, run.text
     assert "[trainer 0] RESULT" in run.text, run.text  # rank 0 reports for the job
+    assert re.search(r"\[trainer 0\] .*waiting for data [\d.]+ s \([\d.]+% of the epochs\)", run.text)
+    assert all(hosts.shaped_bytes(i) > 100_000 for i in range(2))  # the job's traffic crossed the tbf
     assert "role=trainer count=2 exit_codes=0,0 failed=0" in run.text, run.text
     # each server bound the address the ip_config names, not 0.0.0.0
     for index, host in enumerate(hosts.hosts):
