@@ -149,6 +149,8 @@ def test_readme_launch_trains_across_two_hosts_over_a_100mbit_link(
     code = run.finish(180)
     assert code == 0, run.text
     assert "[trainer 0] RESULT" in run.text, run.text  # rank 0 reports for the job
+    # co-location as found: its own server's partition through shared memory, host 2's over TCP
+    assert "partitions via shared memory [0], via the socket [1]" in run.text, run.text
     assert re.search(r"\[trainer 0\] .*waiting for data [\d.]+ s \([\d.]+% of the epochs\)", run.text)
     assert all(hosts.shaped_bytes(i) > 100_000 for i in range(2))  # the job's traffic crossed the tbf
     assert "role=trainer count=2 exit_codes=0,0 failed=0" in run.text, run.text
