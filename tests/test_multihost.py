@@ -239,3 +239,23 @@ def test_host_cut_off_stops_its_processes_by_heartbeat(hosts: NetHosts, cora2) -
         hosts.link(1, up=True)
     assert run.finish(30) != 0
     wait_no_leftovers(hosts, 10)
+
+
+def test_four_hosts_have_their_own_shm_and_leave_nothing_when_a_test_fails() -> None:
+    """The helper itself: 4 hosts reach each other over ssh, each has a private /dev/shm, and
+    everything (processes, namespaces, mounts, keys) is gone after a failure inside the block."""
+    marker = f"ag-shm-{os.getpid()}"
+    with pytest.raises(RuntimeError, match="a test failed"), NetHosts(4) as nh:
+        names = [h.name for h in nh.hosts]
+        tmp = nh.tmp
+        done = nh[0].run(["ssh", nh[3].addr, f"hostname && touch /dev/shm/{marker}"])
+        assert done.returncode == 0 and done.stdout.strip() == nh[3].name, done.stderr
+        assert nh[3].run(["ls", "/dev/shm"]).stdout.split() == [marker]
+        assert marker not in nh[0].run(["ls", "/dev/shm"]).stdout and not Path("/dev/shm", marker).exists()
+        sleeper = nh[1].popen(["sleep", "300"])
+        raise RuntimeError("a test failed")
+    assert sleeper.poll() is not None  # killed by PID, not left running
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(name in listed for name in names) and nh.bridge_ns not in listed
+    assert not tmp.exists()
+    assert marker not in Path("/proc/mounts").read_text() and str(tmp) not in Path("/proc/mounts").read_text()
