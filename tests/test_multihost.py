@@ -70,9 +70,9 @@ def apart(private_hosts: NetHosts) -> Iterator[NetHosts]:
 class Launched:
     """The launcher running on host 1, its output collected line by line."""
 
-    def __init__(self, nh: NetHosts, argv: list[str]) -> None:
+    def __init__(self, nh: NetHosts, argv: list[str], on: int = 0) -> None:
         self.lines: list[str] = []
-        self.proc = nh[0].popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.proc = nh[on].popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -208,18 +208,24 @@ def test_failed_remote_trainer_stops_every_process(hosts: NetHosts, cora2) -> No
     wait_no_leftovers(hosts, 5)
 
 
-def test_env_and_ssh_options_cross_to_the_remote_host(hosts: NetHosts, cora2) -> None:  # type: ignore[no-untyped-def]
+def test_env_ssh_options_and_a_remote_rendezvous_from_the_second_host(hosts: NetHosts, cora2) -> None:  # type: ignore[no-untyped-def]
+    """Launched from host 2: host 1 (first in the ip_config) is remote and holds the rendezvous,
+    whose port is asked for over ssh; --env and the ssh options reach every process."""
     show = (
-        "import os; print('seen', os.environ.get('AG_FLAG'), os.environ.get('AG_KEEP'), os.environ['RANK'])"
+        "import os; e = os.environ; print('seen', e.get('AG_FLAG'), e.get('AG_KEEP'), e['RANK'], "
+        "e['MASTER_ADDR'], e['MASTER_PORT'], e.get('GLOO_SOCKET_IFNAME'))"
     )
     argv = launch_argv(
         hosts, cora2.part_config, "--env", "AG_FLAG=on", "--env", "AG_KEEP",
         "--ssh-port", "22", "--ssh-username", "root", "--ssh-option=-o ConnectTimeout=7",
         "--", sys.executable, "-c", show,
     )  # fmt: skip
-    run = Launched(hosts, ["env", "AG_KEEP=kept", *argv])
+    run = Launched(hosts, ["env", "AG_KEEP=kept", *argv], on=1)
     assert run.finish(60) == 0, run.text
-    assert "[trainer 1] seen on kept 1" in run.text and "[trainer 0] seen on kept 0" in run.text
+    master = hosts[0].addr
+    for rank in (0, 1):
+        found = re.search(rf"\[trainer {rank}\] seen on kept {rank} {re.escape(master)} (\d+) eth0", run.text)
+        assert found and 1024 <= int(found.group(1)) < 65536, run.text
     wait_no_leftovers(hosts, 5)
 
 
