@@ -150,6 +150,10 @@ def test_bad_env_name_and_heartbeat_exit_2(cora2, capsys) -> None:  # type: igno
     assert main([*base, "--env", "1BAD=x", "--", "true"]) == 2
     assert "'1BAD' is not a variable name" in capsys.readouterr().err
     assert main([*base, "--heartbeat-timeout", "-1", "--", "true"]) == 2
+    assert main([*base, "--remote-part-config", "rel/x.json", "--", "true"]) == 2
+    assert "the path must be absolute" in capsys.readouterr().err
+    assert main([*base, "--remote-part-config", "10.9.9.9=/x.json", "--", "true"]) == 2
+    assert "10.9.9.9 is not a host of the ip_config" in capsys.readouterr().err
 
 
 def test_interface_choice_leaves_loopback_and_user_settings_alone() -> None:

@@ -184,7 +184,13 @@ def test_staged_without_shared_files_then_sigkilled_mid_epoch_leaves_nothing(
         assert f"part{index}" in listing and f"part{1 - index}" not in listing, listing
     assert os.listdir(dest) == []  # nothing landed in the folder this (root) namespace sees
     staged = dest / pubmed2.part_config.name
-    run = Launched(apart, launch_argv(apart, staged, "--", *TRAIN, "--epochs", "200"))
+    # host 2 names its copy by another path (a link to its own data folder): per-host paths win
+    # over the (here useless) path given for every remote host
+    alt = apart[1].dir / "alt"
+    alt.symlink_to(dest)
+    paths = ["--remote-part-config", "/nonexistent/pubmed.json",
+             "--remote-part-config", f"{apart[1].addr}={alt / staged.name}"]  # fmt: skip
+    run = Launched(apart, launch_argv(apart, staged, *paths, "--", *TRAIN, "--epochs", "200"))
     run.wait_for(r"\[trainer 0\] epoch +0 ", 120)
     assert apart[1].job_pids(), "the job runs on host 2"
     run.proc.send_signal(signal.SIGKILL)

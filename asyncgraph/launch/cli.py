@@ -108,9 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hosts.add_argument(
         "--remote-part-config",
-        type=Path,
-        help="the partition JSON's path on the remote hosts (staged there with "
-        "python -m asyncgraph.launch.stage --dest); default: --part-config's path (a shared file system)",
+        action="append",
+        default=[],
+        metavar="[HOST=]PATH",
+        help="the partition JSON's path on remote hosts (staged there with python -m "
+        "asyncgraph.launch.stage --dest); HOST=PATH for one host (repeatable); default: "
+        "--part-config's path (a shared file system)",
     )
     hosts.add_argument(
         "--bind-all",
@@ -136,6 +139,30 @@ def main(argv: list[str] | None = None) -> int:
 
 
 PROG = "python -m asyncgraph.launch"
+
+
+def remote_configs(
+    items: list[str], part_config: Path, hosts: list[tuple[str, int]]
+) -> tuple[str, dict[str, str]]:
+    """``--remote-part-config`` values: the path for every remote host, and per-host paths.
+
+    ``CliError`` for a host the ip_config does not list, a repeated host or a relative path.
+    """
+    default, per_host = str(part_config), {}
+    named = {h for h, _ in hosts}
+    for item in items:
+        host, sep, path = item.rpartition("=")
+        if not Path(path).is_absolute():
+            raise CliError(f"--remote-part-config {item!r}: the path must be absolute")
+        if not sep:
+            default = path
+        elif host not in named:
+            raise CliError(f"--remote-part-config {item!r}: {host} is not a host of the ip_config")
+        elif host in per_host:
+            raise CliError(f"--remote-part-config: {host} is given twice")
+        else:
+            per_host[host] = path
+    return default, per_host
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -184,6 +211,7 @@ def _launch(args: argparse.Namespace) -> int:
     if args.ssh_port is not None and not 0 < args.ssh_port < 65536:
         raise CliError(f"--ssh-port {args.ssh_port} is not a port")
 
+    default_remote, per_host = remote_configs(args.remote_part_config, part_config, hosts)
     launcher = Launcher(ready_timeout=args.ready_timeout)
     local = {host: is_this_host(host) for host, _ in hosts}
     ssh = SshCommand.from_args(args)
@@ -202,7 +230,6 @@ def _launch(args: argparse.Namespace) -> int:
         secret_text = secret_file.read_text()
         base_env = {**os.environ, **forwarded}
         cwd = os.getcwd()
-        remote_config = str(args.remote_part_config or part_config)
         remote_secret, remote_ready = f"{DIR_TOKEN}/secret", f"{DIR_TOKEN}/ready.json"
         servers: list[Proc] = []
 
@@ -223,7 +250,8 @@ def _launch(args: argparse.Namespace) -> int:
                 )  # fmt: skip
                 return launcher.spawn("server", index, argv_server, base_env, ready_file=ready)
             argv_server = server_argv(
-                Path(remote_config), part_id, Path(remote_ready), host="0.0.0.0" if args.bind_all else host,
+                Path(per_host.get(host, default_remote)), part_id, Path(remote_ready),
+                host="0.0.0.0" if args.bind_all else host,
                 port=port, num_clients=world_size, secret_file=Path(remote_secret), python=args.python,
                 extra_args=extra, replica_of=replica_of,
             )  # fmt: skip
@@ -294,7 +322,7 @@ def _launch(args: argparse.Namespace) -> int:
             local_rank = rank % num_trainers
             host = hosts[part_id][0]
             env = {
-                ENV_PART_CONFIG: str(part_config) if local[host] else remote_config,
+                ENV_PART_CONFIG: str(part_config) if local[host] else per_host.get(host, default_remote),
                 "MASTER_ADDR": master_addr,
                 "MASTER_PORT": str(master_port),
                 "RANK": str(rank),
