@@ -216,19 +216,21 @@ def test_failed_remote_trainer_stops_every_process(hosts: NetHosts, cora2) -> No
 
 def test_env_ssh_options_and_a_remote_rendezvous_from_the_second_host(hosts: NetHosts, cora2) -> None:  # type: ignore[no-untyped-def]
     """Launched from host 2: host 1 (first in the ip_config) is remote and holds the rendezvous,
-    whose port is asked for over ssh; --env and the ssh options reach every process."""
+    whose port is asked for over ssh; --env and the ssh options reach every process; a replica
+    server per partition starts on each host, beside its primary."""
     show = (
         "import os; e = os.environ; print('seen', e.get('AG_FLAG'), e.get('AG_KEEP'), e['RANK'], "
         "e['MASTER_ADDR'], e['MASTER_PORT'], e.get('GLOO_SOCKET_IFNAME'))"
     )
     argv = launch_argv(
-        hosts, cora2.part_config, "--env", "AG_FLAG=on", "--env", "AG_KEEP",
+        hosts, cora2.part_config, "--num-servers", "2", "--env", "AG_FLAG=on", "--env", "AG_KEEP",
         "--ssh-port", "22", "--ssh-username", "root", "--ssh-option=-o ConnectTimeout=7",
         "--", sys.executable, "-c", show,
     )  # fmt: skip
     run = Launched(hosts, ["env", "AG_KEEP=kept", *argv], on=1)
     assert run.finish(60) == 0, run.text
     master = hosts[0].addr
+    assert "role=server count=4" in run.text, run.text  # 2 primaries + 2 replicas, all ready
     for rank in (0, 1):
         found = re.search(rf"\[trainer {rank}\] seen on kept {rank} {re.escape(master)} (\d+) eth0", run.text)
         assert found and 1024 <= int(found.group(1)) < 65536, run.text
