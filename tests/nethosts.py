@@ -503,6 +503,20 @@ class SlurmCluster:
             env=self.env, capture_output=True, text=True, timeout=timeout, **kw,
         )  # fmt: skip
 
+    def wait_job(self, job_id: str, timeout: float = 300) -> tuple[str, str]:
+        """Poll ``scontrol show job`` every 0.2 s (``sbatch --wait`` polls in growing steps of
+        seconds) until the job ends; its final ``(JobState, ExitCode)``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            done = self.run(0, ["scontrol", "-o", "show", "job", job_id], timeout=30)
+            fields = dict(f.split("=", 1) for f in done.stdout.split() if "=" in f)
+            state = fields.get("JobState", "?")
+            if state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "?"):
+                return state, fields.get("ExitCode", "?")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {state} after {timeout:g} s")
+            time.sleep(0.2)
+
     def close(self) -> None:
         """Stop slurmd, slurmctld and munged by PID (SIGTERM, then SIGKILL)."""
         for proc in reversed(self.procs):

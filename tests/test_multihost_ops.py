@@ -114,11 +114,13 @@ def test_sbatch_runs_a_two_node_job_that_trains(pubmed2, tmp_path: Path) -> None
             "0",
         ]
         argv = ["env", *(f"{k}={v}" for k, v in env.items()),
-                "sbatch", "--wait", "--nodes=2", "--ntasks-per-node=1", f"--output={tmp_path}/job-%j.out",
+                "sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", f"--output={tmp_path}/job-%j.out",
                 str(ROOT / "ops" / "slurm" / "asyncgraph.sbatch"), "--", *train, "--epochs", "1"]  # fmt: skip
-        done = slurm.run(0, argv, timeout=240, cwd=tmp_path)
+        done = slurm.run(0, argv, timeout=60, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        state = slurm.wait_job(done.stdout.strip().split(";")[0], timeout=240)
         out = "\n".join(f.read_text(errors="replace") for f in tmp_path.glob("job-*.out"))
-        assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{out}"
+        assert state == ("COMPLETED", "0:0"), f"{state}\n{out}"
         assert "RESULT" in out and '"world_size": 2' in out, out
         assert "servers ready:" in out and nh[0].name in out and nh[1].name in out, out
         assert nh.leftovers() == {}
