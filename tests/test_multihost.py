@@ -273,3 +273,25 @@ def test_four_hosts_have_their_own_shm_and_leave_nothing_when_a_test_fails() -> 
     assert not any(name in listed for name in names) and nh.bridge_ns not in listed
     assert not tmp.exists()
     assert marker not in Path("/proc/mounts").read_text() and str(tmp) not in Path("/proc/mounts").read_text()
+
+
+@pytest.mark.parametrize("how", ["sigint", "dropped_ssh"])
+def test_sigint_or_a_dropped_ssh_connection_stops_every_process(hosts: NetHosts, cora2, how: str) -> None:  # type: ignore[no-untyped-def]
+    """Ctrl-C of the launcher (status 130), or the ssh connection of the remote trainer killed
+    (its agent reads EOF and stops the trainer there; the launcher sees its ssh die and stops the
+    rest):
+    no process of the job on either host."""
+    import psutil
+
+    run = Launched(hosts, launch_argv(hosts, cora2.part_config, "--", *sleeper()))
+    run.wait_for(r"\[trainer 1\] sleeping", 60)
+    if how == "sigint":
+        run.proc.send_signal(signal.SIGINT)
+        assert run.finish(30) == 130, run.text
+    else:
+        ssh = [p for p in psutil.Process(run.proc.pid).children() if p.name() == "ssh"]
+        newest = max(ssh, key=lambda p: p.create_time())  # the trainer's: started after the server's
+        newest.kill()
+        assert run.finish(30) == 128 + signal.SIGKILL, run.text  # the ssh client's status
+        assert "trainer 1 failed with status 137" in run.text
+    wait_no_leftovers(hosts, 10)
