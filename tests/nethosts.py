@@ -318,9 +318,11 @@ class NetHosts:
         self.bridge_started.append(proc)
         return proc
 
-    def ip_config(self, path: Path, ports: Sequence[int] | None = None) -> Path:
-        """An ip_config listing every host's address (and ``ports``, when given), one a line."""
-        lines = [f"{h.addr} {ports[i]}" if ports else h.addr for i, h in enumerate(self.hosts)]
+    def ip_config(self, path: Path, ports: Sequence[int] | None = None, by_name: bool = False) -> Path:
+        """An ip_config listing every host's address (its name with ``by_name``; and ``ports``,
+        when given), one a line."""
+        first = [h.name if by_name else h.addr for h in self.hosts]
+        lines = [f"{first[i]} {ports[i]}" if ports else first[i] for i in range(len(self.hosts))]
         path.write_text("\n".join(lines) + "\n")
         return path
 

@@ -98,8 +98,8 @@ class Launched:
         return "\n".join(self.lines)
 
 
-def launch_argv(nh: NetHosts, part_config: Path, *extra: str) -> list[str]:
-    ip_config = nh.ip_config(nh.tmp / "ip_config.txt")  # addresses only, as a user writes it
+def launch_argv(nh: NetHosts, part_config: Path, *extra: str, by_name: bool = False) -> list[str]:
+    ip_config = nh.ip_config(nh.tmp / "ip_config.txt", by_name=by_name)  # no ports, as a user writes it
     return [sys.executable, "-m", "asyncgraph.launch", "--part-config", str(part_config),
             "--ip-config", str(ip_config), *extra]  # fmt: skip
 
@@ -215,9 +215,11 @@ def test_failed_remote_trainer_stops_every_process(hosts: NetHosts, cora2) -> No
 
 
 def test_env_ssh_options_and_a_remote_rendezvous_from_the_second_host(hosts: NetHosts, cora2) -> None:  # type: ignore[no-untyped-def]
-    """Launched from host 2: host 1 (first in the ip_config) is remote and holds the rendezvous,
-    whose port is asked for over ssh; --env and the ssh options reach every process; a replica
-    server per partition starts on each host, beside its primary."""
+    """Launched from host 2 with an ip_config of host *names* (each host's own name is 127.0.1.1
+    there, as on stock Debian): servers bind, and trainers dial and rendezvous at, the names'
+    real addresses; host 1 (first) is remote and holds the rendezvous, whose port is asked for
+    over ssh; --env and the ssh options reach every process; a replica server per partition
+    starts on each host, beside its primary."""
     show = (
         "import os; e = os.environ; print('seen', e.get('AG_FLAG'), e.get('AG_KEEP'), e['RANK'], "
         "e['MASTER_ADDR'], e['MASTER_PORT'], e.get('GLOO_SOCKET_IFNAME'))"
@@ -225,12 +227,14 @@ def test_env_ssh_options_and_a_remote_rendezvous_from_the_second_host(hosts: Net
     argv = launch_argv(
         hosts, cora2.part_config, "--num-servers", "2", "--env", "AG_FLAG=on", "--env", "AG_KEEP",
         "--ssh-port", "22", "--ssh-username", "root", "--ssh-option=-o ConnectTimeout=7",
-        "--", sys.executable, "-c", show,
+        "--", sys.executable, "-c", show, by_name=True,
     )  # fmt: skip
     run = Launched(hosts, ["env", "AG_KEEP=kept", *argv], on=1)
     assert run.finish(60) == 0, run.text
     master = hosts[0].addr
     assert "role=server count=4" in run.text, run.text  # 2 primaries + 2 replicas, all ready
+    for index, host in enumerate(hosts.hosts):
+        assert re.search(rf"\[server {index}\] .*partition {index} on {re.escape(host.addr)}:\d+", run.text)
     for rank in (0, 1):
         found = re.search(rf"\[trainer {rank}\] seen on kept {rank} {re.escape(master)} (\d+) eth0", run.text)
         assert found and 1024 <= int(found.group(1)) < 65536, run.text

@@ -23,7 +23,7 @@ from asyncgraph.env import (
     ENV_SECRET_FILE,
 )
 from asyncgraph.launch.launcher import Launcher, LaunchError, Proc, Signalled, raise_signalled
-from asyncgraph.launch.netif import is_loopback, is_this_host, rendezvous_env
+from asyncgraph.launch.netif import is_loopback, is_this_host, job_address, rendezvous_env
 from asyncgraph.launch.processes import (
     LOCAL_HOSTS,
     OMP_ENV,
@@ -214,6 +214,11 @@ def _launch(args: argparse.Namespace) -> int:
     default_remote, per_host = remote_configs(args.remote_part_config, part_config, hosts)
     launcher = Launcher(ready_timeout=args.ready_timeout)
     local = {host: is_this_host(host) for host, _ in hosts}
+    names = [host for host, _ in hosts]
+    all_local = all(local.values())
+    # Across hosts, bind and advertise addresses, not names: a host's own name is 127.0.1.1 on
+    # Debian/Ubuntu (netif.job_address); on one host the names are fine as they are.
+    address = {host: host if all_local else job_address(host, names) for host in names}
     ssh = SshCommand.from_args(args)
     forwarded = forwarded_env(args.env, os.environ)
     # Remote hosts get the secret, ip_config and readiness over their ssh channel: the launch
@@ -227,7 +232,10 @@ def _launch(args: argparse.Namespace) -> int:
             secret_file = workdir / "secret"
             secret_file.write_text(secrets.token_hex(32))
             secret_file.chmod(0o600)
-        secret_text = secret_file.read_text()
+        try:  # it travels to remote hosts as text in the agent's job line
+            secret_text = secret_file.read_bytes().decode() if not all(local.values()) else ""
+        except UnicodeDecodeError:
+            raise CliError(f"--secret-file {secret_file}: not text; use a hex or base64 secret") from None
         base_env = {**os.environ, **forwarded}
         cwd = os.getcwd()
         remote_secret, remote_ready = f"{DIR_TOKEN}/secret", f"{DIR_TOKEN}/ready.json"
@@ -239,19 +247,19 @@ def _launch(args: argparse.Namespace) -> int:
             host = hosts[part_id][0]
             replica_of = None
             if index >= num_parts:  # on the primary's host, at the address it bound
-                replica_of = ("127.0.0.1" if args.bind_all else host, bound[part_id][1])
+                replica_of = ("127.0.0.1" if args.bind_all else address[host], bound[part_id][1])
             extra = args.server_arg if replica_of is None else replica_args(args.server_arg)
             if local[host]:
                 ready = workdir / f"server{index}.ready"
                 ready.unlink(missing_ok=True)
                 argv_server = server_argv(
-                    part_config, part_id, ready, host=host, port=port, num_clients=world_size,
+                    part_config, part_id, ready, host=address[host], port=port, num_clients=world_size,
                     secret_file=secret_file, python=args.python, extra_args=extra, replica_of=replica_of,
                 )  # fmt: skip
                 return launcher.spawn("server", index, argv_server, base_env, ready_file=ready)
             argv_server = server_argv(
                 Path(per_host.get(host, default_remote)), part_id, Path(remote_ready),
-                host="0.0.0.0" if args.bind_all else host,
+                host="0.0.0.0" if args.bind_all else address[host],
                 port=port, num_clients=world_size, secret_file=Path(remote_secret), python=args.python,
                 extra_args=extra, replica_of=replica_of,
             )  # fmt: skip
@@ -282,15 +290,17 @@ def _launch(args: argparse.Namespace) -> int:
             launcher.wait_ready([proc])
             return proc
 
-        # Trainers dial each partition's configured host (a server may have bound 0.0.0.0).
-        addresses = [(h, p) for (h, _), (_, p) in zip(hosts, bound[:num_parts], strict=True)]
+        # Trainers dial each partition's host address (a server may have bound 0.0.0.0).
+        addresses = [(address[h], p) for (h, _), (_, p) in zip(hosts, bound[:num_parts], strict=True)]
         ip_config_text = IpConfig.parse("\n".join(f"{h} {p}" for h, p in addresses)).dump()
         ip_config = workdir / "ip_config.txt"
         ip_config.write_text(ip_config_text)
         master_addr = args.master_addr or hosts[0][0]
-        master_local = is_this_host(master_addr)
-        if args.master_addr is None and master_local and hosts[0][0] in LOCAL_HOSTS:
+        if not all_local:
+            master_addr = job_address(master_addr, names)
+        elif args.master_addr is None and hosts[0][0] in LOCAL_HOSTS:
             master_addr = "127.0.0.1"
+        master_local = is_this_host(master_addr)
         if args.master_port is not None:
             master_port = args.master_port
         elif master_local:

@@ -20,6 +20,7 @@ __all__ = [
     "IFNAME_VARS",
     "is_loopback",
     "is_this_host",
+    "job_address",
     "rendezvous_env",
     "route_interface",
     "source_address",
@@ -100,6 +101,30 @@ def route_interface(target: str) -> str | None:
         if _ipv4_of(name) == source:
             return name
     return None
+
+
+def job_address(host: str, peers: list[str]) -> str:
+    """The address to bind and to advertise for ``host`` of a multi-host job, as this host
+    resolves it: an address stays as given; a name becomes the address it resolves to, unless
+    that is a loopback address (a host's own name on Debian/Ubuntu is 127.0.1.1), in which case
+    it is this host's address on the route to the first of ``peers`` that is another host."""
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    try:
+        resolved = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except (OSError, IndexError):
+        return host  # let the server or client report it
+    if not ipaddress.ip_address(resolved).is_loopback:
+        return str(resolved)
+    for peer in peers:
+        if not is_this_host(peer):
+            source = source_address(peer)
+            if source is not None and not ipaddress.ip_address(source).is_loopback:
+                return source
+    return str(resolved)
 
 
 def rendezvous_env(master_addr: str, env: dict[str, str]) -> dict[str, str]:
