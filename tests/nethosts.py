@@ -24,6 +24,7 @@ fails. ``skip_reason()`` says why these hosts cannot be made here (not root, a t
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import shutil
@@ -41,6 +42,7 @@ TOOLS = ("ip", "nsenter", "unshare", "mount", "ssh", "ssh-keygen", "tc")
 SSHD = "/usr/sbin/sshd"
 
 
+@functools.cache
 def skip_reason() -> str | None:
     """Why namespace hosts cannot be made here, or None when they can."""
     if os.geteuid() != 0:
@@ -50,6 +52,12 @@ def skip_reason() -> str | None:
         missing.append("sshd")
     if missing:
         return f"multi-host tests need {', '.join(missing)} (run ops/ci/system-deps.sh as root)"
+    for target in ("/etc/hosts", "/etc/ssh/ssh_config", "/dev/shm"):
+        if not os.path.exists(target):
+            return f"multi-host tests bind-mount over {target}, which does not exist here"
+    probe = subprocess.run(["unshare", "-n", "-m", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:  # a container without CAP_SYS_ADMIN, say
+        return f"cannot make network/mount namespaces here: {probe.stderr.strip()}"
     return None
 
 
