@@ -362,7 +362,15 @@ class NetHosts:
 
     # --- removing -------------------------------------------------------------------------
     def close_jobs(self) -> None:
-        """Kill every process in the hosts but their sshd listeners (between tests)."""
+        """Kill every process in the hosts but their sshd listeners (between tests): SIGTERM
+        first (agents then remove their secret folders), SIGKILL what is left after 2 s."""
+        for host in self.hosts:
+            for pid in [p for p in host.pids() if p != host.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline and any(p != h.pid for h in self.hosts for p in h.pids()):
+            time.sleep(0.05)
         for host in self.hosts:
             for _ in range(50):
                 pids = [p for p in host.pids() if p != host.pid]

@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -104,11 +105,19 @@ def launch_argv(nh: NetHosts, part_config: Path, *extra: str, by_name: bool = Fa
             "--ip-config", str(ip_config), *extra]  # fmt: skip
 
 
+def secret_folders() -> list[Path]:
+    """The remote agents' private folders (secret, ip_config) in the hosts' /tmp (shared here).
+    (The launcher's own folder is test_orphans' business: other local launches on this machine
+    make them too.)"""
+    return list(Path(tempfile.gettempdir()).glob("asyncgraph-job-*"))
+
+
 def wait_no_leftovers(nh: NetHosts, limit: float) -> None:
+    """No process of the job on any host, and no folder holding its secret, within ``limit`` s."""
     deadline = time.monotonic() + limit
-    while nh.leftovers():
+    while nh.leftovers() or secret_folders():
         if time.monotonic() > deadline:
-            raise AssertionError(f"processes outlived the job: {nh.leftovers()}")
+            raise AssertionError(f"outlived the job: {nh.leftovers()} {secret_folders()}")
         time.sleep(0.1)
 
 
