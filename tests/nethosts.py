@@ -383,6 +383,7 @@ class NetHosts:
 
     def close(self) -> None:
         """Kill every process in the hosts (by PID), delete the namespaces and the keys."""
+        self.close_jobs()  # SIGTERM first: agents remove their secret folders
         for host in self.hosts:
             for _ in range(50):
                 pids = host.pids()
