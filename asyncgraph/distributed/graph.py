@@ -268,6 +268,12 @@ class DistGraph:
 
     def __repr__(self) -> str:
         mode = "standalone" if self._client.is_standalone else "distributed"
+        if not self._client.is_standalone:  # which path each partition's data takes, as found
+            local = set(self._client.aio.local_partitions())
+            parts = range(self._client.book.num_partitions())
+            shm = [p for p in parts if p in local]
+            tcp = [p for p in parts if p not in local]
+            mode += f"; partitions via shared memory {shm}, via the socket {tcp}"
         return (
             f"DistGraph({self.graph_name!r}, num_nodes={self.num_nodes()}, num_edges={self.num_edges()}, "
             f"num_parts={self._client.book.num_partitions()}, {mode})"

@@ -23,6 +23,7 @@ from asyncgraph.env import (
     ENV_SECRET_FILE,
 )
 from asyncgraph.launch.launcher import Launcher, LaunchError, Proc, Signalled, raise_signalled
+from asyncgraph.launch.netif import is_loopback, is_this_host, job_address, rendezvous_env
 from asyncgraph.launch.processes import (
     LOCAL_HOSTS,
     OMP_ENV,
@@ -32,8 +33,9 @@ from asyncgraph.launch.processes import (
     parse_gpus,
     replica_args,
     server_argv,
-    ssh_argv,
 )
+from asyncgraph.launch.remote import DIR_TOKEN, Job
+from asyncgraph.launch.sshcmd import SshCommand, check_env_item, forwarded_env
 from asyncgraph.partition.config import PartitionConfig
 
 _DESCRIPTION = "Start servers and trainers, locally or over ssh."
@@ -81,6 +83,50 @@ def build_parser() -> argparse.ArgumentParser:
         default=60.0,
         help="with --restart-servers: seconds trainers keep reconnecting to a restarting server",
     )
+    hosts = parser.add_argument_group("multi-host (ssh)")
+    hosts.add_argument(
+        "--master-addr",
+        help="torch.distributed rendezvous address (default: the first trainer host of the ip_config)",
+    )
+    hosts.add_argument("--master-port", type=int, help="rendezvous port (default: a free one on that host)")
+    hosts.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="set (or pass on from here) a variable in every server and trainer, across ssh too "
+        "(DGL's --extra_envs); GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME set here always cross",
+    )
+    hosts.add_argument("--ssh-port", type=int, help="ssh port of the remote hosts (DGL's --ssh_port)")
+    hosts.add_argument("--ssh-username", help="user on the remote hosts (DGL's --ssh_username)")
+    hosts.add_argument(
+        "--ssh-option",
+        action="append",
+        default=[],
+        metavar="OPTS",
+        help="extra ssh arguments, split like a shell does (repeatable): --ssh-option='-i ~/.ssh/k'",
+    )
+    hosts.add_argument(
+        "--remote-part-config",
+        action="append",
+        default=[],
+        metavar="[HOST=]PATH",
+        help="the partition JSON's path on remote hosts (staged there with python -m "
+        "asyncgraph.launch.stage --dest); HOST=PATH for one host (repeatable); default: "
+        "--part-config's path (a shared file system)",
+    )
+    hosts.add_argument(
+        "--bind-all",
+        action="store_true",
+        help="remote servers bind 0.0.0.0 instead of the address the ip_config names",
+    )
+    hosts.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a remote process lives on without a heartbeat from the launcher (0: until its "
+        "ssh channel closes)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the trainer command")
     return parser
 
@@ -93,6 +139,30 @@ def main(argv: list[str] | None = None) -> int:
 
 
 PROG = "python -m asyncgraph.launch"
+
+
+def remote_configs(
+    items: list[str], part_config: Path, hosts: list[tuple[str, int]]
+) -> tuple[str, dict[str, str]]:
+    """``--remote-part-config`` values: the path for every remote host, and per-host paths.
+
+    ``CliError`` for a host the ip_config does not list, a repeated host or a relative path.
+    """
+    default, per_host = str(part_config), {}
+    named = {h for h, _ in hosts}
+    for item in items:
+        host, sep, path = item.rpartition("=")
+        if not Path(path).is_absolute():
+            raise CliError(f"--remote-part-config {item!r}: the path must be absolute")
+        if not sep:
+            default = path
+        elif host not in named:
+            raise CliError(f"--remote-part-config {item!r}: {host} is not a host of the ip_config")
+        elif host in per_host:
+            raise CliError(f"--remote-part-config: {host} is given twice")
+        else:
+            per_host[host] = path
+    return default, per_host
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -134,12 +204,26 @@ def _launch(args: argparse.Namespace) -> int:
         hosts = [("127.0.0.1", 0)] * num_parts
     if args.secret_file is not None and not args.secret_file.is_file():
         raise CliError(f"--secret-file {args.secret_file} does not exist")
+    for item in args.env:
+        check_env_item(item)
+    if args.heartbeat_timeout < 0:
+        raise CliError("--heartbeat-timeout must be at least 0 (0: no heartbeat)")
+    if args.ssh_port is not None and not 0 < args.ssh_port < 65536:
+        raise CliError(f"--ssh-port {args.ssh_port} is not a port")
 
+    default_remote, per_host = remote_configs(args.remote_part_config, part_config, hosts)
     launcher = Launcher(ready_timeout=args.ready_timeout)
-    # Remote hosts read the secret and write their ready files here, so with ssh it must be on
-    # the shared file system (the working directory), not this host's /tmp.
-    remote = any(host not in LOCAL_HOSTS for host, _ in hosts)
-    workdir = Path(tempfile.mkdtemp(prefix=".asyncgraph-launch-", dir=os.getcwd() if remote else None))
+    local = {host: is_this_host(host) for host, _ in hosts}
+    names = [host for host, _ in hosts]
+    all_local = all(local.values())
+    # Across hosts, bind and advertise addresses, not names: a host's own name is 127.0.1.1 on
+    # Debian/Ubuntu (netif.job_address); on one host the names are fine as they are.
+    address = {host: host if all_local else job_address(host, names) for host in names}
+    ssh = SshCommand.from_args(args)
+    forwarded = forwarded_env(args.env, os.environ)
+    # Remote hosts get the secret, ip_config and readiness over their ssh channel: the launch
+    # folder (local processes' secret and ready files) stays on this host.
+    workdir = Path(tempfile.mkdtemp(prefix=".asyncgraph-launch-"))
     previous = {sig: signal.signal(sig, raise_signalled) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         launcher.start_watchdog(workdir)
@@ -148,64 +232,83 @@ def _launch(args: argparse.Namespace) -> int:
             secret_file = workdir / "secret"
             secret_file.write_text(secrets.token_hex(32))
             secret_file.chmod(0o600)
-        base_env = dict(os.environ)
+        try:  # it travels to remote hosts as text in the agent's job line
+            secret_text = secret_file.read_bytes().decode() if not all(local.values()) else ""
+        except UnicodeDecodeError:
+            raise CliError(f"--secret-file {secret_file}: not text; use a hex or base64 secret") from None
+        base_env = {**os.environ, **forwarded}
         cwd = os.getcwd()
+        remote_secret, remote_ready = f"{DIR_TOKEN}/secret", f"{DIR_TOKEN}/ready.json"
         servers: list[Proc] = []
-        ready_files: list[Path] = []
 
         def spawn_server(index: int, port: int) -> Proc:
             """Server ``index``: partition ``index``'s primary, or (from ``num_parts`` on) a replica."""
             part_id = index if index < num_parts else (index - num_parts) // (args.num_servers - 1)
             host = hosts[part_id][0]
-            ready = ready_files[index]
-            ready.unlink(missing_ok=True)
             replica_of = None
-            if index >= num_parts:  # on the primary's host: reach it over loopback when remote
-                primary_port = bound[part_id][1]
-                replica_of = (host if host in LOCAL_HOSTS else "127.0.0.1", primary_port)
+            if index >= num_parts:  # on the primary's host, at the address it bound
+                replica_of = ("127.0.0.1" if args.bind_all else address[host], bound[part_id][1])
+            extra = args.server_arg if replica_of is None else replica_args(args.server_arg)
+            if local[host]:
+                ready = workdir / f"server{index}.ready"
+                ready.unlink(missing_ok=True)
+                argv_server = server_argv(
+                    part_config, part_id, ready, host=address[host], port=port, num_clients=world_size,
+                    secret_file=secret_file, python=args.python, extra_args=extra, replica_of=replica_of,
+                )  # fmt: skip
+                return launcher.spawn("server", index, argv_server, base_env, ready_file=ready)
             argv_server = server_argv(
-                part_config,
-                part_id,
-                ready,
-                host=host if host in LOCAL_HOSTS else "0.0.0.0",
-                port=port,
-                num_clients=world_size,
-                secret_file=secret_file,
-                python=args.python,
-                extra_args=args.server_arg if replica_of is None else replica_args(args.server_arg),
-                replica_of=replica_of,
+                Path(per_host.get(host, default_remote)), part_id, Path(remote_ready),
+                host="0.0.0.0" if args.bind_all else address[host],
+                port=port, num_clients=world_size, secret_file=Path(remote_secret), python=args.python,
+                extra_args=extra, replica_of=replica_of,
+            )  # fmt: skip
+            job = Job(
+                argv=argv_server,
+                env=forwarded,
+                files={"secret": secret_text},
+                ready_file="ready.json",
+                grace=launcher.grace,
+                heartbeat=args.heartbeat_timeout,
             )
-            if host in LOCAL_HOSTS:
-                return launcher.spawn("server", index, argv_server, base_env)
-            return launcher.spawn("server", index, ssh_argv(host, argv_server, {}, cwd), base_env)
+            return launcher.spawn(
+                "server", index, ssh.agent(host, cwd, args.python), base_env, remote=(host, job)
+            )
 
         bound: list[tuple[str, int]] = []
         for part_id, (_host, port) in enumerate(hosts):
-            ready_files.append(workdir / f"server{part_id}.ready")
             servers.append(spawn_server(part_id, port))
-        addresses = launcher.wait_ready(servers, ready_files)
-        bound += addresses
+        bound += launcher.wait_ready(servers)
         if args.num_servers > 1:  # replicas map their primary's memory: start them once it is up
             for index in range(num_parts, num_parts * args.num_servers):
-                ready_files.append(workdir / f"server{index}.ready")
                 servers.append(spawn_server(index, 0))
-            bound += launcher.wait_ready(servers[num_parts:], ready_files[num_parts:])
+            bound += launcher.wait_ready(servers[num_parts:])
 
         def restart_server(index: int) -> Proc:
             """The same server again on the port it had (a primary from its state folder), once ready."""
-            ready_files[index].unlink(missing_ok=True)  # the dead one's: wait for the new one's
             proc = spawn_server(index, bound[index][1])
-            launcher.wait_ready([proc], [ready_files[index]])
+            launcher.wait_ready([proc])
             return proc
 
-        if args.ip_config is not None:  # remote servers bind 0.0.0.0; trainers use the configured host
-            addresses = [(h, p) for (h, _), (_, p) in zip(hosts, addresses, strict=True)]
+        # Trainers dial each partition's host address (a server may have bound 0.0.0.0).
+        addresses = [(address[h], p) for (h, _), (_, p) in zip(hosts, bound[:num_parts], strict=True)]
+        ip_config_text = IpConfig.parse("\n".join(f"{h} {p}" for h, p in addresses)).dump()
         ip_config = workdir / "ip_config.txt"
-        ip_config.write_text(IpConfig.parse("\n".join(f"{h} {p}" for h, p in addresses)).dump())
-        master_addr = hosts[0][0] if hosts[0][0] not in LOCAL_HOSTS else "127.0.0.1"
-        master_port = free_port()
+        ip_config.write_text(ip_config_text)
+        master_addr = args.master_addr or hosts[0][0]
+        if not all_local:
+            master_addr = job_address(master_addr, names)
+        elif args.master_addr is None and hosts[0][0] in LOCAL_HOSTS:
+            master_addr = "127.0.0.1"
+        master_local = is_this_host(master_addr)
+        if args.master_port is not None:
+            master_port = args.master_port
+        elif master_local:
+            master_port = free_port(master_addr)
+        else:
+            master_port = ssh.free_port(master_addr, args.python)
         trainer_hosts = [hosts[rank // num_trainers][0] for rank in range(world_size)]
-        local_count = sum(h in LOCAL_HOSTS for h in trainer_hosts)
+        local_count = sum(local[h] for h in trainer_hosts)
         user_omp = OMP_ENV in base_env
         local_omp = str(omp_threads(local_cores(), local_count))
         if not user_omp and local_count:
@@ -215,15 +318,21 @@ def _launch(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
+        local_rendezvous = {} if is_loopback(master_addr) else rendezvous_env(master_addr, base_env)
+        if local_rendezvous and local_count:
+            chosen = " ".join(f"{k}={v}" for k, v in local_rendezvous.items())
+            print(
+                f"[launcher] trainers on this host: {chosen} (routes to {master_addr})",
+                file=sys.stderr,
+                flush=True,
+            )
         trainers: list[Proc] = []
         for rank in range(world_size):
             part_id = rank // num_trainers
             local_rank = rank % num_trainers
             host = hosts[part_id][0]
             env = {
-                ENV_IP_CONFIG: str(ip_config),
-                ENV_SECRET_FILE: str(secret_file),
-                ENV_PART_CONFIG: str(part_config),
+                ENV_PART_CONFIG: str(part_config) if local[host] else per_host.get(host, default_remote),
                 "MASTER_ADDR": master_addr,
                 "MASTER_PORT": str(master_port),
                 "RANK": str(rank),
@@ -235,16 +344,27 @@ def _launch(args: argparse.Namespace) -> int:
             }
             if args.restart_servers:
                 env[ENV_RECONNECT_WINDOW] = str(args.reconnect_window)
-            if host in LOCAL_HOSTS:
+            if local[host]:
+                env.update({ENV_IP_CONFIG: str(ip_config), ENV_SECRET_FILE: str(secret_file)})
                 if not user_omp:
                     env[OMP_ENV] = local_omp
+                env.update(local_rendezvous)
                 trainers.append(launcher.spawn("trainer", rank, command, {**base_env, **env}))
             else:
+                env.update({ENV_IP_CONFIG: f"{DIR_TOKEN}/ip_config.txt", ENV_SECRET_FILE: remote_secret})
                 if user_omp:
                     env[OMP_ENV] = base_env[OMP_ENV]
-                share = None if user_omp else trainer_hosts.count(host)
-                remote_argv = ssh_argv(host, command, env, cwd, omp_share=share)
-                trainers.append(launcher.spawn("trainer", rank, remote_argv, base_env))
+                job = Job(
+                    argv=command,
+                    env={**forwarded, **env},
+                    files={"secret": secret_text, "ip_config.txt": ip_config_text},
+                    rendezvous=None if is_loopback(master_addr) else master_addr,
+                    omp_share=None if user_omp else trainer_hosts.count(host),
+                    grace=launcher.grace,
+                    heartbeat=args.heartbeat_timeout,
+                )
+                agent = ssh.agent(host, cwd, args.python)
+                trainers.append(launcher.spawn("trainer", rank, agent, base_env, remote=(host, job)))
         return launcher.wait_trainers(trainers, servers, restart_server, args.restart_servers)
     except LaunchError as exc:
         print(f"[launcher] {exc}", file=sys.stderr, flush=True)

@@ -24,13 +24,17 @@ trainers get ``cpu`` and ``gloo``. ``auto`` on a host without GPUs is an error (
 ``--num-trainers`` for CPU trainers).
 
 With ``--ip-config`` naming other hosts, servers and trainers are started there with ``ssh``
-(key-based, non-interactive), in the same working directory; the secret file must be reachable
-at the same path on every host (a shared file system, as DGL's launcher assumes).
+(key-based, non-interactive), in the same working directory, each under an agent
+(``asyncgraph.launch.remote``) that gets its job, the secret included, over the ssh channel's
+stdin, reports the server's readiness back over it, and stops its process when the channel
+closes or goes silent (a heartbeat every second): no shared file system is needed for the
+secret, ready files or ip_config, and no process outlives the job on any host.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -43,10 +47,10 @@ from pathlib import Path
 from typing import IO
 
 from asyncgraph.launch.lifeline import die_with_parent, exit_status
-from asyncgraph.launch.processes import (
-    ServerExitedError,
-    wait_ready_files,
-)
+from asyncgraph.launch.remote import Job, parse_report
+
+#: Seconds between the heartbeats the launcher writes to each remote agent.
+HEARTBEAT_INTERVAL = 1.0
 
 
 @dataclass
@@ -59,6 +63,12 @@ class Proc:
     pumps: list[threading.Thread] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
+    #: A remote process's host (it runs under ``asyncgraph.launch.remote`` over ssh), else None.
+    host: str | None = None
+    #: Where a local server writes its ready file.
+    ready_file: Path | None = None
+    #: The server's bound ``(host, port)`` once ready (its ready file, or its agent's report).
+    ready: tuple[str, int] | None = None
 
     def poll(self) -> int | None:
         """The exit status once it has exited (noting when), else None."""
@@ -80,7 +90,10 @@ class Launcher:
         self.ready_timeout = ready_timeout
         self.grace = grace
         self._print_lock = threading.Lock()
+        self._send_lock = threading.Lock()
         self._watchdog: subprocess.Popen[bytes] | None = None
+        self._heartbeat: threading.Thread | None = None
+        self._stopping = threading.Event()
 
     # --- the watchdog ----------------------------------------------------------------------
     def start_watchdog(self, launch_dir: Path) -> None:
@@ -124,45 +137,97 @@ class Launcher:
         self._watchdog = None
 
     # --- processes -------------------------------------------------------------------------
-    def spawn(self, role: str, rank: int, argv: Sequence[str], env: dict[str, str]) -> Proc:
+    def spawn(
+        self,
+        role: str,
+        rank: int,
+        argv: Sequence[str],
+        env: dict[str, str],
+        *,
+        ready_file: Path | None = None,
+        remote: tuple[str, Job] | None = None,
+    ) -> Proc:
+        """Start ``argv``; with ``remote=(host, job)``, ``argv`` is the ssh command of an agent
+        on ``host`` and ``job`` is written to its stdin, which stays open as its lifeline."""
         popen = subprocess.Popen(
             list(argv),
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if remote is None else subprocess.PIPE,
             start_new_session=True,  # its own process group, so we can stop its children too
             preexec_fn=die_with_parent(signal.SIGTERM),
         )
         self._tell_watchdog(f"pgid {popen.pid}")
-        proc = Proc(role, rank, popen)
+        proc = Proc(role, rank, popen, ready_file=ready_file)
+        if remote is not None:
+            proc.host = remote[0]
+            self._send(proc, remote[1].model_dump_json())
+            self._start_heartbeat()
         for stream, sink in ((popen.stdout, sys.stdout), (popen.stderr, sys.stderr)):
             assert stream is not None
-            pump = threading.Thread(target=self._pump, args=(proc.label, stream, sink), daemon=True)
+            pump = threading.Thread(target=self._pump, args=(proc, stream, sink), daemon=True)
             pump.start()
             proc.pumps.append(pump)
         self.procs.append(proc)
         return proc
 
-    def _pump(self, label: str, stream: IO[bytes], sink: IO[str]) -> None:
+    def _send(self, proc: Proc, line: str) -> None:
+        """A line to a remote process's agent (lost quietly if the channel is gone)."""
+        pipe = proc.popen.stdin
+        if pipe is not None:
+            with self._send_lock, contextlib.suppress(OSError, ValueError):
+                pipe.write(line.encode() + b"\n")
+                pipe.flush()
+
+    def _start_heartbeat(self) -> None:
+        if self._heartbeat is None:
+            self._heartbeat = threading.Thread(target=self._beat, daemon=True)
+            self._heartbeat.start()
+
+    def _beat(self) -> None:
+        while not self._stopping.wait(HEARTBEAT_INTERVAL):
+            for proc in list(self.procs):
+                if proc.host is not None and proc.popen.poll() is None:
+                    self._send(proc, "ping")
+
+    def _pump(self, proc: Proc, stream: IO[bytes], sink: IO[str]) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
+            report = parse_report(line) if proc.host is not None else None
+            if report is not None:
+                if "ready" in report:
+                    host, port = report["ready"]
+                    proc.ready = (str(host), int(port))
+                if "env" in report:
+                    chosen = " ".join(f"{k}={v}" for k, v in report["env"].items())
+                    self._say(f"{proc.label} on {proc.host}: {chosen}")
+                continue
             with self._print_lock:
-                print(f"[{label}] {line}", file=sink, flush=True)
+                print(f"[{proc.label}] {line}", file=sink, flush=True)
         stream.close()
 
     def stop_all(self) -> None:
         """SIGTERM every live process group we started, then SIGKILL after a grace period."""
         live = [p for p in self.procs if p.popen.poll() is None]
         for proc in live:
-            _signal_group(proc.popen, signal.SIGTERM)
+            if proc.host is None:
+                _signal_group(proc.popen, signal.SIGTERM)
+            else:  # its agent stops it (SIGTERM, SIGKILL after the same grace) and reports back
+                self._send(proc, "stop")
+                with contextlib.suppress(OSError, ValueError):
+                    assert proc.popen.stdin is not None
+                    proc.popen.stdin.close()
         deadline = time.monotonic() + self.grace
         for proc in live:
+            # a remote agent gets its own grace plus a moment to say so over ssh
+            extra = 0.0 if proc.host is None else 2.0
             try:
-                proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+                proc.popen.wait(timeout=max(0.0, deadline + extra - time.monotonic()))
             except subprocess.TimeoutExpired:
                 _signal_group(proc.popen, signal.SIGKILL)
                 proc.popen.wait(timeout=5)
+        self._stopping.set()
         for proc in self.procs:
             proc.poll()
             for pump in proc.pumps:
@@ -177,7 +242,8 @@ class Launcher:
             codes = [p.popen.returncode for p in procs]
             ends = [p.ended for p in procs if p.ended is not None]
             wall = (max(ends) if ends else time.monotonic()) - min(p.started for p in procs)
-            failed = sum(1 for c in codes if c not in (0, -signal.SIGTERM, None))
+            stopped = (0, -signal.SIGTERM, 128 + signal.SIGTERM, None)  # 143: a remote one we stopped
+            failed = sum(1 for c in codes if c not in stopped)
             shown = " ".join("?" if c is None else str(c) for c in codes)
             lines.append(
                 f"role={role} count={len(procs)} exit_codes={shown.replace(' ', ',')} "
@@ -186,16 +252,31 @@ class Launcher:
         return lines
 
     # --- waiting ---------------------------------------------------------------------------
-    def wait_ready(self, servers: list[Proc], ready_files: list[Path]) -> list[tuple[str, int]]:
-        try:
-            return wait_ready_files([p.popen for p in servers], ready_files, self.ready_timeout)
-        except ServerExitedError as exc:
-            status = exit_status(exc.status)
-            raise LaunchError(
-                f"{servers[exc.index].label} exited with status {status} before it was ready", status or 1
-            ) from None
-        except TimeoutError as exc:
-            raise LaunchError(str(exc), 1) from None
+    def wait_ready(self, servers: list[Proc]) -> list[tuple[str, int]]:
+        """Every server's bound ``(host, port)`` once each is ready: a local one's ready file, a
+        remote one's report over its channel. ``LaunchError`` if one exits first or time runs out."""
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            for proc in servers:
+                if proc.ready is None and proc.ready_file is not None and proc.ready_file.exists():
+                    with contextlib.suppress(ValueError, OSError, KeyError):
+                        info = json.loads(proc.ready_file.read_text())
+                        proc.ready = (str(info["host"]), int(info["port"]))
+                code = proc.poll()
+                if code is not None and proc.ready is None:
+                    for pump in proc.pumps:  # its last words first
+                        pump.join(timeout=2)
+                    status = exit_status(code)
+                    where = f" on {proc.host}" if proc.host else ""
+                    raise LaunchError(
+                        f"{proc.label}{where} exited with status {status} before it was ready", status or 1
+                    )
+            if all(p.ready is not None for p in servers):
+                return [p.ready for p in servers if p.ready is not None]
+            if time.monotonic() > deadline:
+                late = ", ".join(p.label for p in servers if p.ready is None)
+                raise LaunchError(f"servers not ready after {self.ready_timeout:g} s: {late}", 1)
+            time.sleep(0.01)
 
     def wait_trainers(
         self,

@@ -1,5 +1,5 @@
-"""Starting processes: server command lines, ready files, free ports, GPU and core counts,
-ssh wrapping and each trainer's ``OMP_NUM_THREADS``.
+"""Starting processes: server command lines, ready files, free ports, GPU and core counts
+and each trainer's ``OMP_NUM_THREADS`` (ssh: ``sshcmd`` and the agent, ``remote``).
 
 Shared by the launcher (``asyncgraph.launch``), the test and benchmark helper
 (``asyncgraph.testing``) and ``asyncgraph.distributed.trainers``; nothing here keeps state.
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import socket
 import subprocess
 import sys
@@ -29,7 +28,6 @@ __all__ = [
     "process_alive",
     "replica_args",
     "server_argv",
-    "ssh_argv",
     "wait_ready_files",
 ]
 
@@ -188,20 +186,3 @@ def local_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
-
-
-def ssh_argv(
-    host: str, argv: Sequence[str], env: dict[str, str], cwd: str, omp_share: int | None = None
-) -> list[str]:
-    """Wrap a command to run on ``host`` over ssh with the given environment.
-
-    With ``omp_share=N`` the remote shell sets ``OMP_NUM_THREADS`` to its ``nproc`` divided by
-    ``N`` (at least 1), the remote host's share for each of its ``N`` trainers.
-    """
-    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    omp = ""
-    if omp_share is not None:
-        n = max(1, int(omp_share))
-        omp = f"{OMP_ENV}=$(( $(nproc) / {n} > 1 ? $(nproc) / {n} : 1 )) "
-    command = f"cd {shlex.quote(cwd)} && {omp}env {exports} {shlex.join(argv)}"
-    return ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new", host, command]

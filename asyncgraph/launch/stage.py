@@ -216,8 +216,11 @@ class Stager:
         ssh_user: str | None = None,
         dry_run: bool = False,
         transfer: str | None = None,
+        ssh_options: Sequence[str] = (),
     ) -> None:
         self.config_path = config_path
+        #: ssh's options here, then the user's (``-o Port=N`` form: scp spells ``-p`` ``-P``)
+        self.ssh_options = (*SSH_OPTIONS, *ssh_options)
         self.config = config
         self.dest = dest
         self.ssh_user = ssh_user
@@ -274,20 +277,20 @@ class Stager:
 
     # --- remote -----------------------------------------------------------------------------
     def ssh(self, host: HostPlan, command: str) -> list[str]:
-        return ["ssh", *SSH_OPTIONS, host.target(self.ssh_user), command]
+        return ["ssh", *self.ssh_options, host.target(self.ssh_user), command]
 
     def copy_argv(self, host: HostPlan, src: Path, dest_rel: str, is_dir: bool) -> list[str]:
         remote = host.copy_target(self.ssh_user, PurePosixPath(self.dest, dest_rel))
         if self.transfer == "rsync":
             # -r recursive, -t times (so a re-run skips unchanged files), -L copy what links point to
             # --partial keeps half-sent big files for the next run; a trailing / copies the contents.
-            ssh = shlex.join(["ssh", *SSH_OPTIONS])
+            ssh = shlex.join(["ssh", *self.ssh_options])
             source = f"{src}/" if is_dir else str(src)
             return ["rsync", "-rtL", "--partial", "-e", ssh, source, remote + ("/" if is_dir else "")]
         # scp -r copies a folder into an existing one as a subfolder: copy to its parent.
         if is_dir:
             remote = host.copy_target(self.ssh_user, PurePosixPath(self.dest, dest_rel).parent)
-        return ["scp", "-p", *SSH_OPTIONS, *(["-r"] if is_dir else []), str(src), remote]
+        return ["scp", "-p", *self.ssh_options, *(["-r"] if is_dir else []), str(src), remote]
 
     def stage_remote(self, host: HostPlan, manifest: dict[str, str], names: list[str]) -> None:
         if not _SAFE_REMOTE_PATH.match(str(self.dest)):
@@ -348,8 +351,11 @@ def stage(
     ssh_user: str | None = None,
     dry_run: bool = False,
     transfer: str | None = None,
+    ssh_options: Sequence[str] = (),
 ) -> None:
-    """Stage every partition to its host and verify it; raises ``StageError`` on failure."""
+    """Stage every partition to its host and verify it; raises ``StageError`` on failure.
+
+    ``ssh_options`` go to every ssh, rsync's ssh and scp (``-o Port=2222``, ``-i KEY``...)."""
     try:
         config = PartitionConfig.load(part_config)
     except FileNotFoundError:
@@ -367,9 +373,16 @@ def stage(
     except (OSError, ValueError) as exc:
         raise StageError(f"ip_config: {exc}".splitlines()[0], 2) from None
     hosts = plan(config, ips)
-    Stager(part_config.absolute(), config, dest, ssh_user=ssh_user, dry_run=dry_run, transfer=transfer).stage(
-        hosts
+    stager = Stager(
+        part_config.absolute(),
+        config,
+        dest,
+        ssh_user=ssh_user,
+        dry_run=dry_run,
+        transfer=transfer,
+        ssh_options=ssh_options,
     )
+    stager.stage(hosts)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -377,7 +390,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--part-config", type=Path, required=True, help="partition JSON file")
     parser.add_argument("--ip-config", type=Path, required=True, help="servers in partition order")
     parser.add_argument("--dest", type=Path, required=True, help="folder on every host (absolute)")
-    parser.add_argument("--ssh-user", help="user for ssh/rsync to remote hosts (default: ssh's)")
+    parser.add_argument(
+        "--ssh-user", "--ssh-username", help="user for ssh/rsync to remote hosts (default: ssh's)"
+    )
+    parser.add_argument("--ssh-port", type=int, help="ssh port of the remote hosts (default: ssh's)")
+    parser.add_argument(
+        "--ssh-option",
+        action="append",
+        default=[],
+        metavar="OPTS",
+        help="extra ssh arguments, split like a shell does (repeatable), as the launcher takes them",
+    )
     parser.add_argument("--transfer", choices=["rsync", "scp"], help="default: rsync if installed")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, copy nothing")
     return parser
@@ -390,6 +413,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stage: --dest {args.dest} must be an absolute path", file=sys.stderr)
         return 2
     try:
+        options = [word for value in args.ssh_option for word in shlex.split(value)]
+    except ValueError as exc:
+        print(f"stage: --ssh-option: {exc}", file=sys.stderr)
+        return 2
+    if args.ssh_port is not None:
+        if not 0 < args.ssh_port < 65536:
+            print(f"stage: --ssh-port {args.ssh_port} is not a port", file=sys.stderr)
+            return 2
+        options = ["-o", f"Port={args.ssh_port}", *options]
+    try:
         stage(
             args.part_config,
             args.ip_config,
@@ -397,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
             ssh_user=args.ssh_user,
             dry_run=args.dry_run,
             transfer=args.transfer,
+            ssh_options=options,
         )
     except StageError as exc:
         print(f"stage: {exc}", file=sys.stderr)
