@@ -316,9 +316,8 @@ def acm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     import sys
     from pathlib import Path
 
-    from tests.conftest import DATA
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    sys.path.insert(0, str(examples))
     from hetero_node_classification import load_acm
 
     out = tmp_path_factory.mktemp("acm1")
@@ -328,7 +327,7 @@ def acm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {
         "config": out / "acm.json",
         "nmap": {k: np.asarray(v) for k, v in nmap.items()},
-        "raw": dict(np.load(DATA / "acm.npz")),
+        "raw": dict(np.load(examples / "data" / "acm.npz")),
     }
 
 
