@@ -269,7 +269,7 @@ class DistGraph:
     def __repr__(self) -> str:
         mode = "standalone" if self._client.is_standalone else "distributed"
         if not self._client.is_standalone:  # which path each partition's data takes, as found
-            local = set(self._client.aio.local_partitions())
+            local = set(self._client.local_partitions())
             parts = range(self._client.book.num_partitions())
             shm = [p for p in parts if p in local]
             tcp = [p for p in parts if p not in local]

@@ -28,7 +28,7 @@ from asyncgraph.errors import (
     UnknownTensorError,
     UnknownTypeError,
 )
-from asyncgraph.names import is_state_key, tensor_prefix
+from asyncgraph.names import is_state_key, node_key, tensor_prefix
 from asyncgraph.partition.book import RangePartitionBook
 
 __all__ = ["PYG_ALIASES", "DistFeatureStore"]
@@ -71,10 +71,10 @@ class DistFeatureStore(FeatureStore):  # type: ignore[misc]
         if not isinstance(attr_name, str):
             raise DTypeMismatchError(f"attr_name must be a str, got {attr_name!r}")
         key = tensor_prefix("node") + attr_name
-        if self.client.aio.cached_meta(key) is not None:
+        if self.client.async_client.cached_meta(key) is not None:
             return attr_name
         alias = PYG_ALIASES.get(attr_name)
-        if alias is not None and self.client.aio.cached_meta(tensor_prefix("node") + alias) is not None:
+        if alias is not None and self.client.async_client.cached_meta(node_key(alias)) is not None:
             return alias
         have = self._node_tensors()  # refreshes the catalog: a tensor made elsewhere is found
         if attr_name in have:
@@ -130,8 +130,8 @@ class DistFeatureStore(FeatureStore):  # type: ignore[misc]
         keys: list[tuple[str, np.ndarray]] = []
         for attr in attrs:  # validate everything before any request is sent
             ntype = self._group(attr.group_name)
-            keys.append((f"node:{self._tensor_name(attr.attr_name)}", self._ids(attr, ntype)))
-        aio = self.client.aio
+            keys.append((node_key(self._tensor_name(attr.attr_name)), self._ids(attr, ntype)))
+        aio = self.client.async_client
 
         async def pull_all() -> list[np.ndarray]:
             return list(await asyncio.gather(*(aio.pull_numpy(k, ids) for k, ids in keys)))
@@ -151,7 +151,7 @@ class DistFeatureStore(FeatureStore):  # type: ignore[misc]
         ids = self._ids(attr, ntype)
         if values.shape[0] != ids.size:
             raise ShapeMismatchError(f"{values.shape[0]} rows given for {ids.size} indices")
-        self.client.push(f"node:{name}", ids, values.numpy())
+        self.client.push(node_key(name), ids, values.numpy())
         return True
 
     def update_tensor(self, tensor: Any, *args: Any, **kwargs: Any) -> bool:
@@ -179,13 +179,13 @@ class DistFeatureStore(FeatureStore):  # type: ignore[misc]
             name = self._tensor_name(attr.attr_name)
         except UnknownTensorError:
             return False
-        self.client.loop.run(self.client.aio.delete_tensor(f"node:{name}"))
+        self.client.loop.run(self.client.async_client.delete_tensor(node_key(name)))
         return True
 
     def _get_tensor_size(self, attr: TensorAttr) -> tuple[int, ...]:
         ntype = self._group(attr.group_name)
         name = self._tensor_name(attr.attr_name)
-        meta = self.client.aio.cached_meta(f"node:{name}")
+        meta = self.client.async_client.cached_meta(node_key(name))
         assert meta is not None  # _tensor_name found it
         return (self._num_rows(ntype), *meta.row_shape)
 

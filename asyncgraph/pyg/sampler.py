@@ -41,6 +41,7 @@ from asyncgraph.dataloading.fetch import AUTO, Auto, client_of, node_tensor_name
 from asyncgraph.dataloading.hetero_block import _type_local
 from asyncgraph.distributed.hetero import etype_fanouts
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, UnknownTypeError
+from asyncgraph.names import node_key
 from asyncgraph.partition.book import RangePartitionBook
 
 __all__ = ["DistNeighborSampler", "Hops", "check_options", "sample_hops"]
@@ -286,7 +287,7 @@ class DistNeighborSampler(BaseSampler):  # type: ignore[misc]
         self, seeds: Any, seed: int, input_type: str | None = None
     ) -> tuple[SamplerOutput | HeteroSamplerOutput, tuple[Any, Any]]:
         """A sample of ``seeds`` (tensor, or ``{ntype: ids}``) and its ``(x, y)`` in PyG's layout."""
-        aio = self.client.aio
+        aio = self.client.async_client
         if self.is_hetero:
             if not isinstance(seeds, Mapping):
                 raise InvalidRequestError("seeds of a heterogeneous graph must be {node type: ids}")
@@ -299,7 +300,7 @@ class DistNeighborSampler(BaseSampler):  # type: ignore[misc]
             self.book.owner(gids, "node")  # OutOfRangeError names the ID before any request
         hops = await sample_hops(aio, gids, self.fanouts, replace=self.replace, seed=seed)
         names = [n for n in (self.x, self.y) if n is not None]
-        rows = await asyncio.gather(*(aio.pull_numpy(f"node:{n}", hops.nodes) for n in names))
+        rows = await asyncio.gather(*(aio.pull_numpy(node_key(n), hops.nodes) for n in names))
         pulled = dict(zip(names, (torch.from_numpy(r) for r in rows), strict=True))
         if not self.is_hetero:
             x = pulled.get(self.x) if self.x else None
