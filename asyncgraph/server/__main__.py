@@ -94,6 +94,13 @@ def build_parser() -> Parser:
         help="seconds between fsyncs with --wal-fsync interval",
     )
     parser.add_argument(
+        "--wal-recover",
+        action="store_true",
+        help="a write-ahead log with a corrupt record followed by valid ones (the server refuses to "
+        "start, naming file and offset): move it aside (kept as *.corrupt-TIME), replay the records "
+        "that verify and log what was skipped",
+    )
+    parser.add_argument(
         "--snapshot-interval",
         type=float,
         default=0.0,
@@ -127,8 +134,8 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
     part_config_checked(ns.part_config, ns.part_id)
     if ns.secret_file is not None and not ns.secret_file.is_file():
         raise CliError(f"--secret-file {ns.secret_file} does not exist")
-    if (ns.wal or ns.snapshot_interval) and ns.state_dir is None:
-        parser.error("--wal and --snapshot-interval need --state-dir")
+    if (ns.wal or ns.snapshot_interval or ns.wal_recover) and ns.state_dir is None:
+        parser.error("--wal, --wal-recover and --snapshot-interval need --state-dir")
     if not ns.handshake_timeout > 0:
         parser.error("--handshake-timeout must be positive")
     if ns.max_sampled_edges < 0 or ns.max_tensor_bytes < 0:
@@ -165,6 +172,7 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         wal_fsync=ns.wal_fsync,
         wal_fsync_interval=ns.wal_fsync_interval,
         snapshot_interval=ns.snapshot_interval,
+        wal_recover=ns.wal_recover,
         handshake_timeout=ns.handshake_timeout,
         max_pending_connections=ns.max_pending_connections,
         max_sampled_edges=ns.max_sampled_edges,

@@ -69,6 +69,9 @@ class ServerOptions:
     wal_fsync: FsyncPolicy = "always"
     wal_fsync_interval: float = 0.05
     snapshot_interval: float = 0.0
+    #: Replay a corrupt write-ahead log's valid records (the log moved aside) instead of
+    #: refusing to start (``asyncgraph.server.wal``).
+    wal_recover: bool = False
     #: Serve as a replica of the primary at this address (same host): map its memory, hold
     #: no state of its own (``asyncgraph.server.replica``).
     replica_of: tuple[str, int] | None = None
@@ -119,6 +122,7 @@ class GraphServer:
                 wal=opts.wal,
                 fsync=opts.wal_fsync,
                 fsync_interval=opts.wal_fsync_interval,
+                recover=opts.wal_recover,
             )
         if opts.metrics_port is not None:
             self._make_metrics()

@@ -13,8 +13,9 @@ snapshots and the logs from the older one on are kept, so falling back loses not
 ``wal-<e>`` for every ``e >=`` the restored epoch, in order, rebuilds every acknowledged write.
 
 A log record is ``crc32 (4 bytes, big endian) + one protocol frame`` (``encode_frame``: msgpack
-header, arrays as raw bytes, never pickle) holding ``{"op", "args", "rid"}``. Replay stops at the
-first torn or corrupt record (the tail a crash cut short) and truncates the log there.
+header, arrays as raw bytes, never pickle) holding ``{"op", "args", "rid"}``. Replay drops a torn
+tail (an incomplete last record: what a crash leaves) and refuses a corrupt record followed by
+valid ones (``WalCorruptError``; ``--wal-recover`` moves the log aside and replays what verifies).
 
 Fsync policy (``--wal-fsync``): ``always`` fsyncs the log before a write is acknowledged (survives
 power loss); ``interval`` fsyncs at most every ``fsync_interval`` seconds (an acknowledged write
@@ -324,8 +325,12 @@ class DurableState:
         fsync: FsyncPolicy = "always",
         fsync_interval: float = 0.05,
         requests: RequestLog | None = None,
+        recover: bool = False,
     ) -> None:
         self.dir = StateDir(root, part_id)
+        #: ``--wal-recover``: replay a corrupt log's valid records (moved aside first) instead of
+        #: refusing to start; a record that no longer applies is skipped with a warning.
+        self.recover = recover
         self.use_wal = wal
         self.fsync: FsyncPolicy = fsync
         self.fsync_interval = fsync_interval
@@ -346,11 +351,17 @@ class DurableState:
             self.requests.load(snap.manifest.get("request_ids", []))
             base = snap.epoch
         replayed = 0
-        for e in self.dir.wal_epochs():
-            if e < base:
-                continue
-            for record in WriteAheadLog.records(self.dir.wal_path(e)):
-                apply(str(record["op"]), record["args"])
+        epochs = [e for e in self.dir.wal_epochs() if e >= base]
+        for e in epochs:
+            path = self.dir.wal_path(e)
+            for record in WriteAheadLog.records(path, last=e == epochs[-1], recover=self.recover):
+                try:
+                    apply(str(record["op"]), record["args"])
+                except AsyncGraphError as exc:
+                    if not self.recover:
+                        raise
+                    log.warning("--wal-recover: skipping a %s record of %s: %s", record["op"], path, exc)
+                    continue
                 if record.get("rid"):
                     self.requests.add(str(record["rid"]), float(record.get("t", time.time())))
                 replayed += 1
