@@ -74,6 +74,19 @@ class UnknownTypeError(InvalidRequestError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class NonFiniteError(InvalidRequestError):
+    """Gradients (or the update they make) hold NaN or infinity; nothing was applied."""
+
+    code = "non_finite"
+
+
+class ReadOnlyTensorError(InvalidRequestError, PermissionError):
+    """A write, delete or optimizer step on a tensor this server keeps read-only (the
+    partition's own data, or optimizer state); the message names the tensor and the option."""
+
+    code = "read_only"
+
+
 class ProtocolError(AsyncGraphError):
     """Bytes on the wire do not form a valid frame or message."""
 
@@ -147,6 +160,8 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         PartialTensorError,
         UnknownOpError,
         UnknownTypeError,
+        NonFiniteError,
+        ReadOnlyTensorError,
         ProtocolError,
         FrameTooLargeError,
         AuthenticationError,

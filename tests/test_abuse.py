@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from asyncgraph.client import AsyncClient
+from asyncgraph.errors import NonFiniteError
+from asyncgraph.protocol.ops import Op, SparseUpdateArgs
 from asyncgraph.testing import ServerGroup, start_servers
 
 SECRET = b"issue22-secret"
@@ -26,6 +28,21 @@ def wal_servers(cora2, tmp_path: Path) -> Iterator[ServerGroup]:
         num_parts=2,
         secret=SECRET,
         extra_args=["--log-level", "WARNING", "--state-dir", str(tmp_path / "state"), "--wal"],
+    )
+    yield group
+    group.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_servers(cora2, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerGroup]:
+    """One pair of logged servers for the tests of this module that restart nothing."""
+    tmp = tmp_path_factory.mktemp("abuse")
+    group = start_servers(
+        cora2.part_config,
+        tmp / "run",
+        num_parts=2,
+        secret=SECRET,
+        extra_args=["--log-level", "WARNING", "--state-dir", str(tmp / "state"), "--wal"],
     )
     yield group
     group.stop()
@@ -86,4 +103,40 @@ async def test_corrupt_wal_record_refuses_start_and_recover_keeps_the_rest(
     expected = np.arange(1.0, 11.0)
     expected[4] = 0.0  # the one corrupt record (the 5th push) is the only write missing
     np.testing.assert_array_equal(got, expected)
+    await client.close()
+
+
+# --- item 5: NaN and inf gradients --------------------------------------------------------------
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["adagrad", "adam"])
+async def test_non_finite_gradients_are_refused_and_change_nothing(
+    shared_servers: ServerGroup, kind: str
+) -> None:
+    client = await connect(shared_servers)
+    n = client.book.num_nodes
+    name = f"emb_{kind}"
+    init = {"kind": "uniform", "low": -1, "high": 1}
+    await client.create_tensor(name, "node", [n, 4], "float32", init=init)
+    spec = {"kind": kind, "lr": 0.1}
+    ids = np.array([0, 5, n - 1])
+    await client.sparse_update(name, ids, np.ones((3, 4), np.float32), spec)  # state exists now
+    names = sorted(m.name for m in await client.refresh_tensors() if m.name.startswith(name))
+    assert len(names) == (2 if kind == "adagrad" else 4)
+    before = {m: (await client.pull(m, np.arange(n))).numpy().copy() for m in names}
+    for bad in (np.nan, np.inf, -np.inf):
+        grads = np.ones((3, 4), np.float32)
+        grads[1, 2] = bad
+        with pytest.raises(NonFiniteError, match="ID 5 is not finite"):
+            await client.sparse_update(name, ids, grads, spec)
+        # a client that skips the check: the server refuses too (raw request, no client checks)
+        owner = client.partitions[int(client.book.nid2partid(np.array([5]))[0])]
+        with pytest.raises(NonFiniteError, match="not finite"):
+            await owner.conn.call(  # type: ignore[attr-defined]
+                Op.SPARSE_UPDATE, SparseUpdateArgs(name, ids[1:2], grads[1:2], spec).encode(), 10.0
+            )
+    huge = np.full((3, 4), 3e38, np.float32)  # finite, but its square overflows float32
+    with pytest.raises(NonFiniteError, match="overflows"):
+        await client.sparse_update(name, ids, huge, spec)
+    for m in names:
+        np.testing.assert_array_equal((await client.pull(m, np.arange(n))).numpy(), before[m])
     await client.close()

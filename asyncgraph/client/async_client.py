@@ -24,7 +24,7 @@ from asyncgraph.errors import (
     DTypeMismatchError,
     InvalidRequestError,
 )
-from asyncgraph.kernels.sparse_optim import validate_spec
+from asyncgraph.kernels.sparse_optim import check_finite_grads, validate_spec
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.protocol.ops import BarrierArgs, Op, SnapshotArgs
@@ -203,6 +203,7 @@ class AsyncClient(StructureQueries, TensorReads):
         gids = as_id_array(ids)
         what, row_shape = f"sparse_update {name!r}", meta.row_shape
         _, grad = check_rows(what, gids, grads, dtype=meta.dtype, row_shape=row_shape, values_name="grads")
+        check_finite_grads(what, gids, grad)  # issue 22: refused before any partition applies it
         parts = self.book.positions(gids, meta.policy)
         await scatter(
             self.partitions,
