@@ -4,6 +4,8 @@ unbounded. Real server processes (Cora, 2 partitions, a secret) on loopback, rea
 
 from __future__ import annotations
 
+import asyncio
+import json
 import signal
 import struct
 from collections.abc import Iterator
@@ -13,8 +15,9 @@ import numpy as np
 import pytest
 
 from asyncgraph.client import AsyncClient
-from asyncgraph.errors import NonFiniteError
-from asyncgraph.protocol.ops import Op, SparseUpdateArgs
+from asyncgraph.errors import InvalidRequestError, NonFiniteError
+from asyncgraph.protocol.ops import MAX_EPOCH, Op, SparseUpdateArgs
+from asyncgraph.server.durable import MAX_EPOCH_STEP
 from asyncgraph.testing import ServerGroup, start_servers
 
 SECRET = b"issue22-secret"
@@ -42,8 +45,11 @@ def shared_servers(cora2, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         tmp / "run",
         num_parts=2,
         secret=SECRET,
-        extra_args=["--log-level", "WARNING", "--state-dir", str(tmp / "state"), "--wal"],
-    )
+        extra_args=[
+            "--log-level", "WARNING", "--state-dir", str(tmp / "state"), "--wal",
+            "--snapshot-interval", "0.2",
+        ],
+    )  # fmt: skip
     yield group
     group.stop()
 
@@ -140,3 +146,74 @@ async def test_non_finite_gradients_are_refused_and_change_nothing(
     for m in names:
         np.testing.assert_array_equal((await client.pull(m, np.arange(n))).numpy(), before[m])
     await client.close()
+
+
+# --- item 4: snapshots tied to what they describe -----------------------------------------------
+@pytest.mark.timeout(120)
+async def test_edited_manifest_falls_back_and_repartitioned_graph_is_refused(
+    wal_servers: ServerGroup, cora2, tmp_path: Path
+) -> None:
+    group = wal_servers
+    client = await connect(group)
+    n = client.book.num_nodes
+    labels = (await client.pull("node:label", np.arange(n))).numpy().copy()
+    await client.create_tensor("acc", "node", [n, 1], "float64")
+    await client.push("acc", np.arange(n), np.full((n, 1), 1.0))
+    await client.snapshot()
+    await client.push("acc", np.arange(n), np.full((n, 1), 2.0), op="add")
+    epoch = await client.snapshot()
+    await client.close()
+    group.kill(0, signal.SIGKILL)
+
+    # An edited dtype in the newest manifest (same byte size: int64 labels read as float64).
+    manifest = tmp_path / "state" / "part0" / f"snap-{epoch:08d}" / "manifest.json"
+    text = manifest.read_text()
+    doc = json.loads(text)
+    entry = next(e for e in doc["tensors"] if e["name"].endswith("label"))
+    assert entry["dtype"] == "int64"
+    entry["dtype"] = "float64"
+    manifest.write_text(json.dumps(doc))
+    group.restart(0)
+    assert "does not match its checksum" in group.log_text(0)  # skipped, the older one used
+    client = await connect(group)
+    got = (await client.pull("node:label", np.arange(n))).numpy()
+    assert got.dtype == labels.dtype
+    np.testing.assert_array_equal(got, labels)
+    np.testing.assert_array_equal((await client.pull("acc", np.arange(n))).numpy(), np.full((n, 1), 3.0))
+    await client.close()
+    group.kill(0, signal.SIGKILL)
+
+    # The same graph name partitioned again (another method): its state is refused, naming both.
+    from asyncgraph.partition import partition_graph
+    from asyncgraph.partition.graph import Graph
+
+    graph = Graph.from_npz(Path(__file__).resolve().parent.parent / "examples" / "data" / "cora.npz")
+    partition_graph(graph, "cora", 2, tmp_path / "again", part_method="random")
+    argv = group.argvs[0]
+    argv[argv.index("--part-config") + 1] = str(tmp_path / "again" / "cora.json")
+    with pytest.raises(RuntimeError, match="fingerprint"):
+        group.restart(0, timeout=30)
+    text = group.log_text(0)
+    assert str(cora2.part_config) in text and str(tmp_path / "again" / "cora.json") in text
+
+
+# --- item 8: epochs from clients are bounded --------------------------------------------------------
+@pytest.mark.timeout(120)
+async def test_epoch_overflow_is_refused_and_handshakes_keep_working(shared_servers: ServerGroup) -> None:
+    client = await connect(shared_servers)
+    server = client.partitions[0]
+    current = int((await client.info(0))["epoch"])
+    for bad in (2**64 - 1, 2**63, MAX_EPOCH + 1, current + MAX_EPOCH_STEP + 1):
+        with pytest.raises(InvalidRequestError, match="epoch"):
+            await server.conn.call(Op.SNAPSHOT, {"epoch": bad}, 10.0)  # type: ignore[attr-defined]
+    n = client.book.num_nodes
+    await client.create_tensor("ep", "node", [n, 1], "float32")
+    await client.push("ep", np.arange(n), np.ones((n, 1), np.float32))
+    await asyncio.sleep(0.8)  # --snapshot-interval 0.2: the periodic snapshot runs after the write
+    await client.close()
+    for _ in range(3):  # new handshakes still work, and so does a job-wide snapshot
+        again = await connect(shared_servers)
+        assert await again.snapshot() > current
+        await again.close()
+    for i in range(2):
+        assert "Traceback" not in shared_servers.log_text(i)

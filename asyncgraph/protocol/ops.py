@@ -17,6 +17,7 @@ import numpy as np
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError
 
 __all__ = [
+    "MAX_EPOCH",
     "RETRYABLE_OPS",
     "WRITE_OPS",
     "AddReplicaArgs",
@@ -58,6 +59,9 @@ class Op(enum.StrEnum):
     SNAPSHOT = "snapshot"
     ADD_REPLICA = "add_replica"
 
+
+#: Largest snapshot epoch a server accepts (``SnapshotArgs``); see ``asyncgraph.server.durable``.
+MAX_EPOCH = (1 << 48) - 1
 
 #: Ops that change stored data: logged by a server's write-ahead log, and carrying an optional
 #: client request id (``"rid"``) so that a retry after a lost reply is applied once.
@@ -394,8 +398,8 @@ class SnapshotArgs:
     @classmethod
     def decode(cls, args: Mapping[str, Any]) -> SnapshotArgs:
         epoch = _get(args, Op.SNAPSHOT, "epoch", int)
-        if epoch < 1:
-            raise InvalidRequestError(f"snapshot: epoch must be positive, got {epoch}")
+        if not 1 <= epoch <= MAX_EPOCH:  # issue 22: bounded, so epoch + 1 always encodes
+            raise InvalidRequestError(f"snapshot: epoch must be in [1, {MAX_EPOCH}], got {epoch}")
         return cls(epoch)
 
     def encode(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from asyncgraph.kernels import compiled
 from asyncgraph.partition import load_partition
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.server.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_PENDING, Admission
-from asyncgraph.server.durable import DurableState, FsyncPolicy
+from asyncgraph.server.durable import DurableState, FsyncPolicy, partition_fingerprint
 from asyncgraph.server.handlers import RequestHandlers
 from asyncgraph.server.transport import ServerConnection
 from asyncgraph.service.limits import DEFAULT_MAX_SAMPLED_EDGES, WorkLimits
@@ -123,6 +123,8 @@ class GraphServer:
                 fsync=opts.wal_fsync,
                 fsync_interval=opts.wal_fsync_interval,
                 recover=opts.wal_recover,
+                fingerprint=partition_fingerprint(opts.part_config, opts.part_id),
+                part_config=str(opts.part_config),
             )
         if opts.metrics_port is not None:
             self._make_metrics()
