@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from asyncgraph.client import AsyncClient
-from asyncgraph.errors import InvalidRequestError, NonFiniteError
-from asyncgraph.protocol.ops import MAX_EPOCH, Op, SparseUpdateArgs
+from asyncgraph.errors import InvalidRequestError, NonFiniteError, ServerUnavailableError
+from asyncgraph.protocol.ops import MAX_EPOCH, BarrierArgs, Op, SparseUpdateArgs
 from asyncgraph.server.durable import MAX_EPOCH_STEP
 from asyncgraph.testing import ServerGroup, start_servers
 
@@ -44,6 +44,7 @@ def shared_servers(cora2, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         cora2.part_config,
         tmp / "run",
         num_parts=2,
+        num_clients=2,
         secret=SECRET,
         extra_args=[
             "--log-level", "WARNING", "--state-dir", str(tmp / "state"), "--wal",
@@ -217,3 +218,36 @@ async def test_epoch_overflow_is_refused_and_handshakes_keep_working(shared_serv
         await again.close()
     for i in range(2):
         assert "Traceback" not in shared_servers.log_text(i)
+
+
+# --- item 12: barriers count distinct clients ---------------------------------------------------
+@pytest.mark.timeout(60)
+async def test_barrier_counts_distinct_clients_not_calls(shared_servers: ServerGroup) -> None:
+    """Servers expect 2 clients (--num-clients 2)."""
+    a, b, c = [await connect(shared_servers) for _ in range(3)]
+    first = asyncio.ensure_future(a.barrier("twice", timeout=20))
+    await asyncio.sleep(0.2)
+    with pytest.raises(InvalidRequestError, match="already arrived"):
+        await a.barrier("twice", timeout=20)  # the same client again: an error, not a release
+    # one connection posing as another client is refused too
+    with pytest.raises(InvalidRequestError, match="one connection is one client"):
+        await a.connections[0].call(Op.BARRIER, BarrierArgs("twice", 20.0, "someone-else").encode(), 30.0)
+    await asyncio.sleep(0.3)
+    assert not first.done()
+    await b.barrier("twice", timeout=20)  # the second client releases it
+    await asyncio.wait_for(first, 5)
+
+    # an arrival whose client goes away is withdrawn: it does not help release the next round
+    gone = asyncio.ensure_future(c.barrier("left", timeout=20))
+    await asyncio.sleep(0.2)
+    await c.close()
+    with pytest.raises((ServerUnavailableError, asyncio.CancelledError)):
+        await gone
+    await asyncio.sleep(0.3)  # the server sees the connection go
+    alone = asyncio.ensure_future(a.barrier("left", timeout=20))
+    await asyncio.sleep(0.3)
+    assert not alone.done()
+    await b.barrier("left", timeout=20)
+    await asyncio.wait_for(alone, 5)
+    await a.close()
+    await b.close()

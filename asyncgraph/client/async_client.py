@@ -216,7 +216,7 @@ class AsyncClient(StructureQueries, TensorReads):
     async def barrier(self, name: str = "default", timeout: float = 300.0) -> None:
         """Wait until every client of the job reaches this barrier (held by server 0)."""
         if self.connections:
-            args = BarrierArgs(name, float(timeout)).encode()
+            args = BarrierArgs(name, float(timeout), self.holder).encode()
             await self.connections[0].call(Op.BARRIER, args, timeout + 10.0)
 
     async def snapshot(self) -> int:

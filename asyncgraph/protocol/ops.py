@@ -246,6 +246,8 @@ class AddReplicaArgs:
 class BarrierArgs:
     name: str
     timeout: float
+    #: The arriving client handle (issue 22: barriers count distinct clients); None: its connection.
+    holder: str | None = None
 
     @classmethod
     def decode(cls, args: Mapping[str, Any]) -> BarrierArgs:
@@ -253,10 +255,14 @@ class BarrierArgs:
         timeout = float(_get(args, Op.BARRIER, "timeout", (int, float)))
         if not timeout > 0:
             raise InvalidRequestError(f"barrier: timeout must be positive, got {timeout}")
-        return cls(name, timeout)
+        holder = _get(args, Op.BARRIER, "holder", str) if args.get("holder") is not None else None
+        return cls(name, timeout, holder)
 
     def encode(self) -> dict[str, Any]:
-        return {"name": self.name, "timeout": float(self.timeout)}
+        out: dict[str, Any] = {"name": self.name, "timeout": float(self.timeout)}
+        if self.holder is not None:
+            out["holder"] = self.holder
+        return out
 
 
 @dataclass(frozen=True, slots=True)

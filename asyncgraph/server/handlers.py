@@ -22,12 +22,11 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from asyncgraph.errors import BarrierTimeoutError, InvalidRequestError, StateLogError, UnknownOpError
+from asyncgraph.errors import InvalidRequestError, StateLogError, UnknownOpError
 from asyncgraph.kernels import compiled
 from asyncgraph.launch.processes import process_alive
 from asyncgraph.protocol.ops import (
@@ -47,7 +46,9 @@ from asyncgraph.protocol.ops import (
     SparseUpdateArgs,
     request_id,
 )
+from asyncgraph.server.barriers import Barriers  # issue 22: counts distinct clients
 from asyncgraph.server.durable import DurableState, RequestLog
+from asyncgraph.server.peers import current_connection
 from asyncgraph.service.limits import WorkLimits
 from asyncgraph.service.local import PartitionService
 from asyncgraph.storage.store import PartitionStore, PendingTensor, TensorMeta
@@ -66,45 +67,6 @@ OFFLOAD_SAMPLE_EDGES = 1 << 18
 fanout -1) runs in a worker thread."""
 
 __all__ = ["Barriers", "Handler", "RequestHandlers"]
-
-
-@dataclass
-class _Barrier:
-    generation: int = 0
-    arrived: int = 0
-    released: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-class Barriers:
-    """Named, reusable barriers released when ``num_clients`` clients have arrived."""
-
-    def __init__(self, num_clients: int) -> None:
-        self.num_clients = num_clients
-        self._barriers: dict[str, _Barrier] = {}
-
-    async def wait(self, name: str, timeout: float) -> int:
-        barrier = self._barriers.setdefault(name, _Barrier())
-        barrier.arrived += 1
-        generation = barrier.generation
-        if barrier.arrived >= self.num_clients:
-            self._release(name, barrier)
-            return generation
-        event = barrier.released
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            if not event.is_set():
-                arrived = barrier.arrived
-                barrier.arrived -= 1  # withdraw, so the next attempt counts correctly
-                raise BarrierTimeoutError(
-                    f"barrier {name!r} timed out after {timeout:g} s: "
-                    f"{arrived} of {self.num_clients} clients arrived"
-                ) from None
-        return generation
-
-    def _release(self, name: str, barrier: _Barrier) -> None:
-        barrier.released.set()
-        self._barriers[name] = _Barrier(generation=barrier.generation + 1)
 
 
 class RequestHandlers:
@@ -404,7 +366,7 @@ class RequestHandlers:
     # --- coordination -------------------------------------------------------------------
     def barrier(self, args: Mapping[str, Any]) -> Awaitable[int]:
         a = BarrierArgs.decode(args)
-        return self.barriers.wait(a.name, a.timeout)
+        return self.barriers.arrive(a.name, a.timeout, a.holder, current_connection())
 
     def shutdown(self, args: Mapping[str, Any]) -> None:
         if self.on_shutdown is not None:

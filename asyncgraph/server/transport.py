@@ -37,6 +37,7 @@ from asyncgraph.protocol import (
 )
 from asyncgraph.server.admission import Admission
 from asyncgraph.server.handlers import RequestHandlers
+from asyncgraph.server.peers import CURRENT_CONNECTION
 
 if TYPE_CHECKING:
     from asyncgraph.server.metrics import ServerMetrics
@@ -211,6 +212,7 @@ class ServerConnection(asyncio.BufferedProtocol):
         metrics = self._metrics
         t0 = perf_counter() if metrics is not None else 0.0
         handler = self._handlers.ops.get(request.op)
+        token = CURRENT_CONNECTION.set(self)  # issue 22: handlers may ask whose request this is
         try:
             if handler is None:
                 handler = self._handlers.lookup(request.op)  # raises UnknownOpError
@@ -220,6 +222,8 @@ class ServerConnection(asyncio.BufferedProtocol):
             if metrics is not None:
                 metrics.observe(request.op, False, t0)
             return
+        finally:
+            CURRENT_CONNECTION.reset(token)
         if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
             task = asyncio.ensure_future(self._finish(request.id, request.op, t0, result))
             self._inflight.add(task)
