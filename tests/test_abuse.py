@@ -5,17 +5,26 @@ unbounded. Real server processes (Cora, 2 partitions, a secret) on loopback, rea
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import signal
+import socket
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from asyncgraph.client import AsyncClient
-from asyncgraph.errors import InvalidRequestError, NonFiniteError, ServerUnavailableError
+from asyncgraph.errors import (
+    InvalidRequestError,
+    NonFiniteError,
+    ReadOnlyTensorError,
+    ServerUnavailableError,
+)
 from asyncgraph.protocol.ops import MAX_EPOCH, BarrierArgs, Op, SparseUpdateArgs
 from asyncgraph.server.durable import MAX_EPOCH_STEP
 from asyncgraph.testing import ServerGroup, start_servers
@@ -251,3 +260,128 @@ async def test_barrier_counts_distinct_clients_not_calls(shared_servers: ServerG
     await asyncio.wait_for(alone, 5)
     await a.close()
     await b.close()
+
+
+# --- item 6: the partition's own data ------------------------------------------------------------
+def _digest(rows: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(rows).tobytes()).hexdigest()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("shm", [False, True])
+async def test_partition_tensors_are_read_only_and_never_deleted(
+    shared_servers: ServerGroup, shm: bool
+) -> None:
+    client = await AsyncClient.connect(shared_servers.addresses, secret=SECRET, use_shared_memory=shm)
+    n = client.book.num_nodes
+    ids = np.arange(n)
+    before = {k: _digest((await client.pull(k, ids)).numpy()) for k in ("node:feat", "node:label")}
+    count = len(await client.refresh_tensors())
+    feat_dim = (await client.tensor_meta("node:feat")).shape[1]
+    with pytest.raises(ReadOnlyTensorError, match="read-only"):
+        await client.push("node:feat", ids[:3], np.zeros((3, feat_dim), np.float32))
+    with pytest.raises(ReadOnlyTensorError, match="cannot be deleted"):
+        await client.delete_tensor("node:label")
+    with pytest.raises(ReadOnlyTensorError, match="embeddings"):
+        await client.sparse_update(
+            "node:feat", ids[:3], np.ones((3, feat_dim), np.float32), {"kind": "adam", "lr": 1}
+        )
+    with pytest.raises(ReadOnlyTensorError, match="optimizer state"):
+        await client.create_tensor("node:feat#adagrad_state", "node", [n, feat_dim], "float32")
+    # optimizer state is for embeddings only, never state for state
+    await client.create_tensor(f"emb{shm}", "node", [n, 2], "float32")
+    await client.sparse_update(
+        f"emb{shm}", ids[:3], np.ones((3, 2), np.float32), {"kind": "adagrad", "lr": 1}
+    )
+    with pytest.raises(ReadOnlyTensorError, match="optimizer state"):
+        await client.sparse_update(
+            f"emb{shm}#adagrad_state", ids[:3], np.ones((3, 2), np.float32), {"kind": "adagrad", "lr": 1}
+        )
+    assert len(await client.refresh_tensors()) == count + 2  # the embedding and its one state tensor
+    after = {k: _digest((await client.pull(k, ids)).numpy()) for k in ("node:feat", "node:label")}
+    assert after == before
+    await client.close()
+
+
+@pytest.mark.timeout(60)
+async def test_writable_partition_data_is_an_option(cora2, tmp_path: Path) -> None:
+    group = start_servers(
+        cora2.part_config,
+        tmp_path,
+        num_parts=2,
+        extra_args=["--log-level", "WARNING", "--writable-partition-data"],
+    )
+    try:
+        client = await AsyncClient.connect(group.addresses, use_shared_memory=False)
+        feat_dim = (await client.tensor_meta("node:feat")).shape[1]
+        await client.push("node:feat", np.array([0, 7]), np.full((2, feat_dim), 3.0, np.float32))
+        assert (await client.pull("node:feat", np.array([0, 7]))).numpy().tolist() == [[3.0] * feat_dim] * 2
+        with pytest.raises(ReadOnlyTensorError, match="cannot be deleted"):
+            await client.delete_tensor("node:feat")
+        await client.close()
+    finally:
+        group.stop()
+
+
+# --- item 14: the metrics port --------------------------------------------------------------------
+def _http(port: int, request: bytes, timeout: float = 10.0) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(request)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.mark.timeout(90)
+def test_metrics_endpoint_is_bound_bounded_and_token_protected(cora2, tmp_path: Path) -> None:
+    token = tmp_path / "metrics-token"
+    token.write_text("s3cret-token\n")
+    group = start_servers(
+        cora2.part_config,
+        tmp_path / "run",
+        num_parts=2,
+        extra_args=["--log-level", "INFO", "--metrics-port", "0", "--metrics-token-file", str(token)],
+    )
+    try:
+        port = json.loads((tmp_path / "run" / "ready0.json").read_text())["metrics_port"]
+        assert f"metrics on http://127.0.0.1:{port}/metrics" in group.log_text(0)  # where the server binds
+        get = b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
+        assert _http(port, get + b"\r\n").startswith(b"HTTP/1.1 401")  # no tensor names for anyone
+        assert _http(port, get + b"Authorization: Bearer wrong\r\n\r\n").startswith(b"HTTP/1.1 401")
+        ok = _http(port, get + b"Authorization: Bearer s3cret-token\r\n\r\n")
+        assert ok.startswith(b"HTTP/1.1 200") and b"asyncgraph_tensor_bytes" in ok
+
+        proc = psutil.Process(group.procs[0].pid)
+        time.sleep(3.0)  # the sampler's compiled kernel loads in the background after start
+        rss0 = proc.memory_info().rss
+        # huge headers: refused at the limit, nothing kept
+        for _ in range(10):
+            try:
+                reply = _http(port, get + b"X-Junk: " + b"a" * (4 << 20) + b"\r\n\r\n")
+            except (ConnectionResetError, BrokenPipeError):
+                continue  # answered 431 and closed while we were still sending
+            assert reply == b"" or reply.startswith(b"HTTP/1.1 431")
+        # slow clients: at most 16 held, the others closed at once, the held ones after 5 s
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(40)]
+        time.sleep(1.0)
+        closed = 0
+        for s in idle:
+            s.setblocking(False)
+            try:
+                closed += s.recv(1) == b""
+            except BlockingIOError:
+                pass
+            except ConnectionResetError:
+                closed += 1
+        assert closed >= 24, closed
+        threads = proc.num_threads()
+        time.sleep(5.5)
+        for s in idle:
+            s.close()
+        ok = _http(port, get + b"Authorization: Bearer s3cret-token\r\n\r\n")
+        assert ok.startswith(b"HTTP/1.1 200")
+        assert proc.num_threads() <= threads  # no thread per connection
+        assert proc.memory_info().rss - rss0 < 32 << 20  # 40 MB of headers were never buffered
+    finally:
+        group.stop()

@@ -39,6 +39,7 @@ import numpy as np
 from asyncgraph.arrays import check_rows
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, NonFiniteError, TensorExistsError
 from asyncgraph.names import ADAGRAD_STATE_SUFFIX, ADAM_M_SUFFIX, ADAM_STEP_SUFFIX, ADAM_V_SUFFIX
+from asyncgraph.storage.protect import check_optimizable
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
 __all__ = [
@@ -175,6 +176,7 @@ def apply_sparse_update(
     """
     opts = validate_spec(spec)
     meta = store.tensor_meta(name)
+    check_optimizable(name, store.base_tensors)  # issue 22: embeddings only
     dtype = np.dtype(meta.dtype)
     if dtype.kind != "f":
         raise DTypeMismatchError(

@@ -74,7 +74,13 @@ def build_parser() -> Parser:
         "ready file as metrics_port and logged); default: no metrics",
     )
     parser.add_argument(
-        "--metrics-host", default="0.0.0.0", help="address for the metrics endpoint (default 0.0.0.0)"
+        "--metrics-host", help="address for the metrics endpoint (default: where the server binds, --host)"
+    )
+    parser.add_argument(
+        "--metrics-token-file",
+        type=Path,
+        help="/metrics answers only requests with 'Authorization: Bearer <the file's contents>' "
+        "(Prometheus: authorization.credentials_file)",
     )
     parser.add_argument(
         "--state-dir", type=Path, help="keep snapshots (and the WAL) here; restore from it on start"
@@ -92,6 +98,12 @@ def build_parser() -> Parser:
         type=float,
         default=0.05,
         help="seconds between fsyncs with --wal-fsync interval",
+    )
+    parser.add_argument(
+        "--writable-partition-data",
+        action="store_true",
+        help="let clients write the partition's own tensors (features, labels: DGL's writable ndata); "
+        "by default they are read-only. They can never be deleted",
     )
     parser.add_argument(
         "--wal-recover",
@@ -149,6 +161,13 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
             "and --no-shared-memory (the primary's state covers the partition)"
         )
     secret = ns.secret_file.read_bytes().strip() if ns.secret_file else None
+    metrics_token = None
+    if ns.metrics_token_file is not None:
+        if not ns.metrics_token_file.is_file():
+            raise CliError(f"--metrics-token-file {ns.metrics_token_file} does not exist")
+        metrics_token = ns.metrics_token_file.read_bytes().strip()
+        if not metrics_token:
+            raise CliError(f"--metrics-token-file {ns.metrics_token_file} is empty")
     if secret is not None and not secret:
         raise CliError(f"--secret-file {ns.secret_file} is empty")
     configure_logging(
@@ -167,12 +186,14 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         shared_memory=not ns.no_shared_memory,
         metrics_port=ns.metrics_port,
         metrics_host=ns.metrics_host,
+        metrics_token=metrics_token,
         state_dir=ns.state_dir,
         wal=ns.wal,
         wal_fsync=ns.wal_fsync,
         wal_fsync_interval=ns.wal_fsync_interval,
         snapshot_interval=ns.snapshot_interval,
         wal_recover=ns.wal_recover,
+        writable_partition_data=ns.writable_partition_data,
         handshake_timeout=ns.handshake_timeout,
         max_pending_connections=ns.max_pending_connections,
         max_sampled_edges=ns.max_sampled_edges,

@@ -22,7 +22,7 @@ from asyncgraph.server.handlers import RequestHandlers
 from asyncgraph.server.transport import ServerConnection
 from asyncgraph.service.limits import DEFAULT_MAX_SAMPLED_EDGES, WorkLimits
 from asyncgraph.storage.fdpass import FdExporter
-from asyncgraph.storage.malloc import retain_large_allocations
+from asyncgraph.storage.malloc import release_free_memory, retain_large_allocations
 from asyncgraph.storage.store import PartitionStore
 
 if TYPE_CHECKING:
@@ -36,6 +36,8 @@ REPLICA_CONNECT_TIMEOUT = 60.0
 REPLICA_CALL_TIMEOUT = 10.0
 #: How often a replica checks that its primary still answers.
 REPLICA_WATCH_INTERVAL = 1.0
+#: Freed heap memory goes back to the OS after this many seconds without a request (issue 22).
+IDLE_TRIM_INTERVAL = 2.0
 
 
 class ReplicaError(AsyncGraphError):
@@ -63,7 +65,10 @@ class ServerOptions:
     #: Serve Prometheus metrics on this port (0: a free one, reported in the ready file and
     #: the log); None: no metrics.
     metrics_port: int | None = None
-    metrics_host: str = "0.0.0.0"
+    #: Where ``/metrics`` listens; None: where the server listens (``host``).
+    metrics_host: str | None = None
+    #: Bearer token ``/metrics`` requires (``--metrics-token-file``); None: no token.
+    metrics_token: bytes | None = None
     state_dir: Path | None = None
     wal: bool = False
     wal_fsync: FsyncPolicy = "always"
@@ -72,6 +77,9 @@ class ServerOptions:
     #: Replay a corrupt write-ahead log's valid records (the log moved aside) instead of
     #: refusing to start (``asyncgraph.server.wal``).
     wal_recover: bool = False
+    #: Let requests write the partition's own tensors (features, labels), as DGL's writable
+    #: ``ndata``; by default they are read-only (``PartitionStore.protect``). Never deletable.
+    writable_partition_data: bool = False
     #: Serve as a replica of the primary at this address (same host): map its memory, hold
     #: no state of its own (``asyncgraph.server.replica``).
     replica_of: tuple[str, int] | None = None
@@ -87,6 +95,7 @@ class GraphServer:
         self.handlers: RequestHandlers | None = None
         self.durable: DurableState | None = None
         self._syncer: asyncio.Task[None] | None = None
+        self._trimmer: asyncio.Task[None] | None = None
         self._snapshotter: asyncio.Task[None] | None = None
         self._server: asyncio.base_events.Server | None = None
         self._stopped = asyncio.Event()
@@ -158,6 +167,9 @@ class GraphServer:
                 self._snapshotter = asyncio.ensure_future(self._snapshot_periodically(opts.snapshot_interval))
             if opts.wal and opts.wal_fsync == "interval":
                 self._syncer = asyncio.ensure_future(self._sync_periodically(opts.wal_fsync_interval))
+        # issue 22: the partition's own tensors are read-only (after the replay: older logs may
+        # hold writes to them) unless --writable-partition-data
+        self.store.protect(writable_base=opts.writable_partition_data)
         await self._listen(handlers, graph_name)
         assert self.address is not None
         log.info(
@@ -169,7 +181,7 @@ class GraphServer:
             time.perf_counter() - t0,
             opts.num_clients,
         )
-        return self._announce()
+        return await self._announce()
 
     def _make_metrics(self) -> None:
         from asyncgraph.server.metrics import ServerMetrics
@@ -215,19 +227,21 @@ class GraphServer:
         sockname = self._server.sockets[0].getsockname()
         self.address = (str(sockname[0]), int(sockname[1]))
 
-    def _announce(self) -> tuple[str, int]:
+    async def _announce(self) -> tuple[str, int]:
         """Start metrics, write the ready file, warm the sampler: the server is ready."""
         opts, metrics = self.options, self.metrics
         assert self.address is not None
         metrics_port = None
         if metrics is not None and opts.metrics_port is not None:
-            metrics_port = metrics.start_http(opts.metrics_host, opts.metrics_port)
-            log.info("metrics on http://%s:%d/metrics", opts.metrics_host, metrics_port)
+            metrics_host = opts.metrics_host if opts.metrics_host is not None else opts.host
+            metrics_port = await metrics.start_http(metrics_host, opts.metrics_port, opts.metrics_token)
+            log.info("metrics on http://%s:%d/metrics", metrics_host, metrics_port)
         if opts.ready_file is not None:
             write_ready_file(
                 opts.ready_file, self.address[0], self.address[1], opts.part_id, metrics_port=metrics_port
             )
         compiled.warm_up()  # the compiled sampling kernel loads in the background (~1.5 s)
+        self._trimmer = asyncio.ensure_future(self._trim_when_idle())
         return self.address
 
     async def _start_replica(self, primary: tuple[str, int], t0: float) -> tuple[str, int]:
@@ -289,7 +303,7 @@ class GraphServer:
             self.address[1],
             time.perf_counter() - t0,
         )
-        return self._announce()
+        return await self._announce()
 
     async def _watch_primary(self, where: str) -> None:
         """Stop (status 1) once the primary stops answering: its memory is no longer served."""
@@ -333,6 +347,18 @@ class GraphServer:
             served = writes
             log.info("periodic snapshot %s", path)
 
+    async def _trim_when_idle(self, interval: float = IDLE_TRIM_INTERVAL) -> None:
+        """Return freed heap memory to the OS once no request came for ``interval`` seconds."""
+        served, trimmed = -1, True
+        while self.handlers is not None:
+            await asyncio.sleep(interval)
+            now = self.handlers.requests_served if self.handlers is not None else 0
+            if now != served:
+                served, trimmed = now, False
+            elif not trimmed:
+                release_free_memory()
+                trimmed = True
+
     async def _sync_periodically(self, interval: float) -> None:
         """``--wal-fsync interval``: fsync the log at least every ``interval`` seconds."""
         while self.durable is not None:
@@ -356,10 +382,10 @@ class GraphServer:
             self.primary = None
         if self.metrics is not None:
             self.metrics.stop_http()
-        for task in (self._syncer, self._snapshotter):
+        for task in (self._syncer, self._snapshotter, self._trimmer):
             if task is not None:
                 task.cancel()
-        self._syncer = self._snapshotter = None
+        self._syncer = self._snapshotter = self._trimmer = None
         if self.durable is not None:
             self.durable.close()
             self.durable = None

@@ -72,7 +72,14 @@ def export(
     desc["tensors"] = []
     for t in chosen:
         assert isinstance(t.data, SharedArray)
-        desc["tensors"].append({"meta": t.meta.to_dict(), "fd_index": len(fds)})
+        desc["tensors"].append(
+            {
+                "meta": t.meta.to_dict(),
+                "fd_index": len(fds),
+                "base": t.meta.name in store._base,  # issue 22: the partition's own data
+                "read_only": t.meta.name in store._read_only,  # mapped read-only by attachers
+            }
+        )
         order.append(f"tensor:{t.meta.name}")
         fds.append(t.data.fd)
     desc["fds"] = order
@@ -172,13 +179,15 @@ def _add_tensors(
         while pending:
             i = pending.pop(0)
             meta = TensorMeta.from_dict(entries[i]["meta"])
+            read_only = bool(entries[i].get("read_only", False))
+            store._mark(meta.name, base=bool(entries[i].get("base", False)), read_only=read_only)
             old = store._tensors.get(meta.name)
             if old is not None and old.meta == meta and _same_file(old.data, fds[i]):
                 _close_quietly(fds[i])
                 metas.append(meta)
                 continue
             lo, hi = store._owned(meta.policy)
-            sa = SharedArray.from_fd(fds[i], (hi - lo, *meta.shape[1:]), meta.dtype, writable=True)
+            sa = SharedArray.from_fd(fds[i], (hi - lo, *meta.shape[1:]), meta.dtype, writable=not read_only)
             if old is not None:
                 store._drop(meta.name)
             store._register(meta, sa)
