@@ -25,7 +25,7 @@ from asyncgraph.errors import (
     ReadOnlyTensorError,
     ServerUnavailableError,
 )
-from asyncgraph.protocol.ops import MAX_EPOCH, BarrierArgs, Op, SparseUpdateArgs
+from asyncgraph.protocol.ops import MAX_EPOCH, AddReplicaArgs, BarrierArgs, Op, SparseUpdateArgs
 from asyncgraph.server.durable import MAX_EPOCH_STEP
 from asyncgraph.testing import ServerGroup, start_servers
 
@@ -385,3 +385,31 @@ def test_metrics_endpoint_is_bound_bounded_and_token_protected(cora2, tmp_path: 
         assert proc.memory_info().rss - rss0 < 32 << 20  # 40 MB of headers were never buffered
     finally:
         group.stop()
+
+
+# --- item 13: add_replica only for a proven replica ----------------------------------------------
+@pytest.mark.timeout(60)
+async def test_add_replica_needs_the_fingerprint_and_a_reachable_replica(
+    shared_servers: ServerGroup, cora2
+) -> None:
+    from asyncgraph.server.durable import partition_fingerprint
+
+    client = await connect(shared_servers)
+    conn = client.partitions[0].conn  # type: ignore[attr-defined]
+    right = partition_fingerprint(cora2.part_config, 0)
+    other_server = shared_servers.addresses[1][1]  # a primary, not a replica of partition 0
+    for port, pid, fingerprint, why in (
+        (9, 1, "", "fingerprint"),  # the red team's request
+        (9, 1, right, "not reachable"),
+        (other_server, shared_servers.procs[1].pid, right, "not a replica"),
+        (
+            other_server,
+            shared_servers.procs[1].pid,
+            partition_fingerprint(cora2.part_config, 1),
+            "fingerprint",
+        ),
+    ):
+        with pytest.raises(InvalidRequestError, match=why):
+            await conn.call(Op.ADD_REPLICA, AddReplicaArgs(port, pid, fingerprint).encode(), 30.0)
+    assert (await client.info(0))["replicas"] == []  # nothing listed to clients
+    await client.close()

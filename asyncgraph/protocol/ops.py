@@ -229,6 +229,8 @@ class AddReplicaArgs:
 
     port: int
     pid: int
+    #: The partition's fingerprint the replica computed (issue 22: the primary checks it).
+    fingerprint: str = ""
 
     @classmethod
     def decode(cls, args: Mapping[str, Any]) -> AddReplicaArgs:
@@ -236,10 +238,11 @@ class AddReplicaArgs:
         pid = _get(args, Op.ADD_REPLICA, "pid", int)
         if not 0 < port <= 65535 or pid <= 0:
             raise InvalidRequestError(f"add_replica: bad port {port} or pid {pid}")
-        return cls(port, pid)
+        fingerprint = _get(args, Op.ADD_REPLICA, "fingerprint", str) if "fingerprint" in args else ""
+        return cls(port, pid, fingerprint[:128])
 
     def encode(self) -> dict[str, Any]:
-        return {"port": self.port, "pid": self.pid}
+        return {"port": self.port, "pid": self.pid, "fingerprint": self.fingerprint}
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.server.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_PENDING, Admission
 from asyncgraph.server.durable import DurableState, FsyncPolicy, partition_fingerprint
 from asyncgraph.server.handlers import RequestHandlers
+from asyncgraph.server.replica_check import ReplicaCheck, fingerprint_of
 from asyncgraph.server.transport import ServerConnection
 from asyncgraph.service.limits import DEFAULT_MAX_SAMPLED_EDGES, WorkLimits
 from asyncgraph.storage.fdpass import FdExporter
@@ -124,6 +125,7 @@ class GraphServer:
             self.exporter = FdExporter(self.store, label=f"{graph_name}.p{opts.part_id}")
             await self.exporter.start()
             shm_address, shm_token = self.exporter.address, self.exporter.token
+        fingerprint = fingerprint_of(opts.part_config, opts.part_id)  # hashed once, when first needed
         if opts.state_dir is not None:
             self.durable = DurableState(
                 opts.state_dir,
@@ -132,7 +134,7 @@ class GraphServer:
                 fsync=opts.wal_fsync,
                 fsync_interval=opts.wal_fsync_interval,
                 recover=opts.wal_recover,
-                fingerprint=partition_fingerprint(opts.part_config, opts.part_id),
+                fingerprint=fingerprint(),
                 part_config=str(opts.part_config),
             )
         if opts.metrics_port is not None:
@@ -150,6 +152,12 @@ class GraphServer:
             durable=self.durable,
         )
         handlers = self.handlers
+        handlers.replica_check = ReplicaCheck(  # issue 22: only proven replicas register
+            part_id=opts.part_id,
+            instance=handlers.instance,
+            fingerprint=fingerprint,
+            secret=opts.secret,
+        )
         if self.durable is not None:
             base, replayed = self.durable.restore(self.store, handlers.replay)
             log.info(
@@ -291,7 +299,8 @@ class GraphServer:
         )
         await self._listen(self.handlers, self.store.graph_name)
         assert self.address is not None
-        args = AddReplicaArgs(self.address[1], os.getpid()).encode()
+        fingerprint = await asyncio.to_thread(partition_fingerprint, opts.part_config, opts.part_id)
+        args = AddReplicaArgs(self.address[1], os.getpid(), fingerprint).encode()
         await self.primary.call(Op.ADD_REPLICA, args, REPLICA_CALL_TIMEOUT)
         self._watcher = asyncio.ensure_future(self._watch_primary(where))
         log.info(

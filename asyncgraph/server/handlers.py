@@ -128,6 +128,8 @@ class RequestHandlers:
         }
         #: Replica servers of this partition on this host: port -> pid (``add_replica``).
         self.replicas: dict[int, int] = {}
+        #: Verifies an ``add_replica`` before it is listed (set by the server; None: trusted).
+        self.replica_check: Callable[[AddReplicaArgs, str | None], Awaitable[None]] | None = None
         # Writes without logging or request ids: what a request and a log replay both apply.
         self._apply: dict[str, Handler] = {
             Op.PUSH: self._push,
@@ -219,15 +221,24 @@ class RequestHandlers:
         info["sampler"] = compiled.state()
         return info
 
-    def add_replica(self, args: Mapping[str, Any]) -> list[int]:
+    def add_replica(self, args: Mapping[str, Any]) -> list[int] | Awaitable[list[int]]:
         """A replica server on this host announces its port; returns the live replicas' ports."""
         a = AddReplicaArgs.decode(args)
         if self.partition.shm is None:
             raise InvalidRequestError(
                 "add_replica: this server runs without shared memory, so no replica can map its data"
             )
+        if self.replica_check is not None:  # issue 22: only a proven replica (server/replica_check.py)
+            peer = getattr(current_connection(), "peer", None)
+            return self._add_checked(a, self.replica_check(a, peer))
         self.replicas[a.port] = a.pid
         log.info("replica server pid %d on port %d", a.pid, a.port)
+        return self.live_replicas()
+
+    async def _add_checked(self, a: AddReplicaArgs, check: Awaitable[None]) -> list[int]:
+        await check
+        self.replicas[a.port] = a.pid
+        log.info("replica server pid %d on port %d (verified)", a.pid, a.port)
         return self.live_replicas()
 
     def live_replicas(self) -> list[int]:
