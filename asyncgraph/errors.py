@@ -87,6 +87,12 @@ class ReadOnlyTensorError(InvalidRequestError, PermissionError):
     code = "read_only"
 
 
+class TooManyTensorsError(InvalidRequestError):
+    """A server already holds as many tensors as it allows (``--max-tensors``); nothing created."""
+
+    code = "too_many_tensors"
+
+
 class ProtocolError(AsyncGraphError):
     """Bytes on the wire do not form a valid frame or message."""
 
@@ -162,6 +168,7 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         UnknownTypeError,
         NonFiniteError,
         ReadOnlyTensorError,
+        TooManyTensorsError,
         ProtocolError,
         FrameTooLargeError,
         AuthenticationError,

@@ -24,6 +24,7 @@ from asyncgraph.errors import (
     NonFiniteError,
     ReadOnlyTensorError,
     ServerUnavailableError,
+    TooManyTensorsError,
 )
 from asyncgraph.protocol.ops import MAX_EPOCH, AddReplicaArgs, BarrierArgs, Op, SparseUpdateArgs
 from asyncgraph.server.durable import MAX_EPOCH_STEP
@@ -413,3 +414,41 @@ async def test_add_replica_needs_the_fingerprint_and_a_reachable_replica(
             await conn.call(Op.ADD_REPLICA, AddReplicaArgs(port, pid, fingerprint).encode(), 30.0)
     assert (await client.info(0))["replicas"] == []  # nothing listed to clients
     await client.close()
+
+
+# --- item 9: tensors per server ------------------------------------------------------------------
+@pytest.mark.timeout(120)
+async def test_tensor_count_is_capped_and_the_state_restores(cora2, tmp_path: Path) -> None:
+    group = start_servers(
+        cora2.part_config,
+        tmp_path / "run",
+        num_parts=2,
+        secret=SECRET,
+        extra_args=[
+            "--log-level", "WARNING", "--state-dir", str(tmp_path / "state"), "--wal", "--max-tensors", "40",
+        ],
+    )  # fmt: skip
+    try:
+        client = await connect(group)
+        n = client.book.num_nodes
+        base = len(await client.refresh_tensors())  # the partition's own: feat, label, masks
+        for i in range(40 - base):
+            await client.create_tensor(f"tiny{i}", "node", [n], "int8")
+        with pytest.raises(TooManyTensorsError, match="--max-tensors 40"):
+            await client.create_tensor("one_too_many", "node", [n], "int8")
+        assert len(await client.refresh_tensors()) == 40  # refused everywhere, nothing half-made
+        await client.snapshot()
+        with pytest.raises(TooManyTensorsError):  # the cap holds after a snapshot too
+            await client.create_tensor("after", "node", [n], "int8")
+    finally:
+        await client.close()
+    try:
+        fds = psutil.Process(group.procs[0].pid).num_fds()
+        assert fds < 40 * 2 + 64, fds  # two descriptors a tensor, a few dozen besides
+        group.kill(0, signal.SIGKILL)
+        group.restart(0)  # the accepted state restores
+        client = await connect(group)
+        assert len(await client.refresh_tensors()) == 40
+        await client.close()
+    finally:
+        group.stop()

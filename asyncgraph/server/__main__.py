@@ -100,6 +100,13 @@ def build_parser() -> Parser:
         help="seconds between fsyncs with --wal-fsync interval",
     )
     parser.add_argument(
+        "--max-tensors",
+        type=int,
+        default=0,
+        help="most tensors this server holds, the partition's own included (0: up to 4096, fewer when "
+        "the descriptor limit is low: each tensor holds 2 descriptors)",
+    )
+    parser.add_argument(
         "--writable-partition-data",
         action="store_true",
         help="let clients write the partition's own tensors (features, labels: DGL's writable ndata); "
@@ -150,8 +157,8 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         parser.error("--wal, --wal-recover and --snapshot-interval need --state-dir")
     if not ns.handshake_timeout > 0:
         parser.error("--handshake-timeout must be positive")
-    if ns.max_sampled_edges < 0 or ns.max_tensor_bytes < 0:
-        parser.error("--max-sampled-edges and --max-tensor-bytes must be >= 0")
+    if ns.max_sampled_edges < 0 or ns.max_tensor_bytes < 0 or ns.max_tensors < 0:
+        parser.error("--max-sampled-edges, --max-tensor-bytes and --max-tensors must be >= 0")
     if ns.max_pending_connections < 1:
         parser.error("--max-pending-connections must be at least 1")
     replica_of = _address(ns.replica_of) if ns.replica_of is not None else None
@@ -194,6 +201,7 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         snapshot_interval=ns.snapshot_interval,
         wal_recover=ns.wal_recover,
         writable_partition_data=ns.writable_partition_data,
+        max_tensors=ns.max_tensors,
         handshake_timeout=ns.handshake_timeout,
         max_pending_connections=ns.max_pending_connections,
         max_sampled_edges=ns.max_sampled_edges,

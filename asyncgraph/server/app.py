@@ -17,6 +17,7 @@ from asyncgraph.kernels import compiled
 from asyncgraph.partition import load_partition
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.server.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_PENDING, Admission
+from asyncgraph.server.budget import default_max_tensors, raise_fd_limit
 from asyncgraph.server.durable import DurableState, FsyncPolicy, partition_fingerprint
 from asyncgraph.server.handlers import RequestHandlers
 from asyncgraph.server.replica_check import ReplicaCheck, fingerprint_of
@@ -81,6 +82,8 @@ class ServerOptions:
     #: Let requests write the partition's own tensors (features, labels), as DGL's writable
     #: ``ndata``; by default they are read-only (``PartitionStore.protect``). Never deletable.
     writable_partition_data: bool = False
+    #: Most tensors this server holds (issue 22); 0: as many as its descriptor limit allows.
+    max_tensors: int = 0
     #: Serve as a replica of the primary at this address (same host): map its memory, hold
     #: no state of its own (``asyncgraph.server.replica``).
     replica_of: tuple[str, int] | None = None
@@ -118,6 +121,8 @@ class GraphServer:
             return await self._start_replica(opts.replica_of, t0)
         part = load_partition(opts.part_config, opts.part_id)
         self.store = PartitionStore.from_partition(part, shared=opts.shared_memory)
+        fd_limit = raise_fd_limit()  # issue 22: tensors hold descriptors; cap them (server/budget.py)
+        self.store.max_tensors = opts.max_tensors or default_max_tensors(fd_limit)
         graph_name = self.store.graph_name
         shm_address: str | None = None
         shm_token: bytes | None = None

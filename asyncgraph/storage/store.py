@@ -25,6 +25,7 @@ from asyncgraph.errors import (
     ReadOnlyTensorError,
     ShapeMismatchError,
     TensorExistsError,
+    TooManyTensorsError,
     UnknownTensorError,
 )
 from asyncgraph.partition.book import RangePartitionBook
@@ -109,6 +110,8 @@ class PartitionStore:
         #: optimizer state) and the tensors no request may write (``protect``).
         self._base: set[str] = set()
         self._read_only: set[str] = set()
+        #: Most tensors this store holds (issue 22: each holds descriptors); 0: no cap.
+        self.max_tensors = 0
         self._closed = False
         #: An attached store's catalog generation when its tensors were last synced.
         self.seen_generation = 0
@@ -293,6 +296,11 @@ class PartitionStore:
         if existing is not None:
             return existing
         check_state_name(name, self._base)
+        if self.max_tensors and len(self._tensors) >= self.max_tensors:
+            raise TooManyTensorsError(
+                f"tensor {name!r}: {self._owner} already holds {len(self._tensors)} tensors, its limit "
+                f"(server option --max-tensors {self.max_tensors}); delete or release some first"
+            )
         spec = validate_init(init, dt)
         return PendingTensor(self._allocate(meta), spec)
 

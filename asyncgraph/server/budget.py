@@ -1,0 +1,52 @@
+"""Server-wide caps on what clients can make a server hold (issue 22).
+
+Each cap is one number per server, not per request or per tensor:
+
+- tensors (``--max-tensors``): every tensor holds file descriptors (its memfd, and the
+  duplicate Python's ``mmap`` keeps), so 9,982 tiny tensors used every descriptor, new
+  connections failed and a restart from that state failed with EMFILE. The server raises its
+  soft descriptor limit to the hard one at start and, by default, allows as many tensors as
+  leave ``FD_RESERVE`` descriptors for connections, logs and snapshots; a restore then needs no
+  more descriptors than the state that was accepted.
+- connections (``--max-connections``, ``--max-connections-per-holder``): see
+  ``asyncgraph.server.transport`` (authenticated connections beyond the cap are refused).
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+
+__all__ = [
+    "DEFAULT_MAX_TENSORS",
+    "FDS_PER_TENSOR",
+    "FD_RESERVE",
+    "default_max_tensors",
+    "raise_fd_limit",
+]
+
+log = logging.getLogger("asyncgraph.server")
+
+#: The most tensors a server holds by default, whatever the descriptor limit.
+DEFAULT_MAX_TENSORS = 4096
+#: Descriptors held per tensor (the memfd and the duplicate ``mmap`` keeps).
+FDS_PER_TENSOR = 2
+#: Descriptors kept for everything else (connections, logs, snapshot files, libraries).
+FD_RESERVE = 1024
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft descriptor limit to its hard limit; returns the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:  # e.g. a hard limit of RLIM_INFINITY on macOS
+            log.warning("could not raise the descriptor limit from %d to %d: %s", soft, hard, exc)
+    return int(soft) if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def default_max_tensors(fd_limit: int) -> int:
+    """Tensors a server with ``fd_limit`` descriptors allows by default (at least 64)."""
+    return max(64, min(DEFAULT_MAX_TENSORS, (fd_limit - FD_RESERVE) // FDS_PER_TENSOR))
