@@ -20,6 +20,7 @@ import pytest
 
 from asyncgraph.client import AsyncClient
 from asyncgraph.errors import (
+    DTypeMismatchError,
     InvalidRequestError,
     NonFiniteError,
     ReadOnlyTensorError,
@@ -450,5 +451,45 @@ async def test_tensor_count_is_capped_and_the_state_restores(cora2, tmp_path: Pa
         client = await connect(group)
         assert len(await client.refresh_tensors()) == 40
         await client.close()
+    finally:
+        group.stop()
+
+
+# --- item 11: connections per server, IDs as int32/int64 ------------------------------------------
+@pytest.mark.timeout(60)
+async def test_connections_are_capped_and_ids_are_int32_or_int64(cora2, tmp_path: Path) -> None:
+    from asyncgraph.client.connection import Connection
+
+    group = start_servers(
+        cora2.part_config,
+        tmp_path / "run",
+        num_parts=2,
+        secret=SECRET,
+        extra_args=["--log-level", "WARNING", "--max-connections", "3"],
+    )
+    host, port = group.addresses[0]
+
+    async def open_one() -> Connection:
+        return await Connection.open(host, port, graph_name="cora", secret=SECRET)
+
+    try:
+        held = [await open_one() for _ in range(3)]
+        for c in held:
+            await c.call(Op.PING, {}, 10.0)
+        extra = await open_one()  # the handshake completes, then the server says why it hangs up
+        with pytest.raises(ServerUnavailableError, match="--max-connections 3"):
+            await extra.call(Op.PING, {}, 10.0)
+        extra.close()
+        held.pop().close()
+        await asyncio.sleep(0.3)
+        again = await open_one()  # a slot was freed
+        await again.call(Op.PING, {}, 10.0)
+        # IDs are int32 or int64: 64 KB of uint16 IDs no longer asks for a huge reply
+        with pytest.raises(DTypeMismatchError, match="int32 or int64"):
+            await again.call(Op.PULL, {"name": "node:feat", "ids": np.zeros(32768, np.uint16)}, 10.0)
+        rows = await again.call(Op.PULL, {"name": "node:feat", "ids": np.zeros(4, np.int32)}, 10.0)
+        assert len(rows) == 4
+        for c in [*held, again]:
+            c.close()
     finally:
         group.stop()

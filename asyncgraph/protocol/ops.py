@@ -106,8 +106,11 @@ def _get(args: Mapping[str, Any], op: str, key: str, kind: type | tuple[type, ..
 
 def _ids(args: Mapping[str, Any], op: str, key: str = "ids") -> np.ndarray:
     ids: np.ndarray = _get(args, op, key, np.ndarray)
-    if ids.dtype.kind not in "iu":
-        raise DTypeMismatchError(f"{op}: {key} must be an integer array, got dtype {ids.dtype}")
+    if ids.dtype.kind not in "iu" or ids.dtype.itemsize not in (4, 8):
+        # issue 22: 4- or 8-byte IDs only (64 KB of uint16 IDs asked for a 183 MB reply)
+        raise DTypeMismatchError(
+            f"{op}: {key} must be an integer array of 32 or 64 bits (int32 or int64), got dtype {ids.dtype}"
+        )
     if ids.ndim != 1:
         raise DTypeMismatchError(f"{op}: {key} must be one-dimensional, got shape {ids.shape}")
     return ids

@@ -21,6 +21,7 @@ from asyncgraph.cli import CliError, Parser, configure_logging, part_config_chec
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.server.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_PENDING
 from asyncgraph.server.app import ServerOptions, serve
+from asyncgraph.server.budget import DEFAULT_MAX_CONNECTIONS
 from asyncgraph.service.limits import DEFAULT_MAX_SAMPLED_EDGES
 
 
@@ -100,6 +101,12 @@ def build_parser() -> Parser:
         help="seconds between fsyncs with --wal-fsync interval",
     )
     parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help=f"authenticated connections held at once; more are refused (default {DEFAULT_MAX_CONNECTIONS})",
+    )
+    parser.add_argument(
         "--max-tensors",
         type=int,
         default=0,
@@ -159,8 +166,8 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         parser.error("--handshake-timeout must be positive")
     if ns.max_sampled_edges < 0 or ns.max_tensor_bytes < 0 or ns.max_tensors < 0:
         parser.error("--max-sampled-edges, --max-tensor-bytes and --max-tensors must be >= 0")
-    if ns.max_pending_connections < 1:
-        parser.error("--max-pending-connections must be at least 1")
+    if ns.max_pending_connections < 1 or ns.max_connections < 1:
+        parser.error("--max-pending-connections and --max-connections must be at least 1")
     replica_of = _address(ns.replica_of) if ns.replica_of is not None else None
     if replica_of is not None and (ns.state_dir is not None or ns.no_shared_memory):
         parser.error(
@@ -202,6 +209,7 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         wal_recover=ns.wal_recover,
         writable_partition_data=ns.writable_partition_data,
         max_tensors=ns.max_tensors,
+        max_connections=ns.max_connections,
         handshake_timeout=ns.handshake_timeout,
         max_pending_connections=ns.max_pending_connections,
         max_sampled_edges=ns.max_sampled_edges,

@@ -17,7 +17,12 @@ from asyncgraph.kernels import compiled
 from asyncgraph.partition import load_partition
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.server.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_PENDING, Admission
-from asyncgraph.server.budget import default_max_tensors, raise_fd_limit
+from asyncgraph.server.budget import (
+    DEFAULT_MAX_CONNECTIONS,
+    ConnectionCap,
+    default_max_tensors,
+    raise_fd_limit,
+)
 from asyncgraph.server.durable import DurableState, FsyncPolicy, partition_fingerprint
 from asyncgraph.server.handlers import RequestHandlers
 from asyncgraph.server.replica_check import ReplicaCheck, fingerprint_of
@@ -84,6 +89,8 @@ class ServerOptions:
     writable_partition_data: bool = False
     #: Most tensors this server holds (issue 22); 0: as many as its descriptor limit allows.
     max_tensors: int = 0
+    #: Authenticated connections held at once (issue 22); more are refused after the handshake.
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
     #: Serve as a replica of the primary at this address (same host): map its memory, hold
     #: no state of its own (``asyncgraph.server.replica``).
     replica_of: tuple[str, int] | None = None
@@ -220,6 +227,7 @@ class GraphServer:
         admission = Admission(
             handshake_timeout=opts.handshake_timeout, max_pending=opts.max_pending_connections
         )
+        cap = ConnectionCap(opts.max_connections)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: ServerConnection(
@@ -232,6 +240,7 @@ class GraphServer:
                 metrics=metrics,
                 live=connections,
                 admission=admission,
+                cap=cap,
             ),
             host=opts.host,
             port=opts.port,

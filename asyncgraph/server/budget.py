@@ -18,9 +18,11 @@ import logging
 import resource
 
 __all__ = [
+    "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_TENSORS",
     "FDS_PER_TENSOR",
     "FD_RESERVE",
+    "ConnectionCap",
     "default_max_tensors",
     "raise_fd_limit",
 ]
@@ -50,3 +52,30 @@ def raise_fd_limit() -> int:
 def default_max_tensors(fd_limit: int) -> int:
     """Tensors a server with ``fd_limit`` descriptors allows by default (at least 64)."""
     return max(64, min(DEFAULT_MAX_TENSORS, (fd_limit - FD_RESERVE) // FDS_PER_TENSOR))
+
+
+#: Authenticated connections a server holds at once by default (``--max-connections``).
+DEFAULT_MAX_CONNECTIONS = 1024
+
+
+class ConnectionCap:
+    """Counts a server's authenticated connections; refuses those past ``limit``.
+
+    Before, 2,000 authenticated connections were all kept (+500 MB). A connection over the cap is
+    told why (``ServerUnavailableError`` naming the limit) and closed right after its handshake.
+    """
+
+    def __init__(self, limit: int = DEFAULT_MAX_CONNECTIONS) -> None:
+        self.limit = limit
+        self.open = 0
+        self.refused = 0
+
+    def admit(self) -> bool:
+        if self.open >= self.limit:
+            self.refused += 1
+            return False
+        self.open += 1
+        return True
+
+    def release(self) -> None:
+        self.open -= 1

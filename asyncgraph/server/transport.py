@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from asyncgraph.errors import AsyncGraphError
+from asyncgraph.errors import AsyncGraphError, ServerUnavailableError
 from asyncgraph.protocol import (
     CONNECTION_ERROR_ID,
     ConnectionFailed,
@@ -36,6 +36,7 @@ from asyncgraph.protocol import (
     ServerSession,
 )
 from asyncgraph.server.admission import Admission
+from asyncgraph.server.budget import ConnectionCap
 from asyncgraph.server.handlers import RequestHandlers
 from asyncgraph.server.peers import CURRENT_CONNECTION
 
@@ -66,7 +67,10 @@ class ServerConnection(asyncio.BufferedProtocol):
         metrics: ServerMetrics | None = None,
         live: set[ServerConnection] | None = None,
         admission: Admission | None = None,
+        cap: ConnectionCap | None = None,
     ) -> None:
+        self._cap = cap  # issue 22: authenticated connections per server (server/budget.py)
+        self._counted = False
         self._handlers = handlers
         self._metrics = metrics
         self._live = live if live is not None else set()
@@ -157,15 +161,35 @@ class ServerConnection(asyncio.BufferedProtocol):
                 return
             elif type(event) is HandshakeComplete:
                 self._end_handshake()
+                if self._cap is not None:
+                    if not self._cap.admit():
+                        self._refuse_over_cap(session)
+                        return
+                    self._counted = True
         out = session.data_to_send()
         if out:
             self._write(out)  # the hello result
+
+    def _refuse_over_cap(self, session: ServerSession) -> None:
+        assert self._cap is not None
+        self._failure = "TooManyConnections"
+        log.warning("connection refused peer=%s reason=cap open=%d", self.peer, self._cap.open)
+        self._write(session.data_to_send())  # the hello result, then why the connection ends
+        error = ServerUnavailableError(
+            f"server has {self._cap.open} connections, its limit (--max-connections {self._cap.limit}); "
+            "close some or raise the limit"
+        )
+        self._write(session.send_error(CONNECTION_ERROR_ID, error))
+        self._close()
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        if self._counted and self._cap is not None:
+            self._counted = False
+            self._cap.release()
         self._session.close()
         self._end_handshake()
         if self in self._live:
