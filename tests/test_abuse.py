@@ -27,7 +27,7 @@ from asyncgraph.errors import (
     ServerUnavailableError,
     TooManyTensorsError,
 )
-from asyncgraph.protocol.ops import MAX_EPOCH, AddReplicaArgs, BarrierArgs, Op, SparseUpdateArgs
+from asyncgraph.protocol.ops import MAX_EPOCH, AddReplicaArgs, BarrierArgs, Op, PushArgs, SparseUpdateArgs
 from asyncgraph.server.durable import MAX_EPOCH_STEP
 from asyncgraph.testing import ServerGroup, start_servers
 
@@ -491,5 +491,30 @@ async def test_connections_are_capped_and_ids_are_int32_or_int64(cora2, tmp_path
         assert len(rows) == 4
         for c in [*held, again]:
             c.close()
+    finally:
+        group.stop()
+
+
+# --- item 7: a replica never acknowledges a write after its primary died -----------------------
+@pytest.mark.timeout(90)
+async def test_replica_refuses_pushes_once_its_primary_is_dead(cora2, tmp_path: Path) -> None:
+    from asyncgraph.client.connection import Connection
+
+    group = start_servers(
+        cora2.part_config, tmp_path, num_parts=2, num_servers=2, extra_args=["--log-level", "WARNING"]
+    )
+    try:
+        client = await AsyncClient.connect(group.addresses, use_shared_memory=False, use_replicas=False)
+        n = client.book.num_nodes
+        await client.create_tensor("r", "node", [n, 1], "float32")
+        await client.close()
+        host, port = group.bound[2]  # the replica of partition 0
+        replica = await Connection.open(host, port, graph_name="cora")
+        push = PushArgs("r", np.array([1]), np.ones((1, 1), np.float32)).encode()
+        await replica.call(Op.PUSH, push, 10.0)  # acknowledged while the primary lives
+        group.kill(0, signal.SIGKILL)
+        with pytest.raises(ServerUnavailableError, match="is gone"):
+            await replica.call(Op.PUSH, push, 10.0)  # at once, not after the replica's watch notices
+        replica.close()
     finally:
         group.stop()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from asyncgraph.errors import AsyncGraphError
 from asyncgraph.kernels import compiled
+from asyncgraph.launch.processes import process_alive
 from asyncgraph.partition import load_partition
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.server.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_PENDING, Admission
@@ -311,6 +312,10 @@ class GraphServer:
             max_frame_size=opts.max_frame_size,
             metrics=self.metrics,
         )
+        primary_pid = int(info.get("pid", 0) or 0)
+        primary_conn = self.primary
+        # issue 22 item 7: a push is acknowledged only while the primary lives
+        self.handlers.primary_alive = lambda: not primary_conn.closed and process_alive(primary_pid)
         await self._listen(self.handlers, self.store.graph_name)
         assert self.address is not None
         fingerprint = await asyncio.to_thread(partition_fingerprint, opts.part_config, opts.part_id)

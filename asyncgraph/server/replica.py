@@ -24,7 +24,8 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from asyncgraph.errors import InvalidRequestError
+from asyncgraph.errors import InvalidRequestError, ServerUnavailableError
+from asyncgraph.launch.processes import process_alive
 from asyncgraph.protocol.ops import Op
 from asyncgraph.server.handlers import Handler, RequestHandlers
 from asyncgraph.service.limits import WorkLimits
@@ -102,6 +103,11 @@ class ReplicaHandlers(RequestHandlers):
             self.ops[op] = self._synced(self.ops[op])
         for op in refused:
             self.ops[op] = self._refuse(op)
+        #: Whether the primary still runs (set by the server: its connection is open and its
+        #: process alive). Issue 22: a push is acknowledged only while it does.
+        self.primary_alive: Callable[[], bool] = lambda: process_alive(int(primary_info.get("pid", 0) or 0))
+        if not self.writes_via_primary:
+            self.ops[Op.PUSH] = self._while_primary_lives(self.ops[Op.PUSH])
 
     def info(self, args: Mapping[str, Any]) -> dict[str, Any]:
         info = super().info(args)
@@ -110,6 +116,33 @@ class ReplicaHandlers(RequestHandlers):
         info["primary_instance"] = self.primary_instance
         info["durable"] = self.writes_via_primary
         return info
+
+    def _while_primary_lives(self, handler: Handler) -> Handler:
+        """A push is applied and acknowledged only while the primary lives, checked before and
+        after: rows written into the memory of a dead primary are lost with it, so such a push
+        fails (``ServerUnavailableError``) and the client resends it to the restarted primary."""
+
+        def run(args: Mapping[str, Any]) -> Any:
+            self._check_primary()
+            result = handler(args)
+            if inspect.isawaitable(result):
+                return self._checked_after(result)
+            self._check_primary()
+            return result
+
+        return run
+
+    async def _checked_after(self, pending: Awaitable[Any]) -> Any:
+        result = await pending
+        self._check_primary()
+        return result
+
+    def _check_primary(self) -> None:
+        if not self.primary_alive():
+            raise ServerUnavailableError(
+                f"push: the primary {self.primary} of partition {self.store.part_id} is gone; this replica "
+                "does not acknowledge writes into its memory (send them to the restarted primary)"
+            )
 
     def _refuse(self, op: str) -> Handler:
         reason = (
