@@ -111,7 +111,7 @@ class Abuse:
     def __init__(self) -> None:
         self.refused: dict[str, int] = {}  # typed refusals, by error type
         self.accepted: list[str] = []  # abuses a server did NOT refuse (must stay empty)
-        self.rss: list[list[int]] = []  # per second: each server's RSS in bytes
+        self.rss: list[list[tuple[int, int]]] = []  # per second: each server's (pid, RSS bytes)
 
     def note(self, what: str, exc: BaseException | None) -> None:
         if exc is None:
@@ -207,7 +207,11 @@ def metrics_abuse(port_of: Any, abuse: Abuse, until: float, stop: threading.Even
     import socket
 
     while not stop.is_set() and time.monotonic() < until:
-        port = port_of()
+        try:
+            port = port_of()
+        except (OSError, ValueError, KeyError):  # server 0 is restarting: its ready file is gone
+            stop.wait(0.5)
+            continue
         idle = []
         try:
             for _ in range(40):
@@ -232,17 +236,23 @@ def sample_rss(group: ServerGroup, abuse: Abuse, stop: threading.Event) -> None:
         row = []
         for proc in group.procs:
             try:
-                row.append(psutil.Process(proc.pid).memory_info().rss)
+                row.append((proc.pid, psutil.Process(proc.pid).memory_info().rss))
             except psutil.Error:
-                row.append(0)
+                row.append((proc.pid, 0))
         abuse.rss.append(row)
 
 
-def rss_growth(rss: list[list[int]]) -> list[float | None]:
-    """Per server: mean RSS of the last quarter over the first quarter (after a 10% warm-up)."""
+def rss_growth(rss: list[list[tuple[int, int]]]) -> list[float | None]:
+    """Per server: mean RSS of the last quarter over the first quarter of its longest-lived
+    process (a restarted server starts afresh), after a 10% warm-up."""
     out: list[float | None] = []
     for i in range(len(rss[0]) if rss else 0):
-        series = [r[i] for r in rss if r[i] > 0]
+        runs: dict[int, list[int]] = {}
+        for row in rss:
+            pid, value = row[i]
+            if value > 0:
+                runs.setdefault(pid, []).append(value)
+        series = max(runs.values(), key=len) if runs else []
         series = series[len(series) // 10 :]
         q = max(1, len(series) // 4)
         first, last = series[:q], series[-q:]
@@ -343,7 +353,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "abuse": args.abuse,
         "abuses_refused_by_type": abuse.refused,
         "abuses_accepted": sorted(set(abuse.accepted)),
-        "rss_mb_first_last": [[round(v / 2**20) for v in abuse.rss[i]] for i in (0, -1)] if abuse.rss else [],
+        "rss_mb_first_last": [[round(v / 2**20) for _, v in abuse.rss[i]] for i in (0, -1)]
+        if abuse.rss
+        else [],
+        "rss_samples": len(abuse.rss),
         "rss_growth": rss_growth(abuse.rss),
         "date": time.strftime("%Y-%m-%d"),
     }

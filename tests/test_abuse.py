@@ -518,3 +518,70 @@ async def test_replica_refuses_pushes_once_its_primary_is_dead(cora2, tmp_path: 
         replica.close()
     finally:
         group.stop()
+
+
+# --- item 2: holders that vanish ---------------------------------------------------------------------
+TRAINER = """
+import asyncio, sys, time
+from asyncgraph.client import AsyncClient
+
+async def main():
+    client = await AsyncClient.connect(
+        [(h, int(p)) for h, p in (a.split(":") for a in sys.argv[1:])], use_shared_memory=False
+    )
+    n = client.book.num_nodes
+    await client.create_tensor_parts("scratch", "node", [n, 2], "float32", persistent=False)
+    print("created", flush=True)
+    time.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+async def _names(group: ServerGroup) -> set[str]:
+    client = await AsyncClient.connect(group.addresses, use_shared_memory=False)
+    try:
+        return {m.name for m in await client.refresh_tensors()}
+    finally:
+        await client.close()
+
+
+@pytest.mark.timeout(90)
+async def test_async_close_releases_and_a_killed_trainers_lease_expires(cora2, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from asyncgraph.testing import subprocess_env
+
+    group = start_servers(
+        cora2.part_config, tmp_path, num_parts=2, extra_args=["--log-level", "INFO", "--holder-lease", "1.5"]
+    )
+    try:
+        # AsyncClient.close() releases what the client holds (only the sync Client.close did)
+        client = await AsyncClient.connect(group.addresses, use_shared_memory=False)
+        await client.create_tensor_parts(
+            "mine", "node", [client.book.num_nodes, 2], "float32", persistent=False
+        )
+        assert "mine" in await _names(group)
+        await client.close()
+        assert "mine" not in await _names(group)
+
+        # a trainer killed with SIGKILL: its references go once its lease expires
+        argv = [sys.executable, "-c", TRAINER, *(f"{h}:{p}" for h, p in group.addresses)]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=subprocess_env())
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == b"created"
+            assert "scratch" in await _names(group)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        await asyncio.sleep(0.5)
+        assert "scratch" in await _names(group)  # within the lease: kept (the trainer may reconnect)
+        await asyncio.sleep(2.5)
+        assert "scratch" not in await _names(group)
+        assert "references released" in group.log_text(0)
+    finally:
+        group.stop()

@@ -10,6 +10,7 @@ is simply "every partition is local", so standalone results equal served results
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import uuid
 from collections.abc import Mapping, Sequence
@@ -21,6 +22,7 @@ import numpy as np
 from asyncgraph.arrays import as_id_array, check_rows
 from asyncgraph.env import ENV_MALLOC_TUNING, ENV_RECONNECT_WINDOW
 from asyncgraph.errors import (
+    AsyncGraphError,
     DTypeMismatchError,
     InvalidRequestError,
 )
@@ -38,6 +40,8 @@ from .partitions import open_partitions
 from .reads import TensorReads
 from .scatter import broadcast, scatter, take
 from .structure import StructureQueries
+
+log = logging.getLogger("asyncgraph.client")
 
 DEFAULT_CALL_TIMEOUT = 60.0
 
@@ -247,5 +251,13 @@ class AsyncClient(StructureQueries, TensorReads):
         await asyncio.gather(*calls, return_exceptions=True)
 
     async def close(self) -> None:
+        """Release this client's non-persistent tensor references (issue 22: as the sync
+        ``Client.close`` does), then disconnect."""
+        if self.holding:
+            self.holding = False
+            try:
+                await asyncio.wait_for(self.release_tensors([], every=True), 10.0)
+            except (AsyncGraphError, OSError, TimeoutError) as exc:  # servers already gone
+                log.debug("releasing tensors at close failed: %s", exc)
         for part in self.partitions:
             part.close()

@@ -33,6 +33,8 @@ class TensorCatalog:
     partitions: list[Partition]
     #: Who holds this client's references to non-persistent tensors on the servers.
     holder: str
+    #: Whether this client took a reference (a non-persistent tensor) not yet released.
+    holding: bool = False
     _metas: dict[str, TensorMeta]
     #: Per-tensor feature caches of this client (see ``TensorReads``), dropped on its writes.
     _caches: dict[str, FeatureCache]
@@ -119,6 +121,8 @@ class TensorCatalog:
         if self.num_partitions > 1:
             await self._refuse_partial_tensor(name)
         holder = None if persistent else self.holder
+        if holder is not None:
+            self.holding = True  # close() releases (issue 22)
         out = await broadcast(
             self.partitions, lambda p: p.create_tensor(name, policy, dims, dt, spec, holder)
         )
@@ -133,6 +137,8 @@ class TensorCatalog:
     async def release_tensors(self, names: Sequence[str], every: bool = False) -> list[str]:
         """Drop this client's references to non-persistent tensors (one per name, or all)."""
         listed = list(names)
+        if every:
+            self.holding = False
         out = await broadcast(self.partitions, lambda p: p.release_tensors(self.holder, listed, every))
         deleted = sorted({n for part in out for n in part})
         for name in deleted:

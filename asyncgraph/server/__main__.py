@@ -107,6 +107,13 @@ def build_parser() -> Parser:
         help=f"authenticated connections held at once; more are refused (default {DEFAULT_MAX_CONNECTIONS})",
     )
     parser.add_argument(
+        "--holder-lease",
+        type=float,
+        default=0.0,
+        help="release a client's non-persistent tensor references once it has had no connection for "
+        "S seconds (at least the clients' reconnect window; 0: never, the default)",
+    )
+    parser.add_argument(
         "--max-tensors",
         type=int,
         default=0,
@@ -164,8 +171,8 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         parser.error("--wal, --wal-recover and --snapshot-interval need --state-dir")
     if not ns.handshake_timeout > 0:
         parser.error("--handshake-timeout must be positive")
-    if ns.max_sampled_edges < 0 or ns.max_tensor_bytes < 0 or ns.max_tensors < 0:
-        parser.error("--max-sampled-edges, --max-tensor-bytes and --max-tensors must be >= 0")
+    if ns.max_sampled_edges < 0 or ns.max_tensor_bytes < 0 or ns.max_tensors < 0 or ns.holder_lease < 0:
+        parser.error("--max-sampled-edges, --max-tensor-bytes, --max-tensors and --holder-lease must be >= 0")
     if ns.max_pending_connections < 1 or ns.max_connections < 1:
         parser.error("--max-pending-connections and --max-connections must be at least 1")
     replica_of = _address(ns.replica_of) if ns.replica_of is not None else None
@@ -210,6 +217,7 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         writable_partition_data=ns.writable_partition_data,
         max_tensors=ns.max_tensors,
         max_connections=ns.max_connections,
+        holder_lease=ns.holder_lease,
         handshake_timeout=ns.handshake_timeout,
         max_pending_connections=ns.max_pending_connections,
         max_sampled_edges=ns.max_sampled_edges,

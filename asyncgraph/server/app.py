@@ -26,6 +26,7 @@ from asyncgraph.server.budget import (
 )
 from asyncgraph.server.durable import DurableState, FsyncPolicy, partition_fingerprint
 from asyncgraph.server.handlers import RequestHandlers
+from asyncgraph.server.leases import HolderLeases
 from asyncgraph.server.replica_check import ReplicaCheck, fingerprint_of
 from asyncgraph.server.transport import ServerConnection
 from asyncgraph.service.limits import DEFAULT_MAX_SAMPLED_EDGES, WorkLimits
@@ -92,6 +93,9 @@ class ServerOptions:
     max_tensors: int = 0
     #: Authenticated connections held at once (issue 22); more are refused after the handshake.
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    #: Release a holder's tensor references once it has had no connection for this many
+    #: seconds (issue 22, ``asyncgraph.server.leases``); 0: never.
+    holder_lease: float = 0.0
     #: Serve as a replica of the primary at this address (same host): map its memory, hold
     #: no state of its own (``asyncgraph.server.replica``).
     replica_of: tuple[str, int] | None = None
@@ -165,6 +169,8 @@ class GraphServer:
             durable=self.durable,
         )
         handlers = self.handlers
+        if opts.holder_lease > 0:
+            handlers.leases = HolderLeases(opts.holder_lease, handlers.release_holder)
         handlers.replica_check = ReplicaCheck(  # issue 22: only proven replicas register
             part_id=opts.part_id,
             instance=handlers.instance,

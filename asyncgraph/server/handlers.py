@@ -48,6 +48,7 @@ from asyncgraph.protocol.ops import (
 )
 from asyncgraph.server.barriers import Barriers  # issue 22: counts distinct clients
 from asyncgraph.server.durable import DurableState, RequestLog
+from asyncgraph.server.leases import HolderLeases
 from asyncgraph.server.peers import current_connection
 from asyncgraph.service.limits import WorkLimits
 from asyncgraph.service.local import PartitionService
@@ -128,6 +129,8 @@ class RequestHandlers:
         }
         #: Replica servers of this partition on this host: port -> pid (``add_replica``).
         self.replicas: dict[int, int] = {}
+        #: Holder leases (``--holder-lease``, server/leases.py; set by the server; None: off).
+        self.leases: HolderLeases | None = None
         #: Verifies an ``add_replica`` before it is listed (set by the server; None: trusted).
         self.replica_check: Callable[[AddReplicaArgs, str | None], Awaitable[None]] | None = None
         # Writes without logging or request ids: what a request and a log replay both apply.
@@ -288,6 +291,8 @@ class RequestHandlers:
         """Create (or get) a tensor; an init over ``OFFLOAD_INIT_BYTES`` is filled off the loop."""
         a = CreateTensorArgs.decode(args)
         self.check_log_healthy(Op.CREATE_TENSOR)
+        if self.leases is not None:  # issue 22: the holder's lease follows its connections
+            self.leases.bind(a.holder, current_connection())
         if a.name in self._creating:
             return self._create_after(args)
         pending = self.partition.begin_create(a.name, a.policy, a.shape, a.dtype, a.init)
@@ -356,7 +361,13 @@ class RequestHandlers:
 
     def release_tensors(self, args: Mapping[str, Any]) -> list[str]:
         a = ReleaseTensorsArgs.decode(args)
+        if self.leases is not None:
+            self.leases.bind(a.holder, current_connection())
         return self.partition.release_tensors(a.holder, a.names, a.all)
+
+    def release_holder(self, holder: str) -> Any:
+        """Drop every reference of ``holder`` (its lease expired), through the request path."""
+        return self.ops[Op.RELEASE_TENSORS]({"holder": holder, "names": [], "all": True})
 
     def snapshot(self, args: Mapping[str, Any]) -> Awaitable[dict[str, Any]]:
         """Write this server's state as snapshot ``epoch`` (needs ``--state-dir``).
@@ -377,6 +388,8 @@ class RequestHandlers:
     # --- coordination -------------------------------------------------------------------
     def barrier(self, args: Mapping[str, Any]) -> Awaitable[int]:
         a = BarrierArgs.decode(args)
+        if self.leases is not None:
+            self.leases.bind(a.holder, current_connection())
         return self.barriers.arrive(a.name, a.timeout, a.holder, current_connection())
 
     def shutdown(self, args: Mapping[str, Any]) -> None:

@@ -187,6 +187,9 @@ class ServerConnection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        leases = getattr(self._handlers, "leases", None)
+        if leases is not None:  # issue 22: a holder's lease starts when its last connection goes
+            leases.connection_lost(self)
         if self._counted and self._cap is not None:
             self._counted = False
             self._cap.release()
