@@ -93,6 +93,12 @@ class TooManyTensorsError(InvalidRequestError):
     code = "too_many_tensors"
 
 
+class MemoryBudgetError(InvalidRequestError):
+    """A new tensor would take a server past its memory budget for tensors (``--memory-budget``)."""
+
+    code = "memory_budget"
+
+
 class ProtocolError(AsyncGraphError):
     """Bytes on the wire do not form a valid frame or message."""
 
@@ -169,6 +175,7 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         NonFiniteError,
         ReadOnlyTensorError,
         TooManyTensorsError,
+        MemoryBudgetError,
         ProtocolError,
         FrameTooLargeError,
         AuthenticationError,

@@ -22,6 +22,7 @@ from asyncgraph.client import AsyncClient
 from asyncgraph.errors import (
     DTypeMismatchError,
     InvalidRequestError,
+    MemoryBudgetError,
     NonFiniteError,
     ReadOnlyTensorError,
     ServerUnavailableError,
@@ -583,5 +584,54 @@ async def test_async_close_releases_and_a_killed_trainers_lease_expires(cora2, t
         await asyncio.sleep(2.5)
         assert "scratch" not in await _names(group)
         assert "references released" in group.log_text(0)
+    finally:
+        group.stop()
+
+
+# --- item 10: one memory budget per server; inits in bounded pieces ----------------------------
+def test_init_draws_in_bounded_pieces_with_the_same_values() -> None:
+    import tracemalloc
+
+    from asyncgraph.storage.init import INIT_BLOCK_ROWS, fill_init, validate_init
+
+    for kind in ("uniform", "normal"):
+        spec = validate_init({"kind": kind, "seed": 3}, np.dtype("float16"))
+        rows = np.zeros((INIT_BLOCK_ROWS + 700, 300), np.float16)
+        fill_init(rows[:1234], spec, 0)  # any split of the rows gives the same tensor
+        fill_init(rows[1234:], spec, 1234)
+        for block in range(2):  # what one draw per block (the previous code) gave
+            rng = np.random.default_rng([3, block])
+            b0, b1 = block * INIT_BLOCK_ROWS, min((block + 1) * INIT_BLOCK_ROWS, rows.shape[0])
+            size = (b1 - b0, 300)
+            ref = rng.uniform(0.0, 1.0, size) if kind == "uniform" else rng.normal(0.0, 1.0, size)
+            np.testing.assert_array_equal(rows[b0:b1], ref.astype(np.float16))
+    out = np.zeros((4096, 4096), np.float16)  # 32 MiB
+    tracemalloc.start()
+    try:
+        fill_init(out, validate_init({"kind": "uniform"}, np.dtype("float16")), 0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= out.nbytes, peak / out.nbytes  # was 4x: a whole block drawn as float64
+
+
+@pytest.mark.timeout(60)
+async def test_tensors_share_one_memory_budget_per_server(cora2, tmp_path: Path) -> None:
+    from asyncgraph.server.budget import memory_budget
+
+    group = start_servers(cora2.part_config, tmp_path, num_parts=2, extra_args=["--log-level", "WARNING"])
+    try:
+        client = await AsyncClient.connect(group.addresses, use_shared_memory=False)
+        n = client.book.num_nodes
+        per_row = 4 * (n // 2 + 1)  # float32 bytes a column takes on one partition
+        cols = int(0.6 * memory_budget()) // per_row
+        # zeros: memfd pages never touched, so each was accepted at once (the limit was per tensor)
+        await client.create_tensor("big1", "node", [n, cols], "float32")
+        with pytest.raises(MemoryBudgetError, match="--memory-budget"):
+            await client.create_tensor("big2", "node", [n, cols], "float32")
+        assert "big2" not in {m.name for m in await client.refresh_tensors()}
+        await client.delete_tensor("big1")
+        await client.create_tensor("big2", "node", [n, cols], "float32")  # the budget is free again
+        await client.close()
     finally:
         group.stop()

@@ -107,6 +107,13 @@ def build_parser() -> Parser:
         help=f"authenticated connections held at once; more are refused (default {DEFAULT_MAX_CONNECTIONS})",
     )
     parser.add_argument(
+        "--memory-budget",
+        type=int,
+        default=0,
+        help="most bytes all tensors of this server take together, the partition's own included "
+        "(0: the cgroup's memory limit, else physical memory)",
+    )
+    parser.add_argument(
         "--holder-lease",
         type=float,
         default=0.0,
@@ -171,8 +178,9 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         parser.error("--wal, --wal-recover and --snapshot-interval need --state-dir")
     if not ns.handshake_timeout > 0:
         parser.error("--handshake-timeout must be positive")
-    if ns.max_sampled_edges < 0 or ns.max_tensor_bytes < 0 or ns.max_tensors < 0 or ns.holder_lease < 0:
-        parser.error("--max-sampled-edges, --max-tensor-bytes, --max-tensors and --holder-lease must be >= 0")
+    for key in ("max_sampled_edges", "max_tensor_bytes", "max_tensors", "holder_lease", "memory_budget"):
+        if getattr(ns, key) < 0:
+            parser.error(f"--{key.replace('_', '-')} must be >= 0")
     if ns.max_pending_connections < 1 or ns.max_connections < 1:
         parser.error("--max-pending-connections and --max-connections must be at least 1")
     replica_of = _address(ns.replica_of) if ns.replica_of is not None else None
@@ -218,6 +226,7 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         max_tensors=ns.max_tensors,
         max_connections=ns.max_connections,
         holder_lease=ns.holder_lease,
+        memory_budget=ns.memory_budget,
         handshake_timeout=ns.handshake_timeout,
         max_pending_connections=ns.max_pending_connections,
         max_sampled_edges=ns.max_sampled_edges,

@@ -22,6 +22,7 @@ from asyncgraph.server.budget import (
     DEFAULT_MAX_CONNECTIONS,
     ConnectionCap,
     default_max_tensors,
+    memory_budget,
     raise_fd_limit,
 )
 from asyncgraph.server.durable import DurableState, FsyncPolicy, partition_fingerprint
@@ -96,6 +97,9 @@ class ServerOptions:
     #: Release a holder's tensor references once it has had no connection for this many
     #: seconds (issue 22, ``asyncgraph.server.leases``); 0: never.
     holder_lease: float = 0.0
+    #: Most bytes all tensors of this server take together (issue 22); 0: the cgroup's memory
+    #: limit, else physical memory.
+    memory_budget: int = 0
     #: Serve as a replica of the primary at this address (same host): map its memory, hold
     #: no state of its own (``asyncgraph.server.replica``).
     replica_of: tuple[str, int] | None = None
@@ -135,6 +139,7 @@ class GraphServer:
         self.store = PartitionStore.from_partition(part, shared=opts.shared_memory)
         fd_limit = raise_fd_limit()  # issue 22: tensors hold descriptors; cap them (server/budget.py)
         self.store.max_tensors = opts.max_tensors or default_max_tensors(fd_limit)
+        self.store.memory_budget = opts.memory_budget or memory_budget()
         graph_name = self.store.graph_name
         shm_address: str | None = None
         shm_token: bytes | None = None

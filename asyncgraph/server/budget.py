@@ -8,6 +8,10 @@ Each cap is one number per server, not per request or per tensor:
   soft descriptor limit to the hard one at start and, by default, allows as many tensors as
   leave ``FD_RESERVE`` descriptors for connections, logs and snapshots; a restore then needs no
   more descriptors than the state that was accepted.
+- memory (``--memory-budget``): every tensor's rows together, the partition's own included
+  (before, the only limit was one tensor's rows: a 21 GiB zeros tensor was accepted at once,
+  its pages untouched). Default: the cgroup's memory limit when there is one, else physical
+  memory.
 - connections (``--max-connections``, ``--max-connections-per-holder``): see
   ``asyncgraph.server.transport`` (authenticated connections beyond the cap are refused).
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import resource
+from pathlib import Path
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
@@ -24,6 +29,7 @@ __all__ = [
     "FD_RESERVE",
     "ConnectionCap",
     "default_max_tensors",
+    "memory_budget",
     "raise_fd_limit",
 ]
 
@@ -79,3 +85,21 @@ class ConnectionCap:
 
     def release(self) -> None:
         self.open -= 1
+
+
+_CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+
+
+def memory_budget() -> int:
+    """The default memory budget: this cgroup's memory limit (v2 or v1), else physical memory."""
+    import psutil
+
+    physical = int(psutil.virtual_memory().total)
+    for path in _CGROUP_LIMITS:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < physical:
+            return int(text)
+    return physical

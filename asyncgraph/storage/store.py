@@ -22,6 +22,7 @@ import numpy as np
 from asyncgraph.arrays import check_rows
 from asyncgraph.errors import (
     InvalidRequestError,
+    MemoryBudgetError,
     ReadOnlyTensorError,
     ShapeMismatchError,
     TensorExistsError,
@@ -112,6 +113,8 @@ class PartitionStore:
         self._read_only: set[str] = set()
         #: Most tensors this store holds (issue 22: each holds descriptors); 0: no cap.
         self.max_tensors = 0
+        #: Most bytes all tensors of this store may take together (issue 22); 0: no budget.
+        self.memory_budget = 0
         self._closed = False
         #: An attached store's catalog generation when its tensors were last synced.
         self.seen_generation = 0
@@ -302,7 +305,19 @@ class PartitionStore:
                 f"(server option --max-tensors {self.max_tensors}); delete or release some first"
             )
         spec = validate_init(init, dt)
+        if self.memory_budget:
+            self._check_budget(meta)
         return PendingTensor(self._allocate(meta), spec)
+
+    def _check_budget(self, meta: TensorMeta) -> None:
+        lo, hi = self._owned(meta.policy)
+        need = (hi - lo) * math.prod(meta.shape[1:]) * np.dtype(meta.dtype).itemsize
+        held = sum(t.rows.nbytes for t in self._tensors.values())
+        if held + need > self.memory_budget:
+            raise MemoryBudgetError(
+                f"tensor {meta.name!r} needs {need} bytes here; {self._owner}'s tensors hold {held} of "
+                f"its {self.memory_budget}-byte budget (server option --memory-budget)"
+            )
 
     def finish_create(self, pending: PendingTensor) -> TensorMeta:
         """Register a filled ``PendingTensor`` (or, if the same tensor appeared meanwhile, drop it)."""
