@@ -635,3 +635,50 @@ async def test_tensors_share_one_memory_budget_per_server(cora2, tmp_path: Path)
         await client.close()
     finally:
         group.stop()
+
+
+# --- item 11: one budget for reply bytes nobody reads ------------------------------------------------
+@pytest.mark.timeout(90)
+async def test_clients_that_never_read_share_one_reply_budget(cora2, tmp_path: Path) -> None:
+    from asyncgraph.protocol import ClientSession
+
+    group = start_servers(
+        cora2.part_config,
+        tmp_path,
+        num_parts=2,
+        extra_args=["--log-level", "WARNING", "--max-queued-reply-bytes", str(8 << 20)],
+    )
+    socks = []
+    try:
+        proc = psutil.Process(group.procs[0].pid)
+        time.sleep(3.0)  # the sampler's compiled kernel loads in the background after start
+        rss0 = proc.memory_info().rss
+        for _ in range(4):  # each asks for ~200 MB of replies and never reads them
+            sock = socket.create_connection(group.addresses[0], timeout=30)
+            session = ClientSession(graph_name=None, secret=None)
+            while session.state.value != "ready":
+                buf = session.get_buffer(1 << 16)
+                session.buffer_updated(sock.recv_into(buf))
+                out = session.data_to_send()
+                if out:
+                    sock.sendall(b"".join(bytes(p) for p in out))
+            sock.setblocking(False)
+            for _ in range(60):
+                _, pieces = session.send_request("pull", {"name": "node:feat", "ids": np.arange(600)})
+                try:
+                    sock.sendall(b"".join(bytes(p) for p in pieces))
+                except BlockingIOError:
+                    break  # the server stopped reading us: what the budget is for
+            socks.append(sock)
+        await asyncio.sleep(2.0)
+        growth = proc.memory_info().rss - rss0
+        assert growth < 64 << 20, growth >> 20  # without the budget: 4 x 64 MiB queued
+        client = await AsyncClient.connect(group.addresses, use_shared_memory=False)
+        t0 = time.monotonic()
+        rows = await client.pull_numpy("node:feat", np.arange(10))  # others are still served
+        assert rows.shape[0] == 10 and time.monotonic() - t0 < 5.0
+        await client.close()
+    finally:
+        for sock in socks:
+            sock.close()
+        group.stop()

@@ -21,7 +21,7 @@ from asyncgraph.cli import CliError, Parser, configure_logging, part_config_chec
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.server.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_PENDING
 from asyncgraph.server.app import ServerOptions, serve
-from asyncgraph.server.budget import DEFAULT_MAX_CONNECTIONS
+from asyncgraph.server.budget import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_QUEUED_REPLY_BYTES
 from asyncgraph.service.limits import DEFAULT_MAX_SAMPLED_EDGES
 
 
@@ -107,6 +107,13 @@ def build_parser() -> Parser:
         help=f"authenticated connections held at once; more are refused (default {DEFAULT_MAX_CONNECTIONS})",
     )
     parser.add_argument(
+        "--max-queued-reply-bytes",
+        type=int,
+        default=DEFAULT_MAX_QUEUED_REPLY_BYTES,
+        help="reply bytes queued for clients that do not read, all connections together; over it the "
+        f"biggest queues stop being read (default {DEFAULT_MAX_QUEUED_REPLY_BYTES >> 20} MiB)",
+    )
+    parser.add_argument(
         "--memory-budget",
         type=int,
         default=0,
@@ -181,8 +188,10 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
     for key in ("max_sampled_edges", "max_tensor_bytes", "max_tensors", "holder_lease", "memory_budget"):
         if getattr(ns, key) < 0:
             parser.error(f"--{key.replace('_', '-')} must be >= 0")
-    if ns.max_pending_connections < 1 or ns.max_connections < 1:
-        parser.error("--max-pending-connections and --max-connections must be at least 1")
+    if ns.max_pending_connections < 1 or ns.max_connections < 1 or ns.max_queued_reply_bytes < 1:
+        parser.error(
+            "--max-pending-connections, --max-connections and --max-queued-reply-bytes must be at least 1"
+        )
     replica_of = _address(ns.replica_of) if ns.replica_of is not None else None
     if replica_of is not None and (ns.state_dir is not None or ns.no_shared_memory):
         parser.error(
@@ -227,6 +236,7 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         max_connections=ns.max_connections,
         holder_lease=ns.holder_lease,
         memory_budget=ns.memory_budget,
+        max_queued_reply_bytes=ns.max_queued_reply_bytes,
         handshake_timeout=ns.handshake_timeout,
         max_pending_connections=ns.max_pending_connections,
         max_sampled_edges=ns.max_sampled_edges,

@@ -20,7 +20,9 @@ from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.server.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_PENDING, Admission
 from asyncgraph.server.budget import (
     DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_QUEUED_REPLY_BYTES,
     ConnectionCap,
+    ReplyBudget,
     default_max_tensors,
     memory_budget,
     raise_fd_limit,
@@ -97,6 +99,8 @@ class ServerOptions:
     #: Release a holder's tensor references once it has had no connection for this many
     #: seconds (issue 22, ``asyncgraph.server.leases``); 0: never.
     holder_lease: float = 0.0
+    #: Reply bytes queued on all connections together before the worst readers are paused.
+    max_queued_reply_bytes: int = DEFAULT_MAX_QUEUED_REPLY_BYTES
     #: Most bytes all tensors of this server take together (issue 22); 0: the cgroup's memory
     #: limit, else physical memory.
     memory_budget: int = 0
@@ -240,6 +244,7 @@ class GraphServer:
             handshake_timeout=opts.handshake_timeout, max_pending=opts.max_pending_connections
         )
         cap = ConnectionCap(opts.max_connections)
+        replies = ReplyBudget(opts.max_queued_reply_bytes)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: ServerConnection(
@@ -253,6 +258,7 @@ class GraphServer:
                 live=connections,
                 admission=admission,
                 cap=cap,
+                replies=replies,
             ),
             host=opts.host,
             port=opts.port,

@@ -12,22 +12,30 @@ Each cap is one number per server, not per request or per tensor:
   (before, the only limit was one tensor's rows: a 21 GiB zeros tensor was accepted at once,
   its pages untouched). Default: the cgroup's memory limit when there is one, else physical
   memory.
+- bytes queued for replies nobody reads (``--max-queued-reply-bytes``): ``ReplyBudget``. Each
+  connection already stops reading once its own write buffer passes 64 MiB; 2,000 clients that
+  never read could still pin 64 MiB each. Over the budget, the connections with the most queued
+  bytes stop being read until the total is back under three quarters of it.
 - connections (``--max-connections``, ``--max-connections-per-holder``): see
   ``asyncgraph.server.transport`` (authenticated connections beyond the cap are refused).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import resource
 from pathlib import Path
+from typing import Protocol
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_QUEUED_REPLY_BYTES",
     "DEFAULT_MAX_TENSORS",
     "FDS_PER_TENSOR",
     "FD_RESERVE",
     "ConnectionCap",
+    "ReplyBudget",
     "default_max_tensors",
     "memory_budget",
     "raise_fd_limit",
@@ -103,3 +111,70 @@ def memory_budget() -> int:
         if text.isdigit() and 0 < int(text) < physical:
             return int(text)
     return physical
+
+
+#: Bytes of replies queued for all connections together before the worst offenders are paused.
+DEFAULT_MAX_QUEUED_REPLY_BYTES = 512 << 20
+#: How often a server over its reply budget looks at its queues again (seconds).
+REPLY_BUDGET_CHECK = 0.02
+
+
+class _Queued(Protocol):
+    def queued_bytes(self) -> int: ...
+    def budget_pause(self, paused: bool) -> None: ...
+
+
+class ReplyBudget:
+    """One budget for the reply bytes queued on all of a server's connections (see above)."""
+
+    def __init__(self, limit: int = DEFAULT_MAX_QUEUED_REPLY_BYTES) -> None:
+        self.limit = limit
+        self.total = 0
+        self.sheds = 0  # connections paused for the budget, in all
+        self._queued: dict[_Queued, int] = {}
+        self._paused: set[_Queued] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def report(self, conn: _Queued, size: int) -> None:
+        """``conn`` has ``size`` bytes queued now (after a write); shed load when over budget."""
+        old = self._queued.get(conn, 0)
+        if size:
+            self._queued[conn] = size
+        else:
+            self._queued.pop(conn, None)
+        self.total += size - old
+        if self.total > self.limit:
+            self._shed()
+
+    def forget(self, conn: _Queued) -> None:
+        self.total -= self._queued.pop(conn, 0)
+        self._paused.discard(conn)
+
+    def _shed(self) -> None:
+        unpaused = self.total - sum(self._queued.get(c, 0) for c in self._paused)
+        for conn, size in sorted(self._queued.items(), key=lambda kv: -kv[1]):
+            if unpaused <= self.limit:
+                break
+            if conn not in self._paused:
+                self._paused.add(conn)
+                conn.budget_pause(True)
+                self.sheds += 1
+                unpaused -= size
+        if self._paused and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(REPLY_BUDGET_CHECK, self._check)
+
+    def _check(self) -> None:
+        self._timer = None
+        for conn in list(self._queued):
+            size = conn.queued_bytes()
+            self.total += size - self._queued[conn]
+            if size:
+                self._queued[conn] = size
+            else:
+                del self._queued[conn]
+        if self.total <= self.limit * 3 // 4:
+            for conn in self._paused:
+                conn.budget_pause(False)
+            self._paused.clear()
+        elif self._paused:
+            self._timer = asyncio.get_running_loop().call_later(REPLY_BUDGET_CHECK, self._check)
