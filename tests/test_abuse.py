@@ -689,3 +689,19 @@ async def test_clients_that_never_read_share_one_reply_budget(cora2, tmp_path: P
         for sock in socks:
             sock.close()
         group.stop()
+
+
+# --- item 14: freed memory goes back to the OS ------------------------------------------------------
+@pytest.mark.timeout(60)
+async def test_an_idle_server_returns_freed_memory(shared_servers: ServerGroup) -> None:
+    client = await connect(shared_servers)
+    n = client.book.num_nodes
+    proc = psutil.Process(shared_servers.procs[0].pid)
+    ids = np.tile(np.arange(n // 2), 8)  # ~60 MB replies from server 0, freed once sent
+    for _ in range(3):
+        await client.pull_numpy("node:feat", ids)
+    busy = proc.memory_info().rss
+    await asyncio.sleep(5.0)  # idle for over 2 s: the server trims its heap
+    idle = proc.memory_info().rss
+    await client.close()
+    assert idle < busy - (20 << 20), (busy >> 20, idle >> 20)  # was kept (up to 1 GiB per arena)
