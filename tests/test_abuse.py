@@ -591,6 +591,19 @@ async def test_async_close_releases_and_a_killed_trainers_lease_expires(cora2, t
         await asyncio.sleep(2.5)
         assert "scratch" not in await _names(group)
         assert "references released" in group.log_text(0)
+
+        # a client whose connection drops (the server stays) and that only reads keeps its lease:
+        # it presents its holder again on the new connection
+        client = await AsyncClient.connect(group.addresses, use_shared_memory=False, reconnect_window=10.0)
+        n = client.book.num_nodes
+        await client.create_tensor_parts("kept", "node", [n, 2], "float32", persistent=False)
+        for conn in client.connections:
+            conn._transport.abort()  # type: ignore[attr-defined]  # a network drop
+        await asyncio.sleep(0.2)
+        await client.pull_numpy("kept", np.arange(n))  # reconnects
+        await asyncio.sleep(2.5)  # longer than the lease
+        assert "kept" in await _names(group)
+        await client.close()
     finally:
         group.stop()
 

@@ -10,6 +10,7 @@ is simply "every partition is local", so standalone results equal served results
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import uuid
@@ -29,7 +30,7 @@ from asyncgraph.errors import (
 from asyncgraph.kernels.sparse_optim import check_finite_grads, validate_spec
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
-from asyncgraph.protocol.ops import BarrierArgs, Op, SnapshotArgs
+from asyncgraph.protocol.ops import BarrierArgs, Op, ReleaseTensorsArgs, SnapshotArgs
 from asyncgraph.service import LocalPartition, Partition, PartitionService
 from asyncgraph.storage.malloc import retain_large_allocations
 from asyncgraph.storage.store import PartitionStore, TensorMeta
@@ -74,6 +75,24 @@ class AsyncClient(StructureQueries, TensorReads):
         self._caches: dict[str, FeatureCache] = {}
         #: Who holds this client's references to non-persistent tensors on the servers.
         self.holder = uuid.uuid4().hex
+        self._rebinds: set[asyncio.Task[Any]] = set()
+        for conn in self.connections:  # issue 22: keep the server's lease on our references
+            conn.on_reconnect.append(functools.partial(self._rebind, conn))
+
+    def _rebind(self, conn: Connection) -> None:
+        """After a reconnect, present this client's holder on the new connection (an empty
+        ``release_tensors`` drops nothing) so a server's ``--holder-lease`` keeps its references."""
+        if not self.holding:
+            return
+        args = ReleaseTensorsArgs(self.holder, [], False).encode()
+        task = asyncio.ensure_future(conn.call(Op.RELEASE_TENSORS, args, self.call_timeout))
+        self._rebinds.add(task)
+        task.add_done_callback(self._rebound)
+
+    def _rebound(self, task: asyncio.Task[Any]) -> None:
+        self._rebinds.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("binding holder after a reconnect failed: %s", task.exception())
 
     # --- construction -----------------------------------------------------------------------
     @classmethod

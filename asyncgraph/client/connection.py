@@ -25,6 +25,7 @@ import asyncio
 import collections
 import logging
 import random
+from collections.abc import Callable
 from typing import Any, cast
 
 from asyncgraph.errors import (
@@ -147,6 +148,9 @@ class Connection:
         self.secret = secret
         self.reconnect_window = reconnect_window
         self.generation = 0
+        #: Called (no arguments) after each successful reconnect, e.g. to bind the client's
+        #: holder to the new connection (issue 22: ``--holder-lease``).
+        self.on_reconnect: list[Callable[[], object]] = []
         self.retries = 0
         self._closed_by_user = False
         self._reconnecting: asyncio.Future[None] | None = None
@@ -291,6 +295,8 @@ class Connection:
             self._error = None
             self.generation += 1
             log.info("reconnected to server %s (generation %d)", self.name, self.generation)
+            for callback in self.on_reconnect:
+                callback()
             return
         raise ServerUnavailableError(
             f"server {self.name} did not come back within the reconnect window of "
