@@ -8,9 +8,10 @@ gone for ``S`` seconds (choose at least the clients' reconnect window) and none 
 holder's references are released as ``release_tensors(holder, all=True)`` would, through the same
 write path. A connection that presents the holder again before then keeps the lease.
 
-A client that reconnects binds its holder again with its next create, release or barrier; one
-that only reads for longer than the lease after losing its connection loses its references, so
-the lease is off by default.
+``AsyncClient`` presents its holder again after every reconnect (an empty ``release_tensors``,
+``Connection.on_reconnect``), so a client that only reads keeps its lease across a dropped
+connection. The lease is off by default: reference counts are not yet in snapshots or the log
+(issue 22 item 1), so after a server restart there is nothing to lease.
 """
 
 from __future__ import annotations
