@@ -8,7 +8,10 @@ Limits (see ``asyncgraph.server.admission`` and ``asyncgraph.service.limits``):
 ``--handshake-timeout`` (5 s), a 16 KiB frame limit until the hello succeeds,
 ``--max-pending-connections`` (128 still in their handshake), ``--max-frame-size`` (1 GiB,
 which also bounds a pull's rows x row bytes), ``--max-sampled-edges`` (8 Mi per request),
-``--max-tensor-bytes`` (one tensor's rows here; default physical memory).
+``--max-tensor-bytes`` (one tensor's rows here; default physical memory). Server-wide
+(``asyncgraph.server.budget``, issue 22): ``--max-tensors``, ``--memory-budget`` (all tensors),
+``--max-connections`` (authenticated), ``--max-queued-reply-bytes`` (replies nobody reads);
+``/metrics`` has its own limits (``asyncgraph.server.metrics_http``).
 """
 
 from __future__ import annotations
