@@ -74,6 +74,31 @@ class UnknownTypeError(InvalidRequestError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class NonFiniteError(InvalidRequestError):
+    """Gradients (or the update they make) hold NaN or infinity; nothing was applied."""
+
+    code = "non_finite"
+
+
+class ReadOnlyTensorError(InvalidRequestError, PermissionError):
+    """A write, delete or optimizer step on a tensor this server keeps read-only (the
+    partition's own data, or optimizer state); the message names the tensor and the option."""
+
+    code = "read_only"
+
+
+class TooManyTensorsError(InvalidRequestError):
+    """A server already holds as many tensors as it allows (``--max-tensors``); nothing created."""
+
+    code = "too_many_tensors"
+
+
+class MemoryBudgetError(InvalidRequestError):
+    """A new tensor would take a server past its memory budget for tensors (``--memory-budget``)."""
+
+    code = "memory_budget"
+
+
 class ProtocolError(AsyncGraphError):
     """Bytes on the wire do not form a valid frame or message."""
 
@@ -147,6 +172,10 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         PartialTensorError,
         UnknownOpError,
         UnknownTypeError,
+        NonFiniteError,
+        ReadOnlyTensorError,
+        TooManyTensorsError,
+        MemoryBudgetError,
         ProtocolError,
         FrameTooLargeError,
         AuthenticationError,

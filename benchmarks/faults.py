@@ -10,12 +10,24 @@ outside and during recovery (a request is "during recovery" when it started betw
 one second after the restarted server was ready).
 
     python -m benchmarks.faults --graph examples/data/cora.npz --seconds 45 --kill-every 10
+
+``--abuse`` (issue 22) adds abusers to the same run, each in its own client: NaN/inf gradients,
+pushes into and deletes of the partition's own data, optimizer state for features, snapshot
+epochs of 2^64-1, ``add_replica`` of port 9, uint16 IDs, floods of tiny tensors up to
+``--max-tensors``, of connections up to ``--max-connections``, and of silent or huge-header
+clients on the metrics port. It reports the refusals by error type (every abuse must be
+refused with its typed error), errors the normal load saw, and each server's RSS every second
+(``rss_growth``: the last quarter's mean over the first quarter's, target within 10%).
+
+    python -m benchmarks.faults --graph examples/data/cora.npz --seconds 60 --kill-every 15 --abuse \
+        --out benchmarks/results/faults-abuse.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import signal
@@ -28,7 +40,8 @@ from typing import Any
 import numpy as np
 
 from asyncgraph.client import AsyncClient
-from asyncgraph.errors import AsyncGraphError
+from asyncgraph.errors import AsyncGraphError, ServerUnavailableError
+from asyncgraph.protocol.ops import AddReplicaArgs, Op
 from asyncgraph.testing import ServerGroup, start_servers
 from benchmarks.common import RESULTS, add_graph_options, graph_npz, partitioned
 
@@ -92,6 +105,161 @@ def killer(group: ServerGroup, soak: Soak, every: float, until: float, stop: thr
         soak.windows.append((t0, time.monotonic() + 1.0))
 
 
+class Abuse:
+    """What the abusers tried, what the servers answered, and the servers' RSS over time."""
+
+    def __init__(self) -> None:
+        self.refused: dict[str, int] = {}  # typed refusals, by error type
+        self.accepted: list[str] = []  # abuses a server did NOT refuse (must stay empty)
+        self.rss: list[list[tuple[int, int]]] = []  # per second: each server's (pid, RSS bytes)
+
+    def note(self, what: str, exc: BaseException | None) -> None:
+        if exc is None:
+            self.accepted.append(what)
+            return
+        key = type(exc).__name__
+        self.refused[key] = self.refused.get(key, 0) + 1
+
+
+async def _try(abuse: Abuse, what: str, call: Any) -> None:
+    try:
+        await call
+    except ServerUnavailableError:
+        return  # a server being killed: neither refused nor accepted
+    except AsyncGraphError as exc:
+        abuse.note(what, exc)
+        return
+    abuse.note(what, None)
+
+
+async def abuser(client: AsyncClient, abuse: Abuse, until: float, max_tensors: int) -> None:
+    """One round of every request-level abuse per iteration (issue 22 items 5, 6, 8, 9, 11, 13)."""
+    loop = asyncio.get_running_loop()
+    n = client.book.num_nodes
+    feat = await client.tensor_meta("node:feat")
+    await client.create_tensor("abuse_emb", "node", [n, 4], "float32")
+    conn = client.partitions[0].conn  # type: ignore[attr-defined]
+    rnd = 0
+    while loop.time() < until:
+        rnd += 1
+        ids = np.arange(8)
+        bad = np.ones((8, 4), np.float32)
+        bad[3, 1] = np.nan
+        await _try(
+            abuse, "nan gradient", client.sparse_update("abuse_emb", ids, bad, {"kind": "adam", "lr": 0.1})
+        )
+        rows = np.zeros((8, *feat.shape[1:]), feat.dtype)
+        await _try(abuse, "push into node:feat", client.push("node:feat", ids, rows))
+        await _try(abuse, "delete node:label", client.delete_tensor("node:label"))
+        await _try(
+            abuse,
+            "optimizer on node:feat",
+            client.sparse_update("node:feat", ids, rows.astype(np.float32), {"kind": "adagrad", "lr": 1.0}),
+        )
+        await _try(abuse, "epoch 2^64-1", conn.call(Op.SNAPSHOT, {"epoch": 2**64 - 1}, 10.0))
+        await _try(
+            abuse, "add_replica port 9", conn.call(Op.ADD_REPLICA, AddReplicaArgs(9, 1).encode(), 10.0)
+        )
+        await _try(
+            abuse,
+            "uint16 ids",
+            conn.call(Op.PULL, {"name": "node:feat", "ids": np.zeros(32768, np.uint16)}, 10.0),
+        )
+        made = []
+        for i in range(max_tensors + 1):  # a tensor flood: refused at the cap, then cleaned up
+            try:
+                await client.create_tensor(f"flood{rnd}_{i}", "node", [n], "int8")
+                made.append(f"flood{rnd}_{i}")
+            except AsyncGraphError as exc:
+                abuse.note("tensor flood", exc)
+                break
+        for name in made:
+            with contextlib.suppress(AsyncGraphError):
+                await client.delete_tensor(name)
+        await asyncio.sleep(0.05)
+
+
+async def connection_flood(addresses: list[tuple[str, int]], abuse: Abuse, until: float, cap: int) -> None:
+    """Open connections past ``--max-connections``, hold them a moment, close them; repeat."""
+    from asyncgraph.net.connection import Connection
+
+    loop = asyncio.get_running_loop()
+    host, port = addresses[0]
+    while loop.time() < until:
+        conns = []
+        for _ in range(cap + 4):
+            try:
+                c = await Connection.open(host, port, graph_name=None, timeout=5.0)
+                await c.call(Op.PING, {}, 5.0)
+                conns.append(c)
+            except AsyncGraphError as exc:
+                abuse.note("connection flood", exc)
+            except OSError:
+                pass
+        await asyncio.sleep(0.5)
+        for c in conns:
+            c.close()
+        await asyncio.sleep(0.5)
+
+
+def metrics_abuse(port_of: Any, abuse: Abuse, until: float, stop: threading.Event) -> None:
+    """Silent clients and 4 MiB headers at server 0's metrics port (a thread: plain sockets)."""
+    import socket
+
+    while not stop.is_set() and time.monotonic() < until:
+        try:
+            port = port_of()
+        except (OSError, ValueError, KeyError):  # server 0 is restarting: its ready file is gone
+            stop.wait(0.5)
+            continue
+        idle = []
+        try:
+            for _ in range(40):
+                idle.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                s.sendall(b"GET /metrics HTTP/1.1\r\nX: " + b"a" * (4 << 20) + b"\r\n\r\n")
+                reply = s.recv(64)
+            key = "metrics 431" if reply.startswith(b"HTTP/1.1 431") else "metrics refused (reset)"
+            abuse.refused[key] = abuse.refused.get(key, 0) + 1
+        except OSError:
+            key = "metrics refused (reset)"
+            abuse.refused[key] = abuse.refused.get(key, 0) + 1
+        stop.wait(2.0)
+        for s in idle:
+            s.close()
+
+
+def sample_rss(group: ServerGroup, abuse: Abuse, stop: threading.Event) -> None:
+    import psutil
+
+    while not stop.wait(1.0):
+        row = []
+        for proc in group.procs:
+            try:
+                row.append((proc.pid, psutil.Process(proc.pid).memory_info().rss))
+            except psutil.Error:
+                row.append((proc.pid, 0))
+        abuse.rss.append(row)
+
+
+def rss_growth(rss: list[list[tuple[int, int]]]) -> list[float | None]:
+    """Per server: mean RSS of the last quarter over the first quarter of its longest-lived
+    process (a restarted server starts afresh), after a 10% warm-up."""
+    out: list[float | None] = []
+    for i in range(len(rss[0]) if rss else 0):
+        runs: dict[int, list[int]] = {}
+        for row in rss:
+            pid, value = row[i]
+            if value > 0:
+                runs.setdefault(pid, []).append(value)
+        series = max(runs.values(), key=len) if runs else []
+        series = series[len(series) // 10 :]
+        q = max(1, len(series) // 4)
+        first, last = series[:q], series[-q:]
+        out.append(round(float(np.mean(last) / np.mean(first)), 3) if first and last else None)
+    return out
+
+
 def pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q) * 1e3) if values else None
 
@@ -100,7 +268,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     config = partitioned(graph_npz(args), 2)
     with tempfile.TemporaryDirectory(prefix="asyncgraph-faults-") as tmp:
         extra = ["--log-level", "WARNING", "--state-dir", f"{tmp}/state", "--wal", "--wal-fsync", args.fsync]
+        if args.abuse:
+            extra += ["--max-tensors", str(args.max_tensors), "--max-connections", str(args.max_connections)]
+            extra += ["--metrics-port", "0"]
         group = start_servers(config, Path(tmp) / "run", num_parts=2, extra_args=extra)
+        abuse = Abuse()
+        side_stop = threading.Event()
+        side: list[threading.Thread] = []
         try:
             clients = [
                 await AsyncClient.connect(group.addresses, use_shared_memory=False, reconnect_window=30.0)
@@ -117,11 +291,36 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 target=killer, args=(group, soak, args.kill_every, time.monotonic() + args.seconds, stop)
             )
             kill_thread.start()
+            tasks = [worker(c, soak, i, until) for i, c in enumerate(clients)]
+            if args.abuse:
+                bad = await AsyncClient.connect(
+                    group.addresses, use_shared_memory=False, reconnect_window=30.0
+                )
+                clients.append(bad)
+                tasks.append(abuser(bad, abuse, until, args.max_tensors))
+                tasks.append(connection_flood(group.addresses, abuse, until, args.max_connections))
+                run_dir = Path(tmp) / "run"
+
+                def port_of() -> int:
+                    return int(json.loads((run_dir / "ready0.json").read_text())["metrics_port"])
+
+                side.append(
+                    threading.Thread(
+                        target=metrics_abuse,
+                        args=(port_of, abuse, time.monotonic() + args.seconds, side_stop),
+                    )
+                )
+            side.append(threading.Thread(target=sample_rss, args=(group, abuse, side_stop)))
+            for t in side:
+                t.start()
             try:
-                await asyncio.gather(*(worker(c, soak, i, until) for i, c in enumerate(clients)))
+                await asyncio.gather(*tasks)
             finally:
                 stop.set()
+                side_stop.set()
                 await asyncio.to_thread(kill_thread.join)
+                for t in side:
+                    await asyncio.to_thread(t.join)
             got = await clients[0].pull_numpy("soak", np.arange(n))
             lost = int(np.sum(got < soak.acked - 1e-9))
             extra_applied = int(np.sum(got > soak.acked + soak.unacked + 1e-9))
@@ -150,8 +349,25 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "p99_recovery_ms": pct(during, 99),
         "max_recovery_ms": (max(during) * 1e3) if during else None,
         "first_errors": soak.errors[:5],
+        "errors_by_type": _by_type(soak.errors),
+        "abuse": args.abuse,
+        "abuses_refused_by_type": abuse.refused,
+        "abuses_accepted": sorted(set(abuse.accepted)),
+        "rss_mb_first_last": [[round(v / 2**20) for _, v in abuse.rss[i]] for i in (0, -1)]
+        if abuse.rss
+        else [],
+        "rss_samples": len(abuse.rss),
+        "rss_growth": rss_growth(abuse.rss),
         "date": time.strftime("%Y-%m-%d"),
     }
+
+
+def _by_type(errors: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for e in errors:
+        key = e.split(":", 1)[0]
+        out[key] = out.get(key, 0) + 1
+    return out
 
 
 def main() -> None:
@@ -161,6 +377,9 @@ def main() -> None:
     ap.add_argument("--kill-every", type=float, default=10.0)
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--fsync", choices=("always", "interval"), default="always")
+    ap.add_argument("--abuse", action="store_true", help="mix the issue-22 abuses into the load")
+    ap.add_argument("--max-tensors", type=int, default=64, help="with --abuse: the servers' tensor cap")
+    ap.add_argument("--max-connections", type=int, default=48, help="with --abuse: the servers' cap")
     ap.add_argument("--out", type=Path, default=RESULTS / "faults.json")
     args = ap.parse_args()
     result = asyncio.run(run(args))
@@ -169,6 +388,8 @@ def main() -> None:
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     if result["lost_acknowledged_rows"]:
         raise SystemExit("acknowledged writes were lost")
+    if result["abuses_accepted"]:
+        raise SystemExit(f"abuses were accepted: {result['abuses_accepted']}")
 
 
 if __name__ == "__main__":

@@ -147,7 +147,10 @@ def acm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def served(acm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerGroup]:
-    group = start_servers(acm2, tmp_path_factory.mktemp("acm-srv"), num_parts=2)
+    # a test pushes into the partition's own features (read-only by default), as DGL's ndata allows
+    group = start_servers(
+        acm2, tmp_path_factory.mktemp("acm-srv"), num_parts=2, extra_args=["--writable-partition-data"]
+    )
     yield group
     group.stop()
 

@@ -34,7 +34,8 @@ def start_metered(part_config: Path, workdir: Path, num_parts: int) -> tuple[Ser
         part_config,
         workdir,
         num_parts=num_parts,
-        extra_args=["--metrics-port", "0", "--metrics-host", "127.0.0.1"],
+        # a test pushes into node:feat (the partition's own data is read-only by default)
+        extra_args=["--metrics-port", "0", "--metrics-host", "127.0.0.1", "--writable-partition-data"],
     )
     return group, json.loads((workdir / "ready0.json").read_text())["metrics_port"]
 

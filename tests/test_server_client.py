@@ -45,7 +45,8 @@ def servers(pubmed2, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve
         num_parts=2,
         num_clients=2,
         secret=SECRET,
-        extra_args=["--max-frame-size", str(8 << 20)],
+        # pushes into node:feat below (the partition's own data is read-only by default)
+        extra_args=["--max-frame-size", str(8 << 20), "--writable-partition-data"],
     )
     yield group
     group.stop()

@@ -16,17 +16,19 @@ caches), ``writes`` (``TensorWrites``: pushes, sparse optimizer steps) and ``str
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from asyncgraph.env import ENV_MALLOC_TUNING, ENV_RECONNECT_WINDOW
-from asyncgraph.errors import InvalidRequestError
+from asyncgraph.errors import AsyncGraphError, InvalidRequestError
 from asyncgraph.net.connection import Connection
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
-from asyncgraph.protocol.ops import BarrierArgs, Op, SnapshotArgs
+from asyncgraph.protocol.ops import BarrierArgs, Op, ReleaseTensorsArgs, SnapshotArgs
 from asyncgraph.service import Partition, PartitionService
 from asyncgraph.storage.malloc import retain_large_allocations
 from asyncgraph.storage.store import PartitionStore
@@ -40,6 +42,8 @@ from .scatter import broadcast
 from .state import ClientState
 from .structure import StructureQueries
 from .writes import TensorWrites
+
+log = logging.getLogger("asyncgraph.client")
 
 DEFAULT_CALL_TIMEOUT = 60.0
 
@@ -69,6 +73,24 @@ class AsyncClient:
         self.reads = TensorReads(self.state, self.catalog)
         self.writes = TensorWrites(self.state, self.catalog)
         self.structure = StructureQueries(self.state, self.catalog)
+        self._rebinds: set[asyncio.Task[Any]] = set()
+        for conn in self.state.connections:  # keep a server's lease on this client's references
+            conn.on_reconnect.append(functools.partial(self._rebind, conn))
+
+    def _rebind(self, conn: Connection) -> None:
+        """After a reconnect, present this client's holder on the new connection (an empty
+        ``release_tensors`` drops nothing) so a server's ``--holder-lease`` keeps its references."""
+        if not self.state.holding:
+            return
+        args = ReleaseTensorsArgs(self.state.holder, [], False).encode()
+        task = asyncio.ensure_future(conn.call(Op.RELEASE_TENSORS, args, self.state.call_timeout))
+        self._rebinds.add(task)
+        task.add_done_callback(self._rebound)
+
+    def _rebound(self, task: asyncio.Task[Any]) -> None:
+        self._rebinds.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("binding holder after a reconnect failed: %s", task.exception())
 
     # --- construction -----------------------------------------------------------------------
     @classmethod
@@ -234,7 +256,7 @@ class AsyncClient:
     async def barrier(self, name: str = "default", timeout: float = 300.0) -> None:
         """Wait until every client of the job reaches this barrier (held by server 0)."""
         if self.state.connections:
-            args = BarrierArgs(name, float(timeout)).encode()
+            args = BarrierArgs(name, float(timeout), self.state.holder).encode()
             await self.state.connections[0].call(Op.BARRIER, args, timeout + 10.0)
 
     async def snapshot(self) -> int:
@@ -269,6 +291,13 @@ class AsyncClient:
         await asyncio.gather(*calls, return_exceptions=True)
 
     async def close(self) -> None:
-        """Close every partition: connections closed, attached memory unmapped."""
+        """Release this client's non-persistent tensor references (as the sync ``Client.close``
+        does), then close every partition: connections closed, attached memory unmapped."""
+        if self.state.holding:
+            self.state.holding = False
+            try:
+                await asyncio.wait_for(self.catalog.release_tensors([], every=True), 10.0)
+            except (AsyncGraphError, OSError, TimeoutError) as exc:  # servers already gone
+                log.debug("releasing tensors at close failed: %s", exc)
         for part in self.state.partitions:
             part.close()

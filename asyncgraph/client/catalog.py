@@ -112,6 +112,8 @@ class TensorCatalog:
         if self.num_partitions > 1:
             await self._refuse_partial_tensor(name)
         holder = None if persistent else self.state.holder
+        if holder is not None:
+            self.state.holding = True  # close() releases them
         out = await broadcast(
             self.state.partitions, lambda p: p.create_tensor(name, policy, dims, dt, spec, holder)
         )
@@ -128,6 +130,8 @@ class TensorCatalog:
     async def release_tensors(self, names: Sequence[str], every: bool = False) -> list[str]:
         """Drop this client's references to non-persistent tensors (one per name, or all)."""
         listed = list(names)
+        if every:
+            self.state.holding = False
         out = await broadcast(
             self.state.partitions, lambda p: p.release_tensors(self.state.holder, listed, every)
         )

@@ -35,6 +35,8 @@ class ClientState:
     num_clients: int = 1
     #: Who holds this client's references to non-persistent tensors on the servers.
     holder: str = field(default_factory=lambda: uuid.uuid4().hex)
+    #: Whether this client took a reference (a non-persistent tensor) not yet released.
+    holding: bool = False
     #: Tensor metadata by name, so reads and writes validate without a round trip.
     metas: dict[str, TensorMeta] = field(default_factory=dict)
     #: Per-tensor feature caches (``TensorReads.build_cache``), dropped on this client's writes.

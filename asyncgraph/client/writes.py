@@ -14,7 +14,7 @@ import numpy as np
 
 from asyncgraph.arrays import as_id_array, check_rows
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError
-from asyncgraph.kernels.sparse_optim import validate_spec
+from asyncgraph.kernels.sparse_optim import check_finite_grads, validate_spec
 from asyncgraph.protocol.ops import Op
 
 from .catalog import TensorCatalog
@@ -71,6 +71,7 @@ class TensorWrites:
         gids = as_id_array(ids)
         what, row_shape = f"sparse_update {name!r}", meta.row_shape
         _, grad = check_rows(what, gids, grads, dtype=meta.dtype, row_shape=row_shape, values_name="grads")
+        check_finite_grads(what, gids, grad)  # refused before any partition applies it
         parts = self.state.book.positions(gids, meta.policy)
         await scatter(
             self.state.partitions,

@@ -22,7 +22,9 @@ row, with ``g`` the summed gradient of that row in this request:
 - Adam: ``step += 1; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g**2;
   w -= lr * (m / (1 - b1**step)) / (sqrt(v / (1 - b2**step)) + eps)``.
 
-Every rejection is a typed ``InvalidRequestError`` raised before anything is created or written.
+Every rejection is a typed ``InvalidRequestError`` raised before anything is created or written;
+NaN or infinite gradients, or an update that would overflow to them, are ``NonFiniteError``
+(a non-finite row or state would stay non-finite for good).
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ from typing import Any
 import numpy as np
 
 from asyncgraph.arrays import check_rows
-from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, TensorExistsError
+from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, NonFiniteError, TensorExistsError
 from asyncgraph.names import ADAGRAD_STATE_SUFFIX, ADAM_M_SUFFIX, ADAM_STEP_SUFFIX, ADAM_V_SUFFIX
+from asyncgraph.storage.protect import check_optimizable
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
 __all__ = [
@@ -45,6 +48,7 @@ __all__ = [
     "ADAM_STEP_SUFFIX",
     "ADAM_V_SUFFIX",
     "apply_sparse_update",
+    "check_finite_grads",
     "state_tensor_metas",
     "validate_spec",
 ]
@@ -139,6 +143,28 @@ def _dedup(local: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return ordered[starts], summed
 
 
+def check_finite_grads(what: str, ids: np.ndarray, grads: np.ndarray) -> None:
+    """``NonFiniteError`` naming the first ID whose gradient holds NaN or inf (client and server
+    both check, so a multi-partition update is refused before any partition applies it)."""
+    finite = np.isfinite(grads)
+    if not finite.all():
+        bad = int(np.flatnonzero(~finite.reshape(len(grads), -1).all(axis=1))[0])
+        raise NonFiniteError(
+            f"{what}: gradient of ID {int(np.asarray(ids)[bad])} is not finite (NaN or inf); "
+            "nothing was applied"
+        )
+
+
+def _check_finite(name: str, *arrays: np.ndarray) -> None:
+    """Refuse an update whose new rows or state overflowed (summed or squared gradients)."""
+    for a in arrays:
+        if not np.isfinite(a).all():
+            raise NonFiniteError(
+                f"sparse_update {name!r}: the update overflows to a non-finite value "
+                "(gradients too large for the tensor's dtype); nothing was applied"
+            )
+
+
 def apply_sparse_update(
     store: PartitionStore, name: str, ids: np.ndarray, grads: np.ndarray, spec: Mapping[str, Any]
 ) -> None:
@@ -150,6 +176,7 @@ def apply_sparse_update(
     """
     opts = validate_spec(spec)
     meta = store.tensor_meta(name)
+    check_optimizable(name, store.base_tensors)  # issue 22: embeddings only
     dtype = np.dtype(meta.dtype)
     if dtype.kind != "f":
         raise DTypeMismatchError(
@@ -166,6 +193,7 @@ def apply_sparse_update(
         policy=meta.policy,
         values_name="grads",
     )
+    check_finite_grads(f"sparse_update {name!r}", ids, g)
     states = state_tensor_metas(meta, opts["kind"])
     for s in states:
         if store.has_tensor(s.name):
@@ -196,6 +224,7 @@ def apply_sparse_update(
             st = acc[uniq]
             st += gsum * gsum
             w -= lr * (gsum / (np.sqrt(st) + eps))
+            _check_finite(name, w.astype(rows.dtype, copy=False), st)
             acc[uniq] = st
         else:
             b1, b2 = opts["betas"]
@@ -207,6 +236,7 @@ def apply_sparse_update(
             bc1 = (1.0 - np.power(b1, step.astype(np.float64))).astype(cdt).reshape(bshape)
             bc2 = (1.0 - np.power(b2, step.astype(np.float64))).astype(cdt).reshape(bshape)
             w -= lr * (m / bc1) / (np.sqrt(v / bc2) + eps)
+            _check_finite(name, w.astype(rows.dtype, copy=False), m, v)
             m_rows[uniq] = m
             v_rows[uniq] = v
             step_rows[uniq] = step

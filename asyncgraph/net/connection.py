@@ -29,6 +29,7 @@ import collections
 import enum
 import logging
 import random
+from collections.abc import Callable
 from typing import Any, cast
 
 from asyncgraph.errors import (
@@ -92,6 +93,9 @@ class Connection:
         self.reconnect_window = reconnect_window
         self.generation = 0  # reconnects so far: users of the server's memory re-attach on a change
         self.retries = 0
+        #: Called (no arguments) after each successful reconnect, e.g. to present the client's
+        #: holder on the new connection (a server's ``--holder-lease``).
+        self.on_reconnect: list[Callable[[], object]] = []
         self.state = ConnectionState.CONNECTING
         self._error: AsyncGraphError | None = None  # why the state is not OPEN
         self._reconnecting: asyncio.Future[None] | None = None  # the shared task, in RECONNECTING
@@ -135,7 +139,9 @@ class Connection:
             reconnect_window=reconnect_window,
         )
         await conn._connect(timeout)
-        conn.state = ConnectionState.OPEN
+        # The server may fail the connection right after the hello (over its connection cap,
+        # say): that failure, seen while CONNECTING, leaves it LOST with the server's reason.
+        conn.state = ConnectionState.OPEN if conn._error is None else ConnectionState.LOST
         hello = conn.server_hello
         if hello is not None:
             conn.graph_name = hello.graph_name  # a reconnect must find the same graph
@@ -237,6 +243,8 @@ class Connection:
             self._error = None
             self.generation += 1
             log.info("reconnected to server %s (generation %d)", self.name, self.generation)
+            for callback in self.on_reconnect:
+                callback()
             return
         raise ServerUnavailableError(
             f"server {self.name} did not come back within the reconnect window of "

@@ -17,6 +17,7 @@ import numpy as np
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError
 
 __all__ = [
+    "MAX_EPOCH",
     "AddReplicaArgs",
     "ArgsRecord",
     "BarrierArgs",
@@ -33,6 +34,10 @@ __all__ = [
     "SparseUpdateArgs",
     "request_id",
 ]
+
+
+#: Largest snapshot epoch a server accepts (``SnapshotArgs``); see ``asyncgraph.server.durable``.
+MAX_EPOCH = (1 << 48) - 1
 
 
 class ArgsRecord(Protocol):
@@ -75,8 +80,11 @@ def _get(args: Mapping[str, Any], op: str, key: str, kind: type | tuple[type, ..
 
 def _ids(args: Mapping[str, Any], op: str, key: str = "ids") -> np.ndarray:
     ids: np.ndarray = _get(args, op, key, np.ndarray)
-    if ids.dtype.kind not in "iu":
-        raise DTypeMismatchError(f"{op}: {key} must be an integer array, got dtype {ids.dtype}")
+    if ids.dtype.kind not in "iu" or ids.dtype.itemsize not in (4, 8):
+        # 4- or 8-byte IDs only (64 KB of uint16 IDs asked for a 183 MB reply)
+        raise DTypeMismatchError(
+            f"{op}: {key} must be an integer array of 32 or 64 bits (int32 or int64), got dtype {ids.dtype}"
+        )
     if ids.ndim != 1:
         raise DTypeMismatchError(f"{op}: {key} must be one-dimensional, got shape {ids.shape}")
     return ids
@@ -198,6 +206,8 @@ class AddReplicaArgs:
 
     port: int
     pid: int
+    #: The partition's fingerprint the replica computed (the primary checks it).
+    fingerprint: str = ""
 
     @classmethod
     def decode(cls, args: Mapping[str, Any]) -> AddReplicaArgs:
@@ -205,16 +215,19 @@ class AddReplicaArgs:
         pid = _get(args, "add_replica", "pid", int)
         if not 0 < port <= 65535 or pid <= 0:
             raise InvalidRequestError(f"add_replica: bad port {port} or pid {pid}")
-        return cls(port, pid)
+        fingerprint = _get(args, "add_replica", "fingerprint", str) if "fingerprint" in args else ""
+        return cls(port, pid, fingerprint[:128])
 
     def encode(self) -> dict[str, Any]:
-        return {"port": self.port, "pid": self.pid}
+        return {"port": self.port, "pid": self.pid, "fingerprint": self.fingerprint}
 
 
 @dataclass(frozen=True, slots=True)
 class BarrierArgs:
     name: str
     timeout: float
+    #: The arriving client handle (barriers count distinct clients); None: its connection.
+    holder: str | None = None
 
     @classmethod
     def decode(cls, args: Mapping[str, Any]) -> BarrierArgs:
@@ -222,10 +235,14 @@ class BarrierArgs:
         timeout = float(_get(args, "barrier", "timeout", (int, float)))
         if not timeout > 0:
             raise InvalidRequestError(f"barrier: timeout must be positive, got {timeout}")
-        return cls(name, timeout)
+        holder = _get(args, "barrier", "holder", str) if args.get("holder") is not None else None
+        return cls(name, timeout, holder)
 
     def encode(self) -> dict[str, Any]:
-        return {"name": self.name, "timeout": float(self.timeout)}
+        out: dict[str, Any] = {"name": self.name, "timeout": float(self.timeout)}
+        if self.holder is not None:
+            out["holder"] = self.holder
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,8 +384,8 @@ class SnapshotArgs:
     @classmethod
     def decode(cls, args: Mapping[str, Any]) -> SnapshotArgs:
         epoch = _get(args, "snapshot", "epoch", int)
-        if epoch < 1:
-            raise InvalidRequestError(f"snapshot: epoch must be positive, got {epoch}")
+        if not 1 <= epoch <= MAX_EPOCH:  # bounded, so epoch + 1 always encodes
+            raise InvalidRequestError(f"snapshot: epoch must be in [1, {MAX_EPOCH}], got {epoch}")
         return cls(epoch)
 
     def encode(self) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import enum
 from dataclasses import dataclass
 
 from asyncgraph.protocol.args import (
+    MAX_EPOCH,
     AddReplicaArgs,
     ArgsRecord,
     BarrierArgs,
@@ -32,6 +33,7 @@ from asyncgraph.protocol.args import (
 __all__ = [
     "ATTACHED_OPS",
     "CATALOG_OPS",
+    "MAX_EPOCH",
     "OFFLOADED_OPS",
     "OPS",
     "PRIMARY_ONLY_OPS",

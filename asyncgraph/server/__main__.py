@@ -8,7 +8,10 @@ Limits (see ``asyncgraph.server.admission`` and ``asyncgraph.service.limits``):
 ``--handshake-timeout`` (5 s), a 16 KiB frame limit until the hello succeeds,
 ``--max-pending-connections`` (128 still in their handshake), ``--max-frame-size`` (1 GiB,
 which also bounds a pull's rows x row bytes), ``--max-sampled-edges`` (8 Mi per request),
-``--max-tensor-bytes`` (one tensor's rows here; default physical memory).
+``--max-tensor-bytes`` (one tensor's rows here; default physical memory). Server-wide
+(``asyncgraph.server.budget``, issue 22): ``--max-tensors``, ``--memory-budget`` (all tensors),
+``--max-connections`` (authenticated), ``--max-queued-reply-bytes`` (replies nobody reads);
+``/metrics`` has its own limits (``asyncgraph.server.metrics_http``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from asyncgraph.cli import CliError, Parser, configure_logging, part_config_chec
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.server.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_PENDING
 from asyncgraph.server.app import ServerOptions, serve
+from asyncgraph.server.budget import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_QUEUED_REPLY_BYTES
 from asyncgraph.service.limits import DEFAULT_MAX_SAMPLED_EDGES
 
 
@@ -74,7 +78,13 @@ def build_parser() -> Parser:
         "ready file as metrics_port and logged); default: no metrics",
     )
     parser.add_argument(
-        "--metrics-host", default="0.0.0.0", help="address for the metrics endpoint (default 0.0.0.0)"
+        "--metrics-host", help="address for the metrics endpoint (default: where the server binds, --host)"
+    )
+    parser.add_argument(
+        "--metrics-token-file",
+        type=Path,
+        help="/metrics answers only requests with 'Authorization: Bearer <the file's contents>' "
+        "(Prometheus: authorization.credentials_file)",
     )
     parser.add_argument(
         "--state-dir", type=Path, help="keep snapshots (and the WAL) here; restore from it on start"
@@ -92,6 +102,53 @@ def build_parser() -> Parser:
         type=float,
         default=0.05,
         help="seconds between fsyncs with --wal-fsync interval",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help=f"authenticated connections held at once; more are refused (default {DEFAULT_MAX_CONNECTIONS})",
+    )
+    parser.add_argument(
+        "--max-queued-reply-bytes",
+        type=int,
+        default=DEFAULT_MAX_QUEUED_REPLY_BYTES,
+        help="reply bytes queued for clients that do not read, all connections together; over it the "
+        f"biggest queues stop being read (default {DEFAULT_MAX_QUEUED_REPLY_BYTES >> 20} MiB)",
+    )
+    parser.add_argument(
+        "--memory-budget",
+        type=int,
+        default=0,
+        help="most bytes all tensors of this server take together, the partition's own included "
+        "(0: the cgroup's memory limit, else physical memory)",
+    )
+    parser.add_argument(
+        "--holder-lease",
+        type=float,
+        default=0.0,
+        help="release a client's non-persistent tensor references once it has had no connection for "
+        "S seconds (at least the clients' reconnect window; 0: never, the default)",
+    )
+    parser.add_argument(
+        "--max-tensors",
+        type=int,
+        default=0,
+        help="most tensors this server holds, the partition's own included (0: up to 4096, fewer when "
+        "the descriptor limit is low: each tensor holds 2 descriptors)",
+    )
+    parser.add_argument(
+        "--writable-partition-data",
+        action="store_true",
+        help="let clients write the partition's own tensors (features, labels: DGL's writable ndata); "
+        "by default they are read-only. They can never be deleted",
+    )
+    parser.add_argument(
+        "--wal-recover",
+        action="store_true",
+        help="a write-ahead log with a corrupt record followed by valid ones (the server refuses to "
+        "start, naming file and offset): move it aside (kept as *.corrupt-TIME), replay the records "
+        "that verify and log what was skipped",
     )
     parser.add_argument(
         "--snapshot-interval",
@@ -127,14 +184,17 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
     part_config_checked(ns.part_config, ns.part_id)
     if ns.secret_file is not None and not ns.secret_file.is_file():
         raise CliError(f"--secret-file {ns.secret_file} does not exist")
-    if (ns.wal or ns.snapshot_interval) and ns.state_dir is None:
-        parser.error("--wal and --snapshot-interval need --state-dir")
+    if (ns.wal or ns.snapshot_interval or ns.wal_recover) and ns.state_dir is None:
+        parser.error("--wal, --wal-recover and --snapshot-interval need --state-dir")
     if not ns.handshake_timeout > 0:
         parser.error("--handshake-timeout must be positive")
-    if ns.max_sampled_edges < 0 or ns.max_tensor_bytes < 0:
-        parser.error("--max-sampled-edges and --max-tensor-bytes must be >= 0")
-    if ns.max_pending_connections < 1:
-        parser.error("--max-pending-connections must be at least 1")
+    for key in ("max_sampled_edges", "max_tensor_bytes", "max_tensors", "holder_lease", "memory_budget"):
+        if getattr(ns, key) < 0:
+            parser.error(f"--{key.replace('_', '-')} must be >= 0")
+    if ns.max_pending_connections < 1 or ns.max_connections < 1 or ns.max_queued_reply_bytes < 1:
+        parser.error(
+            "--max-pending-connections, --max-connections and --max-queued-reply-bytes must be at least 1"
+        )
     replica_of = _address(ns.replica_of) if ns.replica_of is not None else None
     if replica_of is not None and (ns.state_dir is not None or ns.no_shared_memory):
         parser.error(
@@ -142,6 +202,13 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
             "and --no-shared-memory (the primary's state covers the partition)"
         )
     secret = ns.secret_file.read_bytes().strip() if ns.secret_file else None
+    metrics_token = None
+    if ns.metrics_token_file is not None:
+        if not ns.metrics_token_file.is_file():
+            raise CliError(f"--metrics-token-file {ns.metrics_token_file} does not exist")
+        metrics_token = ns.metrics_token_file.read_bytes().strip()
+        if not metrics_token:
+            raise CliError(f"--metrics-token-file {ns.metrics_token_file} is empty")
     if secret is not None and not secret:
         raise CliError(f"--secret-file {ns.secret_file} is empty")
     configure_logging(
@@ -160,11 +227,19 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         shared_memory=not ns.no_shared_memory,
         metrics_port=ns.metrics_port,
         metrics_host=ns.metrics_host,
+        metrics_token=metrics_token,
         state_dir=ns.state_dir,
         wal=ns.wal,
         wal_fsync=ns.wal_fsync,
         wal_fsync_interval=ns.wal_fsync_interval,
         snapshot_interval=ns.snapshot_interval,
+        wal_recover=ns.wal_recover,
+        writable_partition_data=ns.writable_partition_data,
+        max_tensors=ns.max_tensors,
+        max_connections=ns.max_connections,
+        holder_lease=ns.holder_lease,
+        memory_budget=ns.memory_budget,
+        max_queued_reply_bytes=ns.max_queued_reply_bytes,
         handshake_timeout=ns.handshake_timeout,
         max_pending_connections=ns.max_pending_connections,
         max_sampled_edges=ns.max_sampled_edges,

@@ -15,15 +15,27 @@ from typing import TYPE_CHECKING
 
 from asyncgraph.errors import AsyncGraphError
 from asyncgraph.kernels import compiled
+from asyncgraph.launch.processes import process_alive
 from asyncgraph.partition import load_partition
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.server.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_PENDING, Admission
-from asyncgraph.server.durable import DurableState, FsyncPolicy
+from asyncgraph.server.budget import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_QUEUED_REPLY_BYTES,
+    ConnectionCap,
+    ReplyBudget,
+    default_max_tensors,
+    memory_budget,
+    raise_fd_limit,
+)
+from asyncgraph.server.durable import DurableState, FsyncPolicy, partition_fingerprint
 from asyncgraph.server.handlers import RequestHandlers
+from asyncgraph.server.leases import HolderLeases
+from asyncgraph.server.replica_check import ReplicaCheck, fingerprint_of
 from asyncgraph.server.transport import ServerConnection
 from asyncgraph.service.limits import DEFAULT_MAX_SAMPLED_EDGES, WorkLimits
 from asyncgraph.storage.fdpass import FdExporter
-from asyncgraph.storage.malloc import retain_large_allocations
+from asyncgraph.storage.malloc import release_free_memory, retain_large_allocations
 from asyncgraph.storage.store import PartitionStore
 
 if TYPE_CHECKING:
@@ -37,6 +49,8 @@ REPLICA_CONNECT_TIMEOUT = 60.0
 REPLICA_CALL_TIMEOUT = 10.0
 #: How often a replica checks that its primary still answers.
 REPLICA_WATCH_INTERVAL = 1.0
+#: Freed heap memory goes back to the OS after this many seconds without a request (issue 22).
+IDLE_TRIM_INTERVAL = 2.0
 
 
 class ReplicaError(AsyncGraphError):
@@ -64,12 +78,33 @@ class ServerOptions:
     #: Serve Prometheus metrics on this port (0: a free one, reported in the ready file and
     #: the log); None: no metrics.
     metrics_port: int | None = None
-    metrics_host: str = "0.0.0.0"
+    #: Where ``/metrics`` listens; None: where the server listens (``host``).
+    metrics_host: str | None = None
+    #: Bearer token ``/metrics`` requires (``--metrics-token-file``); None: no token.
+    metrics_token: bytes | None = None
     state_dir: Path | None = None
     wal: bool = False
     wal_fsync: FsyncPolicy = "always"
     wal_fsync_interval: float = 0.05
     snapshot_interval: float = 0.0
+    #: Replay a corrupt write-ahead log's valid records (the log moved aside) instead of
+    #: refusing to start (``asyncgraph.server.wal``).
+    wal_recover: bool = False
+    #: Let requests write the partition's own tensors (features, labels), as DGL's writable
+    #: ``ndata``; by default they are read-only (``PartitionStore.protect``). Never deletable.
+    writable_partition_data: bool = False
+    #: Most tensors this server holds (issue 22); 0: as many as its descriptor limit allows.
+    max_tensors: int = 0
+    #: Authenticated connections held at once (issue 22); more are refused after the handshake.
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    #: Release a holder's tensor references once it has had no connection for this many
+    #: seconds (issue 22, ``asyncgraph.server.leases``); 0: never.
+    holder_lease: float = 0.0
+    #: Reply bytes queued on all connections together before the worst readers are paused.
+    max_queued_reply_bytes: int = DEFAULT_MAX_QUEUED_REPLY_BYTES
+    #: Most bytes all tensors of this server take together (issue 22); 0: the cgroup's memory
+    #: limit, else physical memory.
+    memory_budget: int = 0
     #: Serve as a replica of the primary at this address (same host): map its memory, hold
     #: no state of its own (``asyncgraph.server.replica``).
     replica_of: tuple[str, int] | None = None
@@ -85,6 +120,7 @@ class GraphServer:
         self.handlers: RequestHandlers | None = None
         self.durable: DurableState | None = None
         self._syncer: asyncio.Task[None] | None = None
+        self._trimmer: asyncio.Task[None] | None = None
         self._snapshotter: asyncio.Task[None] | None = None
         self._server: asyncio.base_events.Server | None = None
         self._stopped = asyncio.Event()
@@ -106,6 +142,9 @@ class GraphServer:
             return await self._start_replica(opts.replica_of, t0)
         part = load_partition(opts.part_config, opts.part_id)
         self.store = PartitionStore.from_partition(part, shared=opts.shared_memory)
+        fd_limit = raise_fd_limit()  # issue 22: tensors hold descriptors; cap them (server/budget.py)
+        self.store.max_tensors = opts.max_tensors or default_max_tensors(fd_limit)
+        self.store.memory_budget = opts.memory_budget or memory_budget()
         graph_name = self.store.graph_name
         shm_address: str | None = None
         shm_token: bytes | None = None
@@ -113,6 +152,7 @@ class GraphServer:
             self.exporter = FdExporter(self.store, label=f"{graph_name}.p{opts.part_id}")
             await self.exporter.start()
             shm_address, shm_token = self.exporter.address, self.exporter.token
+        fingerprint = fingerprint_of(opts.part_config, opts.part_id)  # hashed once, when first needed
         if opts.state_dir is not None:
             self.durable = DurableState(
                 opts.state_dir,
@@ -120,6 +160,9 @@ class GraphServer:
                 wal=opts.wal,
                 fsync=opts.wal_fsync,
                 fsync_interval=opts.wal_fsync_interval,
+                recover=opts.wal_recover,
+                fingerprint=fingerprint(),
+                part_config=str(opts.part_config),
             )
         if opts.metrics_port is not None:
             self._make_metrics()
@@ -136,6 +179,14 @@ class GraphServer:
             durable=self.durable,
         )
         handlers = self.handlers
+        if opts.holder_lease > 0:
+            handlers.leases = HolderLeases(opts.holder_lease, handlers.release_holder)
+        handlers.replica_check = ReplicaCheck(  # issue 22: only proven replicas register
+            part_id=opts.part_id,
+            instance=handlers.instance,
+            fingerprint=fingerprint,
+            secret=opts.secret,
+        )
         if self.durable is not None:
             partition = handlers.partition
             base, replayed = self.durable.restore(self.store, handlers.replay, partition.load_references)
@@ -154,6 +205,9 @@ class GraphServer:
                 self._snapshotter = asyncio.ensure_future(self._snapshot_periodically(opts.snapshot_interval))
             if opts.wal and opts.wal_fsync == "interval":
                 self._syncer = asyncio.ensure_future(self._sync_periodically(opts.wal_fsync_interval))
+        # issue 22: the partition's own tensors are read-only (after the replay: older logs may
+        # hold writes to them) unless --writable-partition-data
+        self.store.protect(writable_base=opts.writable_partition_data)
         await self._listen(handlers, graph_name)
         assert self.address is not None
         log.info(
@@ -165,7 +219,7 @@ class GraphServer:
             time.perf_counter() - t0,
             opts.num_clients,
         )
-        return self._announce()
+        return await self._announce()
 
     def _make_metrics(self) -> None:
         from asyncgraph.server.metrics import ServerMetrics
@@ -191,6 +245,8 @@ class GraphServer:
         admission = Admission(
             handshake_timeout=opts.handshake_timeout, max_pending=opts.max_pending_connections
         )
+        cap = ConnectionCap(opts.max_connections)
+        replies = ReplyBudget(opts.max_queued_reply_bytes)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: ServerConnection(
@@ -203,6 +259,8 @@ class GraphServer:
                 metrics=metrics,
                 live=connections,
                 admission=admission,
+                cap=cap,
+                replies=replies,
             ),
             host=opts.host,
             port=opts.port,
@@ -211,19 +269,21 @@ class GraphServer:
         sockname = self._server.sockets[0].getsockname()
         self.address = (str(sockname[0]), int(sockname[1]))
 
-    def _announce(self) -> tuple[str, int]:
+    async def _announce(self) -> tuple[str, int]:
         """Start metrics, write the ready file, warm the sampler: the server is ready."""
         opts, metrics = self.options, self.metrics
         assert self.address is not None
         metrics_port = None
         if metrics is not None and opts.metrics_port is not None:
-            metrics_port = metrics.start_http(opts.metrics_host, opts.metrics_port)
-            log.info("metrics on http://%s:%d/metrics", opts.metrics_host, metrics_port)
+            metrics_host = opts.metrics_host if opts.metrics_host is not None else opts.host
+            metrics_port = await metrics.start_http(metrics_host, opts.metrics_port, opts.metrics_token)
+            log.info("metrics on http://%s:%d/metrics", metrics_host, metrics_port)
         if opts.ready_file is not None:
             write_ready_file(
                 opts.ready_file, self.address[0], self.address[1], opts.part_id, metrics_port=metrics_port
             )
         compiled.warm_up()  # the compiled sampling kernel loads in the background (~1.5 s)
+        self._trimmer = asyncio.ensure_future(self._trim_when_idle())
         return self.address
 
     async def _start_replica(self, primary: tuple[str, int], t0: float) -> tuple[str, int]:
@@ -271,9 +331,14 @@ class GraphServer:
             max_frame_size=opts.max_frame_size,
             metrics=self.metrics,
         )
+        primary_pid = info.pid
+        primary_conn = self.primary
+        # issue 22 item 7: a push is acknowledged only while the primary lives
+        self.handlers.primary_alive = lambda: not primary_conn.closed and process_alive(primary_pid)
         await self._listen(self.handlers, self.store.graph_name)
         assert self.address is not None
-        args = AddReplicaArgs(self.address[1], os.getpid()).encode()
+        fingerprint = await asyncio.to_thread(partition_fingerprint, opts.part_config, opts.part_id)
+        args = AddReplicaArgs(self.address[1], os.getpid(), fingerprint).encode()
         await self.primary.call(Op.ADD_REPLICA, args, REPLICA_CALL_TIMEOUT)
         self._watcher = asyncio.ensure_future(self._watch_primary(where))
         log.info(
@@ -285,7 +350,7 @@ class GraphServer:
             self.address[1],
             time.perf_counter() - t0,
         )
-        return self._announce()
+        return await self._announce()
 
     async def _watch_primary(self, where: str) -> None:
         """Stop (status 1) once the primary stops answering: its memory is no longer served."""
@@ -329,6 +394,18 @@ class GraphServer:
             served = writes
             log.info("periodic snapshot %s", path)
 
+    async def _trim_when_idle(self, interval: float = IDLE_TRIM_INTERVAL) -> None:
+        """Return freed heap memory to the OS once no request came for ``interval`` seconds."""
+        served, trimmed = -1, True
+        while self.handlers is not None:
+            await asyncio.sleep(interval)
+            now = self.handlers.requests_served if self.handlers is not None else 0
+            if now != served:
+                served, trimmed = now, False
+            elif not trimmed:
+                release_free_memory()
+                trimmed = True
+
     async def _sync_periodically(self, interval: float) -> None:
         """``--wal-fsync interval``: fsync the log at least every ``interval`` seconds."""
         while self.durable is not None:
@@ -352,10 +429,10 @@ class GraphServer:
             self.primary = None
         if self.metrics is not None:
             self.metrics.stop_http()
-        for task in (self._syncer, self._snapshotter):
+        for task in (self._syncer, self._snapshotter, self._trimmer):
             if task is not None:
                 task.cancel()
-        self._syncer = self._snapshotter = None
+        self._syncer = self._snapshotter = self._trimmer = None
         if self.durable is not None:
             self.durable.close()
             self.durable = None

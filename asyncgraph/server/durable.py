@@ -5,6 +5,14 @@ Layout of a server's state folder (``--state-dir DIR``; one sub-folder per parti
     DIR/part<p>/snap-<epoch>/manifest.json   every tensor's meta, file, size and SHA-256; the
     DIR/part<p>/snap-<epoch>/t<i>.bin        epoch; recent request ids. Raw C-order rows.
     DIR/part<p>/wal-<epoch>.log              writes acknowledged after snapshot <epoch>
+    DIR/part<p>/partition.json               the fingerprint of the partition this state is of
+
+State is tied to what it describes: the partition's fingerprint (SHA-256 of its config and its
+structure files, ``partition_fingerprint``) is recorded in ``partition.json`` and in every
+manifest, and a server loading another partition (re-partitioned under the same graph name, the
+wrong ``--part-id``) refuses the folder, naming both. Every manifest carries the SHA-256 of its
+own canonical JSON (``manifest_sha256``): an edited manifest is corrupt, and the previous
+snapshot is used instead, as for a bad data file.
 
 A snapshot is written into ``snap-<epoch>.tmp`` (files fsynced, manifest last) and renamed into
 place, so a folder named ``snap-<epoch>`` is complete; a snapshot whose files do not match their
@@ -13,8 +21,9 @@ snapshots and the logs from the older one on are kept, so falling back loses not
 ``wal-<e>`` for every ``e >=`` the restored epoch, in order, rebuilds every acknowledged write.
 
 A log record is ``crc32 (4 bytes, big endian) + one protocol frame`` (``encode_frame``: msgpack
-header, arrays as raw bytes, never pickle) holding ``{"op", "args", "rid"}``. Replay stops at the
-first torn or corrupt record (the tail a crash cut short) and truncates the log there.
+header, arrays as raw bytes, never pickle) holding ``{"op", "args", "rid"}``. Replay drops a torn
+tail (an incomplete last record: what a crash leaves) and refuses a corrupt record followed by
+valid ones (``WalCorruptError``; ``--wal-recover`` moves the log aside and replays what verifies).
 
 Fsync policy (``--wal-fsync``): ``always`` fsyncs the log before a write is acknowledged (survives
 power loss); ``interval`` fsyncs at most every ``fsync_interval`` seconds (an acknowledged write
@@ -39,7 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from asyncgraph.errors import AsyncGraphError
+from asyncgraph.errors import AsyncGraphError, InvalidRequestError
+from asyncgraph.protocol.ops import MAX_EPOCH
 from asyncgraph.server.wal import FsyncPolicy, WriteAheadLog
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
@@ -55,7 +65,25 @@ __all__ = [
 
 log = logging.getLogger("asyncgraph.server")
 
-_FORMAT = 1
+_FORMAT = 2
+#: Format-1 manifests (no checksum, no fingerprint) are still read, with a warning.
+_OLD_FORMATS = (1,)
+_FINGERPRINT_FILE = "partition.json"
+#: Most a snapshot request may move this server's epoch forward: epochs only grow, by bounded
+#: steps, and stay below ``MAX_EPOCH``, so no client can exhaust them or make them overflow
+#: (servers snapshotting on their own, ``--snapshot-interval``, drift apart by far less).
+MAX_EPOCH_STEP = 1 << 24
+
+
+def check_epoch(epoch: int, current: int) -> None:
+    """``InvalidRequestError`` unless ``current <= epoch <= min(current + MAX_EPOCH_STEP, MAX_EPOCH)``."""
+    if epoch < current:
+        raise SnapshotError(f"snapshot epoch {epoch} is older than this server's epoch {current}")
+    if epoch > MAX_EPOCH or epoch - current > MAX_EPOCH_STEP:
+        raise InvalidRequestError(
+            f"snapshot epoch {epoch} is out of bounds: this server is at epoch {current}, and an epoch "
+            f"may move forward by at most {MAX_EPOCH_STEP} and never past {MAX_EPOCH}"
+        )
 
 
 class SnapshotError(AsyncGraphError):
@@ -111,6 +139,37 @@ class RequestLog:
             self.add(str(rid), float(when))
 
 
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def manifest_checksum(manifest: Mapping[str, Any]) -> str:
+    """SHA-256 of a manifest's canonical JSON, without its own ``manifest_sha256``."""
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    return hashlib.sha256(_canonical(body)).hexdigest()
+
+
+def partition_fingerprint(part_config: Path, part_id: int) -> str:
+    """SHA-256 of partition ``part_id``: its config (canonical JSON) and structure files.
+
+    A re-partitioned graph gets another fingerprint even under the same name, so state written
+    for the old partition is refused instead of serving old rows against the new structure.
+    """
+    from asyncgraph.partition.config import PartitionConfig
+    from asyncgraph.partition.layout import PartFiles
+
+    h = hashlib.sha256()
+    h.update(_canonical(json.loads(Path(part_config).read_text())))
+    h.update(f"|part {part_id}|".encode())
+    files = PartFiles(PartitionConfig.load(Path(part_config)).part_dir(part_config, part_id))
+    for path in (files.indptr, files.indices, files.eids):
+        h.update(path.name.encode())
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 22):
+                h.update(chunk)
+    return h.hexdigest()
+
+
 # --- snapshots ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Snapshot:
@@ -127,8 +186,17 @@ def read_snapshot(path: Path, *, verify: bool = True) -> Snapshot:
         manifest = json.loads((path / "manifest.json").read_text())
     except (OSError, ValueError) as exc:
         raise SnapshotError(f"snapshot {path}: unreadable manifest ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") not in (_FORMAT, *_OLD_FORMATS):
         raise SnapshotError(f"snapshot {path}: not a format-{_FORMAT} manifest")
+    if manifest["format"] == _FORMAT:
+        if manifest.get("manifest_sha256") != manifest_checksum(manifest):
+            raise SnapshotError(
+                f"snapshot {path}: manifest.json does not match its checksum (edited or corrupt)"
+            )
+    else:
+        log.warning(
+            "snapshot %s: format-%d manifest, without a checksum or fingerprint", path, manifest["format"]
+        )
     if verify:
         for entry in manifest["tensors"]:
             file = path / entry["file"]
@@ -155,6 +223,7 @@ class Captured:
     part_id: int
     copies: list[tuple[TensorMeta, np.ndarray]]
     request_ids: list[list[Any]]
+    fingerprint: str | None = None
     #: Non-persistent tensors' reference counts: tensor -> holder -> count.
     references: dict[str, dict[str, int]] = field(default_factory=dict)
 
@@ -162,13 +231,18 @@ class Captured:
 References = Callable[[], dict[str, dict[str, int]]]
 
 
-def capture(store: PartitionStore, requests: RequestLog, references: References | None = None) -> Captured:
+def capture(
+    store: PartitionStore,
+    requests: RequestLog,
+    fingerprint: str | None = None,
+    references: References | None = None,
+) -> Captured:
     """Copy every tensor's rows under the store's read lock (co-located writers wait), with the
     request ids and the reference counts of the same instant."""
     with store.lock.read():
         copies = [(meta, np.array(store.local_rows(meta.name), copy=True)) for meta in store.list_tensors()]
     refs = references() if references is not None else {}
-    return Captured(store.graph_name, store.part_id, copies, requests.items(), refs)
+    return Captured(store.graph_name, store.part_id, copies, requests.items(), fingerprint, refs)
 
 
 class StateDir:
@@ -178,6 +252,32 @@ class StateDir:
         self.path = Path(root) / f"part{part_id}"
         self.path.mkdir(parents=True, exist_ok=True)
         self.part_id = part_id
+
+    def check_partition(self, graph_name: str, fingerprint: str, part_config: str = "") -> None:
+        """Refuse a folder written for another partition; adopt (record) it when it names none."""
+        path = self.path / _FINGERPRINT_FILE
+        mine = {"graph_name": graph_name, "part_id": self.part_id, "fingerprint": fingerprint}
+        if path.exists():
+            try:
+                have = json.loads(path.read_text())
+                theirs = str(have["fingerprint"])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise SnapshotError(
+                    f"state folder {self.path}: unreadable {_FINGERPRINT_FILE} ({exc})"
+                ) from None
+            if theirs != fingerprint:
+                raise SnapshotError(
+                    f"state folder {self.path} holds state of graph {have.get('graph_name')!r} partition "
+                    f"{have.get('part_id')} with fingerprint {theirs} (config {have.get('part_config')}), "
+                    f"but this server loads graph {graph_name!r} partition {self.part_id} with fingerprint "
+                    f"{fingerprint} (config {part_config}): the partition was rebuilt or another one "
+                    "was named; refusing its state (use a fresh --state-dir for the new partition)"
+                )
+            return
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({**mine, "part_config": part_config}))
+        os.replace(tmp, path)
+        _fsync_dir(self.path)
 
     def _epochs(self, prefix: str, suffix: str = "") -> list[int]:
         out = []
@@ -207,14 +307,19 @@ class StateDir:
 
     # --- writing -------------------------------------------------------------------------
     def write_snapshot(
-        self, store: PartitionStore, epoch: int, requests: RequestLog, references: References | None = None
+        self,
+        store: PartitionStore,
+        epoch: int,
+        requests: RequestLog,
+        fingerprint: str | None = None,
+        references: References | None = None,
     ) -> Path:
         """Write every tensor's rows atomically as ``snap-<epoch>``; returns its folder."""
         final = self.snapshot_path(epoch)
         if final.exists():
             read_snapshot(final)  # already taken (a retried SNAPSHOT): keep it if it verifies
             return final
-        return self.write_captured(capture(store, requests, references), epoch)
+        return self.write_captured(capture(store, requests, fingerprint, references), epoch)
 
     def write_captured(self, captured: Captured, epoch: int) -> Path:
         """Write captured rows as ``snap-<epoch>`` (temp folder, fsync, rename); no store access."""
@@ -247,8 +352,10 @@ class StateDir:
             "created": time.time(),
             "tensors": entries,
             "request_ids": captured.request_ids,
+            "fingerprint": captured.fingerprint,
             "references": captured.references,
         }
+        manifest["manifest_sha256"] = manifest_checksum(manifest)
         with open(tmp / "manifest.json", "w") as fh:
             json.dump(manifest, fh)
             fh.flush()
@@ -294,13 +401,19 @@ class StateDir:
         return None
 
 
-def restore_rows(store: PartitionStore, snap: Snapshot) -> None:
+def restore_rows(store: PartitionStore, snap: Snapshot, fingerprint: str | None = None) -> None:
     """Make ``store`` hold exactly the snapshot's tensors and rows (partition files are the base)."""
     manifest = snap.manifest
     if manifest["graph_name"] != store.graph_name or manifest["part_id"] != store.part_id:
         raise SnapshotError(
             f"snapshot {snap.path} is of graph {manifest['graph_name']!r} partition {manifest['part_id']}, "
             f"not graph {store.graph_name!r} partition {store.part_id}"
+        )
+    theirs = manifest.get("fingerprint")
+    if fingerprint is not None and theirs is not None and theirs != fingerprint:
+        raise SnapshotError(
+            f"snapshot {snap.path} is of the partition with fingerprint {theirs}, this server loads "
+            f"fingerprint {fingerprint}: refusing state written for another partition"
         )
     wanted = {e["name"] for e in manifest["tensors"]}
     for meta in store.list_tensors():
@@ -334,8 +447,17 @@ class DurableState:
         fsync: FsyncPolicy = "always",
         fsync_interval: float = 0.05,
         requests: RequestLog | None = None,
+        recover: bool = False,
+        fingerprint: str | None = None,
+        part_config: str = "",
     ) -> None:
         self.dir = StateDir(root, part_id)
+        #: ``--wal-recover``: replay a corrupt log's valid records (moved aside first) instead of
+        #: refusing to start; a record that no longer applies is skipped with a warning.
+        self.recover = recover
+        #: ``partition_fingerprint`` of the partition served: state of another one is refused.
+        self.fingerprint = fingerprint
+        self.part_config = part_config
         self.use_wal = wal
         self.fsync: FsyncPolicy = fsync
         self.fsync_interval = fsync_interval
@@ -358,20 +480,28 @@ class DurableState:
 
         Returns ``(snapshot epoch, records replayed)`` and opens the log for new writes.
         """
+        if self.fingerprint is not None:
+            self.dir.check_partition(store.graph_name, self.fingerprint, self.part_config)
         snap = self.dir.latest_snapshot()
         base = 0
         if snap is not None:
-            restore_rows(store, snap)
+            restore_rows(store, snap, self.fingerprint)
             self.requests.load(snap.manifest.get("request_ids", []))
             if load_references is not None:
                 load_references(snap.manifest.get("references", {}))
             base = snap.epoch
         replayed = 0
-        for e in self.dir.wal_epochs():
-            if e < base:
-                continue
-            for record in WriteAheadLog.records(self.dir.wal_path(e)):
-                apply(str(record["op"]), record["args"])
+        epochs = [e for e in self.dir.wal_epochs() if e >= base]
+        for e in epochs:
+            path = self.dir.wal_path(e)
+            for record in WriteAheadLog.records(path, last=e == epochs[-1], recover=self.recover):
+                try:
+                    apply(str(record["op"]), record["args"])
+                except AsyncGraphError as exc:
+                    if not self.recover:
+                        raise
+                    log.warning("--wal-recover: skipping a %s record of %s: %s", record["op"], path, exc)
+                    continue
                 if record.get("rid"):
                     self.requests.add(str(record["rid"]), float(record.get("t", time.time())))
                 replayed += 1
@@ -406,13 +536,12 @@ class DurableState:
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            if epoch < self.epoch:
-                raise SnapshotError(f"snapshot epoch {epoch} is older than this server's epoch {self.epoch}")
+            check_epoch(epoch, self.epoch)
             final = self.dir.snapshot_path(epoch)
             if final.exists():
                 await asyncio.to_thread(read_snapshot, final)
                 return final
-            captured = capture(store, self.requests, self.references)
+            captured = capture(store, self.requests, self.fingerprint, self.references)
             self._next_log(epoch)
             path = await asyncio.to_thread(self.dir.write_captured, captured, epoch)
             self.dir.prune(epoch)
@@ -430,9 +559,8 @@ class DurableState:
 
     def snapshot(self, store: PartitionStore, epoch: int) -> Path:
         """Write snapshot ``epoch`` and start its log (the previous logs are pruned later)."""
-        if epoch < self.epoch:
-            raise SnapshotError(f"snapshot epoch {epoch} is older than this server's epoch {self.epoch}")
-        path = self.dir.write_snapshot(store, epoch, self.requests, self.references)
+        check_epoch(epoch, self.epoch)
+        path = self.dir.write_snapshot(store, epoch, self.requests, self.fingerprint, self.references)
         self._next_log(epoch)
         self.dir.prune(epoch)
         return path

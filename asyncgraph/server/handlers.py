@@ -51,6 +51,8 @@ from asyncgraph.protocol.info import ServerInfo, SharedMemoryInfo
 from asyncgraph.protocol.ops import OPS, Op
 from asyncgraph.server.barriers import Barriers
 from asyncgraph.server.durable import DurableState
+from asyncgraph.server.leases import HolderLeases
+from asyncgraph.server.peers import current_connection
 from asyncgraph.server.replica_registry import ReplicaRegistry
 from asyncgraph.server.writes import WritePath
 from asyncgraph.service.limits import WorkLimits
@@ -101,6 +103,10 @@ class RequestHandlers:
         self.partition = PartitionService(store, num_clients=num_clients, shm=shm, limits=limits)
         self.barriers = Barriers(num_clients)
         self.replicas = ReplicaRegistry()
+        #: Holder leases (``--holder-lease``, server/leases.py; set by the server; None: off).
+        self.leases: HolderLeases | None = None
+        #: Verifies an ``add_replica`` before it is listed (set by the server; None: trusted).
+        self.replica_check: Callable[[AddReplicaArgs, str | None], Awaitable[None]] | None = None
         self._creating: dict[str, asyncio.Future[None]] = {}
         self.on_shutdown = on_shutdown
         self.started = time.time()
@@ -171,13 +177,23 @@ class RequestHandlers:
     def info(self, args: Mapping[str, Any]) -> dict[str, Any]:
         return self.describe().to_wire()
 
-    def add_replica(self, args: Mapping[str, Any]) -> list[int]:
-        """A replica server on this host announces its port; returns the live replicas' ports."""
+    def add_replica(self, args: Mapping[str, Any]) -> list[int] | Awaitable[list[int]]:
+        """A replica server on this host announces its port; returns the live replicas' ports.
+
+        With a ``replica_check`` (servers set one) only a proven replica is listed: it presents
+        the partition's fingerprint and answers on its port as a replica of this primary."""
         a = AddReplicaArgs.decode(args)
         if self.partition.shm is None:
             raise InvalidRequestError(
                 "add_replica: this server runs without shared memory, so no replica can map its data"
             )
+        if self.replica_check is not None:
+            peer = getattr(current_connection(), "peer", None)
+            return self._add_checked(a, self.replica_check(a, peer))
+        return self.replicas.add(a.port, a.pid)
+
+    async def _add_checked(self, a: AddReplicaArgs, check: Awaitable[None]) -> list[int]:
+        await check
         return self.replicas.add(a.port, a.pid)
 
     def live_replicas(self) -> list[int]:
@@ -220,6 +236,8 @@ class RequestHandlers:
         """Create (or get) a tensor; an init over ``OFFLOAD_INIT_BYTES`` is filled off the loop."""
         a = CreateTensorArgs.decode(args)
         self.write_path.check_healthy(Op.CREATE_TENSOR)
+        if self.leases is not None:  # the holder's lease follows its connections
+            self.leases.bind(a.holder, current_connection())
         if a.name in self._creating:
             return self._create_after(args, a)
         rid = request_id(args, Op.CREATE_TENSOR)
@@ -285,6 +303,17 @@ class RequestHandlers:
             return await result
         return result
 
+    def release_tensors(self, args: Mapping[str, Any]) -> Any:
+        """Drop a holder's references (a write: logged, applied once); binds its lease first."""
+        a = ReleaseTensorsArgs.decode(args)
+        if self.leases is not None:
+            self.leases.bind(a.holder, current_connection())
+        return self.write_path.submit(Op.RELEASE_TENSORS, args, a)
+
+    def release_holder(self, holder: str) -> Any:
+        """Drop every reference of ``holder`` (its lease expired), through the write path: logged."""
+        return self.write_path.submit(Op.RELEASE_TENSORS, {"holder": holder, "names": [], "all": True})
+
     def _apply_delete_tensor(self, a: DeleteTensorArgs, retried: bool) -> None:
         self.partition.delete_tensor(a.name)
 
@@ -310,7 +339,9 @@ class RequestHandlers:
     # --- coordination -------------------------------------------------------------------
     def barrier(self, args: Mapping[str, Any]) -> Awaitable[int]:
         a = BarrierArgs.decode(args)
-        return self.barriers.wait(a.name, a.timeout)
+        if self.leases is not None:
+            self.leases.bind(a.holder, current_connection())
+        return self.barriers.arrive(a.name, a.timeout, a.holder, current_connection())
 
     def shutdown(self, args: Mapping[str, Any]) -> None:
         if self.on_shutdown is not None:

@@ -8,7 +8,8 @@ a ``prometheus_client`` collector turns them into counter/histogram/gauge famili
 ``/metrics`` is scraped. Gauges that are cheap to read then (connections paused, requests in
 flight, per-tensor sizes) are computed at scrape time, and ``ProcessCollector`` adds RSS, CPU and
 open files. Each server owns its own registry: nothing global, so several servers may share a
-process (tests).
+process (tests). The endpoint runs on the event loop with connection, time and header limits and
+an optional bearer token (``asyncgraph.server.metrics_http``).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -29,6 +30,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from asyncgraph.protocol.ops import Op
+from asyncgraph.server.metrics_http import MetricsEndpoint
 
 if TYPE_CHECKING:
     from asyncgraph.storage.store import PartitionStore
@@ -77,7 +79,7 @@ class ServerMetrics:
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, cpu, fds
         self.registry.register(_Collector(self))
         self.port: int | None = None
-        self._http: Any = None  # (WSGIServer, Thread) from start_http_server
+        self._http: MetricsEndpoint | None = None
 
     def observe(self, op: str, ok: bool, t0: float) -> None:
         """Count one answered request and its latency since ``t0`` (``perf_counter``)."""
@@ -96,18 +98,16 @@ class ServerMetrics:
         """Read the in-flight and held-back counts from the transport at scrape time."""
         self._inflight, self._paused = inflight, paused
 
-    def start_http(self, host: str, port: int) -> int:
-        """Serve ``/metrics`` on ``host:port`` (0: a free port) from a daemon thread; the port."""
-        server, thread = start_http_server(port, addr=host, registry=self.registry)
-        self._http = (server, thread)
-        self.port = int(server.server_address[1])
+    async def start_http(self, host: str, port: int, token: bytes | None = None) -> int:
+        """Serve ``/metrics`` on ``host:port`` (0: a free port) from the event loop, bounded
+        (``asyncgraph.server.metrics_http``; ``token``: required as a bearer token); the port."""
+        self._http = MetricsEndpoint(self.registry, token=token)
+        self.port = await self._http.start(host, port)
         return self.port
 
     def stop_http(self) -> None:
         if self._http is not None:
-            server = self._http[0]
-            server.shutdown()
-            server.server_close()
+            self._http.close()
             self._http = None
 
 

@@ -25,7 +25,8 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from asyncgraph.errors import InvalidRequestError
+from asyncgraph.errors import InvalidRequestError, ServerUnavailableError
+from asyncgraph.launch.processes import process_alive
 from asyncgraph.protocol.info import ServerInfo
 from asyncgraph.protocol.ops import CATALOG_OPS, PRIMARY_ONLY_OPS, WRITE_OPS
 from asyncgraph.server.handlers import Handler, RequestHandlers
@@ -79,6 +80,11 @@ class ReplicaHandlers(RequestHandlers):
             self.ops[op] = self._synced(self.ops[op])
         for op in refused:
             self.ops[op] = self._refuse(op)
+        #: Whether the primary still runs (set by the server: its connection is open and its
+        #: process alive). A write is acknowledged only while it does.
+        self.primary_alive: Callable[[], bool] = lambda: process_alive(primary_info.pid)
+        for op in WRITE_OPS - refused:
+            self.ops[op] = self._while_primary_lives(op, self.ops[op])
 
     def describe(self) -> ServerInfo:
         return dataclasses.replace(
@@ -88,6 +94,33 @@ class ReplicaHandlers(RequestHandlers):
             primary_instance=self.primary_instance,
             durable=self.writes_via_primary,
         )
+
+    def _while_primary_lives(self, op: str, handler: Handler) -> Handler:
+        """A write is applied and acknowledged only while the primary lives, checked before and
+        after: rows written into the memory of a dead primary are lost with it, so such a write
+        fails (``ServerUnavailableError``) and the client resends it to the restarted primary."""
+
+        def run(args: Mapping[str, Any]) -> Any:
+            self._check_primary(op)
+            result = handler(args)
+            if inspect.isawaitable(result):
+                return self._checked_after(op, result)
+            self._check_primary(op)
+            return result
+
+        return run
+
+    async def _checked_after(self, op: str, pending: Awaitable[Any]) -> Any:
+        result = await pending
+        self._check_primary(op)
+        return result
+
+    def _check_primary(self, op: str) -> None:
+        if not self.primary_alive():
+            raise ServerUnavailableError(
+                f"{op}: the primary {self.primary} of partition {self.store.part_id} is gone; this replica "
+                "does not acknowledge writes into its memory (send them to the restarted primary)"
+            )
 
     def _refuse(self, op: str) -> Handler:
         reason = (

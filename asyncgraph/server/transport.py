@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from asyncgraph.errors import AsyncGraphError
+from asyncgraph.errors import AsyncGraphError, ServerUnavailableError
 from asyncgraph.protocol import (
     CONNECTION_ERROR_ID,
     ConnectionFailed,
@@ -36,7 +36,9 @@ from asyncgraph.protocol import (
     ServerSession,
 )
 from asyncgraph.server.admission import Admission
+from asyncgraph.server.budget import ConnectionCap, ReplyBudget
 from asyncgraph.server.handlers import RequestHandlers
+from asyncgraph.server.peers import CURRENT_CONNECTION
 
 if TYPE_CHECKING:
     from asyncgraph.server.metrics import ServerMetrics
@@ -44,6 +46,9 @@ if TYPE_CHECKING:
 __all__ = ["CONNECTION_ERROR_ID", "ServerConnection"]
 
 log = logging.getLogger("asyncgraph.server")
+
+#: With a reply budget, replies held during one read are written (and counted) every this many bytes.
+REPORT_EVERY = 1 << 20
 
 # What synchronous handlers return: never awaitable, so ``inspect.isawaitable`` is skipped.
 _PLAIN_RESULTS = frozenset({np.ndarray, dict, list, type(None), int, float, str})
@@ -65,7 +70,15 @@ class ServerConnection(asyncio.BufferedProtocol):
         metrics: ServerMetrics | None = None,
         live: set[ServerConnection] | None = None,
         admission: Admission | None = None,
+        cap: ConnectionCap | None = None,
+        replies: ReplyBudget | None = None,
     ) -> None:
+        self._cap = cap  # issue 22: authenticated connections per server (server/budget.py)
+        self._counted = False
+        self._replies = replies  # issue 22: one budget for unread reply bytes (server/budget.py)
+        self._budget_paused = False
+        self._backlog: list[Any] = []  # requests received while paused by the budget
+        self._held_bytes = 0
         self._handlers = handlers
         self._metrics = metrics
         self._live = live if live is not None else set()
@@ -136,11 +149,21 @@ class ServerConnection(asyncio.BufferedProtocol):
         session = self._session
         if self._metrics is not None:
             self._metrics.bytes_in += nbytes
-        for event in session.buffer_updated(nbytes):
+        self._handle_events(session.buffer_updated(nbytes))
+
+    def _handle_events(self, events: list[Any]) -> None:
+        session = self._session
+        for i, event in enumerate(events):
             if self._closed:
                 return
             if type(event) is Request:
+                if self._budget_paused:  # issue 22: the rest waits until the reply budget allows
+                    self._backlog.extend(events[i:])
+                    return
                 self._dispatch(event)
+                if self._held_bytes > REPORT_EVERY and self._replies is not None:
+                    self._flush_held()  # let the budget see these replies before the next request
+                    self._held = []
             elif type(event) is ConnectionFailed:
                 error = event.error
                 self._failure = type(error).__name__
@@ -156,15 +179,40 @@ class ServerConnection(asyncio.BufferedProtocol):
                 return
             elif type(event) is HandshakeComplete:
                 self._end_handshake()
+                if self._cap is not None:
+                    if not self._cap.admit():
+                        self._refuse_over_cap(session)
+                        return
+                    self._counted = True
         out = session.data_to_send()
         if out:
             self._write(out)  # the hello result
+
+    def _refuse_over_cap(self, session: ServerSession) -> None:
+        assert self._cap is not None
+        self._failure = "TooManyConnections"
+        log.warning("connection refused peer=%s reason=cap open=%d", self.peer, self._cap.open)
+        self._write(session.data_to_send())  # the hello result, then why the connection ends
+        error = ServerUnavailableError(
+            f"server has {self._cap.open} connections, its limit (--max-connections {self._cap.limit}); "
+            "close some or raise the limit"
+        )
+        self._write(session.send_error(CONNECTION_ERROR_ID, error))
+        self._close()
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        if self._replies is not None:
+            self._replies.forget(self)
+        leases = getattr(self._handlers, "leases", None)
+        if leases is not None:  # issue 22: a holder's lease starts when its last connection goes
+            leases.connection_lost(self)
+        if self._counted and self._cap is not None:
+            self._counted = False
+            self._cap.release()
         self._session.close()
         self._end_handshake()
         if self in self._live:
@@ -211,6 +259,7 @@ class ServerConnection(asyncio.BufferedProtocol):
         metrics = self._metrics
         t0 = perf_counter() if metrics is not None else 0.0
         handler = self._handlers.ops.get(request.op)
+        token = CURRENT_CONNECTION.set(self)  # issue 22: handlers may ask whose request this is
         try:
             if handler is None:
                 handler = self._handlers.lookup(request.op)  # raises UnknownOpError
@@ -220,6 +269,8 @@ class ServerConnection(asyncio.BufferedProtocol):
             if metrics is not None:
                 metrics.observe(request.op, False, t0)
             return
+        finally:
+            CURRENT_CONNECTION.reset(token)
         if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
             task = asyncio.ensure_future(self._finish(request.id, request.op, t0, result))
             self._inflight.add(task)
@@ -283,22 +334,56 @@ class ServerConnection(asyncio.BufferedProtocol):
         held = self._held
         if held is not None:
             held.extend(pieces)
+            if self._replies is not None:
+                for p in pieces:
+                    self._held_bytes += p.nbytes if type(p) is memoryview else len(p)
         else:
             self._transport.writelines(pieces)
+            self._report_queued()
 
     def _flush_held(self) -> None:
         """Write the replies held while handling one read (see ``buffer_updated``)."""
         held, self._held = self._held, None
+        self._held_bytes = 0
         if held and self._transport is not None and not self._transport.is_closing():
             if self._metrics is not None:
                 self._metrics.socket_writes += 1
             self._transport.writelines(held)
+            self._report_queued()
+
+    def _report_queued(self) -> None:
+        if self._replies is not None and self._transport is not None:
+            self._replies.report(self, self._transport.get_write_buffer_size())
+
+    def queued_bytes(self) -> int:
+        """Reply bytes written but not yet taken by the socket (``ReplyBudget``)."""
+        if self._closed or self._transport is None:
+            return 0
+        return self._transport.get_write_buffer_size()
+
+    def budget_pause(self, paused: bool) -> None:
+        """The server's reply budget stops (or resumes) reading this connection, and handling
+        the requests it already sent."""
+        self._budget_paused = paused
+        self._update_reading()
+        if not paused and self._backlog:
+            asyncio.get_running_loop().call_soon(self._drain_backlog)
+
+    def _drain_backlog(self) -> None:
+        backlog, self._backlog = self._backlog, []
+        if self._closed or not backlog:
+            return
+        self._held = []
+        try:
+            self._handle_events(backlog)
+        finally:
+            self._flush_held()
 
     # --- flow control and closing ----------------------------------------------------------
     def _update_reading(self) -> None:
         if self._transport is None or self._closed:
             return
-        should_pause = self._write_paused or len(self._inflight) >= self._max_inflight
+        should_pause = self._write_paused or self._budget_paused or len(self._inflight) >= self._max_inflight
         if should_pause and not self._read_paused:
             self._read_paused = True
             self._transport.pause_reading()

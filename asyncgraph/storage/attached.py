@@ -117,13 +117,16 @@ class AttachedStore(PartitionStore):
             while pending:
                 i = pending.pop(0)
                 meta = TensorMeta.from_dict(entries[i]["meta"])
+                read_only = bool(entries[i].get("read_only", False))
+                self._mark(meta.name, base=bool(entries[i].get("base", False)), read_only=read_only)
                 old = self.stored(meta.name) if self.has_tensor(meta.name) else None
                 if old is not None and old.meta == meta and same_file(old.data, fds[i]):
                     close_quietly(fds[i])
                     metas.append(meta)
                     continue
                 lo, hi = self.owned_range(meta.policy)
-                sa = SharedArray.from_fd(fds[i], (hi - lo, *meta.shape[1:]), meta.dtype, writable=True)
+                shape = (hi - lo, *meta.shape[1:])
+                sa = SharedArray.from_fd(fds[i], shape, meta.dtype, writable=not read_only)
                 self.map_rows(meta, sa)
                 metas.append(meta)
         except BaseException:

@@ -23,6 +23,8 @@ InitSpec = Mapping[str, Any]
 # Seeded init draws row r from a generator seeded with (seed, r // INIT_BLOCK_ROWS), so the
 # global tensor is the same however its rows are split over partitions.
 INIT_BLOCK_ROWS = 4096
+#: Most values drawn at once (float64: 8 MiB), whatever the rows' size.
+INIT_CHUNK = 1 << 20
 
 _INIT_PARAMS: dict[str, dict[str, float | int]] = {
     "zeros": {},
@@ -86,15 +88,27 @@ def fill_init(out: np.ndarray, spec: Mapping[str, Any], row_start: int) -> None:
     row_size = math.prod(out.shape[1:])
     if n == 0 or row_size == 0:
         return
-    flat = out.reshape(n, row_size)
+    flat = out.reshape(n * row_size)
     row_end = row_start + n
     for block in range(row_start // INIT_BLOCK_ROWS, (row_end - 1) // INIT_BLOCK_ROWS + 1):
         b0 = block * INIT_BLOCK_ROWS
         lo, hi = max(b0, row_start), min(b0 + INIT_BLOCK_ROWS, row_end)
         rng = np.random.default_rng([spec["seed"], block])
-        size = (hi - b0, row_size)
-        if kind == "uniform":
-            vals = rng.uniform(spec["low"], spec["high"], size)
-        else:
-            vals = rng.normal(spec["mean"], spec["std"], size)
-        flat[lo - row_start : hi - row_start] = vals[lo - b0 :]
+        # The block's stream, drawn in pieces of at most INIT_CHUNK values (issue 22: a block
+        # of big rows drawn at once took 9.7x a float16 tensor's size); the same values as one
+        # draw, since each value takes the next ones from the stream.
+        skip = (lo - b0) * row_size  # values of rows before ``lo`` (another partition's)
+        total = (hi - b0) * row_size
+        dest = (lo - row_start) * row_size
+        pos = 0
+        while pos < total:
+            k = min(INIT_CHUNK, total - pos)
+            if kind == "uniform":
+                vals = rng.uniform(spec["low"], spec["high"], k)
+            else:
+                vals = rng.normal(spec["mean"], spec["std"], k)
+            a = max(skip - pos, 0)
+            if a < k:
+                start = dest + pos + a - skip
+                flat[start : start + k - a] = vals[a:]
+            pos += k

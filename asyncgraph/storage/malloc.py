@@ -11,7 +11,7 @@ import ctypes
 import ctypes.util
 import sys
 
-__all__ = ["retain_large_allocations"]
+__all__ = ["release_free_memory", "retain_large_allocations"]
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -41,3 +41,23 @@ def retain_large_allocations(mmap_threshold: int = 1 << 30, trim_threshold: int 
     ok = bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))
     _malloc_tuned = ok
     return ok
+
+
+def release_free_memory() -> bool:
+    """Give freed heap memory back to the OS (glibc ``malloc_trim(0)``, every arena).
+
+    ``retain_large_allocations`` keeps freed buffers for the next message; a server calls this
+    when it has been idle for a while (issue 22: memory a burst of clients made it allocate, e.g.
+    2,000 connections or huge requests, otherwise stayed in the process after they left).
+    Returns False where it does not apply.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return bool(trim(0))

@@ -63,9 +63,17 @@ def export(
             order.append(key)
             fds.append(sa.fd)
     desc["tensors"] = []
+    base, read_only = store.base_tensors, store.read_only
     for t in chosen:
         assert isinstance(t.data, SharedArray)
-        desc["tensors"].append({"meta": t.meta.to_dict(), "fd_index": len(fds)})
+        desc["tensors"].append(
+            {
+                "meta": t.meta.to_dict(),
+                "fd_index": len(fds),
+                "base": t.meta.name in base,  # the partition's own data
+                "read_only": t.meta.name in read_only,  # mapped read-only by attachers
+            }
+        )
         order.append(f"tensor:{t.meta.name}")
         fds.append(t.data.fd)
     desc["fds"] = order
