@@ -176,7 +176,7 @@ def apply_sparse_update(
     """
     opts = validate_spec(spec)
     meta = store.tensor_meta(name)
-    check_optimizable(name, store.base_tensors)  # issue 22: embeddings only
+    check_optimizable(name, store.rules.base)  # embeddings only
     dtype = np.dtype(meta.dtype)
     if dtype.kind != "f":
         raise DTypeMismatchError(

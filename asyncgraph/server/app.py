@@ -143,8 +143,8 @@ class GraphServer:
         part = load_partition(opts.part_config, opts.part_id)
         self.store = PartitionStore.from_partition(part, shared=opts.shared_memory)
         fd_limit = raise_fd_limit()  # issue 22: tensors hold descriptors; cap them (server/budget.py)
-        self.store.max_tensors = opts.max_tensors or default_max_tensors(fd_limit)
-        self.store.memory_budget = opts.memory_budget or memory_budget()
+        self.store.rules.max_tensors = opts.max_tensors or default_max_tensors(fd_limit)
+        self.store.rules.memory_budget = opts.memory_budget or memory_budget()
         graph_name = self.store.graph_name
         shm_address: str | None = None
         shm_token: bytes | None = None

@@ -118,7 +118,7 @@ class AttachedStore(PartitionStore):
                 i = pending.pop(0)
                 meta = TensorMeta.from_dict(entries[i]["meta"])
                 read_only = bool(entries[i].get("read_only", False))
-                self._mark(meta.name, base=bool(entries[i].get("base", False)), read_only=read_only)
+                self.rules.mark(meta.name, base=bool(entries[i].get("base", False)), read_only=read_only)
                 old = self.stored(meta.name) if self.has_tensor(meta.name) else None
                 if old is not None and old.meta == meta and same_file(old.data, fds[i]):
                     close_quietly(fds[i])

@@ -9,12 +9,17 @@ optimizer state itself (before: a sparse optimizer run on state created state fo
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import math
+from collections.abc import Collection, Iterable
 
-from asyncgraph.errors import ReadOnlyTensorError
+import numpy as np
+
+from asyncgraph.errors import MemoryBudgetError, ReadOnlyTensorError, TooManyTensorsError
 from asyncgraph.names import ADAGRAD_STATE_SUFFIX, ADAM_M_SUFFIX, ADAM_STEP_SUFFIX, ADAM_V_SUFFIX
+from asyncgraph.storage.meta import TensorMeta
+from asyncgraph.storage.tensors import StoredTensor
 
-__all__ = ["STATE_SUFFIXES", "check_optimizable", "check_state_name", "state_base"]
+__all__ = ["STATE_SUFFIXES", "TensorRules", "check_optimizable", "check_state_name", "state_base"]
 
 STATE_SUFFIXES = (ADAGRAD_STATE_SUFFIX, ADAM_M_SUFFIX, ADAM_V_SUFFIX, ADAM_STEP_SUFFIX)
 
@@ -50,3 +55,61 @@ def check_optimizable(name: str, base_tensors: Collection[str]) -> None:
             f"sparse_update {name!r}: this is optimizer state of {state_base(name)!r}; only embeddings "
             "are optimized"
         )
+
+
+class TensorRules:
+    """One store's rules for its tensors: which are the partition's own (``base``: never deleted,
+    never given optimizer state), which no request may write (``read_only``), and how many tensors
+    (``max_tensors``) and bytes (``memory_budget``) they may take together; 0 means no limit."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self.base: set[str] = set()
+        self.read_only: set[str] = set()
+        self.max_tensors = 0
+        self.memory_budget = 0
+
+    def protect(self, *, writable_base: bool = False) -> None:
+        """The base tensors become read-only, unless ``writable_base`` (DGL's writable ``ndata``)."""
+        self.read_only = set() if writable_base else set(self.base)
+
+    def mark(self, name: str, *, base: bool, read_only: bool) -> None:
+        """Record a tensor's flags as its owner exported them (attached stores)."""
+        for flags, on in ((self.base, base), (self.read_only, read_only)):
+            if on:
+                flags.add(name)
+            else:
+                flags.discard(name)
+
+    def check_create(
+        self, meta: TensorMeta, existing: Iterable[StoredTensor], owned: tuple[int, int]
+    ) -> None:
+        """Refuse a new tensor: state for the wrong tensor, over the tensor cap or the budget."""
+        check_state_name(meta.name, self.base)
+        tensors = list(existing)
+        if self.max_tensors and len(tensors) >= self.max_tensors:
+            raise TooManyTensorsError(
+                f"tensor {meta.name!r}: {self.owner} already holds {len(tensors)} tensors, its limit "
+                f"(server option --max-tensors {self.max_tensors}); delete or release some first"
+            )
+        if self.memory_budget:
+            need = (owned[1] - owned[0]) * math.prod(meta.shape[1:]) * np.dtype(meta.dtype).itemsize
+            held = sum(t.rows.nbytes for t in tensors)
+            if held + need > self.memory_budget:
+                raise MemoryBudgetError(
+                    f"tensor {meta.name!r} needs {need} bytes here; {self.owner}'s tensors hold {held} "
+                    f"of its {self.memory_budget}-byte budget (server option --memory-budget)"
+                )
+
+    def check_delete(self, name: str) -> None:
+        if name in self.base:
+            raise ReadOnlyTensorError(
+                f"tensor {name!r} is {self.owner}'s own data (from its partition files): it cannot be deleted"
+            )
+
+    def check_write(self, name: str) -> None:
+        if name in self.read_only:
+            raise ReadOnlyTensorError(
+                f"tensor {name!r} is {self.owner}'s own data and this server keeps it read-only "
+                "(start the server with --writable-partition-data to allow writes, as DGL's ndata)"
+            )

@@ -63,7 +63,7 @@ def export(
             order.append(key)
             fds.append(sa.fd)
     desc["tensors"] = []
-    base, read_only = store.base_tensors, store.read_only
+    base, read_only = store.rules.base, store.rules.read_only
     for t in chosen:
         assert isinstance(t.data, SharedArray)
         desc["tensors"].append(

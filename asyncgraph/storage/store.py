@@ -12,7 +12,6 @@ touched, so a rejected request changes nothing.
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -21,11 +20,8 @@ import numpy as np
 
 from asyncgraph.errors import (
     InvalidRequestError,
-    MemoryBudgetError,
-    ReadOnlyTensorError,
     ShapeMismatchError,
     TensorExistsError,
-    TooManyTensorsError,
     UnknownTensorError,
 )
 from asyncgraph.partition.book import RangePartitionBook
@@ -33,7 +29,7 @@ from asyncgraph.storage.accumulate import scatter_add as _scatter_add
 from asyncgraph.storage.initializers import InitSpec, validate_init
 from asyncgraph.storage.memfd import SharedArray
 from asyncgraph.storage.meta import Policy, TensorMeta, check_policy
-from asyncgraph.storage.protect import check_state_name
+from asyncgraph.storage.protect import TensorRules
 from asyncgraph.storage.rwlock import LocalRWLock, RWLock, SharedRWLock
 from asyncgraph.storage.tensors import (
     PendingTensor,
@@ -42,6 +38,7 @@ from asyncgraph.storage.tensors import (
     check_dtype,
     check_features,
     check_structure,
+    structure_memory,
 )
 
 if TYPE_CHECKING:
@@ -96,14 +93,9 @@ class PartitionStore:
         self._shared = shared
         self._attached = attached
         self._tensors: dict[str, StoredTensor] = {}
-        #: Issue 22: the partition's own tensors (from its files: never deleted, never given
-        #: optimizer state) and the tensors no request may write (``protect``).
-        self._base: set[str] = set()
-        self._read_only: set[str] = set()
-        #: Most tensors this store holds (issue 22: each holds descriptors); 0: no cap.
-        self.max_tensors = 0
-        #: Most bytes all tensors of this store may take together (issue 22); 0: no budget.
-        self.memory_budget = 0
+        #: What requests may do with which tensor: the partition's own tensors (never deleted, no
+        #: optimizer state), read-only ones, the tensor cap and the memory budget (``protect``).
+        self.rules = TensorRules(self._owner)
         self._closed = False
 
     @staticmethod
@@ -133,26 +125,7 @@ class PartitionStore:
         """
         struct_in = check_structure(book, part_id, indptr, indices, eids)
         feats = check_features(book, part_id, node_feats, edge_feats)
-        prefix = f"asyncgraph.{graph_name}.p{part_id}"
-        made: list[SharedArray] = []
-        try:
-            structure: dict[str, SharedArray | np.ndarray] = {}
-            for key, arr in struct_in.items():
-                if shared:
-                    sa = SharedArray.create(f"{prefix}.{key}", arr.shape, "int64")
-                    made.append(sa)
-                    sa.array[...] = arr
-                    sa.array.flags.writeable = False
-                    structure[key] = sa
-                else:
-                    view = np.ascontiguousarray(arr, dtype=np.int64).view()
-                    view.flags.writeable = False
-                    structure[key] = view
-            lock: RWLock = SharedRWLock.create(f"{prefix}.lock") if shared else LocalRWLock()
-        except BaseException:
-            for sa in made:
-                sa.close()
-            raise
+        structure, lock = structure_memory(f"asyncgraph.{graph_name}.p{part_id}", struct_in, shared=shared)
         store = cls(graph_name, part_id, book, structure, lock, shared=shared, attached=False)
         try:
             for name, policy, arr in feats:
@@ -161,7 +134,7 @@ class PartitionStore:
                 t = store._allocate(meta)
                 store._tensors[name] = t
                 t.rows[...] = arr
-                store._base.add(name)
+                store.rules.base.add(name)
         except BaseException:
             store.close()
             raise
@@ -257,26 +230,9 @@ class PartitionStore:
         existing = self._existing(meta)
         if existing is not None:
             return existing
-        check_state_name(name, self._base)
-        if self.max_tensors and len(self._tensors) >= self.max_tensors:
-            raise TooManyTensorsError(
-                f"tensor {name!r}: {self._owner} already holds {len(self._tensors)} tensors, its limit "
-                f"(server option --max-tensors {self.max_tensors}); delete or release some first"
-            )
+        self.rules.check_create(meta, self._tensors.values(), self._owned(meta.policy))
         spec = validate_init(init, dt)
-        if self.memory_budget:
-            self._check_budget(meta)
         return PendingTensor(self._allocate(meta), spec)
-
-    def _check_budget(self, meta: TensorMeta) -> None:
-        lo, hi = self._owned(meta.policy)
-        need = (hi - lo) * math.prod(meta.shape[1:]) * np.dtype(meta.dtype).itemsize
-        held = sum(t.rows.nbytes for t in self._tensors.values())
-        if held + need > self.memory_budget:
-            raise MemoryBudgetError(
-                f"tensor {meta.name!r} needs {need} bytes here; {self._owner}'s tensors hold {held} of "
-                f"its {self.memory_budget}-byte budget (server option --memory-budget)"
-            )
 
     def finish_create(self, pending: PendingTensor) -> TensorMeta:
         """Register a filled ``PendingTensor`` (or, if the same tensor appeared meanwhile, drop it)."""
@@ -313,11 +269,7 @@ class PartitionStore:
                 f"cannot delete tensor {name!r} on an attached store: delete it through the server"
             )
         self._get(name)
-        if name in self._base:
-            raise ReadOnlyTensorError(
-                f"tensor {name!r} is {self._owner}'s own data (from its partition files): "
-                "it cannot be deleted"
-            )
+        self.rules.check_delete(name)
         self._drop(name)  # in-flight pulls keep their view alive: unmapped when they finish
         self._catalog_changed()
 
@@ -330,14 +282,6 @@ class PartitionStore:
     def catalog_generation(self) -> int:
         """How many tensor creations and deletions the owner has counted (shared stores)."""
         return self._lock.generation if isinstance(self._lock, SharedRWLock) else 0
-
-    def _mark(self, name: str, *, base: bool, read_only: bool) -> None:
-        """Record an attached tensor's flags as its owner exported them (``sharing``)."""
-        for flags, on in ((self._base, base), (self._read_only, read_only)):
-            if on:
-                flags.add(name)
-            else:
-                flags.discard(name)
 
     def _drop(self, name: str) -> None:
         t = self._tensors.pop(name)
@@ -413,11 +357,7 @@ class PartitionStore:
                 f"unknown push op {op!r} for tensor {name!r}; expected 'assign' or 'add'"
             )
         local, vals = acc.check(ids, values)
-        if name in self._read_only:
-            raise ReadOnlyTensorError(
-                f"tensor {name!r} is {self._owner}'s own data and this server keeps it read-only "
-                "(start the server with --writable-partition-data to allow writes, as DGL's ndata)"
-            )
+        self.rules.check_write(name)
         if local.size == 0:
             return
         rows = acc.rows
@@ -427,20 +367,10 @@ class PartitionStore:
             else:
                 _scatter_add(rows, local, vals)
 
-    @property
-    def base_tensors(self) -> frozenset[str]:
-        """The partition's own tensors (loaded from its files, or so marked by the owner)."""
-        return frozenset(self._base)
-
-    @property
-    def read_only(self) -> frozenset[str]:
-        """Tensors ``push`` refuses (``protect``)."""
-        return frozenset(self._read_only)
-
     def protect(self, *, writable_base: bool = False) -> None:
-        """Make the partition's own tensors read-only for every later ``push`` (issue 22), unless
+        """Make the partition's own tensors read-only for every later ``push``, unless
         ``writable_base`` (DGL's writable ``ndata``). They can never be deleted either way."""
-        self._read_only = set() if writable_base else set(self._base)
+        self.rules.protect(writable_base=writable_base)
         self._catalog_changed()
 
     def local_rows(self, name: str) -> np.ndarray:

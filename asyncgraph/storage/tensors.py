@@ -19,9 +19,18 @@ from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.storage.initializers import fill_init
 from asyncgraph.storage.memfd import SharedArray
 from asyncgraph.storage.meta import Policy, TensorMeta
+from asyncgraph.storage.rwlock import LocalRWLock, RWLock, SharedRWLock
 
-__all__ = ["PendingTensor", "StoredTensor",
-    "TensorAccess", "as_numpy", "check_dtype", "check_features", "check_structure"]
+__all__ = [
+    "PendingTensor",
+    "StoredTensor",
+    "TensorAccess",
+    "as_numpy",
+    "check_dtype",
+    "check_features",
+    "check_structure",
+    "structure_memory",
+]
 
 _ALLOWED_DTYPE_KINDS = WIRE_DTYPE_KINDS
 
@@ -166,3 +175,30 @@ def check_features(
                 )
             feats.append((f"{policy}:{fname}", cast(Policy, policy), arr))
     return feats
+
+
+def structure_memory(
+    prefix: str, arrays: Mapping[str, np.ndarray], *, shared: bool
+) -> tuple[dict[str, SharedArray | np.ndarray], RWLock]:
+    """Read-only int64 copies of a partition's CSC arrays (memfds named ``prefix.<key>`` when
+    ``shared``, else plain arrays) and the store's lock (cross-process when shared)."""
+    made: list[SharedArray] = []
+    try:
+        structure: dict[str, SharedArray | np.ndarray] = {}
+        for key, arr in arrays.items():
+            if shared:
+                sa = SharedArray.create(f"{prefix}.{key}", arr.shape, "int64")
+                made.append(sa)
+                sa.array[...] = arr
+                sa.array.flags.writeable = False
+                structure[key] = sa
+            else:
+                view = np.ascontiguousarray(arr, dtype=np.int64).view()
+                view.flags.writeable = False
+                structure[key] = view
+        lock: RWLock = SharedRWLock.create(f"{prefix}.lock") if shared else LocalRWLock()
+    except BaseException:
+        for sa in made:
+            sa.close()
+        raise
+    return structure, lock
