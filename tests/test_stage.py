@@ -21,8 +21,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from asyncgraph.launch import stage as stage_mod
 from asyncgraph.client.ipconfig import IpConfig
+from asyncgraph.launch import stage as stage_mod
 from asyncgraph.partition.config import PartitionConfig
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -268,6 +268,16 @@ class DistTensor:
             return np.broadcast_to(arr, target).copy()
         return arr
 
+    def count_nonzero(self, chunk_rows: int = 1 << 20) -> int:
+        """Non-zero elements of the whole tensor (DGL's ``count_nonzero``): read in chunks of
+        ``chunk_rows`` rows, so memory stays bounded whatever the tensor's size."""
+        n = len(self)
+        step = max(1, int(chunk_rows))
+        return sum(
+            int(np.count_nonzero(to_numpy(self[start : min(start + step, n)])))
+            for start in range(0, n, step)
+        )
+
     def delete(self) -> None:
         """Remove the tensor from every server."""
         self._client.delete_tensor(self.key)

@@ -86,9 +86,9 @@ def _trainer_main(
         return
     import torch.distributed as dist
 
-    from asyncgraph.distributed.context import finalize, initialize
+    from asyncgraph.distributed import context
 
-    initialize()
+    context.initialize()
     try:
         dist.init_process_group(env[ENV_DDP_BACKEND], rank=rank, world_size=int(env["WORLD_SIZE"]))
         try:
@@ -96,7 +96,7 @@ def _trainer_main(
         finally:
             dist.destroy_process_group()
     finally:
-        finalize()
+        context.finalize()
 
 
 def spawn_trainers(

@@ -75,6 +75,7 @@ class RangePartitionBook:
         if ec.shape != (p, len(self._canon)) or not np.array_equal(ec.sum(axis=1), np.diff(eb)):
             raise ValueError("etype_counts must be [num_parts, num_etypes] and add up to each part's edges")
         self._ntype_counts, self._etype_counts = nc, ec
+        self._partid = 0
         # Homogeneous start of (part p, type t) at [p * T + t]; nodes of a type are contiguous in a part.
         self._type_starts = (nb[:-1, None] + np.cumsum(nc, axis=1) - nc).ravel()
         # Per-type ID bounds over partitions: type t's IDs in part p are [tb[p, t], tb[p + 1, t]).
@@ -167,13 +168,37 @@ class RangePartitionBook:
     def eid2localeid(self, ids: Any, partid: int) -> IdArray:
         return self._to_local(as_id_array(ids), partid, self._edge_bounds, "edge")
 
-    def partid2nids(self, partid: int) -> IdArray:
-        start, end = self.node_range(partid)
-        return np.arange(start, end, dtype=np.int64)
+    @property
+    def partid(self) -> int:
+        """The partition of this process's machine (DGL's ``pb.partid``): set by
+        ``DistGraph.get_partition_book()`` from the partition it reads locally (else its rank's
+        share of the partitions); 0 for a book nobody placed."""
+        return self._partid
 
-    def partid2eids(self, partid: int) -> IdArray:
+    @partid.setter
+    def partid(self, value: int) -> None:
+        self._check_part(value)
+        self._partid = int(value)
+
+    def partid2nids(self, partid: int, ntype: Any = None) -> Any:
+        """Node IDs partition ``partid`` owns as an int64 tensor, as DGL returns them;
+        with ``ntype``, that type's per-type IDs."""
+        import torch
+
+        if ntype is None:
+            start, end = self.node_range(partid)
+        else:
+            self._check_part(partid)
+            tb = self._type_bounds[:, self.ntype_id(ntype)]
+            start, end = int(tb[partid]), int(tb[partid + 1])
+        return torch.arange(start, end, dtype=torch.int64)
+
+    def partid2eids(self, partid: int, etype: Any = None) -> Any:
+        """Edge IDs partition ``partid`` owns as an int64 tensor (homogeneous edge IDs)."""
+        import torch
+
         start, end = self.edge_range(partid)
-        return np.arange(start, end, dtype=np.int64)
+        return torch.arange(start, end, dtype=torch.int64)
 
     # --- node and edge types (DGL's hetero partition book) ------------------------------------------
     @property
