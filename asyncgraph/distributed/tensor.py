@@ -197,6 +197,11 @@ class DistTensor:
                 )
             self.push(np.arange(start, stop, dtype=np.int64), values)
 
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        """Pickled as a handle (name and policy), re-attached to the unpickling process's
+        client: ``torch.save(dist_tensor)`` and passing one to another trainer work as in DGL."""
+        return _reattach, (self.policy, self.name)
+
     @classmethod
     def _attach(cls, client: Client, meta: TensorMeta) -> DistTensor:
         policy, _, name = meta.name.partition(":")
@@ -281,3 +286,9 @@ class DistTensor:
     def delete(self) -> None:
         """Remove the tensor from every server."""
         self._client.delete_tensor(self.key)
+
+
+def _reattach(policy: str, name: str) -> DistTensor:
+    """A handle on the existing tensor ``name`` through this process's client (unpickling)."""
+    client = get_client()
+    return DistTensor._attach(client, client.tensor_meta(tensor_key(policy, name)))
