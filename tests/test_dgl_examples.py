@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from asyncgraph.partition import partition_graph
 from asyncgraph.partition.graph import Graph
@@ -83,5 +82,16 @@ def test_dgl_graphsage_link_prediction_cora(tmp_path: Path) -> None:
     assert (tmp_path / "emb.pt").is_file()  # torch.save of the DistTensor: a handle that re-attaches
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(pytest.main([__file__, "-q"]))
+def test_quickstart_trainer_prints_no_warning(cora2) -> None:
+    """``ops/quickstart.sh``'s trainer (examples/train_dist.py) runs without a warning (it printed
+    torch's "Converting a tensor with requires_grad=True to a scalar")."""
+    from asyncgraph.testing import subprocess_env
+
+    env = {k: v for k, v in subprocess_env().items() if not k.startswith("ASYNCGRAPH_")}
+    cmd = [sys.executable, str(ROOT / "examples" / "train_dist.py"), "--part-config", str(cora2.part_config)]
+    res = subprocess.run(
+        [*cmd, "--epochs", "1", "--no-progress"], env={**env, "OMP_NUM_THREADS": "1"},
+        capture_output=True, text=True, timeout=180, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "Warning" not in res.stdout + res.stderr, res.stderr[-3000:]

@@ -5,3 +5,4 @@ from asyncgraph.nn.hetero import HeteroGraphConv, HeteroGraphSAGE
 from asyncgraph.nn.sage import GraphSAGE, SAGEConv
 
 __all__ = ["GraphConv", "GraphSAGE", "HeteroGraphConv", "HeteroGraphSAGE", "SAGEConv", "WeightBasis"]
+from asyncgraph.nn import pytorch  # noqa: E402  (DGL: dgl.nn.pytorch as an attribute)
