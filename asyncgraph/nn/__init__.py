@@ -5,4 +5,12 @@ from asyncgraph.nn.conv import GraphConv, WeightBasis
 from asyncgraph.nn.hetero import HeteroGraphConv, HeteroGraphSAGE
 from asyncgraph.nn.sage import GraphSAGE, SAGEConv
 
-__all__ = ["GraphConv", "GraphSAGE", "HeteroGraphConv", "HeteroGraphSAGE", "SAGEConv", "WeightBasis", "pytorch"]
+__all__ = [
+    "GraphConv",
+    "GraphSAGE",
+    "HeteroGraphConv",
+    "HeteroGraphSAGE",
+    "SAGEConv",
+    "WeightBasis",
+    "pytorch",
+]
