@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     "Graph": "asyncgraph.partition.graph",
+    "DGLGraph": "asyncgraph.partition.graph:Graph",
     "graph": "asyncgraph.partition.graph",
     "HeteroGraph": "asyncgraph.partition.hetero_graph",
     "heterograph": "asyncgraph.partition.hetero_graph",
@@ -112,6 +113,7 @@ if TYPE_CHECKING:
         partition_graph,
     )
     from asyncgraph.partition.graph import Graph, graph
+    from asyncgraph.partition.graph import Graph as DGLGraph
     from asyncgraph.partition.hetero_graph import HeteroGraph, heterograph
 
 
@@ -125,6 +127,7 @@ __all__ = [
     "AsyncClient",
     "Block",
     "Client",
+    "DGLGraph",
     "DistDataLoader",
     "DistEdgeDataLoader",
     "DistEmbedding",

@@ -280,7 +280,10 @@ class DistGraph:
         return rank * self._client.book.num_partitions() // world
 
     def get_node_partition_policy(self, ntype: str | None = None) -> NodePartitionPolicy:
-        return NodePartitionPolicy(self._client.book, self._home_partition())
+        """The node policy (of node type ``ntype``: tensors made with it hold that type's rows)."""
+        if ntype is not None:
+            self._client.book.ntype_id(ntype)  # UnknownTypeError for an unknown type
+        return NodePartitionPolicy(self._client.book, self._home_partition(), ntype)
 
     def get_edge_partition_policy(self, etype: str | None = None) -> EdgePartitionPolicy:
         return EdgePartitionPolicy(self._client.book, self._home_partition())

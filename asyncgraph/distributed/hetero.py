@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from asyncgraph.arrays import as_id_array
-from asyncgraph.errors import InvalidRequestError, OutOfRangeError, UnknownTypeError
+from asyncgraph.errors import InvalidRequestError, OutOfRangeError, UnknownTensorError, UnknownTypeError
 from asyncgraph.partition.book import RangePartitionBook
 
 from .tensor import DistTensor
@@ -79,13 +79,21 @@ class _NodeTypeData(Mapping[str, NodeTypeTensor]):
         self._g, self._ntype = graph, ntype
 
     def __getitem__(self, name: str) -> NodeTypeTensor:
-        return NodeTypeTensor(self._g.ndata[name], self._g.get_partition_book(), self._ntype)
+        book = self._g.get_partition_book()
+        if not book.ntype_has(self._ntype, name):
+            raise UnknownTensorError(f"node type {self._ntype!r} has no tensor {name!r}; it has {list(self)}")
+        return NodeTypeTensor(self._g.ndata[name], book, self._ntype)
+
+    def __contains__(self, name: object) -> bool:
+        book = self._g.get_partition_book()
+        return isinstance(name, str) and name in self._g.ndata and book.ntype_has(self._ntype, name)
 
     def __iter__(self) -> Any:
-        return iter(self._g.ndata)
+        book = self._g.get_partition_book()
+        return iter([n for n in self._g.ndata if book.ntype_has(self._ntype, n)])
 
     def __len__(self) -> int:
-        return len(self._g.ndata)
+        return len(list(iter(self)))
 
 
 class _TypeData:

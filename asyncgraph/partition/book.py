@@ -54,6 +54,7 @@ class RangePartitionBook:
         canonical_etypes: list[tuple[str, str, str]] | None = None,
         ntype_counts: Any = None,
         etype_counts: Any = None,
+        ntype_feats: dict[str, list[str]] | None = None,
     ) -> None:
         nb = np.asarray(node_bounds, dtype=np.int64)
         eb = np.asarray(edge_bounds, dtype=np.int64)
@@ -76,6 +77,8 @@ class RangePartitionBook:
             raise ValueError("etype_counts must be [num_parts, num_etypes] and add up to each part's edges")
         self._ntype_counts, self._etype_counts = nc, ec
         self._partid = 0
+        # heterogeneous graphs: which partitioned node tensors each type has (None: unknown)
+        self.ntype_feats = {str(k): [str(n) for n in v] for k, v in ntype_feats.items()} if ntype_feats else None
         # Homogeneous start of (part p, type t) at [p * T + t]; nodes of a type are contiguous in a part.
         self._type_starts = (nb[:-1, None] + np.cumsum(nc, axis=1) - nc).ravel()
         # Per-type ID bounds over partitions: type t's IDs in part p are [tb[p, t], tb[p + 1, t]).
@@ -263,6 +266,14 @@ class RangePartitionBook:
         part, t = np.divmod(flat, nt)
         return t, hid - self._type_starts[flat] + self._type_bounds[part, t]
 
+    def ntype_has(self, ntype: str, name: str) -> bool:
+        """Whether node type ``ntype`` has node tensor ``name``: a partitioned tensor only if
+        that type was given it; a tensor made at run time (in no type's list) every type has."""
+        if self.ntype_feats is None:
+            return True
+        listed = self.ntype_feats.get(ntype, [])
+        return name in listed or not any(name in v for v in self.ntype_feats.values())
+
     # --- wire form ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -274,6 +285,8 @@ class RangePartitionBook:
             out["canonical_etypes"] = [list(c) for c in self._canon]
             out["ntype_counts"] = self._ntype_counts.tolist()
             out["etype_counts"] = self._etype_counts.tolist()
+            if self.ntype_feats is not None:
+                out["ntype_feats"] = self.ntype_feats
         return out
 
     @classmethod
@@ -287,6 +300,7 @@ class RangePartitionBook:
             canonical_etypes=[(str(c[0]), str(c[1]), str(c[2])) for c in data["canonical_etypes"]],
             ntype_counts=data["ntype_counts"],
             etype_counts=data["etype_counts"],
+            ntype_feats=data.get("ntype_feats"),
         )
 
     def __eq__(self, other: object) -> bool:
