@@ -64,7 +64,7 @@ _EXPORTS: dict[str, str] = {
 # the async API, the GNN layers, the exceptions, and
 # DGL's namespaces (``dgl.distributed.*``, ``dgl.dataloading.*``, ``dgl.sampling.*``)
 _SUBMODULES = frozenset(
-    {"aio", "nn", "errors", "distributed", "dataloading", "partition", "sampling", "function"}
+    {"aio", "nn", "errors", "distributed", "dataloading", "partition", "sampling", "function", "inference"}
 )
 
 if TYPE_CHECKING:

@@ -146,9 +146,11 @@ class DistTensor:
         shape = tuple(int(d) for d in shape)
         book = self._client.book
         self.ntype: str | None = None
+        policy: str | None = part_policy if isinstance(part_policy, str | None) else None
         if not isinstance(part_policy, str | None):  # DGL's NodePartitionPolicy / EdgePartitionPolicy
             self.ntype = getattr(part_policy, "ntype", None)
-            part_policy = str(getattr(part_policy, "kind", part_policy))
+            policy = str(getattr(part_policy, "kind", part_policy))
+        part_policy = policy
         if part_policy is None and book.is_hetero and shape and shape[0] != book.num_nodes:
             typed = [t for t in book.ntypes if book.num_nodes_of(t) == shape[0]]
             if len(typed) == 1:  # DGL picks the one policy of that size: a node type's
@@ -175,7 +177,7 @@ class DistTensor:
         spec, func = resolve_init(init, init_func)
         self.name = name if name is not None else f"_anon{next(_ANON)}"
         self.persistent = bool(persistent)
-        self.policy = part_policy
+        self.policy: str = part_policy
         self.key = tensor_key(part_policy, self.name)
         if attach:
             self._meta = self._client.tensor_meta(self.key)
@@ -262,7 +264,9 @@ class DistTensor:
         tid = as_id_array(ids, "ids")
         if tid.size and (int(tid.min()) < 0 or int(tid.max()) >= len(self)):
             bad = int(tid.min()) if int(tid.min()) < 0 else int(tid.max())
-            raise OutOfRangeError(f"{self.ntype} node ID {bad} out of range [0, {len(self)}) of {self.name!r}")
+            raise OutOfRangeError(
+                f"{self.ntype} node ID {bad} out of range [0, {len(self)}) of {self.name!r}"
+            )
         return self._client.book.map_to_homo_nid(tid, self.ntype)
 
     def __getitem__(self, index: Any) -> torch.Tensor:

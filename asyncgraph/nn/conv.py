@@ -5,6 +5,7 @@ device and normalises by degrees as DGL's ``norm`` says: ``"right"`` divides by 
 in-degree (a mean), ``"left"`` by the source's out-degree, ``"both"`` by the square roots of both,
 ``"none"`` not at all. A destination without in-edges gets zeros (DGL raises unless
 ``allow_zero_in_degree``; in a sampled block of one relation that is common, so it is allowed).
+As in DGL, a source's out-degree (``"left"``, ``"both"``) is counted inside the block.
 """
 
 from __future__ import annotations

@@ -78,7 +78,9 @@ class RangePartitionBook:
         self._ntype_counts, self._etype_counts = nc, ec
         self._partid = 0
         # heterogeneous graphs: which partitioned node tensors each type has (None: unknown)
-        self.ntype_feats = {str(k): [str(n) for n in v] for k, v in ntype_feats.items()} if ntype_feats else None
+        self.ntype_feats = (
+            {str(k): [str(n) for n in v] for k, v in ntype_feats.items()} if ntype_feats else None
+        )
         # Homogeneous start of (part p, type t) at [p * T + t]; nodes of a type are contiguous in a part.
         self._type_starts = (nb[:-1, None] + np.cumsum(nc, axis=1) - nc).ravel()
         # Per-type ID bounds over partitions: type t's IDs in part p are [tb[p, t], tb[p + 1, t]).
