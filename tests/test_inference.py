@@ -95,3 +95,34 @@ def test_bad_arguments_are_typed(g: asyncgraph.DistGraph) -> None:
     with pytest.raises(InvalidRequestError, match="name"):
         layerwise_inference(g, model, "feat", name="a:b")
     assert not any(n.startswith("inference.") for n in g.ndata)
+
+
+def test_example_launched_two_trainers_matches_full_graph(tmp_path: Path) -> None:
+    """examples/layerwise_inference.py, 2 partitions x 1 trainer: the .npy it writes (original
+    IDs) equals the trained model's full-graph forward pass on the original PubMed to 1e-5."""
+    import subprocess
+    import sys
+
+    from asyncgraph.partition import partition_graph
+    from asyncgraph.partition.graph import Graph
+    from asyncgraph.testing import subprocess_env
+
+    root = Path(__file__).resolve().parent.parent
+    npz = root / "examples" / "data" / "pubmed.npz"
+    partition_graph(Graph.from_npz(npz), "pubmed", 2, tmp_path / "p", part_method="random")
+    cfg = tmp_path / "p" / "pubmed.json"
+    cmd = [sys.executable, "-m", "asyncgraph.launch", "--part-config", str(cfg), "--", sys.executable]
+    cmd += [str(root / "examples" / "layerwise_inference.py"), "--part-config", str(cfg), "--epochs", "2"]
+    cmd += ["--out", str(tmp_path / "pred.npy"), "--save-model", str(tmp_path / "model.pt")]
+    env = {**subprocess_env(), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    assert "[trainer 0] layer-wise inference of 19717 nodes: test accuracy 0." in res.stdout + res.stderr
+    z = np.load(npz)
+    model = GraphSAGE(500, 64, 3, n_layers=2)
+    model.load_state_dict(torch.load(tmp_path / "model.pt"))
+    model.eval()
+    full = to_block(z["src"], z["dst"], np.arange(z["label"].size))
+    with torch.no_grad():
+        want = model([full, full], torch.from_numpy(z["feat"]))
+    np.testing.assert_allclose(np.load(tmp_path / "pred.npy"), want.numpy(), atol=1e-5, rtol=1e-5)
