@@ -186,3 +186,48 @@ def test_exclude_reverse_id(g: asyncgraph.DistGraph) -> None:
         dgl.distributed.DistEdgeDataLoader(
             g, eids, dgl.dataloading.NeighborSampler([2]), 8, exclude="reverse_id", reverse_eids=rev[:5]
         )
+
+
+def test_per_type_tensors_and_type_data(tmp_path) -> None:
+    """DGL's node~ntype policies: a DistTensor / DistEmbedding of one node type takes per-type
+    IDs; g.nodes[t].data lists only the tensors type t was partitioned with."""
+    a_src, a_dst = np.array([0, 1, 2, 2]), np.array([0, 0, 1, 2])  # author -> paper
+    g0 = asyncgraph.heterograph(
+        {("author", "writes", "paper"): (a_src, a_dst), ("paper", "written-by", "author"): (a_dst, a_src)},
+        num_nodes_dict={"author": 3, "paper": 5},
+    )
+    g0.nodes["paper"].data["feat"] = np.arange(10, dtype=np.float32).reshape(5, 2)
+    asyncgraph.partition_graph(g0, "tiny", 2, tmp_path / "t", part_method="random")
+    asyncgraph.initialize()
+    try:
+        g = asyncgraph.DistGraph("tiny", part_config=tmp_path / "t" / "tiny.json")
+        assert "feat" in g.nodes["paper"].data and "feat" not in g.nodes["author"].data
+        assert list(g.nodes["author"].data) == [] and g.get_ntype_id("paper") == 1
+        with pytest.raises(UnknownTensorError, match="author"):
+            g.nodes["author"].data["feat"]
+        t = dgl.distributed.DistTensor((5,), torch.int64, "res", persistent=True)  # inferred: paper
+        assert t.ntype == "paper" and t.shape == (5,) and len(t) == 5
+        t[torch.tensor([4, 0])] = torch.tensor([40, 7])
+        assert t[[0, 4]].tolist() == [7, 40] and t.count_nonzero() == 2
+        assert pickle.loads(pickle.dumps(t))[[4]].tolist() == [40]
+        assert "res" in g.nodes["author"].data  # made at run time: every type sees it
+        with pytest.raises(InvalidRequestError, match="out of range"):
+            t[[5]]
+        pol = g.get_node_partition_policy("author")
+        emb = dgl.distributed.DistEmbedding(3, 4, "aemb", part_policy=pol)
+        rows = emb(torch.tensor([2, 0]))
+        assert rows.shape == (2, 4) and emb.shape == (3, 4)
+        assert torch.equal(emb.weight[[2, 0]], rows.detach())
+        opt = dgl.distributed.optim.SparseAdam([emb], lr=0.1)
+        before = emb.weight[[0, 1, 2]].clone()
+        rows.sum().backward()
+        opt.step()
+        after = emb.weight[[0, 1, 2]]
+        assert not torch.equal(after[[0, 2]], before[[0, 2]]) and torch.equal(after[1], before[1])
+        papers = g.get_partition_book().partid2nids(0, "paper")  # per-type IDs partition 0 owns
+        assert papers.dtype == torch.int64 and 0 < papers.numel() <= 5
+        with pytest.raises(InvalidRequestError, match="node type"):
+            dgl.distributed.DistTensor((4,), torch.float32, "bad", part_policy=pol)
+        t.delete()
+    finally:
+        asyncgraph.finalize()

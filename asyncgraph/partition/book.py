@@ -15,7 +15,7 @@ import numpy as np
 
 from asyncgraph.arrays import IdArray, as_id_array
 from asyncgraph.errors import OutOfRangeError, UnknownTypeError
-from asyncgraph.names import DEFAULT_ETYPE, DEFAULT_NTYPE
+from asyncgraph.names import DEFAULT_ETYPE, DEFAULT_NTYPE, NTYPE
 
 __all__ = ["IdArray", "RangePartitionBook", "as_id_array", "split_by_owner"]
 
@@ -271,6 +271,8 @@ class RangePartitionBook:
     def ntype_has(self, ntype: str, name: str) -> bool:
         """Whether node type ``ntype`` has node tensor ``name``: a partitioned tensor only if
         that type was given it; a tensor made at run time (in no type's list) every type has."""
+        if name == NTYPE:  # the partitioner's own type column: no type's data
+            return False
         if self.ntype_feats is None:
             return True
         listed = self.ntype_feats.get(ntype, [])
