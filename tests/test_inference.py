@@ -126,3 +126,44 @@ def test_example_launched_two_trainers_matches_full_graph(tmp_path: Path) -> Non
     with torch.no_grad():
         want = model([full, full], torch.from_numpy(z["feat"]))
     np.testing.assert_allclose(np.load(tmp_path / "pred.npy"), want.numpy(), atol=1e-5, rtol=1e-5)
+
+
+def test_killed_trainer_resumes_after_server_restart(pubmed2, tmp_path: Path) -> None:
+    """A trainer dies mid layer 1; the servers (--state-dir --wal) are restarted; a new trainer
+    with resume=True computes only the unfinished batches and the result is exact."""
+    import subprocess
+    import sys
+
+    from asyncgraph.testing import start_servers, subprocess_env
+
+    worker = Path(__file__).resolve().parent / "workers" / "inference_worker.py"
+    args = ["--log-level", "WARNING", "--state-dir", str(tmp_path / "state"), "--wal"]
+    env = {**subprocess_env(), "OMP_NUM_THREADS": "1"}
+
+    def trainer(group: object, *extra: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, str(worker), "--ip-config", str(group.ip_config()), *extra]  # type: ignore[attr-defined]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, check=False)
+
+    group = start_servers(pubmed2.part_config, tmp_path / "a", num_parts=2, extra_args=args)
+    try:
+        died = trainer(group, "--die-after", "2")
+        assert died.returncode == 9, died.stderr[-3000:]
+    finally:
+        group.stop()
+    group = start_servers(pubmed2.part_config, tmp_path / "b", num_parts=2, extra_args=args)
+    try:
+        out = tmp_path / "pred.npy"
+        done = trainer(group, "--out", str(out))
+        assert done.returncode == 0, done.stderr[-3000:]
+        asyncgraph.initialize(group.ip_config())
+        try:
+            g = asyncgraph.DistGraph("pubmed")
+            model = GraphSAGE(500, 16, 3, n_layers=2)
+            model.load_state_dict(torch.load(str(out) + ".model.pt"))
+            want = _full_forward(g, list(model.eval().layers))
+        finally:
+            asyncgraph.finalize()
+    finally:
+        group.stop()
+    assert int(np.load(str(out) + ".layer1_batches.npy")[0]) == 3  # 5 batches, 2 survived the kill
+    np.testing.assert_allclose(np.load(out), want.numpy(), atol=1e-5, rtol=1e-5)
