@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     "Graph": "asyncgraph.partition.graph",
+    "DGLGraph": "asyncgraph.partition.graph:Graph",
     "graph": "asyncgraph.partition.graph",
     "HeteroGraph": "asyncgraph.partition.hetero_graph",
     "heterograph": "asyncgraph.partition.hetero_graph",
@@ -63,7 +64,7 @@ _EXPORTS: dict[str, str] = {
 # the async API, the GNN layers, the exceptions, and
 # DGL's namespaces (``dgl.distributed.*``, ``dgl.dataloading.*``, ``dgl.sampling.*``)
 _SUBMODULES = frozenset(
-    {"aio", "nn", "errors", "distributed", "dataloading", "partition", "sampling"}
+    {"aio", "nn", "errors", "distributed", "dataloading", "partition", "sampling", "function", "inference"}
 )
 
 if TYPE_CHECKING:
@@ -112,6 +113,7 @@ if TYPE_CHECKING:
         partition_graph,
     )
     from asyncgraph.partition.graph import Graph, graph
+    from asyncgraph.partition.graph import Graph as DGLGraph
     from asyncgraph.partition.hetero_graph import HeteroGraph, heterograph
 
 
@@ -125,6 +127,7 @@ __all__ = [
     "AsyncClient",
     "Block",
     "Client",
+    "DGLGraph",
     "DistDataLoader",
     "DistEdgeDataLoader",
     "DistEmbedding",

@@ -65,12 +65,14 @@ def sample_batches(npz: Path, batches: int, batch_size: int, fanouts: list[int],
             ei = block.edge_index.numpy()
             arrays[f"b{b}_l{layer}_src"] = ei[0].astype(np.int64)
             arrays[f"b{b}_l{layer}_dst"] = ei[1].astype(np.int64)
-            arrays[f"b{b}_l{layer}_shape"] = np.array([block.num_src_nodes, block.num_dst_nodes], np.int64)
+            arrays[f"b{b}_l{layer}_shape"] = np.array(
+                [block.num_src_nodes(), block.num_dst_nodes()], np.int64
+            )
         arrays[f"b{b}_x"] = await client.pull_numpy("node:feat", input_nodes)
         labels = await client.pull_numpy("node:label", seeds)
         arrays[f"b{b}_y"] = labels.astype(np.int64).reshape(-1)
         stats["input_nodes"].append(int(input_nodes.size))
-        stats["edges"].append(sum(blk.num_edges for blk in blocks))
+        stats["edges"].append(sum(blk.num_edges() for blk in blocks))
 
     async def run() -> None:
         for b in range(batches):

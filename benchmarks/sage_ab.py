@@ -59,8 +59,8 @@ def main() -> None:
     batches = []
     for _ in range(args.batches):
         blocks = make_blocks(rng, 1 << 20, 1000, [10, 25])
-        x = torch.randn(blocks[0].num_src_nodes, 128)
-        y = torch.from_numpy(rng.integers(0, 16, blocks[-1].num_dst_nodes))
+        x = torch.randn(blocks[0].num_src_nodes(), 128)
+        y = torch.from_numpy(rng.integers(0, 16, blocks[-1].num_dst_nodes()))
         batches.append((blocks, x, y))
     times: dict[bool, list[float]] = {True: [], False: []}
     for flag in (True, False):  # warm-up (and the transposed CSR of each block, built once)
@@ -77,7 +77,7 @@ def main() -> None:
         "csr_ms_per_batch": round(csr, 2),
         "gather_ms_per_batch": round(gather, 2),
         "csr_over_gather": round(csr / gather, 3),
-        "edges_per_batch": [b.num_edges for b in batches[0][0]],
+        "edges_per_batch": [b.num_edges() for b in batches[0][0]],
         "threads": args.threads,
         "clock": "thread CPU time, median",
     }

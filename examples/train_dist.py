@@ -240,7 +240,7 @@ def main() -> None:
                 loss.backward()
                 optimizer.step()
                 compute += time.perf_counter() - t0
-                loss_sum += float(loss) * int(y.numel())
+                loss_sum += float(loss.detach()) * int(y.numel())
                 count += int(y.numel())
             if args.max_batches and index + 1 >= args.max_batches:
                 break

@@ -26,7 +26,7 @@ def test_to_block_relabel() -> None:
     block = to_block(src, dst, dst_nodes, eids=np.arange(8) + 100)
     assert block.srcnodes.tolist() == [5, 3, 2, 7, 9, 8]  # dst prefix, then first appearance
     assert block.dstnodes.tolist() == [5, 3, 2]
-    assert (block.num_src_nodes, block.num_dst_nodes, block.num_edges) == (6, 3, 8)
+    assert (block.num_src_nodes(), block.num_dst_nodes(), block.num_edges()) == (6, 3, 8)
     assert block.srcnodes[block.edge_index[0]].tolist() == src.tolist()
     assert block.dstnodes[block.edge_index[1]].tolist() == dst.tolist()
     assert block.eids.tolist() == list(range(100, 108))
@@ -40,11 +40,11 @@ def test_to_block_random_and_torch_inputs() -> None:
     dst_nodes = np.unique(dst)[np.random.default_rng(2).permutation(np.unique(dst).size)]
     block = to_block(torch.from_numpy(src), torch.from_numpy(dst), torch.from_numpy(dst_nodes))
     assert block.eids.numel() == 0
-    assert torch.equal(block.srcnodes[: block.num_dst_nodes], block.dstnodes)
+    assert torch.equal(block.srcnodes[: block.num_dst_nodes()], block.dstnodes)
     assert torch.equal(block.srcnodes[block.edge_index[0]], torch.from_numpy(src))
     assert torch.equal(block.dstnodes[block.edge_index[1]], torch.from_numpy(dst))
-    assert torch.unique(block.srcnodes).numel() == block.num_src_nodes
-    new = block.srcnodes[block.num_dst_nodes :].numpy()
+    assert torch.unique(block.srcnodes).numel() == block.num_src_nodes()
+    new = block.srcnodes[block.num_dst_nodes() :].numpy()
     not_dst = src[~np.isin(src, dst_nodes)]
     _, first = np.unique(not_dst, return_index=True)
     np.testing.assert_array_equal(new, not_dst[np.sort(first)])
@@ -103,10 +103,10 @@ def test_to_block_compiled_and_numpy_relabel_agree(
 
 def dense_reference(block: Block, h: torch.Tensor, conv: SAGEConv) -> torch.Tensor:
     """SAGEConv computed through a dense [num_dst, num_src] adjacency (multi-edges counted)."""
-    adj = torch.zeros(block.num_dst_nodes, block.num_src_nodes, dtype=h.dtype)
+    adj = torch.zeros(block.num_dst_nodes(), block.num_src_nodes(), dtype=h.dtype)
     adj.index_put_(
         (block.edge_index[1], block.edge_index[0]),
-        torch.ones(block.num_edges, dtype=h.dtype),
+        torch.ones(block.num_edges(), dtype=h.dtype),
         accumulate=True,
     )
     deg = adj.sum(1, keepdim=True)
@@ -115,14 +115,14 @@ def dense_reference(block: Block, h: torch.Tensor, conv: SAGEConv) -> torch.Tens
     elif conv.aggregator == "mean":
         neigh = (adj @ h) / deg.clamp(min=1)
     elif conv.aggregator == "gcn":
-        neigh = (adj @ h + h[: block.num_dst_nodes]) / (deg + 1)
+        neigh = (adj @ h + h[: block.num_dst_nodes()]) / (deg + 1)
     else:
         feat = torch.relu(conv.fc_pool(h)) if conv.fc_pool is not None else h
         masked = torch.where(adj.unsqueeze(2) > 0, feat.unsqueeze(0), torch.tensor(-torch.inf, dtype=h.dtype))
         neigh = torch.where(deg > 0, masked.max(1).values, torch.zeros((), dtype=h.dtype))
     out: torch.Tensor = conv.fc_neigh(neigh)
     if conv.fc_self is not None:
-        out = out + conv.fc_self(h[: block.num_dst_nodes])
+        out = out + conv.fc_self(h[: block.num_dst_nodes()])
     return out + conv.bias if conv.bias is not None else out
 
 
@@ -137,15 +137,15 @@ def test_sageconv_matches_dense(aggregator: str, in_feats: int, out_feats: int) 
     with torch.no_grad():
         if conv.bias is not None:
             conv.bias.uniform_(-1, 1)
-    h = torch.randn(block.num_src_nodes, in_feats, dtype=torch.float64, requires_grad=True)
+    h = torch.randn(block.num_src_nodes(), in_feats, dtype=torch.float64, requires_grad=True)
     out = conv(block, h)
-    assert out.shape == (block.num_dst_nodes, out_feats)
+    assert out.shape == (block.num_dst_nodes(), out_feats)
     torch.testing.assert_close(out, dense_reference(block, h, conv))
     out.square().sum().backward()
     assert h.grad is not None and torch.isfinite(h.grad).all() and h.grad.abs().sum() > 0
     assert all(p.grad is not None for p in conv.parameters())
     if aggregator != "gcn":  # an isolated destination only sees fc_self(h_dst) + bias
-        expected = conv.fc_self(h[block.num_dst_nodes - 1]) + conv.bias  # type: ignore[misc]
+        expected = conv.fc_self(h[block.num_dst_nodes() - 1]) + conv.bias  # type: ignore[misc]
         torch.testing.assert_close(out[-1], expected)
 
 
@@ -230,7 +230,7 @@ def test_sageconv_csr_gradients_equal_the_gather_path(
         block = to_block(src, dst, dst_nodes)
         torch.manual_seed(1)
         conv = SAGEConv(in_feats, out_feats, aggregator=aggregator).to(dtype)
-        h = torch.randn(block.num_src_nodes, in_feats, dtype=dtype, requires_grad=True)
+        h = torch.randn(block.num_src_nodes(), in_feats, dtype=dtype, requires_grad=True)
         out = conv(block, h)
         out.square().sum().backward()
         results.append((out.detach(), h.grad, [p.grad for p in conv.parameters()]))

@@ -52,7 +52,7 @@ def test_pool_grows_a_buffer_for_a_larger_batch() -> None:
 def _sample_batch(seed: int) -> dict[str, Any]:
     g = torch.Generator().manual_seed(seed)
     block = to_block([5, 6, 7, 5], [0, 1, 1, 2], [0, 1, 2], eids=[10, 11, 12, 13])
-    block.srcdata["feat"] = torch.randn(block.num_src_nodes, 3, generator=g)
+    block.srcdata["feat"] = torch.randn(block.num_src_nodes(), 3, generator=g)
     block.dstdata["label"] = torch.arange(3)
     block.csr()
     return {

@@ -137,7 +137,7 @@ def test_to_block_dgl_form(cora_g: asyncgraph.DistGraph) -> None:
     block = dgl.to_block(frontier, seeds)
     src, _, eids = frontier
     assert torch.equal(block.dstdata[dgl.NID], seeds) and torch.equal(block.srcdata[dgl.NID], block.srcnodes)
-    assert torch.equal(block.eids, eids) and block.num_edges == src.numel()
+    assert torch.equal(block.eids, eids) and block.num_edges() == src.numel()
     with pytest.raises(InvalidRequestError, match="dst_nodes"):
         dgl.to_block(frontier)
 

@@ -114,7 +114,7 @@ def test_negatives_have_the_batch_sources_and_k_per_positive(graph: DistGraph) -
     for batch in batches:
         _input_nodes, pair, neg, blocks = batch
         nodes = blocks[-1].dstnodes
-        assert neg.num_edges == k * pair.num_edges and neg.eids.numel() == 0
+        assert neg.num_edges() == k * pair.num_edges() and neg.eids.numel() == 0
         neg_src, neg_dst = neg.global_edges()
         pos_src, pos_dst = pair.global_edges()
         assert torch.equal(neg_src, pos_src.repeat_interleave(k))

@@ -330,7 +330,7 @@ def reference_sage(conv: SAGEConv, block: Block, h: torch.Tensor) -> torch.Tenso
     """Dense float64 loop implementation of DGL's SAGEConv semantics."""
     h = h.detach().double()
     src, dst = block.edge_index.numpy()
-    nd = block.num_dst_nodes
+    nd = block.num_dst_nodes()
     agg = torch.zeros(nd, h.shape[1], dtype=torch.float64)
     for d in range(nd):
         nb = h[src[dst == d]]
@@ -369,7 +369,7 @@ def test_sage_sparse_path_matches_gather(agg: str, dtype: torch.dtype) -> None:
     for seed in range(3):
         block = make_block(seed)
         conv = make_conv(5, 7, agg, dtype, seed)
-        x = torch.randn(block.num_src_nodes, 5, dtype=dtype, generator=torch.Generator().manual_seed(seed))
+        x = torch.randn(block.num_src_nodes(), 5, dtype=dtype, generator=torch.Generator().manual_seed(seed))
         weights = torch.randn(NUM_DST, 7, dtype=dtype)
 
         with mock.patch.object(sage_mod, "_spmm_aggregate", wraps=sage_mod._spmm_aggregate) as sp:
@@ -411,7 +411,7 @@ def test_sage_no_grad_matches_grad_lin_first(agg: str, dtype: torch.dtype) -> No
     equal to the gather path."""
     block = make_block(7)
     conv = make_conv(9, 4, agg, dtype, 7)
-    x = torch.randn(block.num_src_nodes, 9, dtype=dtype)
+    x = torch.randn(block.num_src_nodes(), 9, dtype=dtype)
     with mock.patch.object(sage_mod, "_spmm_aggregate", wraps=sage_mod._spmm_aggregate) as sp:
         with torch.no_grad():
             fast = conv(block, x)
@@ -429,7 +429,7 @@ def test_sage_no_grad_matches_grad_lin_first(agg: str, dtype: torch.dtype) -> No
 def test_sage_sparse_cache_per_dtype_and_aggregator() -> None:
     """One block reused across dtypes and aggregators (the CSR matrix cache is keyed by both)."""
     block = make_block(1)
-    x64 = torch.randn(block.num_src_nodes, 6, dtype=torch.float64)
+    x64 = torch.randn(block.num_src_nodes(), 6, dtype=torch.float64)
     for agg in ("mean", "gcn", "sum", "mean"):
         for dtype in (torch.float64, torch.float32, torch.float64):
             conv = make_conv(6, 6, agg, dtype, 3)
@@ -443,7 +443,7 @@ def test_sage_half_precision_without_grad(agg: str, dtype: torch.dtype) -> None:
     """torch has no CPU sparse CSR product for half types: they must take the gather path."""
     block = make_block(2)
     conv = make_conv(5, 7, agg, dtype, 2)
-    x = torch.randn(block.num_src_nodes, 5).to(dtype)
+    x = torch.randn(block.num_src_nodes(), 5).to(dtype)
     with torch.no_grad():
         fast = conv(block, x)
     slow = conv(block, x.clone().requires_grad_(True)).detach()
@@ -457,7 +457,7 @@ def test_sage_under_cpu_autocast(agg: str) -> None:
     """Under bf16 autocast the sparse product (no bf16 CPU kernel) stays in float32."""
     block = make_block(3)
     conv = make_conv(5, 7, agg, torch.float32, 3)
-    x = torch.randn(block.num_src_nodes, 5)
+    x = torch.randn(block.num_src_nodes(), 5)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         got = conv(block, x)
     torch.testing.assert_close(got.double(), reference_sage(conv, block, x.double()), rtol=0.05, atol=0.05)
@@ -473,7 +473,7 @@ def test_sparse_aggregate_edge_cases(agg: str) -> None:
     torch.testing.assert_close(got, want)
 
     block = make_block(4)
-    base = torch.randn(8, block.num_src_nodes, dtype=torch.float64)
+    base = torch.randn(8, block.num_src_nodes(), dtype=torch.float64)
     feat_t = base.t()  # non-contiguous view
     assert not feat_t.is_contiguous()
     conv = make_conv(8, 8, agg, torch.float64, 2)

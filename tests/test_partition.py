@@ -90,7 +90,7 @@ def test_range_partition_book_unit() -> None:
     assert book.nid2partid(np.array([0, 2, 3, 9])).tolist() == [0, 0, 2, 2]  # empty part 1 skipped
     assert book.eid2partid([4, 5, 8, 9, 19]).tolist() == [0, 1, 1, 2, 2]
     assert book.nid2localnid([3, 9], 2).tolist() == [0, 6]
-    assert book.partid2nids(1).size == 0
+    assert book.partid2nids(1).numel() == 0
     assert RangePartitionBook.from_dict(book.to_dict()) == book
     with pytest.raises(OutOfRangeError, match="10"):
         book.nid2partid([10])

@@ -30,8 +30,8 @@ def _blocks(seed: int) -> list[Block]:
 def test_cpu_autocast_bfloat16_forward_and_backward(aggregator: str) -> None:
     torch.manual_seed(0)
     blocks = _blocks(1)
-    x = torch.randn(blocks[0].num_src_nodes, 16)
-    y = torch.randint(0, 5, (blocks[1].num_dst_nodes,))
+    x = torch.randn(blocks[0].num_src_nodes(), 16)
+    y = torch.randint(0, 5, (blocks[1].num_dst_nodes(),))
     model = GraphSAGE(16, 32, 5, 2, dropout=0.0, aggregator=aggregator)
     ref = model(blocks, x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -52,7 +52,7 @@ def test_cpu_autocast_bfloat16_forward_and_backward(aggregator: str) -> None:
 def test_half_precision_features_aggregate_in_float32(aggregator: str) -> None:
     blocks = _blocks(2)
     conv = SAGEConv(8, 4, aggregator=aggregator).to(torch.bfloat16)
-    x = torch.randn(blocks[0].num_src_nodes, 8)
+    x = torch.randn(blocks[0].num_src_nodes(), 8)
     with torch.no_grad():
         spmm = conv(blocks[0], x.to(torch.bfloat16))  # no grad: one CSR product, float32 inside
     x_grad = x.to(torch.bfloat16).requires_grad_()
@@ -74,7 +74,7 @@ def test_block_to_carries_the_cached_csr() -> None:
 def test_graphsage_on_cuda_matches_cpu(aggregator: str) -> None:
     torch.manual_seed(0)
     blocks = _blocks(4)
-    x = torch.randn(blocks[0].num_src_nodes, 16)
+    x = torch.randn(blocks[0].num_src_nodes(), 16)
     model = GraphSAGE(16, 32, 5, 2, dropout=0.0, aggregator=aggregator)
     ref = model(blocks, x)
     dev = torch.device("cuda")

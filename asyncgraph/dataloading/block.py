@@ -25,8 +25,10 @@ import numpy as np
 import torch
 
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, ShapeMismatchError
+from asyncgraph.names import DEFAULT_NTYPE
 
 from . import relabel_kernel
+from .frames import ID_FIELD, Frame, GraphOps
 
 __all__ = ["Block", "to_block"]
 
@@ -36,12 +38,18 @@ _TABLE_LIMIT = 1 << 25
 _scratch = threading.local()
 
 
-_ID_FIELD = "_ID"  # DGL's dgl.NID / dgl.EID
+_ID_FIELD = ID_FIELD
 
 
 @dataclass
-class Block:
-    """One layer's bipartite message-flow graph with global IDs and per-side features."""
+class Block(GraphOps):
+    """One layer's bipartite message-flow graph with global IDs and per-side features.
+
+    ``srcdata``/``dstdata``/``edata`` are :class:`Frame` dicts: besides the fields stored in
+    them they answer ``dgl.NID`` (``"_ID"``) with ``srcnodes``/``dstnodes`` and ``dgl.EID``
+    with ``eids`` (when known), as DGL's blocks do. Counts are methods, as in DGL
+    (``num_dst_nodes()``, ``number_of_dst_nodes()``, ...).
+    """
 
     srcnodes: torch.Tensor  # int64 global IDs: dstnodes first, then new sources (first appearance)
     dstnodes: torch.Tensor  # int64 global IDs
@@ -49,22 +57,73 @@ class Block:
     eids: torch.Tensor  # int64 [E] global edge IDs, or empty if unknown
     srcdata: dict[str, torch.Tensor] = field(default_factory=dict)
     dstdata: dict[str, torch.Tensor] = field(default_factory=dict)
+    edata: dict[str, torch.Tensor] = field(default_factory=dict)
     _cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
-    @property
-    def num_src_nodes(self) -> int:
+    is_block = True
+
+    def __post_init__(self) -> None:
+        eids = self.eids if self.eids.numel() == self.edge_index.shape[1] else None
+        self.srcdata = Frame(self.srcdata, self.srcnodes)
+        self.dstdata = Frame(self.dstdata, self.dstnodes)
+        self.edata = Frame(self.edata, eids)
+
+    def num_src_nodes(self, ntype: str | None = None) -> int:
         """Number of source (input) nodes, destinations included."""
         return int(self.srcnodes.shape[0])
 
-    @property
-    def num_dst_nodes(self) -> int:
+    def num_dst_nodes(self, ntype: str | None = None) -> int:
         """Number of destination (output) nodes."""
         return int(self.dstnodes.shape[0])
 
-    @property
-    def num_edges(self) -> int:
+    def num_edges(self, etype: Any = None) -> int:
         """Number of edges."""
         return int(self.edge_index.shape[1])
+
+    number_of_src_nodes = num_src_nodes
+    number_of_dst_nodes = num_dst_nodes
+    number_of_edges = num_edges
+
+    @property
+    def ntypes(self) -> list[str]:
+        return [DEFAULT_NTYPE]
+
+    @property
+    def srctypes(self) -> list[str]:
+        return [DEFAULT_NTYPE]
+
+    @property
+    def dsttypes(self) -> list[str]:
+        return [DEFAULT_NTYPE]
+
+    def edges(self, form: str = "uv") -> tuple[torch.Tensor, ...]:
+        """Local ``(src, dst)`` (``form="all"`` adds the edges' positions), like DGL's."""
+        src, dst = self.edge_index[0], self.edge_index[1]
+        if form == "all":
+            return src, dst, torch.arange(src.numel(), device=src.device)
+        return src, dst
+
+    # GraphOps: local_scope, local_var, apply_edges, update_all
+    def _endpoints(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.edge_index[0], self.edge_index[1]
+
+    def _num_dst(self) -> int:
+        return self.num_dst_nodes()
+
+    def _src_frame(self) -> Frame:
+        return self.srcdata  # type: ignore[return-value]
+
+    def _dst_frame(self) -> Frame:
+        return self.dstdata  # type: ignore[return-value]
+
+    def _edge_frame(self) -> Frame:
+        return self.edata  # type: ignore[return-value]
+
+    def _frames(self) -> tuple[Frame, ...]:
+        return self._src_frame(), self._dst_frame(), self._edge_frame()
+
+    def _set_frames(self, frames: tuple[Frame, ...]) -> None:
+        self.srcdata, self.dstdata, self.edata = frames
 
     def csr(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(crow, col, in_degree)``: the edges as a ``[num_dst, num_src]`` CSR (int64, cached).
@@ -77,7 +136,7 @@ class Block:
         cached: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = self._cache.get("csr")
         if cached is None and self.edge_index.device.type != "cpu":  # built where the edges are
             src_t, dst_t = self.edge_index[0], self.edge_index[1]
-            deg_t = torch.bincount(dst_t, minlength=self.num_dst_nodes)
+            deg_t = torch.bincount(dst_t, minlength=self.num_dst_nodes())
             crow_t = torch.cat([deg_t.new_zeros(1), torch.cumsum(deg_t, 0)])
             col_t = src_t[torch.sort(dst_t, stable=True).indices]
             cached = (crow_t, col_t, deg_t)
@@ -85,8 +144,8 @@ class Block:
         if cached is None:
             src = self.edge_index[0].cpu().numpy()
             dst = self.edge_index[1].cpu().numpy()
-            deg = np.bincount(dst, minlength=self.num_dst_nodes).astype(np.int64, copy=False)
-            crow = np.zeros(self.num_dst_nodes + 1, dtype=np.int64)
+            deg = np.bincount(dst, minlength=self.num_dst_nodes()).astype(np.int64, copy=False)
+            crow = np.zeros(self.num_dst_nodes() + 1, dtype=np.int64)
             np.cumsum(deg, out=crow[1:])
             col = src[np.argsort(dst, kind="stable")]
             device = self.edge_index.device
@@ -104,6 +163,7 @@ class Block:
             eids=self.eids.to(device, non_blocking=non_blocking),
             srcdata={k: v.to(device, non_blocking=non_blocking) for k, v in self.srcdata.items()},
             dstdata={k: v.to(device, non_blocking=non_blocking) for k, v in self.dstdata.items()},
+            edata={k: v.to(device, non_blocking=non_blocking) for k, v in self.edata.items()},
         )
         csr = self._cache.get("csr")
         if csr is not None:
@@ -112,8 +172,8 @@ class Block:
 
     def __repr__(self) -> str:
         return (
-            f"Block(num_src_nodes={self.num_src_nodes}, num_dst_nodes={self.num_dst_nodes}, "
-            f"num_edges={self.num_edges})"
+            f"Block(num_src_nodes={self.num_src_nodes()}, num_dst_nodes={self.num_dst_nodes()}, "
+            f"num_edges={self.num_edges()})"
         )
 
 
@@ -296,10 +356,7 @@ def _graph_to_block(frontier: Any, dst_nodes: Any) -> Block:
         raise InvalidRequestError("to_block(frontier, dst_nodes): dst_nodes is required")
     src, dst = frontier.edges()[:2]
     edata = getattr(frontier, "edata", {})
-    block = to_block(src, dst, dst_nodes, edata.get(_ID_FIELD))
-    block.srcdata[_ID_FIELD] = block.srcnodes
-    block.dstdata[_ID_FIELD] = block.dstnodes
-    return block
+    return to_block(src, dst, dst_nodes, edata.get(_ID_FIELD))
 
 
 def _to_block_torch(src: Any, dst: Any, dst_nodes: Any, eids: Any = None) -> Block:

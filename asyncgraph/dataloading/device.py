@@ -63,6 +63,7 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
             eids=fn(obj.eids),
             srcdata={k: map_tensors(v, fn) for k, v in obj.srcdata.items()},
             dstdata={k: map_tensors(v, fn) for k, v in obj.dstdata.items()},
+            edata={k: map_tensors(v, fn) for k, v in obj.edata.items()},
         )
         csr = obj._cache.get("csr")
         if csr is not None:

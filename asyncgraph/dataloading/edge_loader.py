@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ from asyncgraph.dataloading.fetch import (
     node_tensor_names,
     sample_and_pull,
 )
+from asyncgraph.dataloading.frames import Frame, GraphOps
 from asyncgraph.dataloading.negative import NegativeSampler
 from asyncgraph.dataloading.prefetch import PrefetchingLoader
 from asyncgraph.dataloading.sampler import NeighborSampler
@@ -30,35 +31,91 @@ __all__ = ["DistEdgeDataLoader", "EdgeMiniBatch", "PairGraph"]
 
 
 @dataclass
-class PairGraph:
+class PairGraph(GraphOps):
     """Node pairs of an edge batch: ``src``/``dst`` index ``nodes`` (the batch's seeds).
 
     ``nodes[src[i]]``, ``nodes[dst[i]]`` are pair ``i``'s global endpoints; ``eids`` holds the
-    positive pairs' global edge IDs (empty for negative pairs).
+    positive pairs' global edge IDs (empty for negative pairs). As DGL's pair graphs it has
+    ``ndata`` (one row per node; ``ndata[dgl.NID]`` = ``nodes``), ``edata`` (``edata[dgl.EID]`` =
+    ``eids`` for positive pairs), ``local_scope()``, ``apply_edges(fn.u_dot_v(...))`` and ``to``.
     """
 
     src: torch.Tensor  # int64 local indices into nodes
     dst: torch.Tensor  # int64 local indices into nodes
     nodes: torch.Tensor  # int64 global IDs == blocks[-1].dstnodes
     eids: torch.Tensor  # int64 global edge IDs of positive pairs, or empty
+    ndata: dict[str, torch.Tensor] = field(default_factory=dict)
+    edata: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    @property
-    def num_nodes(self) -> int:
+    def __post_init__(self) -> None:
+        self.ndata = Frame(self.ndata, self.nodes)
+        self.edata = Frame(self.edata, self.eids if self.eids.numel() == self.src.numel() else None)
+
+    def num_nodes(self, ntype: str | None = None) -> int:
         """Number of nodes (the batch's seeds)."""
         return int(self.nodes.shape[0])
 
-    @property
-    def num_edges(self) -> int:
+    def num_edges(self, etype: Any = None) -> int:
         """Number of pairs."""
         return int(self.src.shape[0])
 
-    def edges(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Local ``(src, dst)``, like DGL's ``graph.edges()``."""
+    number_of_nodes = num_nodes
+    number_of_edges = num_edges
+
+    @property
+    def srcdata(self) -> dict[str, torch.Tensor]:
+        return self.ndata
+
+    @property
+    def dstdata(self) -> dict[str, torch.Tensor]:
+        return self.ndata
+
+    def edges(self, form: str = "uv") -> tuple[torch.Tensor, ...]:
+        """Local ``(src, dst)``, like DGL's ``graph.edges()`` (``form="all"`` adds positions)."""
+        if form == "all":
+            return self.src, self.dst, torch.arange(self.src.numel(), device=self.src.device)
         return self.src, self.dst
 
     def global_edges(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Global ``(src, dst)`` node IDs of the pairs."""
         return self.nodes[self.src], self.nodes[self.dst]
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> PairGraph:
+        """A copy with every tensor on ``device``."""
+
+        def mv(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=non_blocking)
+
+        return PairGraph(
+            mv(self.src),
+            mv(self.dst),
+            mv(self.nodes),
+            mv(self.eids),
+            {k: mv(v) for k, v in self.ndata.items()},
+            {k: mv(v) for k, v in self.edata.items()},
+        )
+
+    # GraphOps: local_scope, local_var, apply_edges, update_all
+    def _endpoints(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.src, self.dst
+
+    def _num_dst(self) -> int:
+        return self.num_nodes()
+
+    def _src_frame(self) -> Frame:
+        return self.ndata  # type: ignore[return-value]
+
+    def _dst_frame(self) -> Frame:
+        return self.ndata  # type: ignore[return-value]
+
+    def _edge_frame(self) -> Frame:
+        return self.edata  # type: ignore[return-value]
+
+    def _frames(self) -> tuple[Frame, ...]:
+        return self._src_frame(), self._edge_frame()
+
+    def _set_frames(self, frames: tuple[Frame, ...]) -> None:
+        self.ndata, self.edata = frames
 
 
 @dataclass
@@ -94,7 +151,8 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
 
     Per batch: the edges' endpoints are found, negative pairs added by ``negative_sampler``, the
     unique endpoints become the seeds whose blocks ``sampler`` samples (with ``exclude="self"``
-    the batch's own edges are dropped from every block), and ``node_feats`` are pulled into
+    the batch's own edges are dropped from every block; with ``exclude="reverse_id"`` their
+    reverses ``reverse_eids[eids]`` too, as DGL's), and ``node_feats`` are pulled into
     ``blocks[0].srcdata``. Yields ``EdgeMiniBatch`` objects, on ``device`` when given (copied in
     the background unless ``overlap=False``).
     """
@@ -114,10 +172,24 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
         seed: int | None = None,
         device: str | torch.device | None = None,
         overlap: bool = True,
+        reverse_eids: Any = None,
     ) -> None:
         client = client_of(g)
-        if exclude not in (None, "self"):
-            raise InvalidRequestError(f"exclude must be None or 'self', got {exclude!r}")
+        if exclude not in (None, "self", "reverse_id"):
+            raise InvalidRequestError(f"exclude must be None, 'self' or 'reverse_id', got {exclude!r}")
+        self.reverse_eids: np.ndarray | None = None
+        if exclude == "reverse_id":  # DGL's: drop the batch's edges and their reverses
+            if reverse_eids is None:
+                raise InvalidRequestError(
+                    "exclude='reverse_id' needs reverse_eids (the reverse of every edge ID)"
+                )
+            rev = as_id_array(mask_or_ids(reverse_eids), "reverse_eids")
+            if rev.size != client.book.num_edges:
+                raise InvalidRequestError(
+                    f"reverse_eids must hold one edge ID per edge ({client.book.num_edges}), got {rev.size}"
+                )
+            client.book.owner(rev, "edge")
+            self.reverse_eids = rev
         if isinstance(eids, dict):  # {etype: per-type edge IDs}: not yet (edge IDs stay in CSC order)
             raise InvalidRequestError(
                 "DistEdgeDataLoader does not take {etype: eids} yet: per-type edge IDs of a "
@@ -134,6 +206,14 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
         self.negative_sampler = negative_sampler
         self.exclude = exclude
         self.node_feats, _ = node_tensor_names(client, node_feats, None)
+
+    def _excluded(self, eids: np.ndarray) -> np.ndarray | None:
+        """Edge IDs no block of this batch may contain."""
+        if self.exclude == "self":
+            return eids
+        if self.reverse_eids is not None:
+            return np.union1d(eids, self.reverse_eids[eids])
+        return None
 
     def _make_batch(self, positions: np.ndarray, epoch: int, index: int) -> Awaitable[EdgeMiniBatch]:
         return self._build(self.eids[positions], self._batch_seed(epoch, index))
@@ -156,7 +236,7 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
             batch_seed,
             self.stats,
             node_feats=self.node_feats,
-            exclude=eids if self.exclude == "self" else None,
+            exclude=self._excluded(eids),
             started=t0,
         )
         nodes = torch.from_numpy(np.asarray(s.output_nodes))

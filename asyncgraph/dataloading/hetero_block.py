@@ -11,14 +11,17 @@ sources are ``dst nodes of dst type ++ src nodes of src type``, so any homogeneo
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 
 from asyncgraph.dataloading.sampler import layer_seed
+from asyncgraph.errors import UnknownTypeError
 from asyncgraph.names import node_key
 from asyncgraph.partition.book import RangePartitionBook
 
@@ -62,14 +65,91 @@ class HeteroBlock:
         self.dstdata: dict[str, dict[str, torch.Tensor]] = {t: {} for t in ntypes}
         self._rel: dict[CanonicalEType, Block] = {}
 
-    def num_src_nodes(self, ntype: str) -> int:
+    is_block = True
+
+    def num_src_nodes(self, ntype: str | None = None) -> int:
+        """Source nodes of ``ntype`` (all types when None)."""
+        if ntype is None:
+            return sum(int(v.numel()) for v in self.srcnodes.values())
         return int(self.srcnodes[ntype].numel())
 
-    def num_dst_nodes(self, ntype: str) -> int:
+    def num_dst_nodes(self, ntype: str | None = None) -> int:
+        """Destination nodes of ``ntype`` (all types when None)."""
+        if ntype is None:
+            return sum(int(v.numel()) for v in self.dstnodes.values())
         return int(self.dstnodes[ntype].numel())
 
-    def num_edges(self, etype: CanonicalEType) -> int:
-        return int(self._edges[etype][0].numel())
+    def num_edges(self, etype: CanonicalEType | str | None = None) -> int:
+        """Edges of ``etype`` (canonical triple or relation name; all when None)."""
+        if etype is None:
+            return sum(int(e[0].numel()) for e in self._edges.values())
+        return int(self._edges[self._canonical(etype)][0].numel())
+
+    number_of_src_nodes = num_src_nodes
+    number_of_dst_nodes = num_dst_nodes
+    number_of_edges = num_edges
+
+    @property
+    def srctypes(self) -> list[str]:
+        return list(self.ntypes)
+
+    @property
+    def dsttypes(self) -> list[str]:
+        return list(self.ntypes)
+
+    @property
+    def etypes(self) -> list[str]:
+        return [c[1] for c in self.canonical_etypes]
+
+    def _canonical(self, etype: CanonicalEType | str) -> CanonicalEType:
+        if isinstance(etype, tuple):
+            return etype
+        found = [c for c in self.canonical_etypes if c[1] == etype]
+        if len(found) != 1:
+            raise UnknownTypeError(
+                f"edge type {etype!r} is unknown or ambiguous; known: {self.canonical_etypes}"
+            )
+        return found[0]
+
+    def local_var(self) -> HeteroBlock:
+        """A shallow copy whose per-type data dicts are copies (DGL's ``local_var``)."""
+        out = copy.copy(self)
+        out.srcdata = {t: dict(d) for t, d in self.srcdata.items()}
+        out.dstdata = {t: dict(d) for t, d in self.dstdata.items()}
+        return out
+
+    @contextmanager
+    def local_scope(self) -> Iterator[None]:
+        """Data set inside is dropped on exit."""
+        saved = self.srcdata, self.dstdata
+        self.srcdata = {t: dict(d) for t, d in saved[0].items()}
+        self.dstdata = {t: dict(d) for t, d in saved[1].items()}
+        try:
+            yield
+        finally:
+            self.srcdata, self.dstdata = saved
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> HeteroBlock:
+        """A copy with every tensor on ``device`` (``self`` when already there)."""
+        dev = torch.device(device)
+        if all(v.device == dev for v in self.srcnodes.values()) and self.homo.srcnodes.device == dev:
+            return self
+
+        def mv(t: torch.Tensor) -> torch.Tensor:
+            return t.to(dev, non_blocking=non_blocking)
+
+        out = HeteroBlock(
+            self.ntypes,
+            self.canonical_etypes,
+            {t: mv(v) for t, v in self.srcnodes.items()},
+            {t: mv(v) for t, v in self.dstnodes.items()},
+            {c: (mv(a), mv(b), mv(e)) for c, (a, b, e) in self._edges.items()},
+            self.homo.to(dev, non_blocking),
+            self.src_pos,
+        )
+        out.srcdata = {t: {k: mv(v) for k, v in d.items()} for t, d in self.srcdata.items()}
+        out.dstdata = {t: {k: mv(v) for k, v in d.items()} for t, d in self.dstdata.items()}
+        return out
 
     def edges(self, etype: CanonicalEType) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(local src in srcnodes[stype], local dst in dstnodes[dtype], per-type edge IDs)``."""
@@ -112,7 +192,7 @@ def to_hetero_block(
     nt = len(book.ntypes)
     s_types, s_ids = book.map_to_per_ntype(homo.srcnodes.numpy())
     s_local, s_pos = _type_local(s_types, nt)
-    ndst = homo.num_dst_nodes
+    ndst = homo.num_dst_nodes()
     srcnodes: dict[str, torch.Tensor] = {}
     dstnodes: dict[str, torch.Tensor] = {}
     for t, name in enumerate(book.ntypes):

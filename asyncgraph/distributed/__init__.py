@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from asyncgraph.lazy import lazy_exports
+from asyncgraph.names import DEFAULT_ETYPE, DEFAULT_NTYPE
 
 from .context import (
     barrier,
@@ -23,6 +24,7 @@ from .context import (
 )
 from .embedding import DistEmbedding
 from .graph import DistGraph, TensorView
+from .hetero import sample_etype_neighbors
 from .optim import SparseAdagrad, SparseAdam, SparseOptimizer
 from .queries import EdgePartitionPolicy, NodePartitionPolicy
 from .sampling import find_edges, in_subgraph, sample_neighbors
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
     from asyncgraph.partition.book import RangePartitionBook as GraphPartitionBook
 
 __all__ = [
+    "DEFAULT_ETYPE",
+    "DEFAULT_NTYPE",
     "DistDataLoader",
     "DistEdgeDataLoader",
     "DistEmbedding",
@@ -73,6 +77,7 @@ __all__ = [
     "node_split",
     "normal_init",
     "partition_graph",
+    "sample_etype_neighbors",
     "sample_neighbors",
     "shutdown_servers",
     "snapshot",

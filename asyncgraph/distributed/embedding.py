@@ -57,7 +57,7 @@ class DistEmbedding:
         embedding_dim: int,
         name: str | None = None,
         init_func: Mapping[str, Any] | InitFunc | None = None,
-        part_policy: str | None = None,
+        part_policy: Any = None,
         *,
         client: Client | None = None,
     ) -> None:
@@ -124,8 +124,9 @@ class DistEmbedding:
     # --- lookup -----------------------------------------------------------------------------
     def __call__(self, ids: Any, device: torch.device | str | None = None) -> torch.Tensor:
         """Rows ``ids`` (any order, duplicates allowed); traced for the optimizer under autograd."""
-        idx = torch.from_numpy(np.array(as_id_array(ids), dtype=np.int64))
-        rows = self._tensor[idx].detach()
+        # stored rows (a table of one node type maps its per-type IDs); the optimizer sends these
+        idx = torch.from_numpy(np.array(as_id_array(self._tensor.homo_ids(ids)), dtype=np.int64))
+        rows = self.client.pull(self.key, idx).detach()
         if device is not None:
             rows = rows.to(device)
         if torch.is_grad_enabled():

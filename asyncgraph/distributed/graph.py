@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -78,6 +78,13 @@ class TensorView(MutableMapping[str, DistTensor]):
         return isinstance(name, str) and name in self._names()
 
 
+class AttrScheme(NamedTuple):
+    """One tensor's row shape and dtype (DGL's ``Scheme``)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
 class DistGraph:
     """A partitioned graph served by asyncgraph servers, or held in-process when standalone."""
 
@@ -139,7 +146,33 @@ class DistGraph:
         return self.num_edges()
 
     def get_partition_book(self) -> RangePartitionBook:
-        return self._client.book
+        """The partition book; its ``partid`` is this process's home partition (DGL's)."""
+        book = self._client.book
+        book.partid = self._home_partition()
+        return book
+
+    def _attr_schemes(self, view: TensorView) -> dict[str, AttrScheme]:
+        out: dict[str, AttrScheme] = {}
+        for name in view:
+            t = view[name]
+            out[name] = AttrScheme(tuple(t.shape[1:]), t.dtype)
+        return out
+
+    def node_attr_schemes(self) -> dict[str, AttrScheme]:
+        """``{name: AttrScheme(row shape, dtype)}`` of the node tensors (DGL's)."""
+        return self._attr_schemes(self.ndata)
+
+    def edge_attr_schemes(self) -> dict[str, AttrScheme]:
+        """``{name: AttrScheme(row shape, dtype)}`` of the edge tensors (DGL's)."""
+        return self._attr_schemes(self.edata)
+
+    def get_ntype_id(self, ntype: str | None) -> int:
+        """Index of ``ntype`` in ``ntypes``."""
+        return self._client.book.ntype_id(ntype)
+
+    def get_etype_id(self, etype: Any) -> int:
+        """Index of an edge type (name or canonical triple) in ``canonical_etypes``."""
+        return self._client.book.etype_id(etype)
 
     @property
     def local_partition(self) -> PartitionStore | None:
@@ -238,14 +271,18 @@ class DistGraph:
         return self._client.num_clients
 
     def _home_partition(self) -> int:
+        """The one partition read locally, else this rank's share (all co-located on one host)."""
         local = self.local_partition_ids
-        if local:
+        if len(local) == 1:
             return local[0]
         rank, world = rank_world()
         return rank * self._client.book.num_partitions() // world
 
     def get_node_partition_policy(self, ntype: str | None = None) -> NodePartitionPolicy:
-        return NodePartitionPolicy(self._client.book, self._home_partition())
+        """The node policy (of node type ``ntype``: tensors made with it hold that type's rows)."""
+        if ntype is not None:
+            self._client.book.ntype_id(ntype)  # UnknownTypeError for an unknown type
+        return NodePartitionPolicy(self._client.book, self._home_partition(), ntype)
 
     def get_edge_partition_policy(self, etype: str | None = None) -> EdgePartitionPolicy:
         return EdgePartitionPolicy(self._client.book, self._home_partition())

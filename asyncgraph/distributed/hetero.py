@@ -17,7 +17,7 @@ import torch
 
 from asyncgraph.arrays import as_id_array
 from asyncgraph.client.sync_client import Client
-from asyncgraph.errors import InvalidRequestError, OutOfRangeError, UnknownTypeError
+from asyncgraph.errors import InvalidRequestError, OutOfRangeError, UnknownTensorError, UnknownTypeError
 from asyncgraph.partition.book import RangePartitionBook
 
 from .tensor import DistTensor
@@ -86,13 +86,19 @@ class _NodeTypeData(Mapping[str, NodeTypeTensor]):
         self._ndata, self._book, self._ntype = ndata, book, ntype
 
     def __getitem__(self, name: str) -> NodeTypeTensor:
-        return NodeTypeTensor(self._ndata[name], self._book, self._ntype)
+        book = self._book
+        if not book.ntype_has(self._ntype, name):
+            raise UnknownTensorError(f"node type {self._ntype!r} has no tensor {name!r}; it has {list(self)}")
+        return NodeTypeTensor(self._ndata[name], book, self._ntype)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self._ndata and self._book.ntype_has(self._ntype, name)
 
     def __iter__(self) -> Any:
-        return iter(self._ndata)
+        return iter([n for n in self._ndata if self._book.ntype_has(self._ntype, n)])
 
     def __len__(self) -> int:
-        return len(self._ndata)
+        return len(list(iter(self)))
 
 
 class _TypeData:

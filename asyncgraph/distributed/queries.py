@@ -104,9 +104,12 @@ class _PartitionPolicy:
 
     kind = ""
 
-    def __init__(self, book: RangePartitionBook, part_id: int) -> None:
+    def __init__(self, book: RangePartitionBook, part_id: int, ntype: str | None = None) -> None:
         self.partition_book = book
         self.part_id = part_id
+        # node policies of a heterogeneous graph name their type: tensors made with one hold that
+        # type's rows and take its per-type IDs (DGL's "node~<ntype>" policies)
+        self.ntype = ntype if book.is_hetero else None
 
     @property
     def policy_str(self) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from asyncgraph.arrays import to_numpy
+from asyncgraph.arrays import as_id_array, to_numpy
 from asyncgraph.client.sync_client import Client
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, OutOfRangeError
 from asyncgraph.names import tensor_key
@@ -136,7 +136,7 @@ class DistTensor:
         name: str | None = None,
         init: Mapping[str, Any] | InitFunc | None = None,
         persistent: bool = False,
-        part_policy: str | None = None,
+        part_policy: Any = None,
         *,
         init_func: InitFunc | Mapping[str, Any] | None = None,
         client: Client | None = None,
@@ -145,6 +145,23 @@ class DistTensor:
         self._client = client if client is not None else get_client()
         shape = tuple(int(d) for d in shape)
         book = self._client.book
+        self.ntype: str | None = None
+        policy: str | None = part_policy if isinstance(part_policy, str | None) else None
+        if not isinstance(part_policy, str | None):  # DGL's NodePartitionPolicy / EdgePartitionPolicy
+            self.ntype = getattr(part_policy, "ntype", None)
+            policy = str(getattr(part_policy, "kind", part_policy))
+        part_policy = policy
+        if part_policy is None and book.is_hetero and shape and shape[0] != book.num_nodes:
+            typed = [t for t in book.ntypes if book.num_nodes_of(t) == shape[0]]
+            if len(typed) == 1:  # DGL picks the one policy of that size: a node type's
+                part_policy, self.ntype = "node", typed[0]
+        if self.ntype is not None:
+            if part_policy != "node" or not shape or shape[0] != book.num_nodes_of(self.ntype):
+                raise InvalidRequestError(
+                    f"a tensor of node type {self.ntype!r} has {book.num_nodes_of(self.ntype)} rows "
+                    f"and the node policy, got shape {shape} and policy {part_policy!r}"
+                )
+            shape = (book.num_nodes, *shape[1:])  # stored over every node; typed IDs mapped
         if part_policy is None:
             if shape and shape[0] == book.num_nodes:
                 part_policy = "node"
@@ -160,7 +177,7 @@ class DistTensor:
         spec, func = resolve_init(init, init_func)
         self.name = name if name is not None else f"_anon{next(_ANON)}"
         self.persistent = bool(persistent)
-        self.policy = part_policy
+        self.policy: str = part_policy
         self.key = tensor_key(part_policy, self.name)
         if attach:
             self._meta = self._client.tensor_meta(self.key)
@@ -195,7 +212,12 @@ class DistTensor:
                 raise InvalidRequestError(
                     f"init_func of {self.name!r} returned shape {got} for a request of shape {want}"
                 )
-            self.push(np.arange(start, stop, dtype=np.int64), values)
+            self._client.push(self.key, np.arange(start, stop, dtype=np.int64), self._cast(values), "assign")
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str, str | None]]:
+        """Pickled as a handle (name, policy, node type), re-attached to the unpickling
+        process's client: ``torch.save(dist_tensor)`` and passing one to another trainer work."""
+        return _reattach, (self.policy, self.name, self.ntype)
 
     @classmethod
     def _attach(cls, client: Client, meta: TensorMeta) -> DistTensor:
@@ -215,6 +237,8 @@ class DistTensor:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        if self.ntype is not None:
+            return (self._client.book.num_nodes_of(self.ntype), *self._meta.shape[1:])
         return tuple(self._meta.shape)
 
     @property
@@ -222,7 +246,7 @@ class DistTensor:
         return torch_dtype(self._meta.dtype)
 
     def __len__(self) -> int:
-        return self._meta.shape[0]
+        return self.shape[0]
 
     def __repr__(self) -> str:
         return (
@@ -233,14 +257,27 @@ class DistTensor:
     def _ids(self, index: Any) -> Any:
         if isinstance(index, slice):
             start, stop, step = index.indices(len(self))
-            return np.arange(start, stop, step, dtype=np.int64)
+            return self.homo_ids(np.arange(start, stop, step, dtype=np.int64))
         if isinstance(index, int | np.integer):
             if not -len(self) <= int(index) < len(self):
                 raise OutOfRangeError(
                     f"index {int(index)} out of range for {self.name!r} of length {len(self)}"
                 )
-            return np.array([int(index) % len(self)], dtype=np.int64)
-        return index
+            return self.homo_ids(np.array([int(index) % len(self)], dtype=np.int64))
+        return self.homo_ids(index)
+
+    def homo_ids(self, ids: Any) -> Any:
+        """The stored rows of ``ids``: per-type IDs mapped to homogeneous ones for a tensor of
+        one node type (``OutOfRangeError`` outside ``[0, len)``), else ``ids`` as given."""
+        if self.ntype is None:
+            return ids
+        tid = as_id_array(ids, "ids")
+        if tid.size and (int(tid.min()) < 0 or int(tid.max()) >= len(self)):
+            bad = int(tid.min()) if int(tid.min()) < 0 else int(tid.max())
+            raise OutOfRangeError(
+                f"{self.ntype} node ID {bad} out of range [0, {len(self)}) of {self.name!r}"
+            )
+        return self._client.book.map_to_homo_nid(tid, self.ntype)
 
     def __getitem__(self, index: Any) -> torch.Tensor:
         rows = self._client.pull(self.key, self._ids(index))
@@ -251,11 +288,11 @@ class DistTensor:
     def __setitem__(self, index: Any, values: Any) -> None:
         ids = self._ids(index)
         n = len(ids) if not isinstance(ids, torch.Tensor) else int(ids.numel())
-        self.push(ids, self._broadcast(values, n), op="assign")
+        self._client.push(self.key, ids, self._cast(self._broadcast(values, n)), "assign")
 
     def push(self, ids: Any, values: Any, op: str = "assign") -> None:
         """Write rows; ``op="add"`` accumulates (duplicate IDs add up) atomically on the owners."""
-        self._client.push(self.key, ids, self._cast(values), op)
+        self._client.push(self.key, self.homo_ids(ids), self._cast(values), op)
 
     def _cast(self, values: Any) -> np.ndarray:
         arr = to_numpy(values)
@@ -278,6 +315,24 @@ class DistTensor:
             return np.broadcast_to(arr, target).copy()
         return arr
 
+    def count_nonzero(self, chunk_rows: int = 1 << 20) -> int:
+        """Non-zero elements of the whole tensor (DGL's ``count_nonzero``): read in chunks of
+        ``chunk_rows`` rows, so memory stays bounded whatever the tensor's size."""
+        n = len(self)
+        step = max(1, int(chunk_rows))
+        return sum(
+            int(np.count_nonzero(to_numpy(self[start : min(start + step, n)])))
+            for start in range(0, n, step)
+        )
+
     def delete(self) -> None:
         """Remove the tensor from every server."""
         self._client.delete_tensor(self.key)
+
+
+def _reattach(policy: str, name: str, ntype: str | None = None) -> DistTensor:
+    """A handle on the existing tensor ``name`` through this process's client (unpickling)."""
+    client = get_client()
+    out = DistTensor._attach(client, client.tensor_meta(tensor_key(policy, name)))
+    out.ntype = ntype
+    return out

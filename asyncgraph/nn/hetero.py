@@ -45,8 +45,18 @@ class HeteroGraphConv(nn.Module):
                 return self.mods[key]
         return None
 
-    def forward(self, block: HeteroBlock, h: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Destination features per node type from source features ``h`` per node type."""
+    def forward(
+        self,
+        block: HeteroBlock,
+        h: Mapping[str, torch.Tensor],
+        mod_args: Mapping[str, tuple[Any, ...]] | None = None,
+        mod_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Destination features per node type from source features ``h`` per node type.
+
+        ``mod_args`` / ``mod_kwargs`` (keyed by relation name, as in DGL) are passed on to that
+        relation's module, e.g. RGCN's per-relation ``{"weight": W}``.
+        """
         bad = [t for t in h if t not in block.ntypes]
         if bad:
             raise UnknownTypeError(f"features for unknown node type(s) {bad}; block has {block.ntypes}")
@@ -57,7 +67,9 @@ class HeteroGraphConv(nn.Module):
             if mod is None or s not in h or d not in h or block.num_dst_nodes(d) == 0:
                 continue
             x = torch.cat([h[d][: block.num_dst_nodes(d)], h[s]])
-            outs.setdefault(d, []).append(mod(block.relation_block(etype), x))
+            args = (mod_args or {}).get(etype[1], ())
+            kwargs = (mod_kwargs or {}).get(etype[1], {})
+            outs.setdefault(d, []).append(mod(block.relation_block(etype), x, *args, **kwargs))
         result: dict[str, torch.Tensor] = {}
         for d, parts in outs.items():
             total = torch.stack(parts).sum(0)

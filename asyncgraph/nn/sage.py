@@ -91,13 +91,28 @@ class SAGEConv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def forward(self, block: Block, h_src: torch.Tensor) -> torch.Tensor:
-        """Features of the block's destination nodes, ``[num_dst_nodes, out_feats]``."""
-        num_src, num_dst = block.num_src_nodes, block.num_dst_nodes
+    def forward(
+        self, block: Block, h_src: torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        """Features of the block's destination nodes, ``[num_dst_nodes, out_feats]``.
+
+        ``h_src`` is the sources' features (the destinations' are its first rows) or, as DGL's
+        layers accept, the pair ``(h_src, h_dst)``.
+        """
+        num_src, num_dst = block.num_src_nodes(), block.num_dst_nodes()
+        given_dst: torch.Tensor | None = None
+        if isinstance(h_src, (tuple, list)):
+            if len(h_src) != 2:
+                raise ShapeMismatchError(f"a feature pair must be (h_src, h_dst), got {len(h_src)} tensors")
+            h_src, given_dst = h_src
+            if given_dst.dim() != 2 or given_dst.shape[0] != num_dst:
+                raise ShapeMismatchError(
+                    f"h_dst must have shape [{num_dst}, in_feats], got {tuple(given_dst.shape)}"
+                )
         if h_src.dim() != 2 or h_src.shape[0] != num_src:
             raise ShapeMismatchError(f"h_src must have shape [{num_src}, in_feats], got {tuple(h_src.shape)}")
         src, dst = block.edge_index[0].to(h_src.device), block.edge_index[1].to(h_src.device)
-        h_dst = h_src[:num_dst]
+        h_dst = h_src[:num_dst] if given_dst is None else given_dst
         lin_first = self.in_feats > self.out_feats
         agg = self.aggregator
 
@@ -172,7 +187,7 @@ def _adjacency(
         values = (1.0 / deg.clamp(min=1).to(dtype)).repeat_interleave(deg, output_size=col.numel())
     else:
         values = torch.ones(col.numel(), dtype=dtype, device=device)
-    n_dst, n_src = block.num_dst_nodes, block.num_src_nodes
+    n_dst, n_src = block.num_dst_nodes(), block.num_src_nodes()
     if not transposed:
         adj = _csr_matrix(crow, col, values, (n_dst, n_src))
     else:  # rows = sources: entries sorted by source (stable), row index = their destination
@@ -222,7 +237,7 @@ def _spmm_aggregate(block: Block, feat: torch.Tensor, agg: str) -> torch.Tensor:
             out = torch.sparse.mm(adj, feat_acc)
     if agg == "gcn":  # the node itself counts as one more neighbour
         deg = block.csr()[2].to(feat.device)
-        out = (out + feat_acc[: block.num_dst_nodes]) / (deg.to(acc) + 1).unsqueeze(1)
+        out = (out + feat_acc[: block.num_dst_nodes()]) / (deg.to(acc) + 1).unsqueeze(1)
     return out.to(feat.dtype)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from asyncgraph.arrays import IdArray, as_id_array
 from asyncgraph.errors import OutOfRangeError, UnknownTypeError
-from asyncgraph.names import DEFAULT_ETYPE, DEFAULT_NTYPE
+from asyncgraph.names import DEFAULT_ETYPE, DEFAULT_NTYPE, NTYPE
 
 __all__ = ["IdArray", "RangePartitionBook", "as_id_array", "split_by_owner"]
 
@@ -54,6 +54,7 @@ class RangePartitionBook:
         canonical_etypes: list[tuple[str, str, str]] | None = None,
         ntype_counts: Any = None,
         etype_counts: Any = None,
+        ntype_feats: dict[str, list[str]] | None = None,
     ) -> None:
         nb = np.asarray(node_bounds, dtype=np.int64)
         eb = np.asarray(edge_bounds, dtype=np.int64)
@@ -75,6 +76,11 @@ class RangePartitionBook:
         if ec.shape != (p, len(self._canon)) or not np.array_equal(ec.sum(axis=1), np.diff(eb)):
             raise ValueError("etype_counts must be [num_parts, num_etypes] and add up to each part's edges")
         self._ntype_counts, self._etype_counts = nc, ec
+        self._partid = 0
+        # heterogeneous graphs: which partitioned node tensors each type has (None: unknown)
+        self.ntype_feats = (
+            {str(k): [str(n) for n in v] for k, v in ntype_feats.items()} if ntype_feats else None
+        )
         # Homogeneous start of (part p, type t) at [p * T + t]; nodes of a type are contiguous in a part.
         self._type_starts = (nb[:-1, None] + np.cumsum(nc, axis=1) - nc).ravel()
         # Per-type ID bounds over partitions: type t's IDs in part p are [tb[p, t], tb[p + 1, t]).
@@ -167,13 +173,37 @@ class RangePartitionBook:
     def eid2localeid(self, ids: Any, partid: int) -> IdArray:
         return self._to_local(as_id_array(ids), partid, self._edge_bounds, "edge")
 
-    def partid2nids(self, partid: int) -> IdArray:
-        start, end = self.node_range(partid)
-        return np.arange(start, end, dtype=np.int64)
+    @property
+    def partid(self) -> int:
+        """The partition of this process's machine (DGL's ``pb.partid``): set by
+        ``DistGraph.get_partition_book()`` from the partition it reads locally (else its rank's
+        share of the partitions); 0 for a book nobody placed."""
+        return self._partid
 
-    def partid2eids(self, partid: int) -> IdArray:
+    @partid.setter
+    def partid(self, value: int) -> None:
+        self._check_part(value)
+        self._partid = int(value)
+
+    def partid2nids(self, partid: int, ntype: Any = None) -> Any:
+        """Node IDs partition ``partid`` owns as an int64 tensor, as DGL returns them;
+        with ``ntype``, that type's per-type IDs."""
+        import torch
+
+        if ntype is None:
+            start, end = self.node_range(partid)
+        else:
+            self._check_part(partid)
+            tb = self._type_bounds[:, self.ntype_id(ntype)]
+            start, end = int(tb[partid]), int(tb[partid + 1])
+        return torch.arange(start, end, dtype=torch.int64)
+
+    def partid2eids(self, partid: int, etype: Any = None) -> Any:
+        """Edge IDs partition ``partid`` owns as an int64 tensor (homogeneous edge IDs)."""
+        import torch
+
         start, end = self.edge_range(partid)
-        return np.arange(start, end, dtype=np.int64)
+        return torch.arange(start, end, dtype=torch.int64)
 
     # --- node and edge types (DGL's hetero partition book) ------------------------------------------
     @property
@@ -238,6 +268,16 @@ class RangePartitionBook:
         part, t = np.divmod(flat, nt)
         return t, hid - self._type_starts[flat] + self._type_bounds[part, t]
 
+    def ntype_has(self, ntype: str, name: str) -> bool:
+        """Whether node type ``ntype`` has node tensor ``name``: a partitioned tensor only if
+        that type was given it; a tensor made at run time (in no type's list) every type has."""
+        if name == NTYPE:  # the partitioner's own type column: no type's data
+            return False
+        if self.ntype_feats is None:
+            return True
+        listed = self.ntype_feats.get(ntype, [])
+        return name in listed or not any(name in v for v in self.ntype_feats.values())
+
     # --- wire form ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -249,6 +289,8 @@ class RangePartitionBook:
             out["canonical_etypes"] = [list(c) for c in self._canon]
             out["ntype_counts"] = self._ntype_counts.tolist()
             out["etype_counts"] = self._etype_counts.tolist()
+            if self.ntype_feats is not None:
+                out["ntype_feats"] = self.ntype_feats
         return out
 
     @classmethod
@@ -262,6 +304,7 @@ class RangePartitionBook:
             canonical_etypes=[(str(c[0]), str(c[1]), str(c[2])) for c in data["canonical_etypes"]],
             ntype_counts=data["ntype_counts"],
             etype_counts=data["etype_counts"],
+            ntype_feats=data.get("ntype_feats"),
         )
 
     def __eq__(self, other: object) -> bool:

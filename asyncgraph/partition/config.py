@@ -66,6 +66,7 @@ class PartitionConfig(BaseModel):
             canonical_etypes=self.canonical_etypes,
             ntype_counts=self.ntype_counts,
             etype_counts=self.etype_counts,
+            ntype_feats=self.ntype_feats,
         )
 
     @classmethod

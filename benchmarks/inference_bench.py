@@ -1,0 +1,163 @@
+"""Layer-wise inference throughput: nodes per second for every node of a graph, 1 and 2 trainers.
+
+Same set-up as DGL's distributed GraphSAGE ``inference()`` (its examples): a 2-layer GraphSAGE
+(128 -> ``--hidden`` -> 50, mean), full neighbourhoods, batches of ``--batch-size`` nodes, on the
+synthetic graph of ``--scale`` (default 20: 2**20 nodes, ~10.6M edges, DGL's benchmark graph) in 2
+METIS partitions, one server per partition. Each trainer runs
+``asyncgraph.inference.layerwise_inference`` over its ``node_split`` share; the figure is
+``num_nodes / slowest trainer's wall time``.
+
+Ceiling, measured in the same run by the same trainers: the time each spends inside the layers
+(``layer_fn`` timed with ``perf_counter``); ``num_nodes / slowest trainer's compute time`` is the
+rate if building blocks and pulling rows cost nothing (the prefetching loader overlaps them with
+compute, so the gap is what it fails to hide). Both figures suffer the same machine load.
+
+Run: ``python -m benchmarks.inference_bench [--scale 20] [--trainers 1 2]``; writes
+``benchmarks/results/inference_bench.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.common import RESULTS, ROOT, add_graph_options, graph_npz, partitioned, subprocess_env
+
+HIDDEN = 256
+CLASSES = 50
+
+
+def _model(in_feats: int, hidden: int) -> torch.nn.Module:
+    from asyncgraph.nn import GraphSAGE
+
+    torch.manual_seed(0)
+    return GraphSAGE(in_feats, hidden, CLASSES, n_layers=2, dropout=0.0).eval()
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One trainer: connect, layer-wise inference of its share, print its time as JSON."""
+    import asyncgraph
+    from asyncgraph.inference import layerwise_inference
+
+    torch.set_num_threads(1)
+    asyncgraph.initialize()
+    g = asyncgraph.DistGraph(args.graph_name)
+    model = _model(int(g.ndata["feat"].shape[1]), args.hidden)
+    compute = 0.0
+
+    def timed(i: int, layer: torch.nn.Module, block: Any, h: torch.Tensor) -> torch.Tensor:
+        nonlocal compute
+        t = time.perf_counter()
+        out = layer(block, h)
+        out = torch.relu(out) if i == 0 else out
+        compute += time.perf_counter() - t
+        return out
+
+    g.barrier("bench.start")
+    t0 = time.perf_counter()
+    out = layerwise_inference(g, model, "feat", batch_size=args.batch_size, name="bench", layer_fn=timed)
+    seconds = time.perf_counter() - t0
+    rank = g.rank()
+    g.barrier("bench.end")
+    if rank == 0:
+        out.delete()
+        g.ndata["bench.done"].delete()
+    print("RESULT " + json.dumps({"rank": rank, "seconds": seconds, "compute": compute}), flush=True)
+    asyncgraph.finalize()
+
+
+def run_trainers(
+    part_config: Path, graph_name: str, trainers: int, args: argparse.Namespace
+) -> tuple[float, float]:
+    """Servers for 2 partitions and ``trainers`` worker processes; the slowest trainer's
+    ``(seconds, compute seconds)``."""
+    from asyncgraph.testing import start_servers
+
+    with tempfile.TemporaryDirectory(prefix="inference-bench-") as tmp:
+        group = start_servers(part_config, Path(tmp), num_parts=2, num_clients=trainers)
+        try:
+            procs = []
+            for rank in range(trainers):
+                env = {
+                    **subprocess_env(),
+                    "ASYNCGRAPH_IP_CONFIG": str(group.ip_config()),
+                    "RANK": str(rank),
+                    "WORLD_SIZE": str(trainers),
+                    "OMP_NUM_THREADS": "1",
+                }
+                cmd = [
+                    sys.executable, "-m", "benchmarks.inference_bench", "--worker",
+                    "--graph-name", graph_name, "--batch-size", str(args.batch_size),
+                    "--hidden", str(args.hidden),
+                ]  # fmt: skip
+                procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True))
+            seconds, compute = [], []
+            for p in procs:
+                out, _ = p.communicate(timeout=args.timeout)
+                if p.returncode != 0:
+                    raise SystemExit(f"a trainer failed (status {p.returncode})")
+                line = json.loads([x for x in out.splitlines() if x.startswith("RESULT ")][-1][7:])
+                seconds.append(float(line["seconds"]))
+                compute.append(float(line["compute"]))
+            return max(seconds), max(compute)
+        finally:
+            group.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.inference_bench", description=__doc__.split("\n\n")[0]
+    )
+    add_graph_options(ap, default_scale=20)
+    ap.add_argument("--trainers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--batch-size", type=int, default=4096)
+    ap.add_argument("--hidden", type=int, default=HIDDEN)
+    ap.add_argument("--timeout", type=float, default=1800.0)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--graph-name", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    npz = graph_npz(args)
+    part_config = partitioned(npz, 2)
+    graph_name = json.loads(part_config.read_text())["graph_name"]
+    n = int(json.loads(part_config.read_text())["num_nodes"])
+    results: dict[str, Any] = {
+        "graph": npz.name,
+        "num_nodes": n,
+        "batch_size": args.batch_size,
+        "hidden": args.hidden,
+        "runs": [],
+        "cpu_count": os.cpu_count(),
+        "load_average_1m_before": os.getloadavg()[0],
+        "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
+    for trainers in args.trainers:
+        seconds, compute = run_trainers(part_config, graph_name, trainers, args)
+        rate, limit = n / seconds, n / compute
+        print(
+            f"layer-wise inference, {trainers} trainer(s): {rate:,.0f} nodes/s ({seconds:.1f} s for "
+            f"{n:,} nodes); ceiling (the same trainers' time in the layers, {compute:.1f} s): "
+            f"{limit:,.0f} nodes/s; {100 * rate / limit:.0f}% of it",
+            flush=True,
+        )
+        results["runs"].append(
+            {"trainers": trainers, "seconds": seconds, "compute_seconds": compute, "nodes_per_s": rate,
+             "ceiling_nodes_per_s": limit}
+        )  # fmt: skip
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "inference_bench.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
