@@ -102,7 +102,7 @@ def plan_run(
     # symmetric CSR, pymetis' copy and METIS' coarse graphs: the process tree peaked at 2.79 GiB
     # for 2^20 nodes / 10.5M edges, 0.64 GiB for 2^18 / 2.6M: ~265 B an input edge)
     key = "assignment" if assignment else method
-    per_node = {"random": 34, "fennel": 34 + 8 * num_parts, "metis": 120, "kaminpar": 120, "assignment": 34}
+    per_node = {"random": 34, "fennel": 34 + 20 * num_parts, "metis": 120, "kaminpar": 120, "assignment": 34}
     per_edge = {"metis": METIS_EDGE_BYTES, "kaminpar": KAMINPAR_EDGE_BYTES}.get(key, 0)
     assign_need = MAIN_BASE + per_node[key] * n + per_edge * e
     what = "--assignment files" if assignment else f"method {method!r}"
