@@ -299,7 +299,9 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
             for p in range(num_parts):
                 (ctx.out / part_dir_name(p) / "node_feat").mkdir(parents=True, exist_ok=True)
                 (ctx.out / part_dir_name(p) / "edge_feat").mkdir(exist_ok=True)
-            _count(report, run.map(sort_part, [(ctx, p, plan.sort_edges) for p in range(num_parts)], "sort"))
+            eb = ctx.edge_bounds
+            biggest_first = sorted(range(num_parts), key=lambda p: eb[p] - eb[p + 1])  # LPT: no lone tail
+            _count(report, run.map(sort_part, [(ctx, p, plan.sort_edges) for p in biggest_first], "sort"))
             shutil.rmtree(work / "spill", ignore_errors=True)
             shutil.rmtree(work / "buckets", ignore_errors=True)
             finish("sort", t0)
