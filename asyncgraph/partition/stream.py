@@ -50,7 +50,6 @@ from asyncgraph.partition.tasks import (
     map_edges,
     preallocate,
     shuffle_edges,
-    sort_bucket,
     sort_part,
     write_type_tensors,
 )
@@ -301,16 +300,7 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
                 (ctx.out / part_dir_name(p) / "edge_feat").mkdir(exist_ok=True)
             eb = ctx.edge_bounds
             biggest_first = sorted(range(num_parts), key=lambda p: eb[p] - eb[p + 1])  # LPT: no lone tail
-            _count(
-                report, run.map(sort_part, [(ctx, p, plan.sort_edges, True) for p in biggest_first], "sort")
-            )
-            buckets = []  # heavy parts' destination buckets, sorted on all workers
-            for p in biggest_first:
-                listing = work / "buckets" / f"p{p}" / "list.json"
-                if listing.is_file():
-                    buckets += [(ctx, p, i, off) for i, off in enumerate(json.loads(listing.read_text()))]
-            if buckets:
-                _count(report, run.map(sort_bucket, buckets, "sort buckets"))
+            _count(report, run.map(sort_part, [(ctx, p, plan.sort_edges) for p in biggest_first], "sort"))
             shutil.rmtree(work / "spill", ignore_errors=True)
             shutil.rmtree(work / "buckets", ignore_errors=True)
             finish("sort", t0)

@@ -9,7 +9,6 @@ memory limit. Each task returns ``(bytes read, bytes written)`` for the progress
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,14 +166,12 @@ def _records(files: list[Path], rows: int) -> Any:
             yield np.fromfile(f, dtype=np.int64, count=k * REC, offset=a * REC_BYTES).reshape(k, REC)
 
 
-def sort_part(ctx: Ctx, p: int, cap_edges: int, defer: bool = False) -> tuple[int, int]:
+def sort_part(ctx: Ctx, p: int, cap_edges: int) -> tuple[int, int]:
     """Sort partition ``p``'s spilled edges into CSC and write indptr/indices/eids and its eid map.
 
     When its edges exceed ``cap_edges`` they are first split by destination range into bucket
     files of at most ``cap_edges`` edges each (a destination's edges never straddle buckets),
     which are sorted one at a time and appended: an external sort whose output is the same.
-    With ``defer`` the buckets are left for :func:`sort_bucket` tasks (listed, with their row
-    offsets, in ``buckets/p<p>/list.json``), so a heavy part's buckets sort on several workers.
     """
     g = ctx.graph
     n, e = int(g.node_offsets()[-1]), int(g.edge_offsets()[-1])
@@ -217,14 +214,6 @@ def sort_part(ctx: Ctx, p: int, cap_edges: int, defer: bool = False) -> tuple[in
     np.cumsum(in_deg, out=indptr[1:])
     np.save(pdir / "indptr.npy", indptr)
     del indptr, in_deg
-    if defer:
-        preallocate(pdir / "indices.npy", np.int64, (e1 - e0,))
-        preallocate(ctx.oeids(p), np.int64, (e1 - e0,))
-        sizes = [b[0].stat().st_size // REC_BYTES for b in buckets]
-        offsets = np.cumsum([0, *sizes[:-1]]).tolist()
-        (bdir / "list.json").write_text(json.dumps(offsets))
-        _write_eids(pdir, e0, e1, rows)
-        return (e1 - e0) * REC_BYTES, (e1 - e0) * REC_BYTES
     ind = NpyWriter(pdir / "indices.npy", np.int64, (e1 - e0,))
     oe = NpyWriter(ctx.oeids(p), np.int64, (e1 - e0,))
     for bucket in buckets:
@@ -239,20 +228,6 @@ def sort_part(ctx: Ctx, p: int, cap_edges: int, defer: bool = False) -> tuple[in
     oe.close()
     _write_eids(pdir, e0, e1, rows)
     return (e1 - e0) * REC_BYTES, (e1 - e0) * 24 + (n1 - n0 + 1) * 8
-
-
-def sort_bucket(ctx: Ctx, p: int, i: int, offset: int) -> tuple[int, int]:
-    """Sort bucket ``i`` of partition ``p`` and write it at row ``offset`` of indices / eid map."""
-    g = ctx.graph
-    n, e = int(g.node_offsets()[-1]), int(g.edge_offsets()[-1])
-    n0, n1 = ctx.node_bounds[p], ctx.node_bounds[p + 1]
-    rec = np.fromfile(ctx.work / "buckets" / f"p{p}" / f"{i}.bin", dtype=np.int64).reshape(-1, REC)
-    k = rec.shape[0]
-    _, src, eid = _sorted_block(rec, n0, n1 - n0, n, e)
-    del rec
-    _write_rows_at(ctx.out / f"part{p}" / "indices.npy", offset, src)
-    _write_rows_at(ctx.oeids(p), offset, eid)
-    return k * REC_BYTES, k * 16
 
 
 def _write_eids(pdir: Path, e0: int, e1: int, rows: int) -> None:
