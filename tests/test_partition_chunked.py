@@ -137,6 +137,15 @@ def test_tight_limit_external_sort_peak_measured(pubmed_csv: Path, tmp_path: Pat
     assert float(own[1]) <= 161 and sampler.peak <= parse_size(limit), (own[1], sampler.peak)
 
 
+def test_external_sort_on_a_pool(pubmed_csv: Path, tmp_path: Path) -> None:
+    """Two workers, ~1 MiB each: every part takes the bucketed sort inside a pool worker."""
+    plan = plan_run(read_metadata(pubmed_csv), "random", parse_size("226MiB"), 2, False)
+    assert plan.sort_edges < 88648 // 2 / 2
+    partition_graph(load_chunked(pubmed_csv), "pubmed", 2, tmp_path / "mem", part_method="random")
+    partition_chunked(pubmed_csv, 2, tmp_path / "st", part_method="random", workers=2, memory_limit="226MiB")
+    same_tree(tmp_path / "mem", tmp_path / "st")
+
+
 def test_limit_too_small_fails_before_writing(pubmed_csv: Path, tmp_path: Path) -> None:
     with pytest.raises(InvalidRequestError, match=r"method 'random'.*memory limit is 100.00 MiB"):
         partition_chunked(pubmed_csv, 2, tmp_path / "o", part_method="random", memory_limit="100MiB")

@@ -21,8 +21,8 @@ def add_chunked_options(ap: Parser) -> None:
     """The options of chunked input (``--input metadata.json``)."""
     ap.add_argument(
         "--memory-limit",
-        help=f"chunked input: peak memory of the whole run, workers included (e.g. 2GiB; default "
-        f"{DEFAULT_FRACTION:.0%} of available memory)",
+        help="chunked input: peak memory of the whole run, workers included (e.g. 2GiB; default "
+        f"{DEFAULT_FRACTION:.0%}% of available memory)",  # '%%': argparse formats help with %
     )
     ap.add_argument("--workers", type=int, help="chunked input: worker processes (default: cores)")
     ap.add_argument(

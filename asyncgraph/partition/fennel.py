@@ -1,18 +1,18 @@
 """Restreaming Fennel: a node assignment from a few passes over the edge chunks (no structure in memory).
 
-Fennel (Tsourakakis et al., WSDM 2014) places a node in the part maximising its neighbours
-there minus ``alpha * gamma * size^(gamma - 1)`` (``gamma = 1.5``, ``alpha = m k^0.5 / n^1.5``);
+Fennel (Tsourakakis et al., WSDM 2014) places a node in the part maximising its neighbours there
+minus ``alpha * gamma * size^(gamma - 1)`` (``gamma = 1.5``, ``alpha = m k^0.5 / n^1.5``);
 restreaming (Nishimura & Ugander, KDD 2013) repeats the stream so later passes see every
 neighbour's placement. One pass streams every edge chunk once and counts, for every node, its
 neighbours in each part under the current assignment (an ``n x k`` int32 table, ``4k`` bytes a
-node; edges in both directions); then nodes are revisited in ID-order blocks of ``n / 64``, part
-sizes updated after each block, and parts at ``1.03 * n / k`` closed. Because a whole block moves
-at once, neighbours would swap back and forth; each node moves with probability ``MOVE``
-(damping: on Cora 4-way, 10 passes cut 20% of edges at ``MOVE = 0.6``, 69% undamped, 74%
-random). The first pass starts from the seeded balanced random split; a final repair moves the
-nodes with the fewest neighbours in their part out of parts above the cap. Node counts only:
-categories (``--balance-train``, node types) and in-edges are not balanced by this method.
-Loops run over passes, chunks, blocks and parts, never over nodes or edges.
+node, and ``12k`` of scratch; edges in both directions); then nodes are revisited in ID-order
+blocks of ``n / 64``, part sizes updated after each block, and parts at ``1.03 * n / k`` closed.
+Because a whole block moves at once, neighbours would swap back and forth; each node moves with
+probability ``MOVE`` (damping: on Cora 4-way, 10 passes cut 20% of edges at ``MOVE = 0.6``, 69%
+undamped, 74% random). The first pass starts from the seeded balanced random split; a final
+repair moves the nodes with the fewest neighbours in their part out of parts above the cap. Node
+counts only: categories (``--balance-train``, node types) and in-edges are not balanced by this
+method. Loops run over passes, chunks, blocks and parts, never over nodes or edges.
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ def _neighbour_counts(
                 v = blk[:, 1] + noff[dt]
                 keep = u != v
                 u, v = u[keep], v[keep]
-                np.add.at(counts, u * k + parts[v], 1)
-                np.add.at(counts, v * k + parts[u], 1)
+                # bincount over the whole table: 2x faster than np.add.at, 8 B x n x k of scratch
+                counts += np.bincount(np.concatenate([u * k + parts[v], v * k + parts[u]]),
+                                      minlength=n * k).astype(np.int32)  # fmt: skip
     return counts.reshape(n, k)
 
 

@@ -108,7 +108,7 @@ class PeakSampler:
     still misses spikes shorter than the interval.
     """
 
-    def __init__(self, root: int | None = None, interval: float = 0.02) -> None:
+    def __init__(self, root: int | None = None, interval: float = 0.05) -> None:
         self.root = os.getpid() if root is None else root
         self.interval = interval
         self.peak = 0

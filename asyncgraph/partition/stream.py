@@ -37,15 +37,14 @@ from asyncgraph.errors import InvalidRequestError
 from asyncgraph.names import ETYPE, NTYPE, TYPE_EID
 from asyncgraph.partition.assign_stream import assign_chunked
 from asyncgraph.partition.chunked import ChunkedGraph, read_metadata
-from asyncgraph.partition.config import PartitionConfig, PartSpec, TensorSpec
-from asyncgraph.partition.layout import ORIG_EIDS_FILE, ORIG_NIDS_FILE, config_file, part_dir_name
+from asyncgraph.partition.layout import part_dir_name
 from asyncgraph.partition.memory import PeakSampler, default_memory_limit, format_size, parse_size
 from asyncgraph.partition.output import check_out_path, commit, pid_alive
 from asyncgraph.partition.runner import Runner
+from asyncgraph.partition.stream_meta import finalize, tensor_specs, type_edges_before, write_ntypes
 from asyncgraph.partition.tasks import (
     REC_BYTES,
     Ctx,
-    NpyWriter,
     copy_edge_rows,
     copy_node_rows,
     map_edges,
@@ -102,7 +101,7 @@ def plan_run(
     # symmetric CSR, pymetis' copy and METIS' coarse graphs: the process tree peaked at 2.79 GiB
     # for 2^20 nodes / 10.5M edges, 0.64 GiB for 2^18 / 2.6M: ~265 B an input edge)
     key = "assignment" if assignment else method
-    per_node = {"random": 34, "fennel": 34 + 8 * num_parts, "metis": 120, "kaminpar": 120, "assignment": 34}
+    per_node = {"random": 34, "fennel": 34 + 20 * num_parts, "metis": 120, "kaminpar": 120, "assignment": 34}
     per_edge = {"metis": METIS_EDGE_BYTES, "kaminpar": KAMINPAR_EDGE_BYTES}.get(key, 0)
     assign_need = MAIN_BASE + per_node[key] * n + per_edge * e
     what = "--assignment files" if assignment else f"method {method!r}"
@@ -299,11 +298,13 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
             for p in range(num_parts):
                 (ctx.out / part_dir_name(p) / "node_feat").mkdir(parents=True, exist_ok=True)
                 (ctx.out / part_dir_name(p) / "edge_feat").mkdir(exist_ok=True)
-            _count(report, run.map(sort_part, [(ctx, p, plan.sort_edges) for p in range(num_parts)], "sort"))
+            eb = ctx.edge_bounds
+            biggest_first = sorted(range(num_parts), key=lambda p: eb[p] - eb[p + 1])  # LPT: no lone tail
+            _count(report, run.map(sort_part, [(ctx, p, plan.sort_edges) for p in biggest_first], "sort"))
             shutil.rmtree(work / "spill", ignore_errors=True)
             shutil.rmtree(work / "buckets", ignore_errors=True)
             finish("sort", t0)
-        nspecs, especs = _tensor_specs(g)
+        nspecs, especs = tensor_specs(g)
         if not skip("node data"):
             t0 = time.perf_counter()
             ntasks: list[tuple[Any, ...]] = []
@@ -324,7 +325,7 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
                         ]
             _count(report, run.map(copy_node_rows, ntasks, "node data"))
             if hetero:
-                _write_ntypes(ctx, state["type_counts"], plan.edge_rows)
+                write_ntypes(ctx, state["type_counts"], plan.edge_rows)
             finish("node data", t0)
         if not skip("edge data"):
             t0 = time.perf_counter()
@@ -355,12 +356,12 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
                             ]
                 _count(report, run.map(copy_edge_rows, etasks, "edge data"))
             if hetero:
-                before = _type_edges_before(ctx, plan.edge_rows)
+                before = type_edges_before(ctx, plan.edge_rows)
                 args = [(ctx, p, plan.edge_rows, before[p]) for p in range(num_parts)]
                 _count(report, run.map(write_type_tensors, args, "edge types"))
             finish("edge data", t0)
     t0 = time.perf_counter()
-    _finalize(ctx, name, opts, nspecs, especs, state, plan.edge_rows)
+    finalize(ctx, name, opts, nspecs, especs, state, plan.edge_rows)
     commit(work / "out", out)
     report.seconds["commit"] = time.perf_counter() - t0
 
@@ -368,86 +369,3 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
 def _count(report: RunReport, results: list[tuple[int, int]]) -> None:
     report.bytes_read += sum(r for r, _ in results)
     report.bytes_written += sum(w for _, w in results)
-
-
-def _tensor_specs(
-    g: ChunkedGraph,
-) -> tuple[dict[str, tuple[str, tuple[int, ...]]], dict[str, tuple[str, tuple[int, ...]]]]:
-    """The partition's node and edge tensors in the order ``partition_graph`` writes them."""
-    if g.is_homogeneous:
-        (t,), (c,) = g.ntypes, g.canonical_etypes
-        nd = {k: (v[0].dtype, v[0].row_shape) for k, v in g.node_data.get(t, {}).items()}
-        ed = {k: (v[0].dtype, v[0].row_shape) for k, v in g.edge_data.get(c, {}).items()}
-        return nd, ed
-    nd, ed = g.feature_specs("node"), g.feature_specs("edge")
-    nd[NTYPE] = ("int64", ())
-    ed[ETYPE] = ("int64", ())
-    ed[TYPE_EID] = ("int64", ())
-    return nd, ed
-
-
-def _write_ntypes(ctx: Ctx, type_counts: list[list[int]], rows: int) -> None:
-    """Node tensor ``_TYPE`` of every part: nodes are type-major inside a part."""
-    for p, counts in enumerate(type_counts):
-        w = NpyWriter(ctx.out / part_dir_name(p) / "node_feat" / f"{NTYPE}.npy", np.int64, (sum(counts),))
-        for t, k in enumerate(counts):
-            for a in range(0, k, rows):
-                w.write(np.full(min(rows, k - a), t, dtype=np.int64))
-        w.close()
-
-
-def _type_edges_before(ctx: Ctx, rows: int) -> list[list[int]]:
-    """Per part, the edges of each type in earlier parts (the start of ``_TYPE_EID``)."""
-    eoff = ctx.graph.edge_offsets()
-    per_part = []
-    for p in range(ctx.num_parts):
-        oe = np.load(ctx.oeids(p), mmap_mode="r")
-        counts = np.zeros(eoff.size - 1, dtype=np.int64)
-        for a in range(0, oe.shape[0], rows):
-            counts += np.bincount(np.searchsorted(eoff, np.asarray(oe[a : a + rows]), side="right") - 1,
-                                  minlength=eoff.size - 1)  # fmt: skip
-        per_part.append(counts)
-    cum = np.cumsum([np.zeros(eoff.size - 1, np.int64), *per_part], axis=0)
-    return [cum[p].tolist() for p in range(ctx.num_parts)]
-
-
-Specs = dict[str, tuple[str, tuple[int, ...]]]
-
-
-def _finalize(
-    ctx: Ctx, name: str, opts: dict[str, Any], nspecs: Specs, especs: Specs, state: dict[str, Any], rows: int
-) -> None:
-    g = ctx.graph
-    e = int(g.edge_offsets()[-1])
-    w = NpyWriter(ctx.out / ORIG_EIDS_FILE, np.int64, (e,))
-    for p in range(ctx.num_parts):
-        oe = np.load(ctx.oeids(p), mmap_mode="r")
-        for a in range(0, oe.shape[0], rows):
-            w.write(np.asarray(oe[a : a + rows]))
-    w.close()
-    nb, eb = ctx.node_bounds, ctx.edge_bounds
-    specs = [PartSpec(part_id=p, node_range=(nb[p], nb[p + 1]), edge_range=(eb[p], eb[p + 1]),
-                      path=part_dir_name(p)) for p in range(ctx.num_parts)]  # fmt: skip
-    ts = {k: TensorSpec(dtype=np.dtype(d).name, row_shape=list(s)) for k, (d, s) in nspecs.items()}
-    es = {k: TensorSpec(dtype=np.dtype(d).name, row_shape=list(s)) for k, (d, s) in especs.items()}
-    config = PartitionConfig(
-        graph_name=name, num_nodes=int(g.node_offsets()[-1]), num_edges=e, num_parts=ctx.num_parts,
-        part_method=opts["method"] if opts["assignment"] == "None" else "assignment", parts=specs,
-        node_feats=ts, edge_feats=es, orig_nids=ORIG_NIDS_FILE, orig_eids=ORIG_EIDS_FILE,
-    )  # fmt: skip
-    if not g.is_homogeneous:
-        config.ntypes = g.ntypes
-        config.canonical_etypes = g.canonical_etypes
-        config.ntype_counts = state["type_counts"]
-        config.etype_counts = _etype_counts(ctx, rows)
-        config.ntype_feats = {t: sorted(g.node_data.get(t, {})) for t in g.ntypes}
-        config.etype_feats = {":".join(c): sorted(g.edge_data.get(c, {})) for c in g.canonical_etypes}
-    config_file(ctx.out, name).write_text(config.model_dump_json(indent=2))
-
-
-def _etype_counts(ctx: Ctx, rows: int) -> list[list[int]]:
-    before = _type_edges_before(ctx, rows)
-    eoff = ctx.graph.edge_offsets()
-    total = np.diff(eoff)
-    after = [*before[1:], total.tolist()]
-    return [(np.asarray(a) - np.asarray(b)).tolist() for a, b in zip(after, before, strict=True)]
