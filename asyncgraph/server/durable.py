@@ -29,8 +29,8 @@ from asyncgraph.server.snapshots import (
     References,
     SnapshotError,
     StateDir,
-    capture,
     check_epoch,
+    describe,
     partition_fingerprint,
     read_snapshot,
     restore_rows,
@@ -83,6 +83,8 @@ class DurableState:
         self.epoch = 0
         self.wal: WriteAheadLog | None = None
         self._lock: asyncio.Lock | None = None
+        #: Set while a snapshot streams the store to disk: writes wait for it (``held``).
+        self._hold: asyncio.Future[None] | None = None
         #: The reference counts of non-persistent tensors, read at each snapshot (set by the
         #: server's handlers; ``None``: none are kept).
         self.references: References | None = None
@@ -145,10 +147,14 @@ class DurableState:
         return self.wal.wait_durable(record)
 
     async def snapshot_async(self, store: PartitionStore, epoch: int) -> Path:
-        """``snapshot`` with the files written on a worker thread, so requests keep being served.
+        """``snapshot`` with the files written on a worker thread, so reads keep being served.
 
-        The rows are copied and the new log started at once (on the event loop, so no write
-        falls between the two); a crash before the rename leaves the older snapshot plus both
+        Writes are held back (``held``) from the moment the tensor list, request ids and
+        reference counts are read and the next log is started (on the event loop, so no write
+        falls between the two) until the rows are on disk: the worker thread streams them in
+        chunks straight from the store's memory under its read lock (co-located writers wait
+        too), so a logged write is in the snapshot or in the next log, never both, and no copy
+        of a tensor is made. A crash before the rename leaves the older snapshot plus both
         logs, which a restore replays.
         """
         if self._lock is None:
@@ -159,11 +165,22 @@ class DurableState:
             if final.exists():
                 await asyncio.to_thread(read_snapshot, final)
                 return final
-            captured = capture(store, self.requests, self.fingerprint, self.references)
-            self._next_log(epoch)
-            path = await asyncio.to_thread(self.dir.write_captured, captured, epoch)
+            hold = asyncio.get_running_loop().create_future()
+            self._hold = hold
+            try:
+                described = describe(store, self.requests, self.fingerprint, self.references)
+                self._next_log(epoch)
+                path = await asyncio.to_thread(self.dir.write_streamed, store, described, epoch)
+            finally:
+                self._hold = None
+                hold.set_result(None)
             self.dir.prune(epoch)
             return path
+
+    def held(self) -> asyncio.Future[None] | None:
+        """While a snapshot is being written: a future done when it is (await it before
+        changing the store from the event loop); otherwise None."""
+        return self._hold
 
     def _next_log(self, epoch: int) -> None:
         if self.wal is not None:

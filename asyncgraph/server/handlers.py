@@ -22,6 +22,7 @@ import asyncio
 import dataclasses
 import functools
 import inspect
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -71,6 +72,14 @@ OFFLOAD_SAMPLE_EDGES = 1 << 18
 fanout -1) runs in a worker thread."""
 
 __all__ = ["Barriers", "Handler", "RequestHandlers"]
+
+log = logging.getLogger("asyncgraph.server")
+
+
+def _log_failure(task: asyncio.Future[Any]) -> None:
+    """Log a background write's failure (a lease's release that waited for a snapshot)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("releasing an expired holder's references failed: %s", task.exception())
 
 
 class RequestHandlers:
@@ -275,6 +284,7 @@ class RequestHandlers:
             self._abandon(a.name, pending, done)
             raise
         try:
+            await self.write_path.wait_writable()  # published and logged after a snapshot in progress
             meta, created = self.partition.finish_create(pending, a.holder)  # discards itself on error
             durable = self.write_path.logged(Op.CREATE_TENSOR, args)
             result = {**meta.to_dict(), "created": created}
@@ -311,8 +321,14 @@ class RequestHandlers:
         return self.write_path.submit(Op.RELEASE_TENSORS, args, a)
 
     def release_holder(self, holder: str) -> Any:
-        """Drop every reference of ``holder`` (its lease expired), through the write path: logged."""
-        return self.write_path.submit(Op.RELEASE_TENSORS, {"holder": holder, "names": [], "all": True})
+        """Drop every reference of ``holder`` (its lease expired), through the write path: logged
+        (once a snapshot in progress is written: then a task)."""
+        result = self.write_path.submit(Op.RELEASE_TENSORS, {"holder": holder, "names": [], "all": True})
+        if not inspect.isawaitable(result):
+            return result
+        task = asyncio.ensure_future(result)
+        task.add_done_callback(_log_failure)
+        return task
 
     def _apply_delete_tensor(self, a: DeleteTensorArgs, retried: bool) -> None:
         self.partition.delete_tensor(a.name)
@@ -323,7 +339,7 @@ class RequestHandlers:
     def snapshot(self, args: Mapping[str, Any]) -> Awaitable[dict[str, Any]]:
         """Write this server's state as snapshot ``epoch`` (needs ``--state-dir``).
 
-        The rows are copied at once; the files are written off the event loop.
+        The rows are streamed to disk off the event loop; writes wait until they are.
         """
         a = SnapshotArgs.decode(args)
         durable = self.durable

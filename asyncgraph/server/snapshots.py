@@ -43,13 +43,13 @@ from asyncgraph.storage.store import PartitionStore, TensorMeta
 
 __all__ = [
     "MAX_EPOCH_STEP",
-    "Captured",
+    "Described",
     "References",
     "Snapshot",
     "SnapshotError",
     "StateDir",
-    "capture",
     "check_epoch",
+    "describe",
     "manifest_checksum",
     "partition_fingerprint",
     "read_snapshot",
@@ -179,12 +179,13 @@ def read_snapshot(path: Path, *, verify: bool = True) -> Snapshot:
 
 
 @dataclass(frozen=True)
-class Captured:
-    """A point-in-time copy of a store's tensors and the remembered request ids."""
+class Described:
+    """What a snapshot holds besides the rows: the tensors, request ids and reference counts of
+    one instant (the rows are streamed from the store afterwards, writes held back meanwhile)."""
 
     graph_name: str
     part_id: int
-    copies: list[tuple[TensorMeta, np.ndarray]]
+    tensors: list[TensorMeta]
     request_ids: list[list[Any]]
     fingerprint: str | None = None
     #: Non-persistent tensors' reference counts: tensor -> holder -> count.
@@ -193,19 +194,39 @@ class Captured:
 
 References = Callable[[], dict[str, dict[str, int]]]
 
+#: Bytes of a tensor hashed and written at a time: a snapshot's extra memory, whatever its size.
+SNAPSHOT_CHUNK = 8 << 20
 
-def capture(
+
+def describe(
     store: PartitionStore,
     requests: RequestLog,
     fingerprint: str | None = None,
     references: References | None = None,
-) -> Captured:
-    """Copy every tensor's rows under the store's read lock (co-located writers wait), with the
-    request ids and the reference counts of the same instant."""
-    with store.lock.read():
-        copies = [(meta, np.array(store.local_rows(meta.name), copy=True)) for meta in store.list_tensors()]
+) -> Described:
+    """The tensor list, request ids and reference counts of this instant (no rows copied)."""
     refs = references() if references is not None else {}
-    return Captured(store.graph_name, store.part_id, copies, requests.items(), fingerprint, refs)
+    return Described(
+        store.graph_name, store.part_id, store.list_tensors(), requests.items(), fingerprint, refs
+    )
+
+
+def _stream_rows(rows: np.ndarray, path: Path) -> str:
+    """Write ``rows``' raw C-order bytes to ``path`` chunk by chunk, straight from its memory;
+    fsync; return their SHA-256."""
+    if not rows.flags.c_contiguous:  # store tensors are; only then is a chunk ever copied
+        rows = np.ascontiguousarray(rows)
+    flat = rows.reshape(-1).view(np.uint8).data
+    h = hashlib.sha256()
+    with open(path, "wb", buffering=0) as fh:
+        for start in range(0, len(flat), SNAPSHOT_CHUNK):
+            piece = flat[start : start + SNAPSHOT_CHUNK]
+            h.update(piece)
+            view = piece
+            while len(view):
+                view = view[fh.write(view) :]
+        os.fsync(fh.fileno())
+    return h.hexdigest()
 
 
 class StateDir:
@@ -282,41 +303,41 @@ class StateDir:
         if final.exists():
             read_snapshot(final)  # already taken (a retried SNAPSHOT): keep it if it verifies
             return final
-        return self.write_captured(capture(store, requests, fingerprint, references), epoch)
+        return self.write_streamed(store, describe(store, requests, fingerprint, references), epoch)
 
-    def write_captured(self, captured: Captured, epoch: int) -> Path:
-        """Write captured rows as ``snap-<epoch>`` (temp folder, fsync, rename); no store access."""
+    def write_streamed(self, store: PartitionStore, described: Described, epoch: int) -> Path:
+        """Write ``described``'s tensors as ``snap-<epoch>`` (temp folder, fsync, rename),
+        streaming their rows from the store under its read lock; the caller keeps the store's
+        own writes from changing it meanwhile."""
         final = self.snapshot_path(epoch)
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         entries = []
-        for i, (meta, rows) in enumerate(captured.copies):
-            file = f"t{i}.bin"
-            raw = np.ascontiguousarray(rows).reshape(-1).view(np.uint8).data
-            with open(tmp / file, "wb") as fh:
-                fh.write(raw)
-                fh.flush()
-                os.fsync(fh.fileno())
-            entries.append(
-                {
-                    **meta.to_dict(),
-                    "file": file,
-                    "nbytes": int(rows.nbytes),
-                    "local_rows": int(rows.shape[0]),
-                    "sha256": hashlib.sha256(raw).hexdigest(),
-                }
-            )
+        with store.lock.read():
+            for i, meta in enumerate(described.tensors):
+                file = f"t{i}.bin"
+                rows = store.local_rows(meta.name)
+                digest = _stream_rows(rows, tmp / file)
+                entries.append(
+                    {
+                        **meta.to_dict(),
+                        "file": file,
+                        "nbytes": int(rows.nbytes),
+                        "local_rows": int(rows.shape[0]),
+                        "sha256": digest,
+                    }
+                )
         manifest = {
             "format": _FORMAT,
-            "graph_name": captured.graph_name,
-            "part_id": captured.part_id,
+            "graph_name": described.graph_name,
+            "part_id": described.part_id,
             "epoch": epoch,
             "created": time.time(),
             "tensors": entries,
-            "request_ids": captured.request_ids,
-            "fingerprint": captured.fingerprint,
-            "references": captured.references,
+            "request_ids": described.request_ids,
+            "fingerprint": described.fingerprint,
+            "references": described.references,
         }
         manifest["manifest_sha256"] = manifest_checksum(manifest)
         with open(tmp / "manifest.json", "w") as fh:

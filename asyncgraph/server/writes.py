@@ -10,6 +10,8 @@ at start-up applies the logged records through the same ``apply`` functions, wit
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -48,6 +50,9 @@ class WritePath:
         spec = OPS[op]
         assert spec.args is not None and spec.writes
         decoded = record if record is not None else spec.args.decode(args)
+        hold = self.held()
+        if hold is not None:  # a snapshot streams the store to disk: apply once it is written
+            return self._after(hold, op, args, decoded)
         rid = request_id(args, op)
         retried = rid is not None and rid in self.requests
         if retried and op != Op.CREATE_TENSOR:
@@ -59,6 +64,24 @@ class WritePath:
         durable = self.logged(op, args, rid)
         if durable is not None:
             return self.when_durable(op, durable, result)
+        return result
+
+    def held(self) -> asyncio.Future[None] | None:
+        """While a snapshot is being written, a future done when it is; writes wait for it, so
+        each lands wholly in the snapshot or in the next log (``DurableState.snapshot_async``)."""
+        return self.durable.held() if self.durable is not None else None
+
+    async def wait_writable(self) -> None:
+        """Return once no snapshot is being written (a next one may start right after)."""
+        while (hold := self.held()) is not None:
+            await asyncio.shield(hold)
+
+    async def _after(self, hold: asyncio.Future[None], op: Op, args: Mapping[str, Any], decoded: Any) -> Any:
+        await asyncio.shield(hold)
+        await self.wait_writable()
+        result = self.submit(op, args, decoded)
+        if inspect.isawaitable(result):
+            return await result
         return result
 
     def replay(self, op: str, args: Mapping[str, Any]) -> None:
