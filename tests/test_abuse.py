@@ -503,6 +503,60 @@ async def test_connections_are_capped_and_ids_are_int32_or_int64(cora2, tmp_path
         group.stop()
 
 
+@pytest.mark.timeout(60)
+async def test_connections_are_capped_per_holder(cora2, tmp_path: Path) -> None:
+    """Item 11, the rest: a cap per holder (the one a client names in its hello); connections
+    naming none share one anonymous count under the same cap."""
+    from asyncgraph.net.connection import Connection
+
+    group = start_servers(
+        cora2.part_config,
+        tmp_path / "run",
+        num_parts=2,
+        secret=SECRET,
+        extra_args=["--log-level", "WARNING", "--max-connections-per-holder", "2"],
+    )
+    host, port = group.addresses[0]
+
+    async def open_one(holder: str | None) -> Connection:
+        conn = await Connection.open(host, port, graph_name="cora", secret=SECRET, holder=holder)
+        opened.append(conn)
+        return conn
+
+    opened: list[Connection] = []
+    try:
+        mine = [await open_one("trainer-a") for _ in range(2)]
+        for c in mine:
+            await c.call(Op.PING, {}, 10.0)
+        extra = await open_one("trainer-a")
+        per_holder = r"--max-connections-per-holder 2"
+        with pytest.raises(ServerUnavailableError, match=rf"holder 'trainer-a' .*{per_holder}"):
+            await extra.call(Op.PING, {}, 10.0)
+        await (await open_one("trainer-b")).call(Op.PING, {}, 10.0)  # another holder is served
+        mine[0].close()
+        await asyncio.sleep(0.3)
+        await (await open_one("trainer-a")).call(Op.PING, {}, 10.0)  # a slot was freed
+        # no holder: one shared anonymous count, capped the same
+        for c in [await open_one(None) for _ in range(2)]:
+            await c.call(Op.PING, {}, 10.0)
+        anonymous = await open_one(None)
+        with pytest.raises(ServerUnavailableError, match=rf"without a holder .*{per_holder}"):
+            await anonymous.call(Op.PING, {}, 10.0)
+        # AsyncClient names its holder on every connection: one here, one more fits, not two
+        client = await AsyncClient.connect(group.addresses, secret=SECRET, use_shared_memory=False)
+        try:
+            await (await open_one(client.holder)).call(Op.PING, {}, 10.0)
+            with pytest.raises(ServerUnavailableError, match=rf"holder '{client.holder}' .*{per_holder}"):
+                await (await open_one(client.holder)).call(Op.PING, {}, 10.0)
+            assert len(await client.refresh_tensors()) > 0  # the client itself is unaffected
+        finally:
+            await client.close()
+    finally:
+        for c in opened:
+            c.close()
+        group.stop()
+
+
 # --- item 7: a replica never acknowledges a write after its primary died -----------------------
 @pytest.mark.timeout(90)
 async def test_replica_refuses_pushes_once_its_primary_is_dead(cora2, tmp_path: Path) -> None:

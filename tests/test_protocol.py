@@ -989,6 +989,7 @@ def test_handshake_frames_are_not_messages_and_vice_versa() -> None:
         ServerHello(PROTOCOL_VERSION, "g", 0, b"", False),
         ClientHello(PROTOCOL_VERSION, "pubmed", b"\x02" * 32),
         ClientHello(PROTOCOL_VERSION, "pubmed", None),
+        ClientHello(PROTOCOL_VERSION, "pubmed", None, "trainer-7"),
         HelloResult(True, "", ""),
         HelloResult(False, "auth", "authentication failed: wrong secret"),
     ],
@@ -1011,6 +1012,7 @@ def test_handshake_round_trip(msg: Any) -> None:
         {"kind": "client_hello", "version": 1, "graph_name": "g"},
         {"kind": "client_hello", "version": "1", "graph_name": "g", "mac": None},
         {"kind": "client_hello", "version": 1, "graph_name": "g", "mac": "str-mac"},
+        {"kind": "client_hello", "version": 1, "graph_name": "g", "mac": None, "holder": 7},
         {
             "kind": "server_hello",
             "version": 1,
@@ -1032,6 +1034,12 @@ def test_encode_handshake_type_checks() -> None:
         encode_handshake(ClientHello(1, "g", "mac"))  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         encode_handshake(Request(1, "op", {}))  # type: ignore[arg-type]
+
+
+def test_client_hello_holder_is_optional() -> None:
+    """Issue 22: a hello without ``holder`` (an older client) decodes as anonymous (None)."""
+    old = {"kind": "client_hello", "version": PROTOCOL_VERSION, "graph_name": "g", "mac": None}
+    assert decode_handshake(body_of(old)) == ClientHello(PROTOCOL_VERSION, "g", None, None)
 
 
 def _client_hello_via_wire(hello: ClientHello) -> ClientHello:

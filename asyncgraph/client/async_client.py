@@ -19,6 +19,7 @@ import asyncio
 import functools
 import logging
 import os
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -65,10 +66,13 @@ class AsyncClient:
         connections: Sequence[Connection] = (),
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
         num_clients: int = 1,
+        holder: str | None = None,
     ) -> None:
         self.state = ClientState(
             graph_name, book, list(partitions), list(connections), call_timeout, num_clients
         )
+        if holder is not None:  # the one its connections already named to the servers
+            self.state.holder = holder
         self.catalog = TensorCatalog(self.state)
         self.reads = TensorReads(self.state, self.catalog)
         self.writes = TensorWrites(self.state, self.catalog)
@@ -134,6 +138,7 @@ class AsyncClient:
             reconnect_window = float(os.environ.get(ENV_RECONNECT_WINDOW) or 0.0)
         if os.environ.get(ENV_MALLOC_TUNING, "1") != "0":
             retain_large_allocations()
+        holder = uuid.uuid4().hex  # named in each connection's hello (per-holder connection cap)
         served = await open_partitions(
             servers,
             graph_name=graph_name,
@@ -146,6 +151,7 @@ class AsyncClient:
             local_partitions=local_partitions,
             reconnect_window=reconnect_window,
             use_replicas=use_replicas,
+            holder=holder,
         )
         client = cls(
             served.graph_name,
@@ -154,6 +160,7 @@ class AsyncClient:
             connections=served.connections,
             call_timeout=call_timeout,
             num_clients=served.num_clients,
+            holder=holder,
         )
         client.catalog.remember(served.tensors)
         return client

@@ -80,8 +80,11 @@ async def open_partitions(
     local_partitions: Sequence[int] | None,
     reconnect_window: float = 0.0,
     use_replicas: bool = True,
+    holder: str | None = None,
 ) -> ServedGraph:
     """Connect to every server concurrently (see ``AsyncClient.connect``); all or nothing.
+
+    Every connection names ``holder`` (the client's) in its hello.
 
     Each server is retried until ``connect_timeout`` seconds have passed; then one
     ``ServersMissingError`` lists every server still missing.
@@ -102,6 +105,7 @@ async def open_partitions(
                 max_frame_size=max_frame_size,
                 max_inflight=max_inflight,
                 reconnect_window=reconnect_window,
+                holder=holder,
             )
         )
         for part_id, (host, port) in enumerate(servers)
@@ -149,6 +153,7 @@ async def open_partitions(
             timeout=ATTEMPT_TIMEOUT,
             max_frame_size=max_frame_size,
             max_inflight=max_inflight,
+            holder=holder,
         )
 
     try:

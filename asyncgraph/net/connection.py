@@ -83,6 +83,7 @@ class Connection:
         graph_name: str | None = None,
         secret: bytes | None = None,
         reconnect_window: float = 0.0,
+        holder: str | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -90,6 +91,7 @@ class Connection:
         self.max_frame_size = max_frame_size
         self.graph_name = graph_name
         self.secret = secret
+        self.holder = holder  # named in every hello: the server counts connections per holder
         self.reconnect_window = reconnect_window
         self.generation = 0  # reconnects so far: users of the server's memory re-attach on a change
         self.retries = 0
@@ -100,7 +102,7 @@ class Connection:
         self._error: AsyncGraphError | None = None  # why the state is not OPEN
         self._reconnecting: asyncio.Future[None] | None = None  # the shared task, in RECONNECTING
         self._session = ClientSession(
-            graph_name=graph_name, secret=secret, name=name, max_frame_size=max_frame_size
+            graph_name=graph_name, secret=secret, name=name, max_frame_size=max_frame_size, holder=holder
         )
         self._transport: asyncio.Transport | None = None
         self._pending: dict[int, asyncio.Future[Any]] = {}
@@ -126,8 +128,12 @@ class Connection:
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         max_inflight: int = 32,
         reconnect_window: float = 0.0,
+        holder: str | None = None,
     ) -> Connection:
-        """Connect and complete the handshake; ``graph_name=None`` accepts whatever is served."""
+        """Connect and complete the handshake; ``graph_name=None`` accepts whatever is served.
+
+        ``holder`` names the client to the server, which caps connections per holder
+        (``--max-connections-per-holder``; connections without one share one anonymous cap)."""
         conn = cls(
             host,
             port,
@@ -137,6 +143,7 @@ class Connection:
             graph_name=graph_name,
             secret=secret,
             reconnect_window=reconnect_window,
+            holder=holder,
         )
         await conn._connect(timeout)
         # The server may fail the connection right after the hello (over its connection cap,
@@ -215,6 +222,7 @@ class Connection:
                 secret=self.secret,
                 name=self.name,
                 max_frame_size=self.max_frame_size,
+                holder=self.holder,
             )
             self._transport = None
             try:

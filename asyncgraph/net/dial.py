@@ -36,6 +36,7 @@ async def open_retrying(
     max_frame_size: int,
     max_inflight: int,
     reconnect_window: float = 0.0,
+    holder: str | None = None,
 ) -> Connection:
     """Connect to one server, retrying refused or lost connections with jittered exponential
     backoff until ``deadline`` (``time.monotonic()``), since servers may start after trainers.
@@ -58,6 +59,7 @@ async def open_retrying(
                 max_frame_size=max_frame_size,
                 max_inflight=max_inflight,
                 reconnect_window=reconnect_window,
+                holder=holder,
             )
         except ServerUnavailableError as exc:
             remaining = deadline - time.monotonic()

@@ -157,11 +157,16 @@ class ServerHello:
 
 @dataclass(frozen=True, slots=True)
 class ClientHello:
-    """The client's answer: its version, the graph it expects, and its MAC (None without secret)."""
+    """The client's answer: its version, the graph it expects, and its MAC (None without secret).
+
+    ``holder`` (optional, new in issue 22) names the client (``AsyncClient.holder``) so a server
+    can cap connections per holder (``--max-connections-per-holder``); None: anonymous.
+    """
 
     version: int
     graph_name: str
     mac: bytes | None
+    holder: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,10 +194,13 @@ _HANDSHAKE_FIELDS: dict[str, tuple[type[Any], dict[str, tuple[type, ...]]]] = {
             "epoch": (int,),
         },
     ),
-    "client_hello": (ClientHello, {"version": (int,), "graph_name": (str,), "mac": (bytes, type(None))}),
+    "client_hello": (
+        ClientHello,
+        {"version": (int,), "graph_name": (str,), "mac": (bytes, type(None)), "holder": (str, type(None))},
+    ),
     "hello_result": (HelloResult, {"ok": (bool,), "code": (str,), "message": (str,)}),
 }
-_OPTIONAL_FIELDS = frozenset({"instance", "epoch"})
+_OPTIONAL_FIELDS = frozenset({"instance", "epoch", "holder"})
 _HANDSHAKE_KIND: dict[type[Any], str] = {cls: kind for kind, (cls, _) in _HANDSHAKE_FIELDS.items()}
 
 

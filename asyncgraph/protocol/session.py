@@ -283,7 +283,7 @@ class ClientSession(_Session):
     the server serves. Request ids start at 1 (0 is reserved for connection-level errors).
     """
 
-    __slots__ = ("_next_id", "_secret", "graph_name", "name", "server_hello")
+    __slots__ = ("_next_id", "_secret", "graph_name", "holder", "name", "server_hello")
 
     def __init__(
         self,
@@ -292,9 +292,11 @@ class ClientSession(_Session):
         secret: bytes | None,
         name: str = "?",
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        holder: str | None = None,
     ) -> None:
         super().__init__(max_frame_size, SessionState.AWAIT_SERVER_HELLO)
         self.graph_name = graph_name
+        self.holder = holder  # sent in the hello: the server caps connections per holder
         self.name = name
         self._secret = secret
         self._next_id = CONNECTION_ERROR_ID + 1
@@ -374,7 +376,7 @@ class ClientSession(_Session):
             self.server_hello = msg
             mac = compute_mac(self._secret, msg.nonce, msg.graph_name) if self._secret is not None else None
             graph_name = self.graph_name if self.graph_name is not None else msg.graph_name
-            self._out.append(encode_handshake(ClientHello(PROTOCOL_VERSION, graph_name, mac)))
+            self._out.append(encode_handshake(ClientHello(PROTOCOL_VERSION, graph_name, mac, self.holder)))
             self.state = SessionState.AWAIT_HELLO_RESULT
             return []
         if not isinstance(msg, HelloResult):

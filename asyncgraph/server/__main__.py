@@ -10,7 +10,8 @@ Limits (see ``asyncgraph.server.admission`` and ``asyncgraph.service.limits``):
 which also bounds a pull's rows x row bytes), ``--max-sampled-edges`` (8 Mi per request),
 ``--max-tensor-bytes`` (one tensor's rows here; default physical memory). Server-wide
 (``asyncgraph.server.budget``, issue 22): ``--max-tensors``, ``--memory-budget`` (all tensors),
-``--max-connections`` (authenticated), ``--max-queued-reply-bytes`` (replies nobody reads);
+``--max-connections`` (authenticated) and ``--max-connections-per-holder`` (one client's),
+``--max-queued-reply-bytes`` (replies nobody reads);
 ``/metrics`` has its own limits (``asyncgraph.server.metrics_http``).
 """
 
@@ -24,7 +25,11 @@ from asyncgraph.cli import CliError, Parser, configure_logging, part_config_chec
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.server.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_PENDING
 from asyncgraph.server.app import ServerOptions, serve
-from asyncgraph.server.budget import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_QUEUED_REPLY_BYTES
+from asyncgraph.server.budget import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_HOLDER,
+    DEFAULT_MAX_QUEUED_REPLY_BYTES,
+)
 from asyncgraph.service.limits import DEFAULT_MAX_SAMPLED_EDGES
 
 
@@ -110,6 +115,14 @@ def build_parser() -> Parser:
         help=f"authenticated connections held at once; more are refused (default {DEFAULT_MAX_CONNECTIONS})",
     )
     parser.add_argument(
+        "--max-connections-per-holder",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS_PER_HOLDER,
+        help="authenticated connections one client (the holder its hello names) keeps at once; "
+        "connections naming none share one such count; 0: no cap per holder "
+        f"(default {DEFAULT_MAX_CONNECTIONS_PER_HOLDER})",
+    )
+    parser.add_argument(
         "--max-queued-reply-bytes",
         type=int,
         default=DEFAULT_MAX_QUEUED_REPLY_BYTES,
@@ -188,7 +201,8 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         parser.error("--wal, --wal-recover and --snapshot-interval need --state-dir")
     if not ns.handshake_timeout > 0:
         parser.error("--handshake-timeout must be positive")
-    for key in ("max_sampled_edges", "max_tensor_bytes", "max_tensors", "holder_lease", "memory_budget"):
+    counts = ("max_sampled_edges", "max_tensor_bytes", "max_tensors", "holder_lease", "memory_budget")
+    for key in (*counts, "max_connections_per_holder"):
         if getattr(ns, key) < 0:
             parser.error(f"--{key.replace('_', '-')} must be >= 0")
     if ns.max_pending_connections < 1 or ns.max_connections < 1 or ns.max_queued_reply_bytes < 1:
@@ -237,6 +251,7 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         writable_partition_data=ns.writable_partition_data,
         max_tensors=ns.max_tensors,
         max_connections=ns.max_connections,
+        max_connections_per_holder=ns.max_connections_per_holder,
         holder_lease=ns.holder_lease,
         memory_budget=ns.memory_budget,
         max_queued_reply_bytes=ns.max_queued_reply_bytes,

@@ -21,6 +21,7 @@ from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.server.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_PENDING, Admission
 from asyncgraph.server.budget import (
     DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_HOLDER,
     DEFAULT_MAX_QUEUED_REPLY_BYTES,
     ConnectionCap,
     ReplyBudget,
@@ -95,15 +96,15 @@ class ServerOptions:
     writable_partition_data: bool = False
     #: Most tensors this server holds (issue 22); 0: as many as its descriptor limit allows.
     max_tensors: int = 0
-    #: Authenticated connections held at once (issue 22); more are refused after the handshake.
+    #: Authenticated connections held at once, and per holder (issue 22; 0: no cap per holder).
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_holder: int = DEFAULT_MAX_CONNECTIONS_PER_HOLDER
     #: Release a holder's tensor references once it has had no connection for this many
     #: seconds (issue 22, ``asyncgraph.server.leases``); 0: never.
     holder_lease: float = 0.0
     #: Reply bytes queued on all connections together before the worst readers are paused.
     max_queued_reply_bytes: int = DEFAULT_MAX_QUEUED_REPLY_BYTES
-    #: Most bytes all tensors of this server take together (issue 22); 0: the cgroup's memory
-    #: limit, else physical memory.
+    #: Most bytes of all tensors together (issue 22); 0: the cgroup's limit, else physical memory.
     memory_budget: int = 0
     #: Serve as a replica of the primary at this address (same host): map its memory, hold
     #: no state of its own (``asyncgraph.server.replica``).
@@ -245,7 +246,7 @@ class GraphServer:
         admission = Admission(
             handshake_timeout=opts.handshake_timeout, max_pending=opts.max_pending_connections
         )
-        cap = ConnectionCap(opts.max_connections)
+        cap = ConnectionCap(opts.max_connections, opts.max_connections_per_holder)
         replies = ReplyBudget(opts.max_queued_reply_bytes)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(

@@ -30,6 +30,7 @@ from typing import Protocol
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_CONNECTIONS_PER_HOLDER",
     "DEFAULT_MAX_QUEUED_REPLY_BYTES",
     "DEFAULT_MAX_TENSORS",
     "FDS_PER_TENSOR",
@@ -70,29 +71,52 @@ def default_max_tensors(fd_limit: int) -> int:
 
 #: Authenticated connections a server holds at once by default (``--max-connections``).
 DEFAULT_MAX_CONNECTIONS = 1024
+#: Authenticated connections one holder keeps to a server by default (``--max-connections-per-holder``).
+DEFAULT_MAX_CONNECTIONS_PER_HOLDER = 64
 
 
 class ConnectionCap:
-    """Counts a server's authenticated connections; refuses those past ``limit``.
+    """Counts a server's authenticated connections; refuses those past ``limit``, or past
+    ``per_holder`` for one holder (0: no cap per holder).
 
-    Before, 2,000 authenticated connections were all kept (+500 MB). A connection over the cap is
+    Before, 2,000 authenticated connections were all kept (+500 MB). A connection over a cap is
     told why (``ServerUnavailableError`` naming the limit) and closed right after its handshake.
+    The holder is the one the client names in its hello (``ClientHello.holder``); connections
+    that name none share one anonymous count under the same cap, so omitting it evades nothing.
     """
 
-    def __init__(self, limit: int = DEFAULT_MAX_CONNECTIONS) -> None:
+    def __init__(self, limit: int = DEFAULT_MAX_CONNECTIONS, per_holder: int = 0) -> None:
         self.limit = limit
+        self.per_holder = per_holder
         self.open = 0
         self.refused = 0
+        self.by_holder: dict[str | None, int] = {}  # None: the anonymous connections
 
-    def admit(self) -> bool:
+    def admit(self, holder: str | None = None) -> str | None:
+        """Count one more connection of ``holder``; None when admitted, else why not."""
         if self.open >= self.limit:
             self.refused += 1
-            return False
+            return (
+                f"server has {self.open} connections, its limit (--max-connections {self.limit}); "
+                "close some or raise the limit"
+            )
+        held = self.by_holder.get(holder, 0)
+        if self.per_holder and held >= self.per_holder:
+            self.refused += 1
+            who = "connections without a holder" if holder is None else f"holder {holder[:64]!r}"
+            return (
+                f"{who} already has {held} connections to this server, its limit "
+                f"(--max-connections-per-holder {self.per_holder}); close some or raise the limit"
+            )
+        self.by_holder[holder] = held + 1
         self.open += 1
-        return True
+        return None
 
-    def release(self) -> None:
+    def release(self, holder: str | None = None) -> None:
         self.open -= 1
+        held = self.by_holder.pop(holder, 0) - 1
+        if held > 0:
+            self.by_holder[holder] = held
 
 
 _CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))

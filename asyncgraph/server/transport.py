@@ -75,6 +75,7 @@ class ServerConnection(asyncio.BufferedProtocol):
     ) -> None:
         self._cap = cap  # issue 22: authenticated connections per server (server/budget.py)
         self._counted = False
+        self._holder: str | None = None  # the holder the client named in its hello (counted)
         self._replies = replies  # issue 22: one budget for unread reply bytes (server/budget.py)
         self._budget_paused = False
         self._backlog: list[Any] = []  # requests received while paused by the budget
@@ -180,24 +181,22 @@ class ServerConnection(asyncio.BufferedProtocol):
             elif type(event) is HandshakeComplete:
                 self._end_handshake()
                 if self._cap is not None:
-                    if not self._cap.admit():
-                        self._refuse_over_cap(session)
+                    holder = getattr(event.peer_hello, "holder", None)
+                    refusal = self._cap.admit(holder)
+                    if refusal is not None:
+                        self._refuse_over_cap(session, refusal)
                         return
-                    self._counted = True
+                    self._counted, self._holder = True, holder
         out = session.data_to_send()
         if out:
             self._write(out)  # the hello result
 
-    def _refuse_over_cap(self, session: ServerSession) -> None:
+    def _refuse_over_cap(self, session: ServerSession, why: str) -> None:
         assert self._cap is not None
         self._failure = "TooManyConnections"
-        log.warning("connection refused peer=%s reason=cap open=%d", self.peer, self._cap.open)
+        log.warning("connection refused peer=%s reason=cap open=%d: %s", self.peer, self._cap.open, why)
         self._write(session.data_to_send())  # the hello result, then why the connection ends
-        error = ServerUnavailableError(
-            f"server has {self._cap.open} connections, its limit (--max-connections {self._cap.limit}); "
-            "close some or raise the limit"
-        )
-        self._write(session.send_error(CONNECTION_ERROR_ID, error))
+        self._write(session.send_error(CONNECTION_ERROR_ID, ServerUnavailableError(why)))
         self._close()
 
     def eof_received(self) -> bool | None:
@@ -212,7 +211,7 @@ class ServerConnection(asyncio.BufferedProtocol):
             leases.connection_lost(self)
         if self._counted and self._cap is not None:
             self._counted = False
-            self._cap.release()
+            self._cap.release(self._holder)
         self._session.close()
         self._end_handshake()
         if self in self._live:
