@@ -453,11 +453,48 @@ async def test_tensor_count_is_capped_and_the_state_restores(cora2, tmp_path: Pa
         await client.close()
     try:
         fds = psutil.Process(group.procs[0].pid).num_fds()
-        assert fds < 40 * 2 + 64, fds  # two descriptors a tensor, a few dozen besides
+        assert fds < 40 + 64, fds  # one descriptor a tensor, a few dozen besides
         group.kill(0, signal.SIGKILL)
         group.restart(0)  # the accepted state restores
         client = await connect(group)
         assert len(await client.refresh_tensors()) == 40
+        await client.close()
+    finally:
+        group.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_a_state_restores_with_one_descriptor_per_tensor(cora2, tmp_path: Path) -> None:
+    """Issue 22 item 9: each tensor holds one descriptor, so a server killed with many tensors
+    restarts from its --state-dir under a descriptor limit that fits one per tensor, not two."""
+    count = 300
+    group = start_servers(
+        cora2.part_config,
+        tmp_path / "run",
+        num_parts=2,
+        secret=SECRET,
+        extra_args=[
+            "--log-level", "WARNING", "--state-dir", str(tmp_path / "state"), "--wal",
+            "--max-tensors", "1000",
+        ],
+    )  # fmt: skip
+    try:
+        client = await connect(group)
+        base = psutil.Process(group.procs[0].pid).num_fds()
+        n = client.book.num_nodes
+        await asyncio.gather(*(client.create_tensor(f"tiny{i}", "node", [n], "int8") for i in range(count)))
+        await client.push("tiny7", np.arange(5), np.full(5, 3, np.int8))
+        await client.close()
+        held = psutil.Process(group.procs[0].pid).num_fds() - base
+        assert count <= held < count + 16, held
+        limit = base + count + 64  # one descriptor a tensor fits; two (base + 600) would not
+        group.kill(0, signal.SIGKILL)
+        group.argvs[0] = ["/bin/sh", "-c", f'ulimit -n {limit} && exec "$@"', "sh", *group.argvs[0]]
+        group.restart(0)
+        assert psutil.Process(group.procs[0].pid).rlimit(psutil.RLIMIT_NOFILE) == (limit, limit)
+        client = await connect(group)  # new connections work too
+        assert len([m for m in await client.refresh_tensors() if "tiny" in m.name]) == count
+        np.testing.assert_array_equal((await client.pull("tiny7", np.arange(6))).numpy(), [3, 3, 3, 3, 3, 0])
         await client.close()
     finally:
         group.stop()

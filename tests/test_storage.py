@@ -854,6 +854,32 @@ def test_many_tensors_need_several_fd_batches(exported: ExporterThread) -> None:
     client.close()
 
 
+def test_each_shared_tensor_holds_one_descriptor(exported: ExporterThread) -> None:
+    """Issue 22 item 9: a shared tensor holds exactly one fd in the server's store and in an
+    attached one (before: two, the memfd and the duplicate Python's ``mmap`` keeps), and its
+    mapping stays valid while a view of it lives."""
+    server, n = exported.store, 60
+    gc.collect()
+    before = fd_count()
+    exported.call(
+        lambda: [server.create_tensor(f"node:one{i}", "node", [15, 2], "float32") for i in range(n)]
+    )
+    assert fd_count() - before == n
+    address, token = exported.exporter.address, exported.exporter.token
+    client = attach_store(address, token, names=[])  # the structure only
+    attached = fd_count()
+    client.add_attached(*fetch_tensors(address, token, [f"node:one{i}" for i in range(n)]))
+    assert fd_count() - attached == n  # and one each in the attached store
+    client.push("node:one7", np.array([6]), np.full((1, 2), 5, F32))
+    np.testing.assert_array_equal(server.pull("node:one7", np.array([6])), [[5, 5]])
+    view = server.local_rows("node:one7")[1:]
+    exported.call(lambda: server.delete_tensor("node:one7"))
+    client.close()
+    gc.collect()
+    assert fd_count() - before == n - 1
+    assert float(view.sum()) == 10  # the mapping outlives its descriptor
+
+
 def test_close_leaves_no_fds_open() -> None:
     gc.collect()
     before = fd_count()

@@ -2,8 +2,8 @@
 
 Each cap is one number per server, not per request or per tensor:
 
-- tensors (``--max-tensors``): every tensor holds file descriptors (its memfd, and the
-  duplicate Python's ``mmap`` keeps), so 9,982 tiny tensors used every descriptor, new
+- tensors (``--max-tensors``): every tensor holds a file descriptor (its memfd; before, also
+  the duplicate Python's ``mmap`` kept), so 9,982 tiny tensors used every descriptor, new
   connections failed and a restart from that state failed with EMFILE. The server raises its
   soft descriptor limit to the hard one at start and, by default, allows as many tensors as
   leave ``FD_RESERVE`` descriptors for connections, logs and snapshots; a restore then needs no
@@ -46,8 +46,8 @@ log = logging.getLogger("asyncgraph.server")
 
 #: The most tensors a server holds by default, whatever the descriptor limit.
 DEFAULT_MAX_TENSORS = 4096
-#: Descriptors held per tensor (the memfd and the duplicate ``mmap`` keeps).
-FDS_PER_TENSOR = 2
+#: Descriptors held per tensor: its memfd (``storage/memfd.py`` maps it through libc, no dup).
+FDS_PER_TENSOR = 1
 #: Descriptors kept for everything else (connections, logs, snapshot files, libraries).
 FD_RESERVE = 1024
 

@@ -7,7 +7,7 @@ host can never collide. Other processes get access only by receiving the file de
 
 from __future__ import annotations
 
-import contextlib
+import ctypes
 import fcntl
 import math
 import mmap
@@ -51,32 +51,72 @@ def _nbytes(shape: tuple[int, ...], dtype: np.dtype[Any]) -> int:
 
 _HUGE_PAGE = 2 << 20
 
+# Python's mmap.mmap(fd) keeps its own dup of fd (until 3.13's trackfd=False), so a tensor held
+# two descriptors (issue 22 item 9); libc's mmap keeps none: a mapping outlives its descriptor.
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_int = ctypes.c_int
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, _int, _int, _int, ctypes.c_long]  # off_t: long
+_libc.munmap.restype = ctypes.c_int
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.madvise.restype = ctypes.c_int
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_MAP_FAILED = ctypes.c_void_p(-1).value
 
-def _advise_huge_pages(mm: mmap.mmap, nbytes: int) -> None:
+
+class _Mapping:
+    """One ``MAP_SHARED`` mapping of a memfd, unmapped when the last numpy array over it goes.
+
+    Arrays made with ``np.asarray(mapping)`` keep it as their base (views keep those arrays), so
+    the memory stays mapped while any view exists. The object exposes no buffer, so numpy refuses
+    to make an array over a read-only mapping writable.
+    """
+
+    __slots__ = ("__array_interface__", "_addr", "_nbytes")
+
+    def __init__(self, fd: int, nbytes: int, *, writable: bool) -> None:
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        addr = _libc.mmap(None, nbytes, prot, mmap.MAP_SHARED, fd, 0)
+        if addr is None or addr == _MAP_FAILED:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap of {nbytes} bytes failed: {os.strerror(err)}")
+        self._addr: int = addr
+        self._nbytes = nbytes
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (addr, not writable),
+        }
+        _advise_huge_pages(addr, nbytes)
+
+    def __del__(self) -> None:
+        addr, self._addr = getattr(self, "_addr", 0), 0  # no attribute when mmap failed
+        if addr:
+            _libc.munmap(addr, self._nbytes)
+
+
+def _advise_huge_pages(addr: int, nbytes: int) -> None:
     """Ask for transparent huge pages on a large mapping: random row gathers then miss the TLB
     far less. Honoured only where the kernel allows huge pages for shared memory
     (``/sys/kernel/mm/transparent_hugepage/shmem_enabled`` = ``advise``, ``within_size`` or
-    ``always``); elsewhere it is a harmless no-op."""
+    ``always``); elsewhere it is a harmless no-op (its error is ignored)."""
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if advice is None or nbytes < _HUGE_PAGE:
         return
-    with contextlib.suppress(OSError):
-        mm.madvise(advice)
+    _libc.madvise(addr, nbytes, advice)
 
 
 class SharedArray:
     """A numpy array in an anonymous memfd: shareable by fd, unlinkable by construction.
 
-    The object holds two descriptors for a non-empty array: ``fd`` (the one to send to other
-    processes) and the private duplicate that Python's ``mmap`` keeps. Empty arrays (any zero
-    dimension) cannot be mapped; they get a plain empty numpy array and a size-0 memfd.
+    The object holds one descriptor, ``fd`` (the one to send to other processes); the mapping
+    (``_Mapping``, through libc) keeps none. Empty arrays (any zero dimension) cannot be mapped;
+    they get a plain empty numpy array and a size-0 memfd.
     """
 
-    def __init__(
-        self, fd: int, mm: mmap.mmap | None, array: np.ndarray, shape: tuple[int, ...], dtype: np.dtype[Any]
-    ) -> None:
+    def __init__(self, fd: int, array: np.ndarray, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
         self._fd = fd
-        self._mmap = mm
         self._array: np.ndarray | None = array
         self.shape = shape
         self.dtype = dtype
@@ -114,19 +154,16 @@ class SharedArray:
         if nbytes == 0:
             arr = np.empty(shape, dtype=dt)
             arr.flags.writeable = writable
-            return cls(fd, None, arr, shape, dt)
+            return cls(fd, arr, shape, dt)
         try:
-            prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-            mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED, prot=prot)
+            mapping = _Mapping(fd, nbytes, writable=writable)
         except BaseException:
             os.close(fd)
             raise
-        _advise_huge_pages(mm, nbytes)
-        # frombuffer keeps a memoryview (a buffer export) as the base, so mmap.close() refuses
-        # while any view is alive instead of unmapping under it; np.ndarray(buffer=mm) would not.
-        # A read-only mapping gives a read-only array.
-        arr = np.frombuffer(mm, dtype=dt, count=math.prod(shape)).reshape(shape)
-        return cls(fd, mm, arr, shape, dt)
+        # The array's base chain ends at the mapping: unmapped only once no view is left.
+        # A read-only mapping gives a read-only array that cannot be made writable.
+        arr = np.asarray(mapping).view(dt).reshape(shape)
+        return cls(fd, arr, shape, dt)
 
     @property
     def array(self) -> np.ndarray:
@@ -147,16 +184,13 @@ class SharedArray:
         return self._fd < 0
 
     def close(self) -> None:
-        """Close the fd and the mapping; idempotent.
+        """Close the fd and drop the mapping; idempotent.
 
-        If the caller still holds views of ``array``, the mapping (and mmap's own descriptor)
-        stays valid until the last view is garbage-collected instead of being torn down under it.
+        The mapping is unmapped as soon as no array over it is left; if the caller still holds
+        views of ``array``, it stays valid until the last view is garbage-collected instead of
+        being torn down under it.
         """
         self._array = None
-        if self._mmap is not None:
-            with contextlib.suppress(BufferError):  # views still alive: unmapped at their GC
-                self._mmap.close()
-            self._mmap = None
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             os.close(fd)
