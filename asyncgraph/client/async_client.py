@@ -16,7 +16,6 @@ caches), ``writes`` (``TensorWrites``: pushes, sparse optimizer steps) and ``str
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import uuid
@@ -29,7 +28,7 @@ from asyncgraph.errors import AsyncGraphError, InvalidRequestError
 from asyncgraph.net.connection import Connection
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
-from asyncgraph.protocol.ops import BarrierArgs, Op, ReleaseTensorsArgs, SnapshotArgs
+from asyncgraph.protocol.ops import BarrierArgs, Op, SnapshotArgs
 from asyncgraph.service import Partition, PartitionService
 from asyncgraph.storage.malloc import retain_large_allocations
 from asyncgraph.storage.store import PartitionStore
@@ -77,24 +76,6 @@ class AsyncClient:
         self.reads = TensorReads(self.state, self.catalog)
         self.writes = TensorWrites(self.state, self.catalog)
         self.structure = StructureQueries(self.state, self.catalog)
-        self._rebinds: set[asyncio.Task[Any]] = set()
-        for conn in self.state.connections:  # keep a server's lease on this client's references
-            conn.on_reconnect.append(functools.partial(self._rebind, conn))
-
-    def _rebind(self, conn: Connection) -> None:
-        """After a reconnect, present this client's holder on the new connection (an empty
-        ``release_tensors`` drops nothing) so a server's ``--holder-lease`` keeps its references."""
-        if not self.state.holding:
-            return
-        args = ReleaseTensorsArgs(self.state.holder, [], False).encode()
-        task = asyncio.ensure_future(conn.call(Op.RELEASE_TENSORS, args, self.state.call_timeout))
-        self._rebinds.add(task)
-        task.add_done_callback(self._rebound)
-
-    def _rebound(self, task: asyncio.Task[Any]) -> None:
-        self._rebinds.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.debug("binding holder after a reconnect failed: %s", task.exception())
 
     # --- construction -----------------------------------------------------------------------
     @classmethod

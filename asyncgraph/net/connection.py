@@ -29,7 +29,6 @@ import collections
 import enum
 import logging
 import random
-from collections.abc import Callable
 from typing import Any, cast
 
 from asyncgraph.errors import (
@@ -95,9 +94,6 @@ class Connection:
         self.reconnect_window = reconnect_window
         self.generation = 0  # reconnects so far: users of the server's memory re-attach on a change
         self.retries = 0
-        #: Called (no arguments) after each successful reconnect, e.g. to present the client's
-        #: holder on the new connection (a server's ``--holder-lease``).
-        self.on_reconnect: list[Callable[[], object]] = []
         self.state = ConnectionState.CONNECTING
         self._error: AsyncGraphError | None = None  # why the state is not OPEN
         self._reconnecting: asyncio.Future[None] | None = None  # the shared task, in RECONNECTING
@@ -251,8 +247,6 @@ class Connection:
             self._error = None
             self.generation += 1
             log.info("reconnected to server %s (generation %d)", self.name, self.generation)
-            for callback in self.on_reconnect:
-                callback()
             return
         raise ServerUnavailableError(
             f"server {self.name} did not come back within the reconnect window of "

@@ -322,7 +322,10 @@ class RequestHandlers:
 
     def release_holder(self, holder: str) -> Any:
         """Drop every reference of ``holder`` (its lease expired), through the write path: logged
-        (once a snapshot in progress is written: then a task)."""
+        (once a snapshot in progress is written: then a task). A holder with no reference (every
+        client names its holder in its hello) has nothing to release: no record is logged."""
+        if not any(holder in held for held in self.partition.references().values()):
+            return []
         result = self.write_path.submit(Op.RELEASE_TENSORS, {"holder": holder, "names": [], "all": True})
         if not inspect.isawaitable(result):
             return result

@@ -2,16 +2,16 @@
 
 A client handle (its ``holder`` id) takes references to the non-persistent tensors it creates;
 before, only a clean ``Client.close`` dropped them, so a killed trainer's tensors stayed forever.
-With ``--holder-lease S`` the server ties each holder to the connections its requests came over
-(``create_tensor``, ``release_tensors`` and ``barrier`` carry the holder): when the last one is
+With ``--holder-lease S`` the server ties each holder to the connections that named it (its
+hello, ``create_tensor``, ``release_tensors`` and ``barrier`` carry it): when the last one is
 gone for ``S`` seconds (choose at least the clients' reconnect window) and none came back, the
 holder's references are released as ``release_tensors(holder, all=True)`` would, through the same
 write path. A connection that presents the holder again before then keeps the lease.
 
-``AsyncClient`` presents its holder again after every reconnect (an empty ``release_tensors``,
-``Connection.on_reconnect``), so a client that only reads keeps its lease across a dropped
-connection. The lease is off by default: reference counts are not yet in snapshots or the log
-(issue 22 item 1), so after a server restart there is nothing to lease.
+A client also names its holder in every hello (``AsyncClient`` does, reconnects included), so
+each of its connections holds the lease from the handshake on and a client that only reads keeps
+it across a dropped connection. A lease that expires releases through the write path, so the
+release is logged like any other; the lease is off by default.
 """
 
 from __future__ import annotations

@@ -180,13 +180,16 @@ class ServerConnection(asyncio.BufferedProtocol):
                 return
             elif type(event) is HandshakeComplete:
                 self._end_handshake()
+                holder = getattr(event.peer_hello, "holder", None)
                 if self._cap is not None:
-                    holder = getattr(event.peer_hello, "holder", None)
                     refusal = self._cap.admit(holder)
                     if refusal is not None:
                         self._refuse_over_cap(session, refusal)
                         return
                     self._counted, self._holder = True, holder
+                leases = getattr(self._handlers, "leases", None)
+                if leases is not None:  # the hello names the client: this connection holds its lease
+                    leases.bind(holder, self)
         out = session.data_to_send()
         if out:
             self._write(out)  # the hello result
