@@ -19,6 +19,7 @@ __all__ = [
     "NTYPE",
     "POLICIES",
     "TYPE_EID",
+    "TYPE_ORDER",
     "edge_key",
     "is_state_key",
     "node_key",
@@ -38,6 +39,11 @@ DEFAULT_ETYPE: tuple[str, str, str] = (DEFAULT_NTYPE, DEFAULT_RELATION, DEFAULT_
 NTYPE = "_TYPE"
 ETYPE = "_ETYPE"
 TYPE_EID = "_TYPE_EID"
+# Derived by each partition's store when it loads (never written to disk): the homogeneous edge
+# IDs of the partition's edges sorted by (type, ID). Per-type edge ID ``k`` of type ``t`` owned by
+# part ``p`` sits at a position the book computes from ``etype_counts``, so reading this tensor
+# there maps per-type edge IDs to homogeneous ones without any per-edge array in the book.
+TYPE_ORDER = "_TYPE_ORDER"
 
 ADAGRAD_STATE_SUFFIX = "#adagrad_state"
 ADAM_M_SUFFIX = "#adam_m"

@@ -17,7 +17,9 @@ from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.storage.store import PartitionStore
 
 from .context import get_client, rank_world
-from .hetero import EdgeTypes, HeteroSample, NodeTypes, sample_etype_neighbors
+from .edge_ids import attach_edge_ids
+from .hetero import HeteroSample, NodeTypes, sample_etype_neighbors
+from .hetero_edges import EdgeTypes, EdgeView, typed_endpoints
 from .queries import ALL, EdgePartitionPolicy, NodePartitionPolicy, SampledSubgraph, relabel
 from .tensor import DistTensor
 
@@ -100,7 +102,12 @@ class DistGraph:
         self.ndata = TensorView(self._client, "node")
         self.edata = TensorView(self._client, "edge")
         self.nodes = NodeTypes(self.ndata, self._client.book)
-        self.edges_by_type = EdgeTypes(self.edata, self._client.book)
+        attach_edge_ids(self._client)  # the book maps per-type edge IDs through this client
+        self.edges_by_type = EdgeTypes(
+            self.edata, self._client.book, self._client, self.get_edge_partition_policy
+        )
+        #: ``g.edges(form=, order=, etype=)`` and ``g.edges[etype].data[name]``, as DGL's
+        self.edges = EdgeView(self.edges_by_type, self._list_edges)
 
     @property
     def client(self) -> Client:
@@ -233,11 +240,19 @@ class DistGraph:
         """Out-degrees of nodes ``u``: every partition counts its edges from them."""
         return self._degrees(u, "out")
 
-    def edges(self, form: str = "uv", order: str = "eid") -> tuple[torch.Tensor, ...]:
-        """Every edge's global ``(src, dst)`` in edge-ID order (``form="all"`` adds the IDs)."""
-        eids = np.arange(self.num_edges(), dtype=np.int64)
-        src, dst = self._client.find_edges(eids)
-        return SampledSubgraph(src, dst, eids, self.num_nodes()).edges(form)
+    def _list_edges(
+        self, form: str = "uv", order: str = "eid", etype: Any = None
+    ) -> tuple[torch.Tensor, ...]:
+        """Every edge's global ``(src, dst)`` in edge-ID order (``form="all"`` adds the IDs);
+        with ``etype`` (heterogeneous), that type's edges in per-type IDs and per-type node IDs."""
+        book = self._client.book
+        if etype is None or not book.is_hetero:
+            eids = np.arange(self.num_edges(), dtype=np.int64)
+            src, dst = self._client.find_edges(eids)
+            return SampledSubgraph(src, dst, eids, self.num_nodes()).edges(form)
+        tids = np.arange(self.num_edges(etype), dtype=np.int64)
+        s, d = self.find_edges(tids, etype=etype)
+        return SampledSubgraph(s.numpy(), d.numpy(), tids, self.num_nodes()).edges(form)
 
     def in_subgraph(self, nodes: Any, relabel_nodes: bool = False) -> SampledSubgraph:
         """Every in-edge of ``nodes`` (global IDs; ``relabel_nodes`` compacts the node set)."""
@@ -284,8 +299,9 @@ class DistGraph:
             self._client.book.ntype_id(ntype)  # UnknownTypeError for an unknown type
         return NodePartitionPolicy(self._client.book, self._home_partition(), ntype)
 
-    def get_edge_partition_policy(self, etype: str | None = None) -> EdgePartitionPolicy:
-        return EdgePartitionPolicy(self._client.book, self._home_partition())
+    def get_edge_partition_policy(self, etype: Any = None) -> EdgePartitionPolicy:
+        """The edge policy (of edge type ``etype``: tensors made with it hold that type's rows)."""
+        return EdgePartitionPolicy(self._client.book, self._home_partition(), etype=etype)
 
     @property
     def idtype(self) -> torch.dtype:
@@ -298,10 +314,19 @@ class DistGraph:
     def barrier(self, name: str = "default", timeout: float = 300.0) -> None:
         self._client.barrier(name, timeout)
 
-    def find_edges(self, eids: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Global int64 ``(src, dst)`` endpoints of edge IDs ``eids`` (DGL's ``find_edges``)."""
-        src, dst = self._client.find_edges(eids)
-        return torch.from_numpy(src), torch.from_numpy(dst)
+    def find_edges(self, eids: Any, etype: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Global int64 ``(src, dst)`` endpoints of edge IDs ``eids`` (DGL's ``find_edges``); with
+        ``etype`` (heterogeneous), ``eids`` are that type's per-type IDs and the endpoints are
+        per-type node IDs of its source and destination types, as DGL returns them."""
+        book = self._client.book
+        if etype is None or not book.is_hetero:
+            if etype is not None:
+                book.etype_id(etype)  # UnknownTypeError for an unknown type
+            src, dst = self._client.find_edges(eids)
+            return torch.from_numpy(src), torch.from_numpy(dst)
+        homo = book.map_to_homo_eid(as_id_array(eids, "eids"), etype)
+        src, dst = self._client.find_edges(homo)
+        return typed_endpoints(book, src, dst)
 
     def __repr__(self) -> str:
         mode = "standalone" if self._client.is_standalone else "distributed"

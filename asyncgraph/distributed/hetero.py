@@ -117,23 +117,6 @@ class NodeTypes:
         return _TypeData(_NodeTypeData(self._ndata, self._book, ntype))
 
 
-class EdgeTypes:
-    """``g.edges[etype]``: edge types resolve; per-type edge tensors are not stored yet."""
-
-    def __init__(self, edata: Mapping[str, DistTensor], book: RangePartitionBook) -> None:
-        self._edata, self._book = edata, book
-
-    def __getitem__(self, etype: Any) -> _TypeData:
-        book = self._book
-        c = book.canonical_etypes[book.etype_id(etype)]
-        if not book.is_hetero:
-            return _TypeData(self._edata)
-        raise InvalidRequestError(
-            f"per-type edge tensors of {c} are not supported yet: partition_graph stores edge IDs "
-            "in CSC order, so per-type edge features are not range-partitioned"
-        )
-
-
 def etype_fanouts(book: RangePartitionBook, fanout: Any) -> np.ndarray:
     """One fanout per canonical edge type from an int or a dict keyed by edge types."""
     canon = book.canonical_etypes

@@ -104,12 +104,17 @@ class _PartitionPolicy:
 
     kind = ""
 
-    def __init__(self, book: RangePartitionBook, part_id: int, ntype: str | None = None) -> None:
+    def __init__(
+        self, book: RangePartitionBook, part_id: int, ntype: str | None = None, etype: Any = None
+    ) -> None:
         self.partition_book = book
         self.part_id = part_id
-        # node policies of a heterogeneous graph name their type: tensors made with one hold that
-        # type's rows and take its per-type IDs (DGL's "node~<ntype>" policies)
+        # policies of a heterogeneous graph name their type: tensors made with one hold that
+        # type's rows and take its per-type IDs (DGL's "node~<ntype>" / "edge~<etype>" policies)
         self.ntype = ntype if book.is_hetero else None
+        self.etype: tuple[str, str, str] | None = (
+            book.canonical_etypes[book.etype_id(etype)] if book.is_hetero and etype is not None else None
+        )
 
     @property
     def policy_str(self) -> str:

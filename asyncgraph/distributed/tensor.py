@@ -17,6 +17,7 @@ from asyncgraph.names import tensor_key
 from asyncgraph.storage.store import TensorMeta
 
 from .context import get_client
+from .edge_ids import attach_edge_ids
 
 _ANON = itertools.count()
 
@@ -146,15 +147,28 @@ class DistTensor:
         shape = tuple(int(d) for d in shape)
         book = self._client.book
         self.ntype: str | None = None
+        self.etype: tuple[str, str, str] | None = None
         policy: str | None = part_policy if isinstance(part_policy, str | None) else None
         if not isinstance(part_policy, str | None):  # DGL's NodePartitionPolicy / EdgePartitionPolicy
             self.ntype = getattr(part_policy, "ntype", None)
+            self.etype = getattr(part_policy, "etype", None)
             policy = str(getattr(part_policy, "kind", part_policy))
         part_policy = policy
         if part_policy is None and book.is_hetero and shape and shape[0] != book.num_nodes:
             typed = [t for t in book.ntypes if book.num_nodes_of(t) == shape[0]]
+            etyped = [c for c in book.canonical_etypes if book.num_edges_of(c) == shape[0]]
             if len(typed) == 1:  # DGL picks the one policy of that size: a node type's
                 part_policy, self.ntype = "node", typed[0]
+            elif not typed and len(etyped) == 1 and shape[0] != book.num_edges:  # or an edge type's
+                part_policy, self.etype = "edge", etyped[0]
+        if self.etype is not None:
+            want = book.num_edges_of(self.etype)
+            if part_policy != "edge" or not shape or shape[0] != want:
+                raise InvalidRequestError(
+                    f"a tensor of edge type {self.etype} has {want} rows and the edge policy, got "
+                    f"shape {shape} and policy {part_policy!r}"
+                )
+            shape = (book.num_edges, *shape[1:])  # stored over every edge; typed IDs mapped
         if self.ntype is not None:
             if part_policy != "node" or not shape or shape[0] != book.num_nodes_of(self.ntype):
                 raise InvalidRequestError(
@@ -214,10 +228,10 @@ class DistTensor:
                 )
             self._client.push(self.key, np.arange(start, stop, dtype=np.int64), self._cast(values), "assign")
 
-    def __reduce__(self) -> tuple[Any, tuple[str, str, str | None]]:
-        """Pickled as a handle (name, policy, node type), re-attached to the unpickling
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled as a handle (name, policy, node or edge type), re-attached to the unpickling
         process's client: ``torch.save(dist_tensor)`` and passing one to another trainer work."""
-        return _reattach, (self.policy, self.name, self.ntype)
+        return _reattach, (self.policy, self.name, self.ntype, self.etype)
 
     @classmethod
     def _attach(cls, client: Client, meta: TensorMeta) -> DistTensor:
@@ -239,6 +253,8 @@ class DistTensor:
     def shape(self) -> tuple[int, ...]:
         if self.ntype is not None:
             return (self._client.book.num_nodes_of(self.ntype), *self._meta.shape[1:])
+        if self.etype is not None:
+            return (self._client.book.num_edges_of(self.etype), *self._meta.shape[1:])
         return tuple(self._meta.shape)
 
     @property
@@ -249,8 +265,10 @@ class DistTensor:
         return self.shape[0]
 
     def __repr__(self) -> str:
+        typed = f", ntype={self.ntype!r}" if self.ntype else f", etype={self.etype!r}" if self.etype else ""
         return (
-            f"DistTensor(name={self.name!r}, shape={self.shape}, dtype={self.dtype}, policy={self.policy!r})"
+            f"DistTensor(name={self.name!r}, shape={self.shape}, dtype={self.dtype}, "
+            f"policy={self.policy!r}{typed})"
         )
 
     # --- access ----------------------------------------------------------------------------
@@ -268,15 +286,16 @@ class DistTensor:
 
     def homo_ids(self, ids: Any) -> Any:
         """The stored rows of ``ids``: per-type IDs mapped to homogeneous ones for a tensor of
-        one node type (``OutOfRangeError`` outside ``[0, len)``), else ``ids`` as given."""
-        if self.ntype is None:
+        one node or edge type (``OutOfRangeError`` outside ``[0, len)``), else ``ids`` as given."""
+        if self.ntype is None and self.etype is None:
             return ids
         tid = as_id_array(ids, "ids")
         if tid.size and (int(tid.min()) < 0 or int(tid.max()) >= len(self)):
             bad = int(tid.min()) if int(tid.min()) < 0 else int(tid.max())
-            raise OutOfRangeError(
-                f"{self.ntype} node ID {bad} out of range [0, {len(self)}) of {self.name!r}"
-            )
+            kind = f"{self.ntype} node" if self.ntype is not None else f"{self.etype} edge"
+            raise OutOfRangeError(f"{kind} ID {bad} out of range [0, {len(self)}) of {self.name!r}")
+        if self.etype is not None:
+            return attach_edge_ids(self._client).map_to_homo_eid(tid, self.etype)
         return self._client.book.map_to_homo_nid(tid, self.ntype)
 
     def __getitem__(self, index: Any) -> torch.Tensor:
@@ -321,8 +340,7 @@ class DistTensor:
         n = len(self)
         step = max(1, int(chunk_rows))
         return sum(
-            int(np.count_nonzero(to_numpy(self[start : min(start + step, n)])))
-            for start in range(0, n, step)
+            int(np.count_nonzero(to_numpy(self[start : min(start + step, n)]))) for start in range(0, n, step)
         )
 
     def delete(self) -> None:
@@ -330,9 +348,10 @@ class DistTensor:
         self._client.delete_tensor(self.key)
 
 
-def _reattach(policy: str, name: str, ntype: str | None = None) -> DistTensor:
+def _reattach(policy: str, name: str, ntype: str | None = None, etype: Any = None) -> DistTensor:
     """A handle on the existing tensor ``name`` through this process's client (unpickling)."""
     client = get_client()
     out = DistTensor._attach(client, client.tensor_meta(tensor_key(policy, name)))
     out.ntype = ntype
+    out.etype = tuple(etype) if etype is not None else None
     return out

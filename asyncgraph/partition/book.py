@@ -9,15 +9,15 @@ a ``searchsorted`` over a table of ``num_parts + 1`` numbers. Method names follo
 from __future__ import annotations
 
 import bisect
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from asyncgraph.arrays import IdArray, as_id_array
-from asyncgraph.errors import OutOfRangeError, UnknownTypeError
-from asyncgraph.names import DEFAULT_ETYPE, DEFAULT_NTYPE, NTYPE
+from asyncgraph.errors import InvalidRequestError, OutOfRangeError, UnknownTypeError
+from asyncgraph.names import DEFAULT_ETYPE, DEFAULT_NTYPE, ETYPE, NTYPE, TYPE_EID, TYPE_ORDER
 
-__all__ = ["IdArray", "RangePartitionBook", "as_id_array", "split_by_owner"]
+__all__ = ["EdgeIdMap", "IdArray", "RangePartitionBook", "as_id_array", "split_by_owner"]
 
 _NO_POSITIONS: IdArray = np.empty(0, dtype=np.int64)
 _NO_POSITIONS.flags.writeable = False
@@ -42,6 +42,19 @@ def split_by_owner(owner: IdArray, num_parts: int) -> list[IdArray]:
     return [order[bounds[p] : bounds[p + 1]] for p in range(num_parts)]
 
 
+class EdgeIdMap(Protocol):
+    """Reads what per-edge arrays say about typed edge IDs (they live with the edges, on the
+    owners, never in the book): ``DistGraph`` attaches one to its book."""
+
+    def homo_eids(self, positions: IdArray) -> IdArray:
+        """Homogeneous edge IDs at ``positions`` of the per-partition type order (``_TYPE_ORDER``)."""
+        ...
+
+    def per_etype(self, eids: IdArray) -> tuple[IdArray, IdArray]:
+        """``(edge type index, per-type ID)`` of homogeneous edge IDs ``eids``."""
+        ...
+
+
 class RangePartitionBook:
     """Maps global node/edge IDs to (partition, local ID) and back; vectorised."""
 
@@ -55,6 +68,7 @@ class RangePartitionBook:
         ntype_counts: Any = None,
         etype_counts: Any = None,
         ntype_feats: dict[str, list[str]] | None = None,
+        etype_feats: dict[str, list[str]] | None = None,
     ) -> None:
         nb = np.asarray(node_bounds, dtype=np.int64)
         eb = np.asarray(edge_bounds, dtype=np.int64)
@@ -81,6 +95,17 @@ class RangePartitionBook:
         self.ntype_feats = (
             {str(k): [str(n) for n in v] for k, v in ntype_feats.items()} if ntype_feats else None
         )
+        # heterogeneous graphs: which partitioned edge tensors each type ("src:rel:dst") has
+        self.etype_feats = (
+            {str(k): [str(n) for n in v] for k, v in etype_feats.items()} if etype_feats else None
+        )
+        #: Set by ``DistGraph``: reads per-type edge IDs where the edges live (``map_to_homo_eid``).
+        self.edge_id_map: EdgeIdMap | None = None
+        # Per-type edge IDs are range-partitioned too: type t's IDs in part p are
+        # [etb[p, t], etb[p + 1, t]); inside part p its edges come after those of earlier types
+        # in the type order (``_TYPE_ORDER``), from ``_etype_offsets[p, t]`` on.
+        self._etype_bounds = np.vstack([np.zeros((1, ec.shape[1]), np.int64), np.cumsum(ec, axis=0)])
+        self._etype_offsets = eb[:-1, None] + np.cumsum(ec, axis=1) - ec
         # Homogeneous start of (part p, type t) at [p * T + t]; nodes of a type are contiguous in a part.
         self._type_starts = (nb[:-1, None] + np.cumsum(nc, axis=1) - nc).ravel()
         # Per-type ID bounds over partitions: type t's IDs in part p are [tb[p, t], tb[p + 1, t]).
@@ -199,10 +224,16 @@ class RangePartitionBook:
         return torch.arange(start, end, dtype=torch.int64)
 
     def partid2eids(self, partid: int, etype: Any = None) -> Any:
-        """Edge IDs partition ``partid`` owns as an int64 tensor (homogeneous edge IDs)."""
+        """Edge IDs partition ``partid`` owns as an int64 tensor (homogeneous edge IDs); with
+        ``etype``, that type's per-type IDs (a range: per-type IDs are range-partitioned)."""
         import torch
 
-        start, end = self.edge_range(partid)
+        if etype is None:
+            start, end = self.edge_range(partid)
+        else:
+            self._check_part(partid)
+            tb = self._etype_bounds[:, self.etype_id(etype)]
+            start, end = int(tb[partid]), int(tb[partid + 1])
         return torch.arange(start, end, dtype=torch.int64)
 
     # --- node and edge types (DGL's hetero partition book) ------------------------------------------
@@ -268,6 +299,60 @@ class RangePartitionBook:
         part, t = np.divmod(flat, nt)
         return t, hid - self._type_starts[flat] + self._type_bounds[part, t]
 
+    def etype_bounds(self, etype: Any) -> IdArray:
+        """Per-type edge ID bounds: partition ``p`` owns type IDs ``[b[p], b[p+1])`` of ``etype``."""
+        return self._etype_bounds[:, self.etype_id(etype)].copy()
+
+    def type_order_positions(self, ids: Any, etype: Any) -> IdArray:
+        """Where per-type edge ``ids`` of ``etype`` sit in the type order (``_TYPE_ORDER``, an
+        edge tensor each partition derives from its ``_ETYPE``): a pure range computation."""
+        t = self.etype_id(etype)
+        tid = as_id_array(ids)
+        tb = self._etype_bounds[:, t]
+        part = self._owner(tid, tb, f"{self._canon[t]} edge")
+        out: IdArray = tid - tb[part] + self._etype_offsets[part, t]
+        return out
+
+    def map_to_homo_eid(self, ids: Any, etype: Any) -> IdArray:
+        """Homogeneous edge IDs of per-type ``ids`` of ``etype`` (vectorised): a range
+        computation here, then one read of ``_TYPE_ORDER`` from the owners (a book that
+        ``DistGraph`` handed out; a homogeneous book returns ``ids``)."""
+        if not self._hetero:
+            self.etype_id(etype)
+            eids = as_id_array(ids)
+            self._owner(eids, self._edge_bounds, "edge")
+            return eids.copy()
+        positions = self.type_order_positions(ids, etype)
+        return self._edge_ids().homo_eids(positions)
+
+    def map_to_per_etype(self, ids: Any) -> tuple[IdArray, IdArray]:
+        """``(edge type index, per-type ID)`` of homogeneous edge ``ids`` (read from the owners'
+        ``_ETYPE`` / ``_TYPE_EID`` for a heterogeneous graph)."""
+        eids = as_id_array(ids)
+        self._owner(eids, self._edge_bounds, "edge")
+        if not self._hetero:
+            return np.zeros(eids.size, dtype=np.int64), eids.copy()
+        return self._edge_ids().per_etype(eids)
+
+    def _edge_ids(self) -> EdgeIdMap:
+        if self.edge_id_map is None:
+            raise InvalidRequestError(
+                "per-type edge IDs are read where the edges live: use the book of a DistGraph "
+                "(g.get_partition_book()), not one loaded from the partition files alone"
+            )
+        return self.edge_id_map
+
+    def etype_has(self, etype: Any, name: str) -> bool:
+        """Whether edge type ``etype`` has edge tensor ``name``: a partitioned tensor only if
+        that type was given it; a tensor made at run time (in no type's list) every type has."""
+        if name in (ETYPE, TYPE_EID, TYPE_ORDER):
+            return False
+        if self.etype_feats is None:
+            return True
+        key = ":".join(self._canon[self.etype_id(etype)])
+        listed = self.etype_feats.get(key, [])
+        return name in listed or not any(name in v for v in self.etype_feats.values())
+
     def ntype_has(self, ntype: str, name: str) -> bool:
         """Whether node type ``ntype`` has node tensor ``name``: a partitioned tensor only if
         that type was given it; a tensor made at run time (in no type's list) every type has."""
@@ -291,6 +376,8 @@ class RangePartitionBook:
             out["etype_counts"] = self._etype_counts.tolist()
             if self.ntype_feats is not None:
                 out["ntype_feats"] = self.ntype_feats
+            if self.etype_feats is not None:
+                out["etype_feats"] = self.etype_feats
         return out
 
     @classmethod
@@ -305,6 +392,7 @@ class RangePartitionBook:
             ntype_counts=data["ntype_counts"],
             etype_counts=data["etype_counts"],
             ntype_feats=data.get("ntype_feats"),
+            etype_feats=data.get("etype_feats"),
         )
 
     def __eq__(self, other: object) -> bool:

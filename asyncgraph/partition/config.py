@@ -67,6 +67,7 @@ class PartitionConfig(BaseModel):
             ntype_counts=self.ntype_counts,
             etype_counts=self.etype_counts,
             ntype_feats=self.ntype_feats,
+            etype_feats=self.etype_feats,
         )
 
     @classmethod

@@ -400,8 +400,8 @@ def restore_rows(store: PartitionStore, snap: Snapshot, fingerprint: str | None 
             f"fingerprint {fingerprint}: refusing state written for another partition"
         )
     wanted = {e["name"] for e in manifest["tensors"]}
-    for meta in store.list_tensors():
-        if meta.name not in wanted:
+    for meta in store.list_tensors():  # a base tensor the snapshot lacks (derived on load) stays
+        if meta.name not in wanted and meta.name not in store.rules.base:
             store.delete_tensor(meta.name)
     for entry in manifest["tensors"]:
         meta = TensorMeta.from_dict(entry)

@@ -40,6 +40,7 @@ from asyncgraph.storage.tensors import (
     check_structure,
     structure_memory,
 )
+from asyncgraph.storage.typed_edges import with_type_order
 
 if TYPE_CHECKING:
     from asyncgraph.partition.reader import Partition
@@ -151,7 +152,7 @@ class PartitionStore:
             part.indices,
             part.eids,
             part.node_feats,
-            part.edge_feats,
+            with_type_order(part.edge_feats, part.edge_range[0]),  # per-type edge IDs' index
             shared=shared,
         )
 

@@ -1,0 +1,143 @@
+"""Per-type edge tensors of a heterogeneous ``DistGraph``: ``g.edges[etype].data[name]``.
+
+Edge tensors are stored over the homogeneous edge IDs (``partition_graph`` merges same-named
+tensors of several types into one stored tensor), so a typed view is a ``DistTensor`` whose
+``etype`` is set: its per-type IDs are mapped to homogeneous ones (``book.map_to_homo_eid``)
+before every pull or push, exactly the rows DGL's per-type tensors hold. ``g.edges`` is also
+callable as DGL's ``g.edges(form=, order=, etype=)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, MutableMapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from asyncgraph.arrays import to_numpy
+from asyncgraph.errors import InvalidRequestError, ShapeMismatchError, UnknownTensorError
+from asyncgraph.partition.book import RangePartitionBook
+
+from .tensor import DistTensor, numpy_dtype
+
+__all__ = ["EdgeTypeData", "EdgeTypes", "EdgeView"]
+
+CanonicalEType = tuple[str, str, str]
+
+
+class EdgeTypeData(MutableMapping[str, DistTensor]):
+    """``g.edges[etype].data``: name -> a ``DistTensor`` indexed by ``etype``'s per-type IDs.
+
+    Reading gives the partitioned tensor of that type (or one set here); setting a
+    ``DistTensor`` of this type adds it (DGL's ``g.edges[etype].data[name] = DistTensor(...)``);
+    setting a tensor or array of ``num_edges(etype)`` rows creates the ``DistTensor`` ``name``
+    and writes them (every type setting ``name`` shares one stored tensor, as partitioned ones).
+    """
+
+    def __init__(self, types: EdgeTypes, etype: CanonicalEType) -> None:
+        self._types, self.etype = types, etype
+
+    @property
+    def _book(self) -> RangePartitionBook:
+        return self._types.book
+
+    def __getitem__(self, name: str) -> DistTensor:
+        alias = self._types.aliases.get((self.etype, name))
+        if alias is not None:
+            return alias
+        if name not in self:
+            raise UnknownTensorError(f"edge type {self.etype} has no tensor {name!r}; it has {list(self)}")
+        stored = self._types.edata[name]
+        out = DistTensor._attach(stored.client, stored.meta)
+        out.etype = self.etype
+        return out
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        book = self._book
+        n = book.num_edges_of(self.etype)
+        if isinstance(value, DistTensor):
+            if value.etype != self.etype:
+                raise InvalidRequestError(
+                    f"{value!r} is not a tensor of edge type {self.etype}: create it with "
+                    f"part_policy=g.get_edge_partition_policy({self.etype!r})"
+                )
+            self._types.aliases[(self.etype, name)] = value
+            return
+        rows = to_numpy(value)
+        if rows.ndim == 0 or rows.shape[0] != n:
+            raise ShapeMismatchError(
+                f"edge type {self.etype} has {n} edges: {name!r} needs {n} rows, got shape {rows.shape}"
+            )
+        policy = self._types.policy(self.etype)
+        tensor = DistTensor(
+            rows.shape, numpy_dtype(rows.dtype), name, part_policy=policy, client=self._types.client
+        )
+        tensor[slice(None)] = rows
+        self._types.aliases[(self.etype, name)] = tensor
+
+    def __delitem__(self, name: str) -> None:
+        if self._types.aliases.pop((self.etype, name), None) is None:
+            raise UnknownTensorError(f"edge type {self.etype} has no tensor {name!r} set at run time")
+
+    def _names(self) -> list[str]:
+        book = self._book
+        mine = {name for (c, name) in self._types.aliases if c == self.etype}
+        others = {name for (c, name) in self._types.aliases if c != self.etype} - mine  # set here for others
+        stored = {n for n in self._types.edata if book.etype_has(self.etype, n)} - others
+        return sorted(stored | mine)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self._names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+
+class _TypeData:
+    def __init__(self, data: EdgeTypeData) -> None:
+        self.data = data
+
+
+class EdgeTypes:
+    """``g.edges[etype]``: one edge type's tensors (``.data``), by relation name or triple."""
+
+    def __init__(
+        self, edata: MutableMapping[str, DistTensor], book: RangePartitionBook, client: Any, policy: Any
+    ) -> None:
+        self.edata, self.book, self.client = edata, book, client
+        self.policy: Callable[[CanonicalEType], Any] = policy
+        self.aliases: dict[tuple[CanonicalEType, str], DistTensor] = {}
+
+    def __getitem__(self, etype: Any) -> Any:
+        book = self.book
+        c = book.canonical_etypes[book.etype_id(etype)]  # UnknownTypeError for an unknown type
+        if not book.is_hetero:
+            return _TypeData(self.edata)  # type: ignore[arg-type]
+        return _TypeData(EdgeTypeData(self, c))
+
+
+class EdgeView:
+    """``g.edges``: ``g.edges(form=, order=, etype=)`` lists edges, ``g.edges[etype].data``
+    holds one type's tensors (DGL's ``EdgeView``)."""
+
+    def __init__(self, types: EdgeTypes, list_edges: Callable[..., tuple[torch.Tensor, ...]]) -> None:
+        self._types, self._list = types, list_edges
+
+    def __call__(self, form: str = "uv", order: str = "eid", etype: Any = None) -> tuple[torch.Tensor, ...]:
+        return self._list(form, order, etype)
+
+    def __getitem__(self, etype: Any) -> Any:
+        return self._types[etype]
+
+
+def typed_endpoints(
+    book: RangePartitionBook, src: np.ndarray, dst: np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-type node IDs of homogeneous endpoints (one edge type: one type per side)."""
+    _, s = book.map_to_per_ntype(src)
+    _, d = book.map_to_per_ntype(dst)
+    return torch.from_numpy(s), torch.from_numpy(d)
