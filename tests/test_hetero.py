@@ -260,8 +260,8 @@ def test_hetero_loader_blocks_and_model(graphs: tuple[DistGraph, DistGraph]) -> 
     out.sum().backward()
     with pytest.raises(UnknownTypeError):
         DistNodeDataLoader(g, {"venue": [0]}, NeighborSampler([2]), 10)
-    with pytest.raises(InvalidRequestError, match="etype: eids"):
-        asyncgraph.DistEdgeDataLoader(g, {"writes": [0]}, NeighborSampler([2]), 10)
+    with pytest.raises(OutOfRangeError, match="writes"):  # per-type IDs: 13407 "writes" edges
+        asyncgraph.DistEdgeDataLoader(g, {"writes": [13407]}, NeighborSampler([2]), 10)
 
 
 def test_node_split_by_type(graphs: tuple[DistGraph, DistGraph]) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,7 +11,6 @@ import numpy as np
 import torch
 
 from asyncgraph.client.async_client import AsyncClient
-from asyncgraph.dataloading.block import Block
 from asyncgraph.dataloading.fetch import (
     AUTO,
     Auto,
@@ -21,9 +20,17 @@ from asyncgraph.dataloading.fetch import (
     sample_and_pull,
 )
 from asyncgraph.dataloading.frames import Frame, GraphOps
+from asyncgraph.dataloading.hetero_edge_loader import (
+    TypedEdgeSeeds,
+    build_typed_batch,
+    excluded,
+    typed_edge_seeds,
+)
+from asyncgraph.dataloading.hetero_pair import HeteroPairGraph
 from asyncgraph.dataloading.negative import NegativeSampler
 from asyncgraph.dataloading.prefetch import PrefetchingLoader
 from asyncgraph.dataloading.sampler import NeighborSampler
+from asyncgraph.distributed.edge_ids import attach_edge_ids
 from asyncgraph.errors import InvalidRequestError
 from asyncgraph.partition.book import as_id_array
 
@@ -125,16 +132,18 @@ class EdgeMiniBatch:
     Without a negative sampler it unpacks to ``(input_nodes, pair_graph, blocks)``.
     """
 
-    input_nodes: torch.Tensor
-    pair_graph: PairGraph
-    neg_pair_graph: PairGraph | None
-    blocks: list[Block]
+    input_nodes: Any  # a tensor; {ntype: tensor} for a batch of typed edges
+    pair_graph: PairGraph | HeteroPairGraph
+    neg_pair_graph: PairGraph | HeteroPairGraph | None
+    blocks: list[Any]  # Blocks; HeteroBlocks for a batch of typed edges
     sample_time: float = 0.0
     pull_time: float = 0.0
 
     @property
-    def seeds(self) -> torch.Tensor:
-        """The unique endpoints of every pair (== ``blocks[-1].dstnodes``)."""
+    def seeds(self) -> Any:
+        """The unique endpoints of every pair (== ``blocks[-1].dstnodes``; by type when typed)."""
+        if isinstance(self.pair_graph, HeteroPairGraph):
+            return self.pair_graph.nodes_of
         return self.pair_graph.nodes
 
     def __iter__(self) -> Iterator[Any]:
@@ -155,6 +164,13 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
     reverses ``reverse_eids[eids]`` too, as DGL's), and ``node_feats`` are pulled into
     ``blocks[0].srcdata``. Yields ``EdgeMiniBatch`` objects, on ``device`` when given (copied in
     the background unless ``overlap=False``).
+
+    Heterogeneous graphs take ``eids={etype: per-type IDs or mask}`` as DGL's: batches mix types;
+    pair graphs are ``HeteroPairGraph`` (pairs per relation, ``edges[etype].data[dgl.EID]`` the
+    per-type IDs), negatives are drawn per relation over its destination type, blocks are
+    ``HeteroBlock``; ``exclude`` is ``"self"``, ``"reverse_id"`` with ``reverse_eids={etype:
+    reverse per-type IDs}`` or ``"reverse_types"`` with ``reverse_etypes={etype: reverse etype}``
+    (see ``asyncgraph.dataloading.hetero_edge_loader``).
     """
 
     def __init__(
@@ -173,12 +189,20 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
         device: str | torch.device | None = None,
         overlap: bool = True,
         reverse_eids: Any = None,
+        reverse_etypes: Any = None,
     ) -> None:
         client = client_of(g)
-        if exclude not in (None, "self", "reverse_id"):
-            raise InvalidRequestError(f"exclude must be None, 'self' or 'reverse_id', got {exclude!r}")
+        typed = isinstance(eids, Mapping)
+        allowed = (None, "self", "reverse_id") + (("reverse_types",) if typed else ())
+        if exclude not in allowed:
+            raise InvalidRequestError(f"exclude must be one of {allowed}, got {exclude!r}")
         self.reverse_eids: np.ndarray | None = None
-        if exclude == "reverse_id":  # DGL's: drop the batch's edges and their reverses
+        self.typed: TypedEdgeSeeds | None = None
+        if typed:  # {etype: per-type edge IDs}: mapped to homogeneous IDs once, here
+            self.typed = typed_edge_seeds(
+                attach_edge_ids(client), eids, exclude, reverse_eids, reverse_etypes
+            )
+        elif exclude == "reverse_id":  # DGL's: drop the batch's edges and their reverses
             if reverse_eids is None:
                 raise InvalidRequestError(
                     "exclude='reverse_id' needs reverse_eids (the reverse of every edge ID)"
@@ -190,13 +214,11 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
                 )
             client.book.owner(rev, "edge")
             self.reverse_eids = rev
-        if isinstance(eids, dict):  # {etype: per-type edge IDs}: not yet (edge IDs stay in CSC order)
-            raise InvalidRequestError(
-                "DistEdgeDataLoader does not take {etype: eids} yet: per-type edge IDs of a "
-                "heterogeneous partitioning are not range-mapped; pass homogeneous edge IDs"
-            )
-        self.eids = as_id_array(mask_or_ids(eids), "eids")
-        client.book.owner(self.eids, "edge")  # OutOfRangeError now rather than mid-epoch
+        if self.typed is not None:
+            self.eids = self.typed.homo
+        else:
+            self.eids = as_id_array(mask_or_ids(eids), "eids")
+            client.book.owner(self.eids, "edge")  # OutOfRangeError now rather than mid-epoch
         super().__init__(
             client.loop, self.eids.size, batch_size, shuffle, drop_last, prefetch, seed, device, overlap
         )
@@ -216,7 +238,25 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
         return None
 
     def _make_batch(self, positions: np.ndarray, epoch: int, index: int) -> Awaitable[EdgeMiniBatch]:
+        if self.typed is not None:
+            return self._build_typed(positions, self._batch_seed(epoch, index))
         return self._build(self.eids[positions], self._batch_seed(epoch, index))
+
+    async def _build_typed(self, positions: np.ndarray, batch_seed: int) -> EdgeMiniBatch:
+        assert self.typed is not None
+        rng = np.random.default_rng([batch_seed, _NEG_STREAM])
+        inputs, pair, neg, blocks, t_sample, t_pull = await build_typed_batch(
+            self.async_client,
+            self.typed,
+            positions,
+            self.sampler,
+            self.negative_sampler,
+            rng,
+            batch_seed,
+            self.node_feats,
+            excluded(self.typed, self.exclude, positions),
+        )
+        return EdgeMiniBatch(inputs, pair, neg, blocks, sample_time=t_sample, pull_time=t_pull)
 
     async def _build(self, eids: np.ndarray, batch_seed: int) -> EdgeMiniBatch:
         aio = self.async_client

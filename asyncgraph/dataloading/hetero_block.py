@@ -26,6 +26,8 @@ from asyncgraph.names import node_key
 from asyncgraph.partition.book import RangePartitionBook
 
 from .block import Block, to_block
+from .frames import Frame
+from .hetero_pair import TypedFrames, resolve_canonical
 
 __all__ = ["HeteroBlock", "to_hetero_block"]
 
@@ -63,6 +65,8 @@ class HeteroBlock:
         self.src_pos = src_pos or {}
         self.srcdata: dict[str, dict[str, torch.Tensor]] = {t: {} for t in ntypes}
         self.dstdata: dict[str, dict[str, torch.Tensor]] = {t: {} for t in ntypes}
+        # per-relation edge fields; "_ID" (dgl.EID) answers the per-type edge IDs, as DGL's
+        self.edge_frames: dict[CanonicalEType, Frame] = {c: Frame({}, e[2]) for c, e in edges.items()}
         self._rel: dict[CanonicalEType, Block] = {}
 
     is_block = True
@@ -116,18 +120,20 @@ class HeteroBlock:
         out = copy.copy(self)
         out.srcdata = {t: dict(d) for t, d in self.srcdata.items()}
         out.dstdata = {t: dict(d) for t, d in self.dstdata.items()}
+        out.edge_frames = {c: f.copy() for c, f in self.edge_frames.items()}
         return out
 
     @contextmanager
     def local_scope(self) -> Iterator[None]:
         """Data set inside is dropped on exit."""
-        saved = self.srcdata, self.dstdata
+        saved = self.srcdata, self.dstdata, self.edge_frames
         self.srcdata = {t: dict(d) for t, d in saved[0].items()}
         self.dstdata = {t: dict(d) for t, d in saved[1].items()}
+        self.edge_frames = {c: f.copy() for c, f in saved[2].items()}
         try:
             yield
         finally:
-            self.srcdata, self.dstdata = saved
+            self.srcdata, self.dstdata, self.edge_frames = saved
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> HeteroBlock:
         """A copy with every tensor on ``device`` (``self`` when already there)."""
@@ -149,11 +155,21 @@ class HeteroBlock:
         )
         out.srcdata = {t: {k: mv(v) for k, v in d.items()} for t, d in self.srcdata.items()}
         out.dstdata = {t: {k: mv(v) for k, v in d.items()} for t, d in self.dstdata.items()}
+        for c, f in self.edge_frames.items():
+            out.edge_frames[c].update({k: mv(v) for k, v in f.items()})
         return out
 
-    def edges(self, etype: CanonicalEType) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(local src in srcnodes[stype], local dst in dstnodes[dtype], per-type edge IDs)``."""
-        return self._edges[etype]
+    @property
+    def edges(self) -> _BlockEdges:
+        """``block.edges(etype)``: ``(local src in srcnodes[stype], local dst in dstnodes[dtype],
+        per-type edge IDs)``; ``block.edges[etype].data``: that relation's edge fields (DGL's),
+        ``data[dgl.EID]`` its per-type edge IDs."""
+        return _BlockEdges(self)
+
+    @property
+    def edata(self) -> TypedFrames:
+        """Edge fields by relation: ``block.edata[dgl.EID]`` is ``{etype: per-type edge IDs}``."""
+        return TypedFrames(self.edge_frames)
 
     def relation_block(self, etype: CanonicalEType) -> Block:
         """A homogeneous block of one relation whose sources are ``dst[dtype] ++ src[stype]``."""
@@ -176,6 +192,27 @@ class HeteroBlock:
         dst = {t: self.num_dst_nodes(t) for t in self.ntypes}
         ne = {c[1]: self.num_edges(c) for c in self.canonical_etypes}
         return f"HeteroBlock(num_src_nodes={src}, num_dst_nodes={dst}, num_edges={ne})"
+
+
+class _EdgeData:
+    def __init__(self, data: Frame) -> None:
+        self.data = data
+
+
+class _BlockEdges:
+    def __init__(self, block: HeteroBlock) -> None:
+        self._b = block
+
+    def __call__(self, etype: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self._b._edges[self._c(etype)]
+
+    def __getitem__(self, etype: Any) -> _EdgeData:
+        return _EdgeData(self._b.edge_frames[self._c(etype)])
+
+    def _c(self, etype: Any) -> CanonicalEType:
+        if etype is None and len(self._b.canonical_etypes) == 1:
+            return self._b.canonical_etypes[0]
+        return resolve_canonical(etype, self._b.canonical_etypes)
 
 
 def to_hetero_block(
@@ -223,10 +260,12 @@ async def sample_and_pull_hetero(
     *,
     node_feats: Sequence[str],
     labels: str | None,
+    exclude: np.ndarray | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[HeteroBlock], float, float]:
     """Typed blocks for ``{ntype: ids}`` seeds (each layer's fanout an int or a dict by edge
     type, honoured by the servers), then ``node_feats`` of the inputs into
     ``blocks[0].srcdata[ntype]`` and ``labels`` of the seeds into ``blocks[-1].dstdata[ntype]``.
+    Sampled edges whose homogeneous IDs are in ``exclude`` are dropped (an edge batch's own).
 
     Returns ``(inputs, outputs, blocks, sample seconds, pull seconds)``."""
     from asyncgraph.distributed.hetero import etype_fanouts
@@ -238,6 +277,9 @@ async def sample_and_pull_hetero(
     for layer, fanout in enumerate(reversed(sampler.etype_fanouts)):
         fanouts = etype_fanouts(book, fanout)
         out = await aio.sample_etypes(current, fanouts, seed=layer_seed(batch_seed, layer))
+        if exclude is not None and exclude.size and out["eids"].size:
+            keep = ~np.isin(out["eids"], exclude)
+            out = {k: v[keep] for k, v in out.items()}
         block = to_hetero_block(book, out["src"], out["dst"], out["etype"], out["type_eid"], current)
         block.homo.csr()
         blocks.append(block)
