@@ -77,6 +77,7 @@ def test_scripts_differ_from_dgl_only_in_imports() -> None:
         "node_classification.py",
         "node_classification_unsupervised.py",
         "rgcn_node_classification.py",
+        "rgcn_lp_perf.py",
     ):
         code = [line for line in (SCRIPTS / script).read_text().splitlines() if not line.startswith("#")]
         assert not [line for line in code if line.startswith(("import dgl", "from dgl"))]
@@ -130,6 +131,27 @@ def test_dgl_rgcn_node_classification_acm(tmp_path: Path) -> None:
     assert "optimize DGL sparse embedding: dict_keys(['author', 'subject'])" in out, out[-3000:]
     accs = [float(a) for a in re.findall(r"\[trainer 0\] Val Acc \S+, Test Acc ([0-9.]+),", out)]
     assert len(accs) == 8 and max(accs[-3:]) > 0.5, out[-3000:]  # 3 classes; about 0.78 after 20 epochs
+
+
+def test_dgl_rgcn_lp_perf_acm(tmp_path: Path) -> None:
+    """DGL's link-prediction sampling profiler (``examples/distributed/rgcn/lp_perf.py``) on ACM:
+    per-type edge tensors ``prob``/``mask`` created with ``g.edges[etype].data[...] =
+    DistTensor(..., init_func, part_policy=g.get_edge_partition_policy(etype))``,
+    ``edge_split(..., etype=)``, ``pb.partid2eids(pb.partid, etype)``, a ``DistEdgeDataLoader``
+    over ``{("author", "writes", "paper"): eids}`` with 3 uniform negatives per edge and typed
+    sampling weighted by ``prob``."""
+    cfg = _partition_acm(tmp_path)
+    out = _launch(
+        tmp_path, cfg, "rgcn_lp_perf.py", "--ip-config", "ip_config.txt", "--graph-name", "acm",
+        "-e", "1", "--fanout", "4,4", "--batch-size", "500",
+    )  # fmt: skip
+    shares = re.findall(r"part (\d), train: (\d+) \(local: (\d+)\)", out)
+    # the 13407 "writes" edges split evenly over the 2 trainers, nearly all in the trainer's partition
+    assert sorted(int(n) for _, n, _ in shares) == [6703, 6704], out[-3000:]
+    assert all(int(local) > 0.99 * int(n) for _, n, local in shares), shares
+    for rank in (0, 1):  # 14 batches of at most 500 pairs each: steps 0 and 10 logged
+        assert re.findall(rf"\[{rank}\]Epoch 0 \| Step (\d+) \| Sample Time", out) == ["0", "10"], out[-3000:]
+        assert f"[{rank}]Epoch 0 | Total time" in out, out[-3000:]
 
 
 def test_quickstart_trainer_prints_no_warning(cora2) -> None:

@@ -21,6 +21,7 @@ from asyncgraph.dataloading import DistEdgeDataLoader, NeighborSampler
 from asyncgraph.dataloading.negative import Uniform
 from asyncgraph.distributed import DistGraph, DistTensor
 from asyncgraph.errors import (
+    DTypeMismatchError,
     InvalidRequestError,
     OutOfRangeError,
     ShapeMismatchError,
@@ -394,6 +395,85 @@ def test_pair_graph_scores_and_block_edge_data(tinies: list[DistGraph]) -> None:
         blocks[0].edges["buys"].data["_ID"]
     ]  # lp_perf's read: block EIDs index g.edges
     assert w.shape == (blocks[0].num_edges("buys"),)
+
+
+def test_per_type_prob_sampling_and_edge_split(acms: list[DistGraph]) -> None:
+    """lp_perf's pattern: an anonymous DistTensor per edge type set as ``g.edges[c].data["prob"]``
+    (half of each type's weights 0), then typed sampling with ``prob="prob"`` never picks a 0."""
+    for k, g in enumerate(acms[:2]):  # standalone, served
+        for c in g.canonical_etypes:
+            n = g.num_edges(c)
+            zero = np.random.default_rng(k).permutation(n)[: n // 2]
+
+            t = DistTensor(
+                (n,),
+                torch.float32,
+                init_func=lambda shape, dtype: torch.ones(shape, dtype=dtype),
+                part_policy=g.get_edge_partition_policy(c),
+                client=g.client,
+            )
+            t[zero] = torch.zeros(zero.size)
+            g.edges[c].data["prob"] = t
+        eids = {("author", "writes", "paper"): np.arange(0, 13407, 3)}
+        loader = DistEdgeDataLoader(
+            g, eids, NeighborSampler([4, 4], prob="prob"), 500, negative_sampler=Uniform(3)
+        )
+        picked = 0
+        for _, _, _, blocks in loader:
+            for blk in blocks:
+                for c in blk.canonical_etypes:
+                    ids = blk.edges[c].data["_ID"]
+                    picked += ids.numel()
+                    assert bool((g.edges[c].data["prob"][ids] > 0).all()), c
+        assert picked > 1000
+        pb = g.get_partition_book()
+        mask = torch.zeros(g.num_edges("writes"), dtype=torch.bool)
+        mask[::2] = True
+        shares = [asyncgraph.edge_split(mask, pb, rank=r, world_size=2, etype="writes") for r in range(2)]
+        np.testing.assert_array_equal(torch.cat(shares).sort().values.numpy(), np.arange(0, 13407, 2))
+        assert abs(len(shares[0]) - len(shares[1])) <= 1
+
+
+def test_per_type_prob_bad_input(acms: list[DistGraph]) -> None:
+    from asyncgraph.protocol.args import SampleEdgesArgs
+
+    g = acms[1]
+    seeds, fan = np.arange(3), np.full(4, 2)
+    with pytest.raises(InvalidRequestError, match="one prob per edge type"):
+        g.client.sample_etypes(seeds, fan, prob=["a", None])
+    with pytest.raises(InvalidRequestError, match="etype_probs"):
+        SampleEdgesArgs.decode(
+            {"seeds": seeds, "fanout": -1, "edge_dir": "in", "etype_probs": [None, None]}
+        )  # no fanouts
+    with pytest.raises(InvalidRequestError, match="etype_probs"):
+        SampleEdgesArgs.decode(
+            {
+                "seeds": seeds,
+                "fanout": -1,
+                "edge_dir": "in",
+                "etype_fanouts": fan,
+                "etype_probs": [1, 2, 3, 4],
+            }
+        )
+    with pytest.raises(InvalidRequestError, match="nope"):  # the servers name the missing tensor
+        g.client.sample_etypes(seeds, fan, prob=[None, "nope", None, None])
+    with pytest.raises(DTypeMismatchError):
+        NeighborSampler([2], prob=3)  # type: ignore[arg-type]
+
+
+def test_homogeneous_sampler_prob(cora2) -> None:  # type: ignore[no-untyped-def]
+    """``NeighborSampler(prob=)`` on a homogeneous graph: the owners skip 0-weight edges."""
+    from asyncgraph.dataloading import DistNodeDataLoader
+
+    client = Client.standalone(cora2.part_config)
+    g = DistGraph("cora", client=client)
+    w = DistTensor((g.num_edges(),), torch.float32, "w_prob", client=client)
+    w[np.arange(g.num_edges())] = torch.from_numpy((np.arange(g.num_edges()) % 2).astype(np.float32))
+    loader = DistNodeDataLoader(g, np.arange(0, 2708, 7), NeighborSampler([5, 5], prob="w_prob"), 128)
+    for _, _, blocks in loader:
+        for blk in blocks:
+            assert blk.eids.numel() > 0 and bool((blk.eids % 2 == 1).all())
+    client.close()
 
 
 # --- durability ------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from asyncgraph.errors import ServerUnavailableError
-from asyncgraph.names import ETYPE, TYPE_EID, tensor_key
+from asyncgraph.names import ETYPE, TYPE_EID, edge_key, tensor_key
 from asyncgraph.protocol.info import ServerInfo, SharedMemoryInfo
 from asyncgraph.protocol.ops import ATTACHED_OPS, Op, SampleEdgesArgs
 from asyncgraph.service.base import Partition, SampledRows
@@ -187,7 +187,8 @@ class LocalPartition:
             if not self.service.store.has_tensor(key):
                 await self._map(self.shm, key)
         if args.etype_fanouts is not None and self.shm is not None:
-            for key in (tensor_key("edge", ETYPE), tensor_key("edge", TYPE_EID)):
+            probs = [edge_key(p) for p in args.etype_probs or [] if p is not None]
+            for key in (tensor_key("edge", ETYPE), tensor_key("edge", TYPE_EID), *probs):
                 if not self.service.store.has_tensor(key):
                     await self._map(self.shm, key)
         return self.service.sample_edges(args)

@@ -221,12 +221,27 @@ class StructureQueries:
         return src, dst, eids
 
     async def sample_etypes(
-        self, seeds: Any, etype_fanouts: Any, *, seed: int | None = None, prob: str | None = None
+        self,
+        seeds: Any,
+        etype_fanouts: Any,
+        *,
+        seed: int | None = None,
+        prob: str | Sequence[str | None] | None = None,
+        exclude: Any = None,
     ) -> dict[str, np.ndarray]:
         """In-edges of homogeneous ``seeds`` with a fanout per edge type, sampled by each seed's
-        owner (the server reads each edge's type). Returns ``src``, ``dst``, ``eids`` (homogeneous)
+        owner (the server reads each edge's type), weighted by edge tensor ``prob`` (or a list:
+        one tensor per edge type, DGL's per-type ``prob``; None: uniform), never
+        picking homogeneous edge IDs ``exclude``. Returns ``src``, ``dst``, ``eids`` (homogeneous)
         and each edge's ``etype`` (index into the book's canonical_etypes) and ``type_eid``."""
         gids = as_id_array(seeds, "seeds")
+        exc = as_id_array(exclude, "exclude") if exclude is not None else None
+        one = prob if isinstance(prob, str) or prob is None else None
+        per_type = None if isinstance(prob, str) or prob is None else list(prob)
+        if per_type is not None and len(per_type) != len(self.state.book.canonical_etypes):
+            raise InvalidRequestError(
+                f"need one prob per edge type ({len(self.state.book.canonical_etypes)}), got {len(per_type)}"
+            )
         fan = as_id_array(etype_fanouts, "etype_fanouts")
         if fan.size != len(self.state.book.canonical_etypes):
             raise InvalidRequestError(
@@ -235,7 +250,8 @@ class StructureQueries:
         parts = self.state.book.positions(gids, "node")
 
         def call(p: Partition, pos: np.ndarray | None) -> Awaitable[dict[str, np.ndarray]]:
-            return p.sample_edges(SampleEdgesArgs(take(gids, pos), -1, "in", False, seed, prob, None, fan))
+            args = SampleEdgesArgs(take(gids, pos), -1, "in", False, seed, one, exc, fan, per_type)
+            return p.sample_edges(args)
 
         results = [r for _, r in await scatter(self.state.partitions, parts, Op.SAMPLE_EDGES, call)]
         keys = ("src", "dst", "eids", "etype", "type_eid")

@@ -25,6 +25,7 @@ from asyncgraph.dataloading.hetero_edge_loader import (
     build_typed_batch,
     excluded,
     typed_edge_seeds,
+    typed_prob,
 )
 from asyncgraph.dataloading.hetero_pair import HeteroPairGraph
 from asyncgraph.dataloading.negative import NegativeSampler
@@ -228,6 +229,7 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
         self.negative_sampler = negative_sampler
         self.exclude = exclude
         self.node_feats, _ = node_tensor_names(client, node_feats, None)
+        self.typed_prob = typed_prob(g, client.book, getattr(sampler, "prob", None))
 
     def _excluded(self, eids: np.ndarray) -> np.ndarray | None:
         """Edge IDs no block of this batch may contain."""
@@ -255,6 +257,7 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
             batch_seed,
             self.node_feats,
             excluded(self.typed, self.exclude, positions),
+            self.typed_prob,
         )
         return EdgeMiniBatch(inputs, pair, neg, blocks, sample_time=t_sample, pull_time=t_pull)
 

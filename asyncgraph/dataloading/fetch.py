@@ -153,7 +153,12 @@ async def sample_and_pull(
         layer += 1
         before = traffic.remote_requests
         seed = layer_seed(batch_seed, layer)
-        if carried and layer == len(sampler.fanouts):
+        prob = getattr(sampler, "prob", None)
+        if prob is not None:  # weighted: the owners sample with the edge tensor's weights
+            src, dst, sampled = await aio.sample_edges(
+                layer_seeds, fanout, replace=replace, seed=seed, prob=prob, exclude=exclude
+            )
+        elif carried and layer == len(sampler.fanouts):
             carry = await aio.sample_with_features(
                 layer_seeds, fanout, carried, replace=replace, seed=seed, traffic=traffic
             )

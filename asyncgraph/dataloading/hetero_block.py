@@ -261,11 +261,14 @@ async def sample_and_pull_hetero(
     node_feats: Sequence[str],
     labels: str | None,
     exclude: np.ndarray | None = None,
+    prob: Any = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[HeteroBlock], float, float]:
     """Typed blocks for ``{ntype: ids}`` seeds (each layer's fanout an int or a dict by edge
     type, honoured by the servers), then ``node_feats`` of the inputs into
     ``blocks[0].srcdata[ntype]`` and ``labels`` of the seeds into ``blocks[-1].dstdata[ntype]``.
-    Sampled edges whose homogeneous IDs are in ``exclude`` are dropped (an edge batch's own).
+    The servers never pick edges whose homogeneous IDs are in ``exclude`` (an edge batch's own,
+    excluded before the fanouts count, as DGL's) and weigh edges by ``prob`` (else
+    ``sampler.prob``): an edge tensor's name, or one per edge type.
 
     Returns ``(inputs, outputs, blocks, sample seconds, pull seconds)``."""
     from asyncgraph.distributed.hetero import etype_fanouts
@@ -276,10 +279,13 @@ async def sample_and_pull_hetero(
     blocks: list[HeteroBlock] = []
     for layer, fanout in enumerate(reversed(sampler.etype_fanouts)):
         fanouts = etype_fanouts(book, fanout)
-        out = await aio.sample_etypes(current, fanouts, seed=layer_seed(batch_seed, layer))
-        if exclude is not None and exclude.size and out["eids"].size:
-            keep = ~np.isin(out["eids"], exclude)
-            out = {k: v[keep] for k, v in out.items()}
+        out = await aio.sample_etypes(
+            current,
+            fanouts,
+            seed=layer_seed(batch_seed, layer),
+            prob=prob if prob is not None else getattr(sampler, "prob", None),
+            exclude=exclude,
+        )
         block = to_hetero_block(book, out["src"], out["dst"], out["etype"], out["type_eid"], current)
         block.homo.csr()
         blocks.append(block)

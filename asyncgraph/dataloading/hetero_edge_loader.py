@@ -91,6 +91,21 @@ def typed_edge_seeds(
     return TypedEdgeSeeds(cat(homo), cat(types), cat(tids), cat(rev) if rev else None)
 
 
+def typed_prob(g: Any, book: RangePartitionBook, prob: str | None) -> str | list[str | None] | None:
+    """DGL's ``prob`` of a typed sampler: the name of each edge type's tensor. A tensor set with
+    ``g.edges[etype].data[prob] = DistTensor(...)`` is stored under its own name (DGL's are
+    often anonymous), so the servers get one stored name per type (None: uniform); a name no
+    type set stays one homogeneous edge tensor."""
+    aliases = getattr(getattr(g, "edges_by_type", None), "aliases", {})
+    if prob is None or not any(name == prob for (_, name) in aliases):
+        return prob
+    out: list[str | None] = []
+    for c in book.canonical_etypes:
+        alias = aliases.get((c, prob))
+        out.append(alias.key if alias is not None else None)
+    return out
+
+
 def excluded(seeds: TypedEdgeSeeds, exclude: str | None, positions: np.ndarray) -> np.ndarray | None:
     """Homogeneous edge IDs the blocks of the batch at ``positions`` may not contain."""
     if exclude is None:
@@ -112,6 +127,7 @@ async def build_typed_batch(
     batch_seed: int,
     node_feats: Sequence[str],
     exclude: np.ndarray | None,
+    prob: Any = None,
 ) -> tuple[dict[str, torch.Tensor], HeteroPairGraph, HeteroPairGraph | None, list[HeteroBlock], float, float]:
     """One typed edge batch: ``(input_nodes, pair_graph, neg_pair_graph, blocks, sample s, pull s)``."""
     book: RangePartitionBook = aio.book
@@ -137,7 +153,7 @@ async def build_typed_batch(
     types, per = book.map_to_per_ntype(unique)
     seed_dict = {t: per[types == i] for i, t in enumerate(book.ntypes)}
     inputs, _, blocks, sample_time, pull_time = await sample_and_pull_hetero(
-        aio, sampler, seed_dict, batch_seed, node_feats=node_feats, labels=None, exclude=exclude
+        aio, sampler, seed_dict, batch_seed, node_feats=node_feats, labels=None, exclude=exclude, prob=prob
     )
     nodes = {t: torch.from_numpy(v) for t, v in seed_dict.items()}
 

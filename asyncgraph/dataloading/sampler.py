@@ -23,7 +23,6 @@ __all__ = ["LAYERS_PER_BATCH_SEED", "NeighborSampler", "SampleFn", "layer_seed"]
 SampleFn = Callable[[np.ndarray, int], Awaitable[tuple[np.ndarray, np.ndarray, np.ndarray]]]
 
 
-
 LAYERS_PER_BATCH_SEED = 8
 """Seeds of consecutive batches are this far apart, so each of up to 8 layers gets its own."""
 
@@ -42,7 +41,7 @@ class NeighborSampler:
     servers.
     """
 
-    def __init__(self, fanouts: Sequence[Any], replace: bool = False) -> None:
+    def __init__(self, fanouts: Sequence[Any], replace: bool = False, prob: str | None = None) -> None:
         fanout_list = list(fanouts)
         if not fanout_list:
             raise InvalidRequestError("fanouts must name at least one layer")
@@ -62,6 +61,11 @@ class NeighborSampler:
                 raise InvalidRequestError(f"fanout must be -1 (all in-edges) or >= 0, got {f}")
         self.fanouts: list[int] = [int(f) for f in fanout_list]
         self.replace: bool = bool(replace)
+        if prob is not None and not isinstance(prob, str):
+            raise DTypeMismatchError(f"prob must name an edge tensor (str), got {prob!r}")
+        #: DGL's ``prob``: an edge tensor's name; edges are drawn with probability proportional
+        #: to it, never when it is 0 (DGL's ``mask`` is a 0/1 ``prob``). Sampled by the owners.
+        self.prob: str | None = prob
 
     async def sample_blocks(
         self, sample_fn: SampleFn, seeds: np.ndarray
@@ -83,4 +87,5 @@ class NeighborSampler:
         return current, output_nodes, blocks
 
     def __repr__(self) -> str:
-        return f"NeighborSampler(fanouts={self.fanouts}, replace={self.replace})"
+        extra = f", prob={self.prob!r}" if self.prob is not None else ""
+        return f"NeighborSampler(fanouts={self.fanouts}, replace={self.replace}{extra})"

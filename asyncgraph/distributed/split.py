@@ -245,9 +245,24 @@ def edge_split(
     force_even: bool = True,
     seed: int = 0,
     edge_trainer_ids: Any = None,
+    etype: Any = None,
 ) -> torch.Tensor:
     """Sorted int64 global edge IDs of this rank's share of the edges selected by ``mask``.
 
-    Same rules as ``node_split``, over edge IDs and the book's edge ranges.
+    Same rules as ``node_split``, over edge IDs and the book's edge ranges. With ``etype``
+    (heterogeneous graphs) ``mask`` covers that type's edges and the result is per-type edge IDs,
+    split over the type's per-partition ranges (``partid2eids(p, etype)``).
     """
+    if etype is not None:
+        book: RangePartitionBook | None
+        if isinstance(mask, DistTensor) and mask.etype is not None:
+            book = partition_book or mask.client.book
+            mask = mask[slice(None)]
+        else:
+            client = current_client()
+            book = partition_book or (client.book if client is not None else None)
+        if book is None:
+            raise InvalidRequestError("edge_split(etype=...) needs a partition book or an initialised graph")
+        tb = book.etype_bounds(etype)
+        return _split(mask, None, rank, world_size, force_even, "edge", type_bounds=tb)
     return _split(mask, partition_book, rank, world_size, force_even, "edge", trainer_ids=edge_trainer_ids)

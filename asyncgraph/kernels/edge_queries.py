@@ -110,6 +110,22 @@ def _weights(store: PartitionStore, prob: str | None, local_eids: IdArray) -> np
     return w
 
 
+def _typed_weights(store: PartitionStore, probs: list[str | None], local_eids: IdArray) -> np.ndarray:
+    """Each candidate's weight from its edge type's tensor (``probs[t]``; None: weight 1)."""
+    key = tensor_key("edge", ETYPE)
+    if not store.has_tensor(key):
+        raise InvalidRequestError("etype_probs need a heterogeneous partition (no _ETYPE tensor)")
+    et = np.asarray(store.local_rows(key))[local_eids]
+    w = np.ones(local_eids.size, dtype=np.float64)
+    for t, name in enumerate(probs):  # one pass per edge type (a handful), vectorised inside
+        if name is not None:
+            sel = np.flatnonzero(et == t)
+            typed = _weights(store, name, local_eids[sel])
+            assert typed is not None
+            w[sel] = typed
+    return w
+
+
 def sample_edges(
     store: PartitionStore,
     out_index: OutIndex | None,
@@ -122,6 +138,7 @@ def sample_edges(
     prob: str | None = None,
     exclude: np.ndarray | None = None,
     etype_fanouts: np.ndarray | None = None,
+    etype_probs: list[str | None] | None = None,
 ) -> dict[str, np.ndarray]:
     """Sample edges of global ``seeds`` held here: in-edges of owned seeds, or this partition's
     out-edges of any seeds. Returns global ``src``, ``dst``, ``eids``, each edge's ``seed_pos``
@@ -150,7 +167,7 @@ def sample_edges(
     if exclude is not None and exclude.size:
         keep = ~np.isin(eids_all[j], as_id_array(exclude, "exclude"))
         seg, j = seg[keep], j[keep]
-    w = _weights(store, prob, j)
+    w = _weights(store, prob, j) if etype_probs is None else _typed_weights(store, etype_probs, j)
     if w is not None:
         keep = w > 0
         seg, j, w = seg[keep], j[keep], w[keep]

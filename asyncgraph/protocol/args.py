@@ -349,6 +349,8 @@ class SampleEdgesArgs:
     # Heterogeneous graphs: a fanout per edge type (index = the type's position in the book's
     # canonical_etypes); each seed gets up to that many in-edges of each type.
     etype_fanouts: np.ndarray | None = None
+    # With etype_fanouts: a weight tensor per edge type (DGL's per-type ``prob``; nil: uniform).
+    etype_probs: list[str | None] | None = None
 
     @classmethod
     def decode(cls, args: Mapping[str, Any]) -> SampleEdgesArgs:
@@ -360,7 +362,14 @@ class SampleEdgesArgs:
         exclude = _ids(args, op, "exclude") if args.get("exclude") is not None else None
         fanouts = _ids(args, op, "etype_fanouts") if args.get("etype_fanouts") is not None else None
         edge_dir = _edge_dir(args, op)
-        return cls(base.seeds, base.fanout, edge_dir, base.replace, base.seed, prob, exclude, fanouts)
+        probs = args.get("etype_probs")
+        if probs is not None and (
+            not isinstance(probs, list) or not all(p is None or isinstance(p, str) for p in probs)
+        ):
+            raise InvalidRequestError(f"{op}: etype_probs must be a list of edge tensor names or nil")
+        if probs is not None and (fanouts is None or len(probs) != fanouts.size or prob is not None):
+            raise InvalidRequestError(f"{op}: etype_probs needs etype_fanouts of its length and no prob")
+        return cls(base.seeds, base.fanout, edge_dir, base.replace, base.seed, prob, exclude, fanouts, probs)
 
     def encode(self) -> dict[str, Any]:
         return {
@@ -372,6 +381,7 @@ class SampleEdgesArgs:
             "prob": self.prob,
             "exclude": self.exclude,
             "etype_fanouts": self.etype_fanouts,
+            "etype_probs": self.etype_probs,
         }
 
 

@@ -279,4 +279,5 @@ class PartitionService:
             prob=args.prob,
             exclude=args.exclude,
             etype_fanouts=args.etype_fanouts,
+            etype_probs=args.etype_probs,
         )
