@@ -1,7 +1,8 @@
 """DGL's own distributed examples (``examples/distributed/`` of dmlc/dgl), copied into
 ``tests/dgl_scripts/`` with only their imports renamed, run launched on bundled data: the
 GraphSAGE node-classification script (training, then its layer-wise ``inference()``) on PubMed
-and its link-prediction sibling on Cora, each 2 partitions x 1 trainer."""
+and its link-prediction sibling on Cora, the RGCN node classification and the link-prediction
+sampling profiler (``rgcn/lp_perf.py``) on ACM, each 2 partitions x 1 trainer."""
 
 from __future__ import annotations
 
