@@ -528,6 +528,31 @@ def test_typed_reads_after_a_durable_server_restarts(parts: dict, tmp_path: Path
         group.stop()
 
 
+def test_typed_reads_and_weighted_typed_sampling_with_replicas(parts: dict, tmp_path: Path) -> None:
+    """Each partition served by a primary and a replica (reads take turns): the replica derives
+    ``_TYPE_ORDER`` on load too, so typed reads and typed weighted sampling agree with standalone."""
+    group = start_servers(parts["tiny"][0], tmp_path / "srv", num_parts=2, num_servers=2)
+    local = Client.standalone(parts["tiny"][0])
+    remote = Client.connect(group.addresses, use_shared_memory=False)
+    try:
+        graphs = [DistGraph("tiny", client=c) for c in (local, remote)]
+        for _ in range(3):  # several rounds: primaries and replicas both answer
+            rows = [g.edges[c].data["w"][np.arange(g.num_edges(c))].numpy() for g in graphs for c in EDGES]
+            half = len(rows) // 2
+            for a, b in zip(rows[:half], rows[half:], strict=True):
+                np.testing.assert_array_equal(a, b)
+        samples = [
+            g.client.sample_etypes(np.arange(7), np.full(3, -1), seed=1, prob=[None, None, "w"])
+            for g in graphs
+        ]
+        for key in ("eids", "etype", "type_eid"):
+            np.testing.assert_array_equal(np.sort(samples[0][key]), np.sort(samples[1][key]))
+    finally:
+        local.close()
+        remote.close()
+        group.stop()
+
+
 # --- the example --------------------------------------------------------------------------------------
 def test_link_prediction_example_learns() -> None:
     example = str(ROOT / "examples" / "hetero_link_prediction.py")
