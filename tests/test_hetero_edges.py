@@ -426,6 +426,15 @@ def test_per_type_prob_sampling_and_edge_split(acms: list[DistGraph]) -> None:
                     picked += ids.numel()
                     assert bool((g.edges[c].data["prob"][ids] > 0).all()), c
         assert picked > 1000
+        from asyncgraph.dataloading import DistNodeDataLoader
+
+        nodes = DistNodeDataLoader(
+            g, {"paper": np.arange(0, 4019, 5)}, NeighborSampler([4], prob="prob"), 400
+        )
+        for _, _, blocks in nodes:  # the typed node loader resolves the per-type tensors too
+            for c in blocks[0].canonical_etypes:
+                ids = blocks[0].edges[c].data["_ID"]
+                assert bool((g.edges[c].data["prob"][ids] > 0).all()), c
         pb = g.get_partition_book()
         mask = torch.zeros(g.num_edges("writes"), dtype=torch.bool)
         mask[::2] = True

@@ -21,6 +21,7 @@ from asyncgraph.dataloading.fetch import (
     sample_and_pull,
 )
 from asyncgraph.dataloading.hetero_block import sample_and_pull_hetero
+from asyncgraph.dataloading.hetero_edge_loader import typed_prob
 from asyncgraph.dataloading.prefetch import PrefetchingLoader
 from asyncgraph.dataloading.sampler import NeighborSampler
 from asyncgraph.errors import InvalidRequestError, UnknownTypeError
@@ -104,6 +105,7 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
         self.async_client: AsyncClient = client.async_client
         self.sampler = sampler
         self.node_feats, self.labels = node_tensor_names(client, node_feats, labels)
+        self.typed_prob = typed_prob(g, client.book, getattr(sampler, "prob", None))  # per edge type
         self.carry_features = carry_features
         self.cache_info: dict[str, int] = {}
         if feature_cache_bytes > 0:
@@ -161,6 +163,7 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
             batch_seed,
             node_feats=self.node_feats,
             labels=self.labels,
+            prob=self.typed_prob,
         )
         self.stats.sample += sample_time
         self.stats.pull += pull_time
