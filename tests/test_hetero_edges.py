@@ -291,6 +291,44 @@ def test_typed_edge_loader_served_equals_standalone(acms: list[DistGraph]) -> No
     np.testing.assert_array_equal(np.sort(seen), eids["written-by"])  # every edge once per epoch
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_typed_batches_staged_to_a_device(acms: list[DistGraph], overlap: bool) -> None:
+    """``device=`` stages typed pair graphs and blocks like any batch (here to the CPU through the
+    staging buffer: every tensor is a view of the copy, and the values are the same)."""
+    g = acms[0]
+    kw = dict(
+        eids={"written-by": np.arange(0, 13407, 50)}, batch_size=100, negative_sampler=Uniform(1), seed=3
+    )
+    plain = _batches(g, **kw)
+    staged = [
+        tuple(b)
+        for b in DistEdgeDataLoader(g, sampler=NeighborSampler([4, 4]), device="cpu", overlap=overlap, **kw)
+    ]  # type: ignore[arg-type]
+    for a, b in zip(plain, staged, strict=True):
+        for t in g.ntypes:
+            np.testing.assert_array_equal(a[0][t].numpy(), b[0][t].numpy())
+            np.testing.assert_array_equal(
+                a[3][0].srcdata[t]["feat"].numpy(), b[3][0].srcdata[t]["feat"].numpy()
+            )
+        for c in g.canonical_etypes:
+            for x, y in zip(a[1].pairs[c] + a[2].pairs[c], b[1].pairs[c] + b[2].pairs[c], strict=True):
+                np.testing.assert_array_equal(x.numpy(), y.numpy())
+            np.testing.assert_array_equal(
+                a[1].edges[c].data["_ID"].numpy(), b[1].edges[c].data["_ID"].numpy()
+            )
+            for layer in range(2):
+                np.testing.assert_array_equal(
+                    a[3][layer].edges[c].data["_ID"].numpy(), b[3][layer].edges[c].data["_ID"].numpy()
+                )
+        if overlap:  # packed into the staging buffer: views of the one copied buffer
+            assert a[1].pairs[WB_ACM][0]._base is None
+            for t in (b[1].pairs[WB_ACM][0], b[2].nodes_of["author"], b[3][1].edges[WB_ACM].data["_ID"]):
+                assert t._base is not None
+
+
+WB_ACM = ("paper", "written-by", "author")
+
+
 def test_exclusions_as_dgl(tinies: list[DistGraph]) -> None:
     g = tinies[1]
     all_buys = {BUYS: np.arange(6)}

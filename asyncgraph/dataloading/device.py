@@ -48,13 +48,17 @@ def as_device(device: str | torch.device | None) -> torch.device | None:
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """``obj`` rebuilt with ``fn`` applied to every dense tensor, in a fixed traversal order.
 
-    Walks dataclasses (a ``Block`` keeps only its cached CSR), lists, tuples and dicts; anything
-    else (numbers, strings, sparse tensors, numpy arrays) is returned as it is.
+    Walks dataclasses (a ``Block`` keeps only its cached CSR), lists, tuples and dicts, and objects
+    with a ``map_tensors(mapper)`` method (``HeteroBlock``, ``HeteroPairGraph``); anything else
+    (numbers, strings, sparse tensors, numpy arrays) is returned as it is.
     """
     from asyncgraph.dataloading.block import Block
 
     if isinstance(obj, torch.Tensor):
         return fn(obj) if obj.layout == torch.strided else obj
+    hook = getattr(obj, "map_tensors", None)
+    if callable(hook) and not isinstance(obj, type):  # typed blocks and pair graphs rebuild themselves
+        return hook(lambda v: map_tensors(v, fn))
     if isinstance(obj, Block):
         out = Block(
             srcnodes=fn(obj.srcnodes),

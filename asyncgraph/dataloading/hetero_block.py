@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -27,7 +27,7 @@ from asyncgraph.partition.book import RangePartitionBook
 
 from .block import Block, to_block
 from .frames import Frame
-from .hetero_pair import TypedFrames, resolve_canonical
+from .hetero_pair import TypedFrames, map_frames, resolve_canonical
 
 __all__ = ["HeteroBlock", "to_hetero_block"]
 
@@ -157,6 +157,21 @@ class HeteroBlock:
         out.dstdata = {t: {k: mv(v) for k, v in d.items()} for t, d in self.dstdata.items()}
         for c, f in self.edge_frames.items():
             out.edge_frames[c].update({k: mv(v) for k, v in f.items()})
+        return out
+
+    def map_tensors(self, mapper: Callable[[Any], Any]) -> HeteroBlock:
+        """A copy with ``mapper`` applied to every tensor, in a fixed order (a loader's ``device=``)."""
+        out = HeteroBlock(
+            self.ntypes,
+            self.canonical_etypes,
+            mapper(self.srcnodes),
+            mapper(self.dstnodes),
+            mapper(self._edges),
+            mapper(self.homo),
+            self.src_pos,
+        )
+        out.srcdata, out.dstdata = mapper(self.srcdata), mapper(self.dstdata)
+        out.edge_frames = map_frames(self.edge_frames, mapper)
         return out
 
     @property

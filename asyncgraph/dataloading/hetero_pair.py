@@ -10,7 +10,7 @@ positive pairs' per-type edge IDs; ``apply_edges(fn.u_dot_v(...), etype=)`` scor
 
 from __future__ import annotations
 
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -73,6 +73,13 @@ class TypedFrames(MutableMapping[str, Any]):
 
     def __len__(self) -> int:
         return len(list(iter(self)))
+
+
+def map_frames(frames: dict[Any, Frame], mapper: Callable[[Any], Any]) -> dict[Any, Frame]:
+    """Frames with ``mapper`` applied to their fields and IDs (the IDs keep answering ``_ID``)."""
+    return {
+        k: Frame(mapper(dict(f)), mapper(f.ids) if f.ids is not None else None) for k, f in frames.items()
+    }
 
 
 class _TypeData:
@@ -216,6 +223,14 @@ class HeteroPairGraph:
         out = HeteroPairGraph(self.ntypes, self.canonical_etypes, self.nodes_of, self.pairs)
         out.node_frames = {k: f.copy() for k, f in self.node_frames.items()}
         out.edge_frames = {k: f.copy() for k, f in self.edge_frames.items()}
+        return out
+
+    def map_tensors(self, mapper: Callable[[Any], Any]) -> HeteroPairGraph:
+        """A copy with ``mapper`` applied to every tensor (node IDs, pairs, fields), in a fixed
+        order: how a loader's ``device=`` stages a typed batch."""
+        out = HeteroPairGraph(self.ntypes, self.canonical_etypes, mapper(self.nodes_of), mapper(self.pairs))
+        out.node_frames = map_frames(self.node_frames, mapper)
+        out.edge_frames = map_frames(self.edge_frames, mapper)
         return out
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> HeteroPairGraph:
