@@ -145,6 +145,18 @@ def test_book_maps_per_type_edge_ids(tinies: list[DistGraph], acms: list[DistGra
                 types, back = book.map_to_per_etype(homo)
                 assert np.all(types == r)
                 np.testing.assert_array_equal(back, owned[p])
+    for g in acms:  # owners of per-type IDs, as DGL's eid2partid(eids, etype) / nid2partid(nids, ntype)
+        book = g.get_partition_book()
+        tids = np.arange(g.num_edges("writes"))
+        np.testing.assert_array_equal(
+            book.eid2partid(tids, "writes"), book.eid2partid(book.map_to_homo_eid(tids, "writes"))
+        )
+        nids = np.arange(g.num_nodes("author"))
+        np.testing.assert_array_equal(
+            book.nid2partid(nids, "author"), book.nid2partid(book.map_to_homo_nid(nids, "author"))
+        )
+        with pytest.raises(OutOfRangeError, match="writes"):
+            book.eid2partid([13407], "writes")
     homo = [g.get_partition_book().map_to_homo_eid([5, 0, 5, 13406], "writes") for g in acms]
     np.testing.assert_array_equal(homo[0], homo[1])
     np.testing.assert_array_equal(homo[0], homo[2])

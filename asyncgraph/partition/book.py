@@ -148,11 +148,19 @@ class RangePartitionBook:
         raise ValueError(f"unknown partition policy {policy!r}; expected 'node' or 'edge'")
 
     # --- global -> owner ---------------------------------------------------------------------
-    def nid2partid(self, ids: Any) -> IdArray:
-        return self._owner(as_id_array(ids), self._node_bounds, "node")
+    def nid2partid(self, ids: Any, ntype: Any = None) -> IdArray:
+        """Owner of node ``ids`` (with ``ntype``: of that type's per-type IDs, as DGL's)."""
+        if ntype is None or not self._hetero:
+            return self._owner(as_id_array(ids), self._node_bounds, "node")
+        t = self.ntype_id(ntype)
+        return self._owner(as_id_array(ids), self._type_bounds[:, t], f"{self._ntypes[t]} node")
 
-    def eid2partid(self, ids: Any) -> IdArray:
-        return self._owner(as_id_array(ids), self._edge_bounds, "edge")
+    def eid2partid(self, ids: Any, etype: Any = None) -> IdArray:
+        """Owner of edge ``ids`` (with ``etype``: of that type's per-type IDs, as DGL's)."""
+        if etype is None or not self._hetero:
+            return self._owner(as_id_array(ids), self._edge_bounds, "edge")
+        t = self.etype_id(etype)
+        return self._owner(as_id_array(ids), self._etype_bounds[:, t], f"{self._canon[t]} edge")
 
     def owner(self, ids: Any, policy: str) -> IdArray:
         """Owner partition of each ID under a policy (``"node"`` or ``"edge"``)."""
