@@ -249,8 +249,14 @@ class StructureQueries:
             )
         parts = self.state.book.positions(gids, "node")
 
+        book = self.state.book
+
         def call(p: Partition, pos: np.ndarray | None) -> Awaitable[dict[str, np.ndarray]]:
-            args = SampleEdgesArgs(take(gids, pos), -1, "in", False, seed, one, exc, fan, per_type)
+            mine = exc
+            if exc is not None:  # in-edges of a partition's seeds are its own edges: send only those
+                lo, hi = book.edge_range(p.part_id)
+                mine = exc[(exc >= lo) & (exc < hi)]
+            args = SampleEdgesArgs(take(gids, pos), -1, "in", False, seed, one, mine, fan, per_type)
             return p.sample_edges(args)
 
         results = [r for _, r in await scatter(self.state.partitions, parts, Op.SAMPLE_EDGES, call)]
