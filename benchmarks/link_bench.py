@@ -57,9 +57,13 @@ def _rate_bytes(rate: str) -> float | None:
 
 # --- the client, run on a client host --------------------------------------------------------
 async def _worker(
-    servers: list[tuple[str, int]], secret: bytes, seconds: float, start_at: float
+    servers: list[tuple[str, int]], secret: bytes, seconds: float, start_at: float, chunk_mb: float | None
 ) -> dict[str, Any]:
     from asyncgraph.client import AsyncClient
+    from asyncgraph.client.remote import RemotePartition
+
+    if chunk_mb is not None:  # 0: no chunks (one request per owner, as before issue 24's fix)
+        RemotePartition.chunk_bytes = int(chunk_mb * (1 << 20)) if chunk_mb > 0 else 1 << 40
 
     client = await AsyncClient.connect(servers, secret=secret, use_shared_memory=False, call_timeout=120)
     n = client.book.num_nodes
@@ -140,7 +144,15 @@ def _partition(work: Path) -> Path:
     return out / "pubmed.json"
 
 
-def _run_case(n_hosts: int, rate: str, part_config: Path, work: Path, seconds: float) -> dict[str, Any]:
+def _run_case(
+    n_hosts: int,
+    rate: str,
+    part_config: Path,
+    work: Path,
+    seconds: float,
+    chunk_mb: float | None = None,
+    slow_start_after_idle: int | None = None,
+) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "tests"))
     from nethosts import NetHosts  # type: ignore[import-not-found]
 
@@ -155,10 +167,14 @@ def _run_case(n_hosts: int, rate: str, part_config: Path, work: Path, seconds: f
             burst = f"{max(64 << 10, int(bits / 100))}b"  # 10 ms of the rate (>= HZ granularity)
             for i in range(n_hosts):
                 nh.shape(i, rate, burst=burst, latency="100ms")
+        if slow_start_after_idle is not None:  # per network namespace: the root one is untouched
+            for host in nh.hosts:
+                _sysctl(host.name, "net.ipv4.tcp_slow_start_after_idle", slow_start_after_idle)
         procs, ready = [], []
         for part in range(2):
             host = server_hosts[part % len(server_hosts)]
             ready.append(work / f"ready-{n_hosts}-{rate}-{part}.json")
+            ready[-1].unlink(missing_ok=True)  # an earlier case's file names ports now closed
             argv = server_argv(part_config, part, ready[-1], host=host.addr, num_clients=len(clients),
                                secret_file=secret, extra_args=["--log-level", "WARNING"])  # fmt: skip
             procs.append(host.popen(argv, cwd=ROOT))
@@ -189,6 +205,8 @@ def _run_case(n_hosts: int, rate: str, part_config: Path, work: Path, seconds: f
         for host in clients:
             argv = [sys.executable, "-m", "benchmarks.link_bench", "--worker", json.dumps(servers),
                     str(secret), str(seconds), str(start_at)]  # fmt: skip
+            if chunk_mb is not None:
+                argv += ["--chunk-mb", str(chunk_mb)]
             workers.append(host.popen(argv, stdout=subprocess.PIPE, cwd=ROOT))
         results = []
         for w in workers:
@@ -201,7 +219,8 @@ def _run_case(n_hosts: int, rate: str, part_config: Path, work: Path, seconds: f
     limit = link * len(server_hosts) if link is not None else None
     case: dict[str, Any] = {"hosts": n_hosts, "rate": rate, "client_hosts": len(clients),
                             "server_hosts": len(server_hosts), "link_limit_bytes_s": limit,
-                            "tcp_ceiling_bytes_s": ceiling, "pull": {}}  # fmt: skip
+                            "tcp_ceiling_bytes_s": ceiling, "pull": {}, "chunk_mb": chunk_mb,
+                            "slow_start_after_idle": slow_start_after_idle}  # fmt: skip
     for size in SIZES:
         rows = sum(r["pull"][str(size)]["rows_s"] for r in results)
         p50 = max(r["pull"][str(size)]["p50_ms"] for r in results)
@@ -213,6 +232,11 @@ def _run_case(n_hosts: int, rate: str, part_config: Path, work: Path, seconds: f
                               "of_link": rows2 * ROW_BYTES / limit if limit else None}  # fmt: skip
     case["sample_req_s"] = sum(r["sample_req_s"] for r in results)
     return case
+
+
+def _sysctl(netns: str, key: str, value: int) -> None:
+    """Set ``key`` inside network namespace ``netns`` only (TCP sysctls are per namespace)."""
+    subprocess.run(["ip", "netns", "exec", netns, "sysctl", "-q", "-w", f"{key}={value}"], check=True)
 
 
 def _epoch_case(rate: str, part_config: Path, epochs: int, batch_size: int) -> dict[str, Any]:
@@ -262,7 +286,12 @@ def _show(case: dict[str, Any]) -> None:
     head = f"{case['hosts']} hosts, {case['rate']}: link limit " + (
         f"{limit / 1e6:.0f} MB/s" if limit else "none"
     )
-    print(f"{head}, raw TCP {case['tcp_ceiling_bytes_s'] / 1e6:.0f} MB/s (same run)")
+    knobs = ""
+    if case.get("chunk_mb") is not None:
+        knobs += f", pull chunks {case['chunk_mb']:g} MB" if case["chunk_mb"] else ", pull chunks off"
+    if case.get("slow_start_after_idle") is not None:
+        knobs += f", tcp_slow_start_after_idle={case['slow_start_after_idle']}"
+    print(f"{head}, raw TCP {case['tcp_ceiling_bytes_s'] / 1e6:.0f} MB/s (same run){knobs}")
     for size, fig in case["pull"].items():
         ratio = f"{fig['of_link']:.2f}x link, " if fig["of_link"] is not None else ""
         rate = f"{fig['rows_s'] / 1e3:8.0f}k rows/s {fig['bytes_s'] / 1e6:7.0f} MB/s"
@@ -284,13 +313,22 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=5, help="epochs of the launched job (0: skip)")
     parser.add_argument("--batch-size", type=int, default=10, help="train_dist's (PubMed: 60 train nodes)")
     parser.add_argument(
+        "--chunk-mb", type=float, nargs="*", default=[None],
+        help="pull chunk sizes to compare, MB (0: no chunks; default: the client's own)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--slow-start-after-idle", type=int, nargs="*", choices=(0, 1), default=[None],
+        help="net.ipv4.tcp_slow_start_after_idle in the hosts' namespaces (default: as they start)",
+    )  # fmt: skip
+    parser.add_argument(
         "--worker", nargs=4, metavar=("SERVERS", "SECRET", "SECONDS", "START"), help=argparse.SUPPRESS
     )
     ns = parser.parse_args()
     if ns.worker:
         servers = [(str(h), int(p)) for h, p in json.loads(ns.worker[0])]
         secret = Path(ns.worker[1]).read_bytes().strip()
-        out = asyncio.run(_worker(servers, secret, float(ns.worker[2]), float(ns.worker[3])))
+        chunk = ns.chunk_mb[0] if ns.chunk_mb else None
+        out = asyncio.run(_worker(servers, secret, float(ns.worker[2]), float(ns.worker[3]), chunk))
         print(json.dumps(out), flush=True)
         return 0
     for rate in ns.rates:
@@ -302,9 +340,11 @@ def main() -> int:
         part_config = _partition(work)
         for n_hosts in ns.hosts:
             for rate in ns.rates:
-                case = _run_case(n_hosts, rate, part_config, work, ns.seconds)
-                _show(case)
-                cases.append(case)
+                for chunk in ns.chunk_mb:
+                    for idle in ns.slow_start_after_idle:
+                        case = _run_case(n_hosts, rate, part_config, work, ns.seconds, chunk, idle)
+                        _show(case)
+                        cases.append(case)
         epochs = []
         for rate in ns.rates if ns.epochs else ():
             epoch = _epoch_case(rate, part_config, ns.epochs, ns.batch_size)
