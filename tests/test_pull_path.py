@@ -171,7 +171,9 @@ async def test_large_remote_pull_goes_as_pipelined_chunks(
         remote = _remotes(client)
         assert [p.part_id for p in remote] == [p for p in (0, 1) if p not in local]
         for p in remote:
+            assert p.conn.same_host  # loopback: not chunked unless told to
             p.chunk_bytes = 16 * 2000  # 16 rows of 500 float32
+            p.chunk_on_same_host = True
         rng = np.random.default_rng(4)
         if owners == "one":
             ids = rng.integers(*book.node_range(1), size=700)
@@ -194,6 +196,13 @@ async def test_large_remote_pull_goes_as_pipelined_chunks(
         )
         for p in remote:
             assert p.conn.requests_written - written[p.part_id] <= 1
+        for p in remote:  # the default over loopback: one request per owner however large
+            p.chunk_on_same_host = False
+        written = {p.part_id: p.conn.requests_written for p in remote}
+        got = await client.pull_numpy("node:feat", ids)
+        np.testing.assert_array_equal(got, pubmed2.original_rows("feat", ids))
+        for p in remote:
+            assert p.conn.requests_written - written[p.part_id] == int(p.part_id in owner)
     finally:
         await client.close()
 
@@ -207,7 +216,7 @@ async def test_failed_chunk_fails_the_pull_and_writes_nothing_later(servers: Ser
     client = await AsyncClient.connect(servers.addresses, local_partitions=[])
     try:
         part = next(p for p in _remotes(client) if p.part_id == 1)
-        part.chunk_bytes = 16 * 2000
+        part.chunk_bytes, part.chunk_on_same_host = 16 * 2000, True
         lo, hi = client.book.node_range(1)
         ids = np.random.default_rng(5).integers(lo, hi, 800)
         ids[500] = client.book.node_range(0)[0]  # owned by partition 0: chunk 31 of 50 is refused

@@ -1,10 +1,12 @@
 """``Partition`` over a connection to the partition's server: each method is one request,
 except large pulls and pushes, which go as several pipelined requests.
 
-A pull whose rows take more than ``PULL_CHUNK_BYTES`` is split into row chunks of that size, all
-requested at once on the same connection: the server gathers chunk k+1 while chunk k is on the
-wire, and each chunk is copied into the caller's output as it arrives, so the wire is not idle
-while a 100 MB reply is gathered and then assembled (issue 24; ``benchmarks/README.md`` §14).
+A pull from another host whose rows take more than twice ``PULL_CHUNK_BYTES`` is split into
+row chunks of that size, all requested at once on the same connection: the server gathers chunk
+k+1 while chunk k is on the wire, and each chunk is copied into the caller's output as it
+arrives, so the wire is not idle while a 100 MB reply is gathered and then assembled (issue 24;
+``benchmarks/README.md`` §14). Over loopback (``Connection.same_host``) a pull is not chunked:
+there the CPU is the limit, and chunks would cost one more copy of the rows.
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ class RemotePartition:
 
     store = None
     chunk_bytes: int = PULL_CHUNK_BYTES  # a pull above twice this goes as chunks of this size
+    # Only across hosts: over loopback the CPU, not the wire, is the limit, and a chunked pull
+    # costs one more copy of its rows (a one-request reply is returned as received).
+    chunk_on_same_host: bool = False
 
     def __init__(
         self, part_id: int, conn: Connection, timeout: float, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
@@ -106,12 +111,12 @@ class RemotePartition:
         where: np.ndarray | None = None,
     ) -> np.ndarray:
         """Rows ``ids``; with ``out``, written to ``out[where]`` (``where`` None: ``out[:n]``) and
-        ``out`` returned. Over ``2 * chunk_bytes`` (when ``row_bytes`` is known) the pull goes as
-        pipelined chunks, each copied to its place as it arrives."""
+        ``out`` returned. Over ``2 * chunk_bytes`` (when ``row_bytes`` is known) a pull from
+        another host goes as pipelined chunks, each copied to its place as it arrives."""
         n = int(ids.shape[0]) if ids.ndim else 0
         per_row = max(row_bytes, ids.itemsize)
         chunk = min(self.chunk_bytes, self.budget)
-        if row_bytes > 0 and n * per_row > 2 * chunk:
+        if row_bytes > 0 and n * per_row > 2 * chunk and (self.chunk_on_same_host or not self.conn.same_host):
             return await self._chunked(name, ids, row_chunks(n, per_row, chunk), out, where)
         if n * per_row > self.budget:  # over one frame
             return await self._chunked(name, ids, row_chunks(n, per_row, self.budget), out, where)
