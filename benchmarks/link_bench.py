@@ -144,6 +144,32 @@ def _partition(work: Path) -> Path:
     return out / "pubmed.json"
 
 
+def tcp_ceiling(server_hosts: list[Any], client_hosts: list[Any], seconds: float = 2.0) -> float:
+    """Raw TCP over the same shaped paths: one stream per server host to a client host for
+    ``seconds``; the bytes/s received, added over the streams."""
+    ceiling = 0.0
+    receivers, senders = [], []
+    for i, host in enumerate(server_hosts):
+        client_host = client_hosts[i % len(client_hosts)]
+        code = "import sys; from benchmarks.link_bench import _tcp_receive as r; r(int(sys.argv[1]), float(sys.argv[2]))"  # noqa: E501
+        rx = client_host.popen(
+            [sys.executable, "-c", code, str(5201 + i), str(seconds)], stdout=subprocess.PIPE, cwd=ROOT
+        )
+        assert rx.stdout is not None
+        rx.stdout.readline()
+        send = f"from benchmarks.link_bench import _tcp_send; _tcp_send('{client_host.addr}', {5201 + i})"
+        senders.append(host.popen([sys.executable, "-c", send], cwd=ROOT))
+        receivers.append(rx)
+    for rx in receivers:
+        assert rx.stdout is not None
+        ceiling += json.loads(rx.stdout.readline())["bytes_s"]
+        rx.wait(timeout=30)
+    for tx in senders:
+        tx.kill()
+        tx.wait(timeout=10)
+    return ceiling
+
+
 def _run_case(
     n_hosts: int,
     rate: str,
@@ -179,27 +205,7 @@ def _run_case(
                                secret_file=secret, extra_args=["--log-level", "WARNING"])  # fmt: skip
             procs.append(host.popen(argv, cwd=ROOT))
         servers = wait_ready_files(procs, ready, 120)
-        # raw TCP over the same shaped paths: one stream per server host, to a client host
-        ceiling = 0.0
-        receivers, senders = [], []
-        for i, host in enumerate(server_hosts):
-            client_host = clients[i % len(clients)]
-            code = "import sys; from benchmarks.link_bench import _tcp_receive as r; r(int(sys.argv[1]), 2)"
-            rx = client_host.popen(
-                [sys.executable, "-c", code, str(5201 + i)], stdout=subprocess.PIPE, cwd=ROOT
-            )
-            assert rx.stdout is not None
-            rx.stdout.readline()
-            send = f"from benchmarks.link_bench import _tcp_send; _tcp_send('{client_host.addr}', {5201 + i})"
-            senders.append(host.popen([sys.executable, "-c", send], cwd=ROOT))
-            receivers.append(rx)
-        for rx in receivers:
-            assert rx.stdout is not None
-            ceiling += json.loads(rx.stdout.readline())["bytes_s"]
-            rx.wait(timeout=30)
-        for tx in senders:
-            tx.kill()
-            tx.wait(timeout=10)
+        ceiling = tcp_ceiling(server_hosts, clients)
         start_at = time.time() + 3.0
         workers = []
         for host in clients:
