@@ -245,7 +245,9 @@ def _sysctl(netns: str, key: str, value: int) -> None:
     subprocess.run(["ip", "netns", "exec", netns, "sysctl", "-q", "-w", f"{key}={value}"], check=True)
 
 
-def _epoch_case(rate: str, part_config: Path, epochs: int, batch_size: int) -> dict[str, Any]:
+def _epoch_case(
+    rate: str, part_config: Path, epochs: int, batch_size: int, threads: int = 0
+) -> dict[str, Any]:
     """The launched GraphSAGE job (``examples/train_dist.py``, 2 partitions x 1 trainer, one per
     host) over links shaped to ``rate``: its epoch time against max(link transfer, compute),
     the transfer being the bytes each host sent through its tbf (``tc -s``) / the rate."""
@@ -261,7 +263,7 @@ def _epoch_case(rate: str, part_config: Path, epochs: int, batch_size: int) -> d
         argv = [sys.executable, "-m", "asyncgraph.launch", "--part-config", str(part_config),
                 "--ip-config", str(ip_config), "--", sys.executable, "examples/train_dist.py",
                 "--no-progress", "--eval-every", "0", "--epochs", str(epochs),
-                "--batch-size", str(batch_size)]  # fmt: skip
+                "--batch-size", str(batch_size), "--num-threads", str(threads)]  # fmt: skip
         done = nh[0].run(argv, timeout=900, cwd=ROOT)
         if done.returncode != 0:
             tail = f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
@@ -273,7 +275,8 @@ def _epoch_case(rate: str, part_config: Path, epochs: int, batch_size: int) -> d
     transfer = max(sent) / link if link else 0.0
     t = result["time"]
     bound = max(transfer, t["compute"])
-    return {"rate": rate, "epochs": epochs, "batch_size": batch_size, "epoch_s": t["epoch"] / epochs,
+    return {"rate": rate, "epochs": epochs, "batch_size": batch_size, "threads": threads,
+            "epoch_s": t["epoch"] / epochs,
             "compute_s": t["compute"] / epochs, "wait_s": t["wait"] / epochs,
             "bytes_sent_per_host": sent, "transfer_s": transfer / epochs,
             "of_bound": t["epoch"] / bound if bound else None}  # fmt: skip
@@ -281,7 +284,8 @@ def _epoch_case(rate: str, part_config: Path, epochs: int, batch_size: int) -> d
 
 def _show_epoch(case: dict[str, Any]) -> None:
     busiest = max(case["bytes_sent_per_host"]) / 1e6 / case["epochs"]
-    print(f"epoch over {case['rate']} (2 hosts, 2 x 1 trainers, batch {case['batch_size']}): "
+    threads = f", {case['threads']} torch thread(s)" if case.get("threads") else ""
+    print(f"epoch over {case['rate']} (2 hosts, 2 x 1 trainers, batch {case['batch_size']}{threads}): "
           f"{case['epoch_s']:.2f} s per epoch; compute {case['compute_s']:.2f} s, link transfer "
           f"{case['transfer_s']:.3f} s ({busiest:.1f} MB/epoch on the busiest link), waiting for "
           f"data {case['wait_s']:.3f} s: {case['of_bound']:.2f}x max(transfer, compute)")  # fmt: skip
@@ -318,6 +322,10 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="time per figure")
     parser.add_argument("--epochs", type=int, default=5, help="epochs of the launched job (0: skip)")
     parser.add_argument("--batch-size", type=int, default=10, help="train_dist's (PubMed: 60 train nodes)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "link_bench.json", help="pulls, sampling")
+    parser.add_argument(
+        "--num-threads", type=int, default=0, help="torch threads per trainer (0: torch's default)"
+    )
     parser.add_argument(
         "--chunk-mb", type=float, nargs="*", default=[None],
         help="pull chunk sizes to compare, MB (0: no chunks; default: the client's own)",
@@ -353,16 +361,16 @@ def main() -> int:
                         cases.append(case)
         epochs = []
         for rate in ns.rates if ns.epochs else ():
-            epoch = _epoch_case(rate, part_config, ns.epochs, ns.batch_size)
+            epoch = _epoch_case(rate, part_config, ns.epochs, ns.batch_size, ns.num_threads)
             _show_epoch(epoch)
             epochs.append(epoch)
     RESULTS.mkdir(parents=True, exist_ok=True)
     meta = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cores": os.cpu_count(),
             "load_avg_1m": os.getloadavg()[0], "command": " ".join(sys.argv)}  # fmt: skip
-    for name, rows in (("link_bench.json", cases), ("link_epoch.json", epochs)):
+    for path, rows in ((ns.out, cases), (RESULTS / "link_epoch.json", epochs)):
         if rows:  # each file keeps its last run's figures
-            (RESULTS / name).write_text(json.dumps({**meta, "cases": rows}, indent=1))
-            print(f"wrote {RESULTS / name}")
+            path.write_text(json.dumps({**meta, "cases": rows}, indent=1))
+            print(f"wrote {path}")
     return 0
 
 

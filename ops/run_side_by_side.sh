@@ -21,9 +21,10 @@ run() { local name=$1; shift; echo "== $name: $*"; "$@" 2>&1 | tee "$LOGS/$name.
 if [ "${1:-}" = "--links" ]; then
   STAMP=$(date -u +%Y%m%d_%H%M)
   # shellcheck disable=SC2086
-  run "link_dgl_$STAMP" $PY -m benchmarks.link_bench_dgl --rates ${LINK_RATES:-1gbit} --epochs 5
+  run "link_dgl_$STAMP" $PY -m benchmarks.link_bench_dgl --rates ${LINK_RATES:-1gbit} --epochs 20
   # shellcheck disable=SC2086
-  run "link_ours_$STAMP" $PY -m benchmarks.link_bench --hosts 2 --rates ${LINK_RATES:-1gbit} --seconds 4 --epochs 5
+  run "link_ours_$STAMP" $PY -m benchmarks.link_bench --hosts 2 --rates ${LINK_RATES:-1gbit} --seconds 4 \
+      --epochs 20 --num-threads 1  # one torch thread per trainer, as DGL's (OMP_NUM_THREADS=1)
   exit 0
 fi
 if [ "${SKIP_DGL:-0}" != 1 ]; then
