@@ -40,7 +40,8 @@ from asyncgraph.service.limits import REPLY_OVERHEAD
 from asyncgraph.storage.store import TensorMeta
 
 PULL_CHUNK_BYTES = 4 << 20
-"""Rows per request of a large pull, in bytes (measured: ``benchmarks/link_bench.py --chunk``)."""
+"""Bytes of rows per request of a large pull from another host (chosen by measurement:
+``benchmarks/link_bench.py --chunk-mb 0 1 4 16``, ``benchmarks/README.md`` §14a)."""
 
 
 def row_chunks(num_rows: int, row_bytes: int, budget: int) -> list[slice]:
