@@ -57,9 +57,13 @@ def _rate_bytes(rate: str) -> float | None:
 
 # --- the client, run on a client host --------------------------------------------------------
 async def _worker(
-    servers: list[tuple[str, int]], secret: bytes, seconds: float, start_at: float
+    servers: list[tuple[str, int]], secret: bytes, seconds: float, start_at: float, chunk_mb: float | None
 ) -> dict[str, Any]:
     from asyncgraph.client import AsyncClient
+    from asyncgraph.client.remote import RemotePartition
+
+    if chunk_mb is not None:  # 0: no chunks (one request per owner, as before issue 24's fix)
+        RemotePartition.chunk_bytes = int(chunk_mb * (1 << 20)) if chunk_mb > 0 else 1 << 40
 
     client = await AsyncClient.connect(servers, secret=secret, use_shared_memory=False, call_timeout=120)
     n = client.book.num_nodes
@@ -140,7 +144,41 @@ def _partition(work: Path) -> Path:
     return out / "pubmed.json"
 
 
-def _run_case(n_hosts: int, rate: str, part_config: Path, work: Path, seconds: float) -> dict[str, Any]:
+def tcp_ceiling(server_hosts: list[Any], client_hosts: list[Any], seconds: float = 2.0) -> float:
+    """Raw TCP over the same shaped paths: one stream per server host to a client host for
+    ``seconds``; the bytes/s received, added over the streams."""
+    ceiling = 0.0
+    receivers, senders = [], []
+    for i, host in enumerate(server_hosts):
+        client_host = client_hosts[i % len(client_hosts)]
+        code = "import sys; from benchmarks.link_bench import _tcp_receive as r; r(int(sys.argv[1]), float(sys.argv[2]))"  # noqa: E501
+        rx = client_host.popen(
+            [sys.executable, "-c", code, str(5201 + i), str(seconds)], stdout=subprocess.PIPE, cwd=ROOT
+        )
+        assert rx.stdout is not None
+        rx.stdout.readline()
+        send = f"from benchmarks.link_bench import _tcp_send; _tcp_send('{client_host.addr}', {5201 + i})"
+        senders.append(host.popen([sys.executable, "-c", send], cwd=ROOT))
+        receivers.append(rx)
+    for rx in receivers:
+        assert rx.stdout is not None
+        ceiling += json.loads(rx.stdout.readline())["bytes_s"]
+        rx.wait(timeout=30)
+    for tx in senders:
+        tx.kill()
+        tx.wait(timeout=10)
+    return ceiling
+
+
+def _run_case(
+    n_hosts: int,
+    rate: str,
+    part_config: Path,
+    work: Path,
+    seconds: float,
+    chunk_mb: float | None = None,
+    slow_start_after_idle: int | None = None,
+) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "tests"))
     from nethosts import NetHosts  # type: ignore[import-not-found]
 
@@ -155,40 +193,26 @@ def _run_case(n_hosts: int, rate: str, part_config: Path, work: Path, seconds: f
             burst = f"{max(64 << 10, int(bits / 100))}b"  # 10 ms of the rate (>= HZ granularity)
             for i in range(n_hosts):
                 nh.shape(i, rate, burst=burst, latency="100ms")
+        if slow_start_after_idle is not None:  # per network namespace: the root one is untouched
+            for host in nh.hosts:
+                _sysctl(host.name, "net.ipv4.tcp_slow_start_after_idle", slow_start_after_idle)
         procs, ready = [], []
         for part in range(2):
             host = server_hosts[part % len(server_hosts)]
             ready.append(work / f"ready-{n_hosts}-{rate}-{part}.json")
+            ready[-1].unlink(missing_ok=True)  # an earlier case's file names ports now closed
             argv = server_argv(part_config, part, ready[-1], host=host.addr, num_clients=len(clients),
                                secret_file=secret, extra_args=["--log-level", "WARNING"])  # fmt: skip
             procs.append(host.popen(argv, cwd=ROOT))
         servers = wait_ready_files(procs, ready, 120)
-        # raw TCP over the same shaped paths: one stream per server host, to a client host
-        ceiling = 0.0
-        receivers, senders = [], []
-        for i, host in enumerate(server_hosts):
-            client_host = clients[i % len(clients)]
-            code = "import sys; from benchmarks.link_bench import _tcp_receive as r; r(int(sys.argv[1]), 2)"
-            rx = client_host.popen(
-                [sys.executable, "-c", code, str(5201 + i)], stdout=subprocess.PIPE, cwd=ROOT
-            )
-            assert rx.stdout is not None
-            rx.stdout.readline()
-            send = f"from benchmarks.link_bench import _tcp_send; _tcp_send('{client_host.addr}', {5201 + i})"
-            senders.append(host.popen([sys.executable, "-c", send], cwd=ROOT))
-            receivers.append(rx)
-        for rx in receivers:
-            assert rx.stdout is not None
-            ceiling += json.loads(rx.stdout.readline())["bytes_s"]
-            rx.wait(timeout=30)
-        for tx in senders:
-            tx.kill()
-            tx.wait(timeout=10)
+        ceiling = tcp_ceiling(server_hosts, clients)
         start_at = time.time() + 3.0
         workers = []
         for host in clients:
             argv = [sys.executable, "-m", "benchmarks.link_bench", "--worker", json.dumps(servers),
                     str(secret), str(seconds), str(start_at)]  # fmt: skip
+            if chunk_mb is not None:
+                argv += ["--chunk-mb", str(chunk_mb)]
             workers.append(host.popen(argv, stdout=subprocess.PIPE, cwd=ROOT))
         results = []
         for w in workers:
@@ -201,7 +225,8 @@ def _run_case(n_hosts: int, rate: str, part_config: Path, work: Path, seconds: f
     limit = link * len(server_hosts) if link is not None else None
     case: dict[str, Any] = {"hosts": n_hosts, "rate": rate, "client_hosts": len(clients),
                             "server_hosts": len(server_hosts), "link_limit_bytes_s": limit,
-                            "tcp_ceiling_bytes_s": ceiling, "pull": {}}  # fmt: skip
+                            "tcp_ceiling_bytes_s": ceiling, "pull": {}, "chunk_mb": chunk_mb,
+                            "slow_start_after_idle": slow_start_after_idle}  # fmt: skip
     for size in SIZES:
         rows = sum(r["pull"][str(size)]["rows_s"] for r in results)
         p50 = max(r["pull"][str(size)]["p50_ms"] for r in results)
@@ -215,7 +240,14 @@ def _run_case(n_hosts: int, rate: str, part_config: Path, work: Path, seconds: f
     return case
 
 
-def _epoch_case(rate: str, part_config: Path, epochs: int, batch_size: int) -> dict[str, Any]:
+def _sysctl(netns: str, key: str, value: int) -> None:
+    """Set ``key`` inside network namespace ``netns`` only (TCP sysctls are per namespace)."""
+    subprocess.run(["ip", "netns", "exec", netns, "sysctl", "-q", "-w", f"{key}={value}"], check=True)
+
+
+def _epoch_case(
+    rate: str, part_config: Path, epochs: int, batch_size: int, threads: int = 0
+) -> dict[str, Any]:
     """The launched GraphSAGE job (``examples/train_dist.py``, 2 partitions x 1 trainer, one per
     host) over links shaped to ``rate``: its epoch time against max(link transfer, compute),
     the transfer being the bytes each host sent through its tbf (``tc -s``) / the rate."""
@@ -231,7 +263,7 @@ def _epoch_case(rate: str, part_config: Path, epochs: int, batch_size: int) -> d
         argv = [sys.executable, "-m", "asyncgraph.launch", "--part-config", str(part_config),
                 "--ip-config", str(ip_config), "--", sys.executable, "examples/train_dist.py",
                 "--no-progress", "--eval-every", "0", "--epochs", str(epochs),
-                "--batch-size", str(batch_size)]  # fmt: skip
+                "--batch-size", str(batch_size), "--num-threads", str(threads)]  # fmt: skip
         done = nh[0].run(argv, timeout=900, cwd=ROOT)
         if done.returncode != 0:
             tail = f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
@@ -243,7 +275,8 @@ def _epoch_case(rate: str, part_config: Path, epochs: int, batch_size: int) -> d
     transfer = max(sent) / link if link else 0.0
     t = result["time"]
     bound = max(transfer, t["compute"])
-    return {"rate": rate, "epochs": epochs, "batch_size": batch_size, "epoch_s": t["epoch"] / epochs,
+    return {"rate": rate, "epochs": epochs, "batch_size": batch_size, "threads": threads,
+            "epoch_s": t["epoch"] / epochs,
             "compute_s": t["compute"] / epochs, "wait_s": t["wait"] / epochs,
             "bytes_sent_per_host": sent, "transfer_s": transfer / epochs,
             "of_bound": t["epoch"] / bound if bound else None}  # fmt: skip
@@ -251,7 +284,8 @@ def _epoch_case(rate: str, part_config: Path, epochs: int, batch_size: int) -> d
 
 def _show_epoch(case: dict[str, Any]) -> None:
     busiest = max(case["bytes_sent_per_host"]) / 1e6 / case["epochs"]
-    print(f"epoch over {case['rate']} (2 hosts, 2 x 1 trainers, batch {case['batch_size']}): "
+    threads = f", {case['threads']} torch thread(s)" if case.get("threads") else ""
+    print(f"epoch over {case['rate']} (2 hosts, 2 x 1 trainers, batch {case['batch_size']}{threads}): "
           f"{case['epoch_s']:.2f} s per epoch; compute {case['compute_s']:.2f} s, link transfer "
           f"{case['transfer_s']:.3f} s ({busiest:.1f} MB/epoch on the busiest link), waiting for "
           f"data {case['wait_s']:.3f} s: {case['of_bound']:.2f}x max(transfer, compute)")  # fmt: skip
@@ -262,7 +296,12 @@ def _show(case: dict[str, Any]) -> None:
     head = f"{case['hosts']} hosts, {case['rate']}: link limit " + (
         f"{limit / 1e6:.0f} MB/s" if limit else "none"
     )
-    print(f"{head}, raw TCP {case['tcp_ceiling_bytes_s'] / 1e6:.0f} MB/s (same run)")
+    knobs = ""
+    if case.get("chunk_mb") is not None:
+        knobs += f", pull chunks {case['chunk_mb']:g} MB" if case["chunk_mb"] else ", pull chunks off"
+    if case.get("slow_start_after_idle") is not None:
+        knobs += f", tcp_slow_start_after_idle={case['slow_start_after_idle']}"
+    print(f"{head}, raw TCP {case['tcp_ceiling_bytes_s'] / 1e6:.0f} MB/s (same run){knobs}")
     for size, fig in case["pull"].items():
         ratio = f"{fig['of_link']:.2f}x link, " if fig["of_link"] is not None else ""
         rate = f"{fig['rows_s'] / 1e3:8.0f}k rows/s {fig['bytes_s'] / 1e6:7.0f} MB/s"
@@ -283,6 +322,18 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="time per figure")
     parser.add_argument("--epochs", type=int, default=5, help="epochs of the launched job (0: skip)")
     parser.add_argument("--batch-size", type=int, default=10, help="train_dist's (PubMed: 60 train nodes)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "link_bench.json", help="pulls, sampling")
+    parser.add_argument(
+        "--num-threads", type=int, default=0, help="torch threads per trainer (0: torch's default)"
+    )
+    parser.add_argument(
+        "--chunk-mb", type=float, nargs="*", default=[None],
+        help="pull chunk sizes to compare, MB (0: no chunks; default: the client's own)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--slow-start-after-idle", type=int, nargs="*", choices=(0, 1), default=[None],
+        help="net.ipv4.tcp_slow_start_after_idle in the hosts' namespaces (default: as they start)",
+    )  # fmt: skip
     parser.add_argument(
         "--worker", nargs=4, metavar=("SERVERS", "SECRET", "SECONDS", "START"), help=argparse.SUPPRESS
     )
@@ -290,7 +341,8 @@ def main() -> int:
     if ns.worker:
         servers = [(str(h), int(p)) for h, p in json.loads(ns.worker[0])]
         secret = Path(ns.worker[1]).read_bytes().strip()
-        out = asyncio.run(_worker(servers, secret, float(ns.worker[2]), float(ns.worker[3])))
+        chunk = ns.chunk_mb[0] if ns.chunk_mb else None
+        out = asyncio.run(_worker(servers, secret, float(ns.worker[2]), float(ns.worker[3]), chunk))
         print(json.dumps(out), flush=True)
         return 0
     for rate in ns.rates:
@@ -302,21 +354,23 @@ def main() -> int:
         part_config = _partition(work)
         for n_hosts in ns.hosts:
             for rate in ns.rates:
-                case = _run_case(n_hosts, rate, part_config, work, ns.seconds)
-                _show(case)
-                cases.append(case)
+                for chunk in ns.chunk_mb:
+                    for idle in ns.slow_start_after_idle:
+                        case = _run_case(n_hosts, rate, part_config, work, ns.seconds, chunk, idle)
+                        _show(case)
+                        cases.append(case)
         epochs = []
         for rate in ns.rates if ns.epochs else ():
-            epoch = _epoch_case(rate, part_config, ns.epochs, ns.batch_size)
+            epoch = _epoch_case(rate, part_config, ns.epochs, ns.batch_size, ns.num_threads)
             _show_epoch(epoch)
             epochs.append(epoch)
     RESULTS.mkdir(parents=True, exist_ok=True)
     meta = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cores": os.cpu_count(),
             "load_avg_1m": os.getloadavg()[0], "command": " ".join(sys.argv)}  # fmt: skip
-    for name, rows in (("link_bench.json", cases), ("link_epoch.json", epochs)):
+    for path, rows in ((ns.out, cases), (RESULTS / "link_epoch.json", epochs)):
         if rows:  # each file keeps its last run's figures
-            (RESULTS / name).write_text(json.dumps({**meta, "cases": rows}, indent=1))
-            print(f"wrote {RESULTS / name}")
+            path.write_text(json.dumps({**meta, "cases": rows}, indent=1))
+            print(f"wrote {path}")
     return 0
 
 

@@ -7,6 +7,9 @@
 #   4. GraphSAGE compute on the same blocks, ours and DGL's in turn (benchmarks.compute_vs_dgl)
 # Needs the DGL venv of ../shared/peers/dgl/README.md under $DGLBENCH_ROOT. About 20 min.
 #   SKIP_DGL=1 reuses the newest DGL run of today; SKIP_GEN=1 is passed to the harness.
+# --links (root; issue 24 §5): instead, DGL 2.1 launched over ssh on 2 namespace hosts with tbf-shaped
+#   links (benchmarks.link_bench_dgl), then ours on the same kind of hosts (benchmarks.link_bench):
+#   pulls of 1k/10k/100k remote rows, sampling, epochs; LINK_RATES (default 1gbit). About 3 min.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${DGLBENCH_ROOT:?set DGLBENCH_ROOT (see ../shared/peers/dgl/README.md)}
@@ -14,6 +17,16 @@ PEER=${DGL_PEER_DIR:-../shared/peers/dgl}
 PY=.venv/bin/python
 LOGS=benchmarks/results/logs
 mkdir -p "$LOGS" benchmarks/data
+run() { local name=$1; shift; echo "== $name: $*"; "$@" 2>&1 | tee "$LOGS/$name.log"; }
+if [ "${1:-}" = "--links" ]; then
+  STAMP=$(date -u +%Y%m%d_%H%M)
+  # shellcheck disable=SC2086
+  run "link_dgl_$STAMP" $PY -m benchmarks.link_bench_dgl --rates ${LINK_RATES:-1gbit} --epochs 20
+  # shellcheck disable=SC2086
+  run "link_ours_$STAMP" $PY -m benchmarks.link_bench --hosts 2 --rates ${LINK_RATES:-1gbit} --seconds 4 \
+      --epochs 20 --num-threads 1  # one torch thread per trainer, as DGL's (OMP_NUM_THREADS=1)
+  exit 0
+fi
 if [ "${SKIP_DGL:-0}" != 1 ]; then
   echo "== DGL harness"
   bash "$PEER/run_all.sh" 2>&1 | tee "$LOGS/dgl_harness.log"
@@ -23,7 +36,6 @@ $PY -m benchmarks.dgl_reference "$RUN" --out benchmarks/results/dgl_reference.js
 NPZ=benchmarks/data/dgl20.npz
 [ -f "$NPZ" ] || "$ROOT/venv/bin/python" "$PEER/to_npz.py" "$ROOT/data/large/graph.bin" "$NPZ"
 REF=(--dgl-results benchmarks/results/dgl_reference.json)
-run() { local name=$1; shift; echo "== $name: $*"; "$@" 2>&1 | tee "$LOGS/$name.log"; }
 run partition_bench_dgl20 $PY -m benchmarks.partition_bench --graph "$NPZ" --parts 2 \
     --out benchmarks/results/partition_bench_dgl20.json
 run pull_bench_dgl20 $PY -m benchmarks.pull_bench --graph "$NPZ" "${REF[@]}" \

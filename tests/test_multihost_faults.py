@@ -115,3 +115,18 @@ def test_network_partition_heals_and_no_acknowledged_push_is_lost(served: Served
     }, out
     assert out["lost_rows"] == 0 and out["unexplained_rows"] == 0, out
     assert out["acked"] > 0
+
+
+def test_large_pull_goes_in_chunks_across_hosts(served: Served) -> None:
+    """Across hosts a pull over twice ``chunk_bytes`` is split into pipelined chunks (issue 24:
+    the wire is not idle while a reply is gathered and assembled); the rows are the same as one
+    request per owner gives. Over loopback it is not (``tests/test_pull_path.py``)."""
+    worker = Worker(served, "chunks", "30")
+    worker.go()
+    out = worker.result(60)
+    assert out["same_host"] == [False, False], out
+    assert out["equal"], out
+    rows_per_chunk = (1 << 20) // out["row_bytes"]
+    # 5,416 rows split over 2 owners, each owner's share in chunks of 182 rows
+    assert out["requests"][0] >= 2 * 5416 // (2 * rows_per_chunk), out
+    assert out["requests"][1] == 2, out

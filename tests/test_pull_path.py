@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 from asyncgraph.client import AsyncClient, Client
+from asyncgraph.client.remote import RemotePartition
 from asyncgraph.errors import InvalidRequestError
 from asyncgraph.testing import ServerGroup, start_servers
 
@@ -148,3 +150,86 @@ def test_served_blocking_pulls_keep_the_loop_path(servers: ServerGroup) -> None:
         assert client.aio.pull_here("node:feat", np.array([lo])) is None
     finally:
         client.close()
+
+
+def _remotes(client: AsyncClient) -> list[RemotePartition]:
+    return [p for p in client.partitions if isinstance(p, RemotePartition)]
+
+
+@pytest.mark.parametrize("local", [[], [0]])
+@pytest.mark.parametrize("owners", ["both", "one"])
+async def test_large_remote_pull_goes_as_pipelined_chunks(
+    servers: ServerGroup, pubmed2, local: list[int], owners: str
+) -> None:
+    """A pull of remote rows over twice ``chunk_bytes`` goes as requests of ``chunk_bytes``
+    each (more than ``max_inflight``, so some wait for a slot), every chunk written to its
+    place: same rows, same order, duplicates kept, one owner or both, with or without a
+    partition in this process. At or under twice ``chunk_bytes``: one request per owner."""
+    client = await AsyncClient.connect(servers.addresses, local_partitions=local)
+    try:
+        book = client.book
+        remote = _remotes(client)
+        assert [p.part_id for p in remote] == [p for p in (0, 1) if p not in local]
+        for p in remote:
+            assert p.conn.same_host  # loopback: not chunked unless told to
+            p.chunk_bytes = 16 * 2000  # 16 rows of 500 float32
+            p.chunk_on_same_host = True
+        rng = np.random.default_rng(4)
+        if owners == "one":
+            ids = rng.integers(*book.node_range(1), size=700)
+        else:
+            ids = rng.integers(0, book.num_nodes, size=1500)
+        ids = np.concatenate([ids, ids[:40]])  # duplicates
+        written = {p.part_id: p.conn.requests_written for p in remote}
+        got = await client.pull_numpy("node:feat", ids)
+        np.testing.assert_array_equal(got, pubmed2.original_rows("feat", ids))
+        assert got.flags.c_contiguous and got.flags.writeable
+        owner = book.nid2partid(ids)
+        for p in remote:
+            rows = int(np.count_nonzero(owner == p.part_id))
+            sent = p.conn.requests_written - written[p.part_id]
+            assert sent == -(-rows // 16), (p.part_id, rows, sent)
+        small = ids[:16]  # 16 rows: one request per owner
+        written = {p.part_id: p.conn.requests_written for p in remote}
+        np.testing.assert_array_equal(
+            await client.pull_numpy("node:feat", small), pubmed2.original_rows("feat", small)
+        )
+        for p in remote:
+            assert p.conn.requests_written - written[p.part_id] <= 1
+        for p in remote:  # the default over loopback: one request per owner however large
+            p.chunk_on_same_host = False
+        written = {p.part_id: p.conn.requests_written for p in remote}
+        got = await client.pull_numpy("node:feat", ids)
+        np.testing.assert_array_equal(got, pubmed2.original_rows("feat", ids))
+        for p in remote:
+            assert p.conn.requests_written - written[p.part_id] == int(p.part_id in owner)
+    finally:
+        await client.close()
+
+
+async def test_failed_chunk_fails_the_pull_and_writes_nothing_later(servers: ServerGroup, pubmed2) -> None:
+    """A chunk the server refuses (an ID its partition does not own) fails the whole pull with
+    the server's typed error; the other chunks are cancelled, so nothing is written into the
+    caller's output after the error, and the connection serves the next pull."""
+    from asyncgraph.errors import OutOfRangeError
+
+    client = await AsyncClient.connect(servers.addresses, local_partitions=[])
+    try:
+        part = next(p for p in _remotes(client) if p.part_id == 1)
+        part.chunk_bytes, part.chunk_on_same_host = 16 * 2000, True
+        lo, hi = client.book.node_range(1)
+        ids = np.random.default_rng(5).integers(lo, hi, 800)
+        ids[500] = client.book.node_range(0)[0]  # owned by partition 0: chunk 31 of 50 is refused
+        out = np.zeros((ids.size, 500), np.float32)
+        with pytest.raises(OutOfRangeError):
+            await part.pull("node:feat", ids, 2000, out=out)
+        seen = out.copy()
+        await asyncio.sleep(0.2)
+        np.testing.assert_array_equal(out, seen)
+        assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        good = ids[:480]
+        np.testing.assert_array_equal(
+            await part.pull("node:feat", good, 2000), pubmed2.original_rows("feat", good)
+        )
+    finally:
+        await client.close()

@@ -135,11 +135,23 @@ class LocalPartition:
         descriptor, fds = await asyncio.to_thread(fetch_tensors, shm.address, shm.token, [name], 10.0)
         self.attached_store.add_attached(descriptor, fds)
 
-    async def pull(self, name: str, ids: np.ndarray, row_bytes: int = 0) -> np.ndarray:
+    async def pull(
+        self,
+        name: str,
+        ids: np.ndarray,
+        row_bytes: int = 0,
+        *,
+        out: np.ndarray | None = None,
+        where: np.ndarray | None = None,
+    ) -> np.ndarray:
         await self._current()
         if self.shm is not None and not self.service.store.has_tensor(name):
             await self._map(self.shm, name)
-        return self.service.pull(name, ids)
+        rows = self.service.pull(name, ids)
+        if out is None:
+            return rows
+        out[slice(0, len(rows)) if where is None else where] = rows
+        return out
 
     async def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str) -> None:
         if self.server is not None and self.writes_via_server:

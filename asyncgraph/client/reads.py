@@ -115,11 +115,23 @@ class TensorReads:
             traffic.remote_rows += rows
             traffic.remote_bytes += rows * row_bytes
         base = self._gather_base(parts, gids.size)
-        if base is None:
+        if base is None and sum(1 for pos in parts if pos.size) < 2:
             rows_by_part = await scatter(
                 self.state.partitions, parts, Op.PULL, lambda p, pos: p.pull(name, take(gids, pos), row_bytes)
             )
             return gather_rows(rows_by_part, gids.size, meta.row_shape, meta.dtype)
+        if base is None:
+            # Several owners: each writes its rows straight to their places in one output; a
+            # remote owner of a large pull does so chunk by chunk as the chunks arrive, so the
+            # 200 MB of a 100k-row pull are not assembled after the last byte came in.
+            out = np.empty((gids.size, *meta.row_shape), dtype=meta.dtype)
+            await scatter(
+                self.state.partitions,
+                parts,
+                Op.PULL,
+                lambda p, pos: p.pull(name, take(gids, pos), row_bytes, out=out, where=pos),
+            )
+            return out
         # A partition in this process owns most rows: it gathers a row for EVERY position (the
         # others' positions read its first row) and the other owners' rows are written over
         # theirs. One gather of all rows plus a scatter of the few, instead of a gather of the
@@ -135,11 +147,11 @@ class TensorReads:
             return p.pull(name, ids, row_bytes)
 
         rows_by_part = await scatter(self.state.partitions, parts, Op.PULL, pull)
-        out: np.ndarray = next(got for where, got in rows_by_part if where is parts[base])
+        merged: np.ndarray = next(got for where, got in rows_by_part if where is parts[base])
         for where, got in rows_by_part:
             if where is not parts[base]:
-                out[where] = got
-        return out
+                merged[where] = got
+        return merged
 
     def _gather_base(self, parts: list[np.ndarray], size: int) -> int | None:
         """The partition held in this process that should gather every row of a pull, if any:

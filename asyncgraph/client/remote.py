@@ -1,12 +1,20 @@
 """``Partition`` over a connection to the partition's server: each method is one request,
-except pulls and pushes too large for one frame, which go as several (pipelined) requests."""
+except large pulls and pushes, which go as several pipelined requests.
+
+A pull from another host whose rows take more than twice ``PULL_CHUNK_BYTES`` is split into
+row chunks of that size, all requested at once on the same connection: the server gathers chunk
+k+1 while chunk k is on the wire, and each chunk is copied into the caller's output as it
+arrives, so the wire is not idle while a 100 MB reply is gathered and then assembled (issue 24;
+``benchmarks/README.md`` §14). Over loopback (``Connection.same_host``) a pull is not chunked:
+there the CPU is the limit, and chunks would cost one more copy of the rows.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,11 +39,28 @@ from asyncgraph.service.base import SampledRows
 from asyncgraph.service.limits import REPLY_OVERHEAD
 from asyncgraph.storage.store import TensorMeta
 
+PULL_CHUNK_BYTES = 4 << 20
+"""Bytes of rows per request of a large pull from another host (chosen by measurement:
+``benchmarks/link_bench.py --chunk-mb 0 1 4 16``, ``benchmarks/README.md`` §14a)."""
+
 
 def row_chunks(num_rows: int, row_bytes: int, budget: int) -> list[slice]:
     """Slices of ``range(num_rows)`` whose rows take at most ``budget`` bytes (one row at least)."""
     per = max(1, budget // max(row_bytes, 1))
     return [slice(i, min(i + per, num_rows)) for i in range(0, num_rows, per)]
+
+
+async def _all(calls: Iterable[Awaitable[None]]) -> None:
+    """Await ``calls`` concurrently; on the first failure cancel the others (a failed pull
+    leaves no chunk writing into the caller's output later) and raise it."""
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 class RemotePartition:
@@ -47,6 +72,10 @@ class RemotePartition:
     """
 
     store = None
+    chunk_bytes: int = PULL_CHUNK_BYTES  # a pull above twice this goes as chunks of this size
+    # Only across hosts: over loopback the CPU, not the wire, is the limit, and a chunked pull
+    # costs one more copy of its rows (a one-request reply is returned as received).
+    chunk_on_same_host: bool = False
 
     def __init__(
         self, part_id: int, conn: Connection, timeout: float, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
@@ -73,12 +102,51 @@ class RemotePartition:
     def runs_here(self, op: Op) -> bool:
         return False
 
-    async def pull(self, name: str, ids: np.ndarray, row_bytes: int = 0) -> np.ndarray:
+    async def pull(
+        self,
+        name: str,
+        ids: np.ndarray,
+        row_bytes: int = 0,
+        *,
+        out: np.ndarray | None = None,
+        where: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Rows ``ids``; with ``out``, written to ``out[where]`` (``where`` None: ``out[:n]``) and
+        ``out`` returned. Over ``2 * chunk_bytes`` (when ``row_bytes`` is known) a pull from
+        another host goes as pipelined chunks, each copied to its place as it arrives."""
         n = int(ids.shape[0]) if ids.ndim else 0
-        if n * max(row_bytes, ids.itemsize) <= self.budget:
-            return await self._pull(name, ids)
-        parts = row_chunks(n, max(row_bytes, ids.itemsize), self.budget)
-        return np.concatenate(await asyncio.gather(*(self._pull(name, ids[s]) for s in parts)))
+        per_row = max(row_bytes, ids.itemsize)
+        chunk = min(self.chunk_bytes, self.budget)
+        if row_bytes > 0 and n * per_row > 2 * chunk and (self.chunk_on_same_host or not self.conn.same_host):
+            return await self._chunked(name, ids, row_chunks(n, per_row, chunk), out, where)
+        if n * per_row > self.budget:  # over one frame
+            return await self._chunked(name, ids, row_chunks(n, per_row, self.budget), out, where)
+        rows = await self._pull(name, ids)
+        if out is None:
+            return rows
+        out[slice(0, n) if where is None else where] = rows
+        return out
+
+    async def _chunked(
+        self,
+        name: str,
+        ids: np.ndarray,
+        chunks: list[slice],
+        out: np.ndarray | None,
+        where: np.ndarray | None,
+    ) -> np.ndarray:
+        """Every chunk requested at once; each reply copied to its place as it arrives
+        (``out[where[s]]``, or ``out[s]``; ``out`` made from the first reply when not given)."""
+        made: list[np.ndarray] = [] if out is None else [out]
+
+        async def one(s: slice) -> None:
+            rows = await self._pull(name, ids[s])
+            if not made:  # the first reply: its dtype and row shape are the tensor's
+                made.append(np.empty((int(ids.shape[0]), *rows.shape[1:]), dtype=rows.dtype))
+            made[0][s if where is None else where[s]] = rows
+
+        await _all(one(s) for s in chunks)
+        return made[0] if made else await self._pull(name, ids)
 
     async def _pull(self, name: str, ids: np.ndarray) -> np.ndarray:
         rows = await self.conn.call(Op.PULL, PullArgs(name, ids).encode(), self.timeout)

@@ -139,8 +139,17 @@ class ReplicatedPartition:
             self._drop(member)
             return await call(self.primary)
 
-    async def pull(self, name: str, ids: np.ndarray, row_bytes: int = 0) -> np.ndarray:
-        return await self._read(lambda p: p.pull(name, ids, row_bytes))
+    async def pull(
+        self,
+        name: str,
+        ids: np.ndarray,
+        row_bytes: int = 0,
+        *,
+        out: np.ndarray | None = None,
+        where: np.ndarray | None = None,
+    ) -> np.ndarray:
+        # a retry on the primary after a replica failed rewrites the same rows of ``out``
+        return await self._read(lambda p: p.pull(name, ids, row_bytes, out=out, where=where))
 
     async def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str) -> None:
         member = self.primary if self.writes_via_primary else self._pick()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
+import ipaddress
 import logging
 import random
 from typing import Any, cast
@@ -337,6 +338,21 @@ class Connection:
             if not waiter.done():
                 waiter.set_result(None)
                 return
+
+    @property
+    def same_host(self) -> bool:
+        """True when the socket never leaves this host: a loopback peer, or both ends on one
+        address. Large pulls are chunked only across hosts (``client/remote.py``)."""
+        transport = self._transport
+        if transport is None:
+            return False
+        local, peer = transport.get_extra_info("sockname"), transport.get_extra_info("peername")
+        if not isinstance(peer, tuple) or not isinstance(local, tuple):
+            return not isinstance(peer, tuple)  # a Unix socket: this host
+        try:
+            return local[0] == peer[0] or ipaddress.ip_address(peer[0]).is_loopback
+        except ValueError:
+            return False
 
     @property
     def writes(self) -> int:

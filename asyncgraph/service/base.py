@@ -45,9 +45,19 @@ class Partition(Protocol):
         """Whether ``op`` runs in this process (no round trip): such calls are awaited inline."""
         ...
 
-    async def pull(self, name: str, ids: np.ndarray, row_bytes: int = 0) -> np.ndarray:
+    async def pull(
+        self,
+        name: str,
+        ids: np.ndarray,
+        row_bytes: int = 0,
+        *,
+        out: np.ndarray | None = None,
+        where: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Rows ``ids``; ``row_bytes`` (one row's size, if known) lets a remote partition split
-        a pull whose reply would not fit one frame."""
+        a large pull into pipelined chunks. With ``out`` the rows are written to ``out[where]``
+        (``where`` None: ``out[:len(ids)]``) and ``out`` is returned: a remote partition copies
+        each chunk there as it arrives instead of the caller assembling the rows afterwards."""
         ...
 
     async def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str) -> None: ...

@@ -7,6 +7,10 @@ reports the typed error it got (or none) and how long it took.
 known deltas for SECONDS after ``go`` (a call failing with a typed error is counted as maybe
 applied, and the storm goes on), then reads everything back: every acknowledged add must be
 there.
+``link_faults.py chunks HOST:PORT,HOST:PORT SECRET_FILE CALL_TIMEOUT``: no fault; a pull over
+twice ``chunk_bytes`` goes as chunked requests across hosts (and not when chunks are turned
+off); reports whether the connections are same-host, the requests each pull wrote, and whether
+both pulls gave the same rows.
 """
 
 from __future__ import annotations
@@ -46,6 +50,23 @@ async def main() -> None:
         await client.create_tensor(ACC, "node", [n, 2], "float64")
     say(connected=True)
     await asyncio.to_thread(sys.stdin.readline)  # "go": the test is about to cut the link
+    if mode == "chunks":
+        from asyncgraph.client.remote import RemotePartition
+
+        remote = [p for p in client.partitions if isinstance(p, RemotePartition)]
+        every = np.concatenate([np.arange(n), np.arange(n)[::-1]])  # 2 x 2,708 rows of 5,732 B
+        sent = []
+        rows = []
+        for chunk in (1 << 20, 1 << 40):  # 1 MiB chunks, then none
+            for p in remote:
+                p.chunk_bytes = chunk
+            before = sum(p.conn.requests_written for p in remote)
+            rows.append(await client.pull_numpy("node:feat", every))
+            sent.append(sum(p.conn.requests_written for p in remote) - before)
+        say(same_host=[p.conn.same_host for p in remote], requests=sent,
+            equal=bool(np.array_equal(rows[0], rows[1])), row_bytes=int(rows[0][0].nbytes))  # fmt: skip
+        await client.close()
+        return
     if mode == "timeout":
         t0 = time.monotonic()
         try:
