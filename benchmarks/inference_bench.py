@@ -78,12 +78,13 @@ def worker(args: argparse.Namespace) -> None:
 def run_trainers(
     part_config: Path, graph_name: str, trainers: int, args: argparse.Namespace
 ) -> tuple[float, float]:
-    """Servers for 2 partitions and ``trainers`` worker processes; the slowest trainer's
+    """One server per partition and ``trainers`` worker processes; the slowest trainer's
     ``(seconds, compute seconds)``."""
     from asyncgraph.testing import start_servers
 
+    parts = int(json.loads(part_config.read_text())["num_parts"])
     with tempfile.TemporaryDirectory(prefix="inference-bench-") as tmp:
-        group = start_servers(part_config, Path(tmp), num_parts=2, num_clients=trainers)
+        group = start_servers(part_config, Path(tmp), num_parts=parts, num_clients=trainers)
         try:
             procs = []
             for rank in range(trainers):
@@ -122,6 +123,10 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=4096)
     ap.add_argument("--hidden", type=int, default=HIDDEN)
     ap.add_argument("--timeout", type=float, default=1800.0)
+    ap.add_argument(
+        "--parts", type=int, default=0,
+        help="partitions (one server each); 0: as many as trainers, as DGL's one-partition-per-machine runs",
+    )  # fmt: skip
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--graph-name", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -129,9 +134,9 @@ def main() -> None:
         worker(args)
         return
     npz = graph_npz(args)
-    part_config = partitioned(npz, 2)
-    graph_name = json.loads(part_config.read_text())["graph_name"]
-    n = int(json.loads(part_config.read_text())["num_nodes"])
+    configs = {t: partitioned(npz, args.parts or t) for t in args.trainers}
+    first = json.loads(next(iter(configs.values())).read_text())
+    graph_name, n = first["graph_name"], int(first["num_nodes"])
     results: dict[str, Any] = {
         "graph": npz.name,
         "num_nodes": n,
@@ -143,7 +148,7 @@ def main() -> None:
         "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
     for trainers in args.trainers:
-        seconds, compute = run_trainers(part_config, graph_name, trainers, args)
+        seconds, compute = run_trainers(configs[trainers], graph_name, trainers, args)
         rate, limit = n / seconds, n / compute
         print(
             f"layer-wise inference, {trainers} trainer(s): {rate:,.0f} nodes/s ({seconds:.1f} s for "
@@ -152,7 +157,8 @@ def main() -> None:
             flush=True,
         )
         results["runs"].append(
-            {"trainers": trainers, "seconds": seconds, "compute_seconds": compute, "nodes_per_s": rate,
+            {"trainers": trainers, "parts": args.parts or trainers, "seconds": seconds,
+             "compute_seconds": compute, "nodes_per_s": rate,
              "ceiling_nodes_per_s": limit}
         )  # fmt: skip
     RESULTS.mkdir(parents=True, exist_ok=True)
