@@ -108,6 +108,7 @@ def main() -> None:
             "num_nodes": int(g.num_nodes()), "batch_size": args.batch_size, "hidden": args.hidden,
             "seconds": max(r[0] for r in allr), "compute_seconds": max(r[1] for r in allr),
             "nodes_per_s": g.num_nodes() / max(r[0] for r in allr), "out_checksum": float(rows.abs().sum()),
+            "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         }), flush=True)  # fmt: skip
     if DIST:
         torch.distributed.barrier()

@@ -109,6 +109,8 @@ def run_trainers(
                 line = json.loads([x for x in out.splitlines() if x.startswith("RESULT ")][-1][7:])
                 seconds.append(float(line["seconds"]))
                 compute.append(float(line["compute"]))
+            each = zip(seconds, compute, strict=True)
+            print("  per trainer: " + ", ".join(f"{s:.1f} s ({c:.1f} s in layers)" for s, c in each))
             return max(seconds), max(compute)
         finally:
             group.stop()
@@ -127,6 +129,14 @@ def main() -> None:
         "--parts", type=int, default=0,
         help="partitions (one server each); 0: as many as trainers, as DGL's one-partition-per-machine runs",
     )  # fmt: skip
+    ap.add_argument(
+        "--unbalanced", action="store_true",
+        help="METIS partitions balanced by nodes only (in-edges may differ several-fold between them)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--dgl-results", type=Path,
+        help="JSON lines of benchmarks/dgl_inference_worker.py runs made today: print same-day ratios",
+    )  # fmt: skip
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--graph-name", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -134,7 +144,8 @@ def main() -> None:
         worker(args)
         return
     npz = graph_npz(args)
-    configs = {t: partitioned(npz, args.parts or t) for t in args.trainers}
+    # DGL's harness partitions with balance_edges=True: so do we (--balance-edges, and train nodes)
+    configs = {t: partitioned(npz, args.parts or t, balance=not args.unbalanced) for t in args.trainers}
     first = json.loads(next(iter(configs.values())).read_text())
     graph_name, n = first["graph_name"], int(first["num_nodes"])
     results: dict[str, Any] = {
@@ -147,6 +158,13 @@ def main() -> None:
         "load_average_1m_before": os.getloadavg()[0],
         "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
+    dgl: dict[int, dict[str, Any]] = {}
+    if args.dgl_results is not None:
+        for text in args.dgl_results.read_text().splitlines():
+            if text.startswith("{") and '"dgl_inference"' in text:
+                row = json.loads(text)
+                dgl[int(row["trainers"])] = row
+        results["dgl"] = list(dgl.values())
     for trainers in args.trainers:
         seconds, compute = run_trainers(configs[trainers], graph_name, trainers, args)
         rate, limit = n / seconds, n / compute
@@ -156,10 +174,21 @@ def main() -> None:
             f"{limit:,.0f} nodes/s; {100 * rate / limit:.0f}% of it",
             flush=True,
         )
+        ref = dgl.get(trainers)
+        if ref is not None:
+            same = (ref["batch_size"], ref["num_nodes"], ref["hidden"]) == (args.batch_size, n, args.hidden)
+            print(
+                f"  DGL {ref['dgl']} ({ref.get('when', '?')}): {ref['nodes_per_s']:,.0f} nodes/s "
+                f"({ref['seconds']:.1f} s, {ref['compute_seconds']:.1f} s in its layers); ours / DGL "
+                f"{rate / ref['nodes_per_s']:.2f}x" + ("" if same else " (NOT the same set-up)"),
+                flush=True,
+            )
         results["runs"].append(
             {"trainers": trainers, "parts": args.parts or trainers, "seconds": seconds,
              "compute_seconds": compute, "nodes_per_s": rate,
-             "ceiling_nodes_per_s": limit}
+             "ceiling_nodes_per_s": limit,
+             "dgl_nodes_per_s": None if ref is None else ref["nodes_per_s"],
+             "ratio_to_dgl": None if ref is None else rate / ref["nodes_per_s"]}
         )  # fmt: skip
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "inference_bench.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -14,7 +14,7 @@ import torch
 import asyncgraph
 from asyncgraph.dataloading import to_block
 from asyncgraph.dataloading.hetero_block import HeteroBlock
-from asyncgraph.errors import ShapeMismatchError, UnknownTypeError
+from asyncgraph.errors import InvalidRequestError, ShapeMismatchError, UnknownTypeError
 from asyncgraph.inference import layerwise_inference
 from asyncgraph.nn import GraphConv, HeteroGraphConv, HeteroGraphSAGE
 from asyncgraph.partition.hetero_graph import HeteroGraph
@@ -168,5 +168,28 @@ def test_pyg_model_through_the_pyg_backend(pubmed2) -> None:  # type: ignore[no-
         torch.testing.assert_close(out[0 : g.num_nodes()], want, atol=1e-5, rtol=1e-5)
         for name in ("pyg.1", "pyg.done"):
             g.ndata[name].delete()
+    finally:
+        asyncgraph.finalize()
+
+
+def test_default_share_balances_in_edges(pubmed2, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The default split gives each of 2 trainers a contiguous range with the same in-edges +
+    nodes cost (node-balanced partitions can differ several-fold in edges), covering every node."""
+    from asyncgraph.inference import _my_nodes
+
+    asyncgraph.initialize()
+    try:
+        g = asyncgraph.DistGraph("pubmed", part_config=pubmed2.part_config)
+        deg = np.asarray(g.in_degrees(), dtype=np.float64)
+        shares = []
+        for rank in (0, 1):
+            monkeypatch.setenv("RANK", str(rank))
+            monkeypatch.setenv("WORLD_SIZE", "2")
+            shares.append(_my_nodes(g, None, "edges").numpy())
+        np.testing.assert_array_equal(np.concatenate(shares), np.arange(g.num_nodes()))
+        cost = [float((deg[s] + deg.mean()).sum()) for s in shares]
+        assert abs(cost[0] - cost[1]) <= 2 * (deg.max() + deg.mean())
+        with pytest.raises(InvalidRequestError, match="balance"):
+            layerwise_inference(g, [GraphConv(500, 3)], "feat", balance="work")
     finally:
         asyncgraph.finalize()
