@@ -130,8 +130,8 @@ def main() -> None:
         help="partitions (one server each); 0: as many as trainers, as DGL's one-partition-per-machine runs",
     )  # fmt: skip
     ap.add_argument(
-        "--unbalanced", action="store_true",
-        help="METIS partitions balanced by nodes only (in-edges may differ several-fold between them)",
+        "--balance-edges", action="store_true",
+        help="partitions balanced by in-edges and train nodes too, as DGL's harness makes its own",
     )  # fmt: skip
     ap.add_argument(
         "--dgl-results", type=Path,
@@ -144,8 +144,8 @@ def main() -> None:
         worker(args)
         return
     npz = graph_npz(args)
-    # DGL's harness partitions with balance_edges=True: so do we (--balance-edges, and train nodes)
-    configs = {t: partitioned(npz, args.parts or t, balance=not args.unbalanced) for t in args.trainers}
+    # our default METIS partitions (node-balanced; layerwise_inference balances in-edges itself)
+    configs = {t: partitioned(npz, args.parts or t, balance=args.balance_edges) for t in args.trainers}
     first = json.loads(next(iter(configs.values())).read_text())
     graph_name, n = first["graph_name"], int(first["num_nodes"])
     results: dict[str, Any] = {
@@ -184,7 +184,8 @@ def main() -> None:
                 flush=True,
             )
         results["runs"].append(
-            {"trainers": trainers, "parts": args.parts or trainers, "seconds": seconds,
+            {"trainers": trainers, "parts": args.parts or trainers,
+             "balance_edges": args.balance_edges, "seconds": seconds,
              "compute_seconds": compute, "nodes_per_s": rate,
              "ceiling_nodes_per_s": limit,
              "dgl_nodes_per_s": None if ref is None else ref["nodes_per_s"],
