@@ -7,6 +7,10 @@ Launched, 2 partitions x 2 trainers:
     python -m asyncgraph.launch --part-config data/acm2/acm.json --num-trainers 2 -- \
         python examples/hetero_node_classification.py --part-config data/acm2/acm.json --epochs 60
 
+``--layerwise`` then also infers every node of every type layer by layer
+(``asyncgraph.inference.layerwise_inference``, full neighbourhoods) and reports the test accuracy
+of its paper rows.
+
 Model: 2 layers of ``HeteroGraphConv`` (one ``SAGEConv`` per relation, summed per destination
 type), 64 hidden units, dropout 0.9 between layers (60 labels: it needs strong regularisation),
 fanouts 20 per edge type in each layer; 60 training papers (HeCo's 20 per class split), test
