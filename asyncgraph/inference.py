@@ -76,11 +76,11 @@ def _edge_balanced_share(g: Any) -> torch.Tensor:
 
     rank, world = rank_world()
     n = g.num_nodes()
-    if world == 1:
-        return torch.arange(n, dtype=torch.int64)
+    if world == 1 or n == 0:
+        return torch.arange(n if rank == 0 else 0, dtype=torch.int64)
     deg = np.asarray(g.in_degrees(), dtype=np.float64)
-    cost = np.cumsum(deg + (deg.mean() if n else 0.0))
-    cuts = np.searchsorted(cost, cost[-1] * np.arange(1, world) / world, side="left") if n else []
+    cost = np.cumsum(deg + deg.mean())
+    cuts = np.searchsorted(cost, cost[-1] * np.arange(1, world) / world, side="left")
     bounds = [0, *(int(c) for c in cuts), n]
     return torch.arange(bounds[rank], bounds[rank + 1], dtype=torch.int64)
 
