@@ -11,7 +11,8 @@
 #      then ours (benchmarks.inference_bench, 1 and 2 trainers, one partition per trainer)
 # Needs the DGL venv of ../shared/peers/dgl/README.md under $DGLBENCH_ROOT. About 20 min.
 #   SKIP_DGL=1 reuses the newest DGL run of today; SKIP_GEN=1 is passed to the harness.
-#   ONLY=inference runs step 5 alone (generating DGL's graph and partitions if they are missing).
+#   ONLY=inference runs step 5 alone (generating DGL's graph and partitions if they are missing);
+#   BATCH=100000 sets its batch size on both sides (default 4096; DGL's example evaluates in 100000).
 # Step 5 takes /tmp/asyncgraph-bench.lock for each run itself: do not wrap this script in flock
 # (NO_LOCK=1 skips the lock, e.g. on a machine of your own).
 set -euo pipefail
@@ -39,12 +40,12 @@ inference() {  # step 5; each run under the shared benchmark lock, one after the
     echo "== DGL layer-wise inference, $m trainer(s)"
     "${LOCK[@]}" timeout 900 "$dglpy" "$PEER/launch_local.py" --machines "$m" \
       --part-config "$cfg" --timeout 800 --logdir "$LOGS/dgl_inference_$m" -- \
-      "$PWD/benchmarks/dgl_inference_worker.py" --part-config "$cfg" --batch-size 4096 \
+      "$PWD/benchmarks/dgl_inference_worker.py" --part-config "$cfg" --batch-size "${BATCH:-4096}" \
       2>&1 | tee -a "$LOGS/dgl_inference.log" | grep '"dgl_inference"' | tee -a "$out"
   done
   echo "== ours"
   "${LOCK[@]}" $PY -m benchmarks.inference_bench --graph "$npz" --trainers 1 2 \
-    --batch-size 4096 --dgl-results "$out" 2>&1 | tee "$LOGS/inference_bench_dgl20.log"
+    --batch-size "${BATCH:-4096}" --dgl-results "$out" 2>&1 | tee "$LOGS/inference_bench_dgl20.log"
 }
 if [ "${ONLY:-}" = inference ]; then inference; exit 0; fi
 if [ "${SKIP_DGL:-0}" != 1 ]; then
