@@ -21,6 +21,7 @@ _EXPORTS: dict[str, str] = {
     "graph": "asyncgraph.partition.graph",
     "HeteroGraph": "asyncgraph.partition.hetero_graph",
     "heterograph": "asyncgraph.partition.hetero_graph",
+    "to_bidirected": "asyncgraph.partition.transform",
     "sample_etype_neighbors": "asyncgraph.distributed.hetero",
     "HeteroBlock": "asyncgraph.dataloading.hetero_block",
     "partition_graph": "asyncgraph.partition",
@@ -115,6 +116,7 @@ if TYPE_CHECKING:
     from asyncgraph.partition.graph import Graph, graph
     from asyncgraph.partition.graph import Graph as DGLGraph
     from asyncgraph.partition.hetero_graph import HeteroGraph, heterograph
+    from asyncgraph.partition.transform import to_bidirected
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
@@ -161,6 +163,7 @@ __all__ = [
     "sample_etype_neighbors",
     "sample_neighbors",
     "shutdown_servers",
+    "to_bidirected",
     "to_block",
     "uniform_init",
     "zeros_init",

@@ -78,12 +78,13 @@ def worker(args: argparse.Namespace) -> None:
 def run_trainers(
     part_config: Path, graph_name: str, trainers: int, args: argparse.Namespace
 ) -> tuple[float, float]:
-    """Servers for 2 partitions and ``trainers`` worker processes; the slowest trainer's
+    """One server per partition and ``trainers`` worker processes; the slowest trainer's
     ``(seconds, compute seconds)``."""
     from asyncgraph.testing import start_servers
 
+    parts = int(json.loads(part_config.read_text())["num_parts"])
     with tempfile.TemporaryDirectory(prefix="inference-bench-") as tmp:
-        group = start_servers(part_config, Path(tmp), num_parts=2, num_clients=trainers)
+        group = start_servers(part_config, Path(tmp), num_parts=parts, num_clients=trainers)
         try:
             procs = []
             for rank in range(trainers):
@@ -108,6 +109,8 @@ def run_trainers(
                 line = json.loads([x for x in out.splitlines() if x.startswith("RESULT ")][-1][7:])
                 seconds.append(float(line["seconds"]))
                 compute.append(float(line["compute"]))
+            each = zip(seconds, compute, strict=True)
+            print("  per trainer: " + ", ".join(f"{s:.1f} s ({c:.1f} s in layers)" for s, c in each))
             return max(seconds), max(compute)
         finally:
             group.stop()
@@ -122,6 +125,18 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=4096)
     ap.add_argument("--hidden", type=int, default=HIDDEN)
     ap.add_argument("--timeout", type=float, default=1800.0)
+    ap.add_argument(
+        "--parts", type=int, default=0,
+        help="partitions (one server each); 0: as many as trainers, as DGL's one-partition-per-machine runs",
+    )  # fmt: skip
+    ap.add_argument(
+        "--balance-edges", action="store_true",
+        help="partitions balanced by in-edges and train nodes too, as DGL's harness makes its own",
+    )  # fmt: skip
+    ap.add_argument(
+        "--dgl-results", type=Path,
+        help="JSON lines of benchmarks/dgl_inference_worker.py runs made today: print same-day ratios",
+    )  # fmt: skip
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--graph-name", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -129,9 +144,10 @@ def main() -> None:
         worker(args)
         return
     npz = graph_npz(args)
-    part_config = partitioned(npz, 2)
-    graph_name = json.loads(part_config.read_text())["graph_name"]
-    n = int(json.loads(part_config.read_text())["num_nodes"])
+    # our default METIS partitions (node-balanced; layerwise_inference balances in-edges itself)
+    configs = {t: partitioned(npz, args.parts or t, balance=args.balance_edges) for t in args.trainers}
+    first = json.loads(next(iter(configs.values())).read_text())
+    graph_name, n = first["graph_name"], int(first["num_nodes"])
     results: dict[str, Any] = {
         "graph": npz.name,
         "num_nodes": n,
@@ -142,8 +158,15 @@ def main() -> None:
         "load_average_1m_before": os.getloadavg()[0],
         "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
+    dgl: dict[int, dict[str, Any]] = {}
+    if args.dgl_results is not None:
+        for text in args.dgl_results.read_text().splitlines():
+            if text.startswith("{") and '"dgl_inference"' in text:
+                row = json.loads(text)
+                dgl[int(row["trainers"])] = row
+        results["dgl"] = list(dgl.values())
     for trainers in args.trainers:
-        seconds, compute = run_trainers(part_config, graph_name, trainers, args)
+        seconds, compute = run_trainers(configs[trainers], graph_name, trainers, args)
         rate, limit = n / seconds, n / compute
         print(
             f"layer-wise inference, {trainers} trainer(s): {rate:,.0f} nodes/s ({seconds:.1f} s for "
@@ -151,9 +174,22 @@ def main() -> None:
             f"{limit:,.0f} nodes/s; {100 * rate / limit:.0f}% of it",
             flush=True,
         )
+        ref = dgl.get(trainers)
+        if ref is not None:
+            same = (ref["batch_size"], ref["num_nodes"], ref["hidden"]) == (args.batch_size, n, args.hidden)
+            print(
+                f"  DGL {ref['dgl']} ({ref.get('when', '?')}): {ref['nodes_per_s']:,.0f} nodes/s "
+                f"({ref['seconds']:.1f} s, {ref['compute_seconds']:.1f} s in its layers); ours / DGL "
+                f"{rate / ref['nodes_per_s']:.2f}x" + ("" if same else " (NOT the same set-up)"),
+                flush=True,
+            )
         results["runs"].append(
-            {"trainers": trainers, "seconds": seconds, "compute_seconds": compute, "nodes_per_s": rate,
-             "ceiling_nodes_per_s": limit}
+            {"trainers": trainers, "parts": args.parts or trainers,
+             "balance_edges": args.balance_edges, "seconds": seconds,
+             "compute_seconds": compute, "nodes_per_s": rate,
+             "ceiling_nodes_per_s": limit,
+             "dgl_nodes_per_s": None if ref is None else ref["nodes_per_s"],
+             "ratio_to_dgl": None if ref is None else rate / ref["nodes_per_s"]}
         )  # fmt: skip
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "inference_bench.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -231,3 +231,34 @@ def test_per_type_tensors_and_type_data(tmp_path) -> None:
         t.delete()
     finally:
         asyncgraph.finalize()
+
+
+def test_graphsage_partition_script_calls(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """What DGL's examples/distributed/graphsage/partition_graph.py calls (its dataset loaders
+    aside): ndata.pop renames, to_bidirected(readonly=True) + ndata copied over, and
+    partition_graph with balance_ntypes, balance_edges, num_trainers_per_machine, use_graphbolt."""
+    from pathlib import Path
+
+    z = np.load(Path(__file__).resolve().parents[1] / "examples" / "data" / "cora.npz")
+    g = dgl.graph((z["src"][::2], z["dst"][::2]), num_nodes=z["label"].size)  # half: not symmetric
+    g.ndata["feat"], g.ndata["label"] = z["feat"], z["label"]
+    g.ndata["train_mask"] = z["train_mask"]
+    g.ndata["features"] = g.ndata.pop("feat")
+    g.ndata["labels"] = g.ndata.pop("label")
+    sym_g = dgl.to_bidirected(g, readonly=True)
+    for key in g.ndata:
+        sym_g.ndata[key] = g.ndata[key]
+    src, dst = g.edges()
+    want = sorted(
+        set(zip(src.tolist(), dst.tolist(), strict=True)) | set(zip(dst.tolist(), src.tolist(), strict=True))
+    )
+    got_src, got_dst = sym_g.edges()
+    assert list(zip(got_src.tolist(), got_dst.tolist(), strict=True)) == want  # both ways, once, sorted
+    assert sym_g.num_edges() > g.num_edges() and sorted(sym_g.ndata) == ["features", "labels", "train_mask"]
+    dgl.distributed.partition_graph(
+        sym_g, "cora", 2, str(tmp_path), part_method="metis", balance_ntypes=sym_g.ndata["train_mask"],
+        balance_edges=True, num_trainers_per_machine=1, use_graphbolt=False,
+    )  # fmt: skip
+    assert (tmp_path / "cora.json").is_file()
+    with pytest.raises(InvalidRequestError, match="homogeneous Graph"):
+        dgl.to_bidirected(dgl.heterograph({("a", "r", "a"): ([0], [1])}))

@@ -317,12 +317,15 @@ def test_example_runs_launched_2_partitions_x_2_trainers(tmp_path: Path) -> None
     assert part.returncode == 0, part.stderr[-3000:]
     cfg = str(tmp_path / "acm.json")
     launch = [sys.executable, "-m", "asyncgraph.launch", "--part-config", cfg, "--num-trainers", "2", "--"]
-    proc = run([*launch, sys.executable, example, "--part-config", cfg, "--epochs", "2", "--words", "64"])
+    train = [example, "--part-config", cfg, "--epochs", "2", "--words", "64", "--layerwise"]
+    proc = run([*launch, sys.executable, *train])
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     lines = [line for line in out.splitlines() if "test accuracy" in line]
-    assert len(lines) == 4  # every trainer reports the same all-reduced accuracy
-    assert len({line.split("test accuracy", 1)[1].split("after")[0] for line in lines}) == 1
+    # every trainer reports the same all-reduced accuracy, sampled evaluation (full neighbourhoods)
+    # and layer-wise inference of every node of every type alike
+    assert len(lines) == 8 and sum("layer-wise inference of 11,246 nodes of 3 types" in x for x in lines) == 4
+    assert len({line.split("test accuracy", 1)[1].split()[0] for line in lines}) == 1
 
 
 def test_example_served_equals_standalone(tmp_path: Path) -> None:

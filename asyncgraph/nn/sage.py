@@ -115,6 +115,9 @@ class SAGEConv(nn.Module):
         h_dst = h_src[:num_dst] if given_dst is None else given_dst
         lin_first = self.in_feats > self.out_feats
         agg = self.aggregator
+        exact_dtype = h_src.dtype in _SPMM_DTYPES
+        if lin_first and exact_dtype and not torch.is_grad_enabled() and agg in ("mean", "sum", "gcn"):
+            lin_first = _lin_first_cheaper(num_src, num_dst, int(src.numel()), self.in_feats, self.out_feats)
 
         if agg in ("mean", "sum", "gcn"):
             feat = self.fc_neigh(h_src) if lin_first else h_src
@@ -163,6 +166,20 @@ class SAGEConv(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_feats={self.in_feats}, out_feats={self.out_feats}, aggregator={self.aggregator!r}"
+
+
+def _lin_first_cheaper(num_src: int, num_dst: int, num_edges: int, d_in: int, d_out: int) -> bool:
+    """Whether ``fc_neigh`` before the CSR product costs fewer multiply-adds than after it.
+
+    DGL's rule (first when ``in_feats > out_feats``) keeps per-edge messages small; with CSR
+    products there are none, and the linear map before runs on every source row: in a full
+    neighbourhood block (layer-wise inference: ~one source per edge) after is cheaper, e.g.
+    256 -> 50 on 4096 destinations with 41k sources: 0.52 G multiply-adds before, 0.06 G after.
+    Used under ``no_grad`` with float32/float64 features only (training keeps DGL's order; in half
+    precision the order changes the rounding too much to swap it silently)."""
+    before = num_src * d_in * d_out + num_edges * d_out
+    after = num_edges * d_in + num_dst * d_in * d_out
+    return before < after
 
 
 def _csr_matrix(

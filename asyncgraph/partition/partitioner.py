@@ -135,6 +135,7 @@ def partition_graph(
     progress: bool = ...,
     num_hops: int = ...,
     num_trainers_per_machine: int = ...,
+    use_graphbolt: bool = ...,
 ) -> None: ...
 
 
@@ -154,6 +155,7 @@ def partition_graph(
     progress: bool = ...,
     num_hops: int = ...,
     num_trainers_per_machine: int = ...,
+    use_graphbolt: bool = ...,
 ) -> tuple[IdArray, IdArray]: ...
 
 
@@ -172,6 +174,7 @@ def partition_graph(
     progress: bool = ...,
     num_hops: int = ...,
     num_trainers_per_machine: int = ...,
+    use_graphbolt: bool = ...,
 ) -> tuple[IdArray, IdArray] | None: ...
 
 
@@ -189,6 +192,7 @@ def partition_graph(
     progress: bool = False,
     num_hops: int = 1,
     num_trainers_per_machine: int = 1,
+    use_graphbolt: bool = False,
 ) -> tuple[IdArray, IdArray] | None:
     """Partition ``graph`` into ``num_parts`` range-owned partitions written under ``out_path``.
 
@@ -208,6 +212,8 @@ def partition_graph(
     sub-part of every node is stored as node tensor ``trainer_id`` (``part * T + local``, and of
     every edge's destination as edge tensor ``trainer_id``), which ``node_split(...,
     node_trainer_ids=g.ndata["trainer_id"])`` uses to give each trainer its own sub-range.
+    ``use_graphbolt`` (DGL's partition scripts pass it) is accepted either way: partitions are
+    CSC arrays already, the form DGL converts to for GraphBolt.
     Invalid arguments raise ``InvalidRequestError`` (a ``ValueError``) before anything is written;
     a failed run leaves ``out_path`` as it was.
 
