@@ -190,12 +190,15 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--in-memory", action="store_true", help="also time partition_graph in memory")
     ap.add_argument("--keep", action="store_true", help="keep the generated input")
+    ap.add_argument("--data", type=Path, default=DATA, help="folder for the inputs, outputs and spill")
     args = ap.parse_args()
+    data_dir: Path = args.data
+    data_dir.mkdir(parents=True, exist_ok=True)
     from asyncgraph.partition.memory import format_size, parse_size
 
     rows = []
     for scale in args.scales:
-        folder = DATA / f"chunked{scale}"
+        folder = data_dir / f"chunked{scale}"
         t0 = time.perf_counter()
         meta = write_rmat_chunked(scale, folder)
         print(
@@ -204,7 +207,7 @@ def main() -> None:
         )
         for method in args.methods:
             limit = args.limit_random if method in ("random", "fennel") else args.limit_metis
-            out = DATA / f"chunked{scale}.{method}.out"
+            out = data_dir / f"chunked{scale}.{method}.out"
             load0 = os.getloadavg()[0]
             r = run_cli(meta, method, limit, args.workers, out)
             r["load_avg_1min"] = [load0, os.getloadavg()[0]]  # a shared machine: other users' load
@@ -213,7 +216,7 @@ def main() -> None:
                 rows.append({"scale": scale, "method": method, "limit_bytes": parse_size(limit), **r})
                 continue
             in_b, out_b = tree_bytes(folder), tree_bytes(out)
-            ceil, ceil_cpu = copy_ceiling(folder, out_b, DATA / "ceiling.bin")
+            ceil, ceil_cpu = copy_ceiling(folder, out_b, data_dir / "ceiling.bin")
             row = {
                 "scale": scale,
                 "nodes": 1 << scale,
@@ -231,7 +234,7 @@ def main() -> None:
             }
             shutil.rmtree(out, ignore_errors=True)
             if args.in_memory:
-                row["in_memory"] = in_memory(meta, method, DATA / "inmem.out")
+                row["in_memory"] = in_memory(meta, method, data_dir / "inmem.out")
             row.pop("summary")
             rows.append(row)
             print(

@@ -136,25 +136,68 @@ def _bits(x: int) -> int:
     return max(1, (max(x, 1) - 1).bit_length())
 
 
-def _sorted_block(rec: IdArray, n0: int, n_local: int, n: int, e: int) -> tuple[IdArray, IdArray, IdArray]:
-    """Sort records by (dst, src, eid): returns (local dst, new src, original eid), sorted."""
-    bd, bs, be = _bits(n_local), _bits(n), _bits(e)
-    if bd + bs + be <= 64:
-        packed = (rec[:, 0] - n0).astype(np.uint64)
-        packed <<= np.uint64(bs)
-        packed |= rec[:, 1].astype(np.uint64)
-        packed <<= np.uint64(be)
-        packed |= rec[:, 2].astype(np.uint64)
-        del rec
-        packed.sort()
-        eid = (packed & np.uint64((1 << be) - 1)).view(np.int64)
-        packed >>= np.uint64(be)
-        src = (packed & np.uint64((1 << bs) - 1)).view(np.int64)
-        packed >>= np.uint64(bs)
-        return packed.view(np.int64), src, eid
-    order = np.lexsort((rec[:, 2], rec[:, 1], rec[:, 0]))
-    s = rec[order]
-    return s[:, 0] - n0, np.ascontiguousarray(s[:, 1]), np.ascontiguousarray(s[:, 2])
+def _csc_block(rec: IdArray, n0: int, n_local: int, n: int) -> tuple[IdArray, IdArray, IdArray]:
+    """Sort records (in original-edge-ID order) by (dst, src, eid): (in-degrees, src, eid).
+
+    The sort is one ``np.sort`` of 64-bit keys ``(dst, src, rank)`` (``rank``: the record's
+    position, so ties keep edge-ID order), ~80x faster than a three-key ``lexsort``. When those
+    bits exceed 64 the records are first grouped by destination sub-range (a radix sort on a
+    small int, stable) so that each sub-range's keys fit.
+    """
+    k = rec.shape[0]
+    deg = np.bincount(rec[:, 0] - n0, minlength=n_local)
+    src_out = np.empty(k, dtype=np.int64)
+    eid_out = np.empty(k, dtype=np.int64)
+    if k == 0:
+        return deg, src_out, eid_out
+    bs = _bits(n)
+    order: IdArray | None = None
+    if _bits(n_local) + bs + _bits(k) <= 64:
+        cuts = np.array([0, n_local], dtype=np.int64)
+    else:  # sub-ranges of at most 2**rb edges and 2**db nodes (a lone hub: its own range)
+        db = (64 - bs) // 2
+        cuts = _cuts(deg, 1 << (64 - bs - db), 1 << db)
+        order = np.argsort(_part_of(tuple((cuts + n0).tolist()), rec[:, 0]), kind="stable")
+    ends = np.cumsum(np.add.reduceat(deg, cuts[:-1]))
+    at = 0
+    for i in range(cuts.size - 1):
+        b = int(ends[i])
+        if b == at:
+            continue
+        sub = rec[at:b] if order is None else rec[order[at:b]]
+        rb = _bits(b - at)
+        key = (sub[:, 0] - (n0 + cuts[i])).astype(np.uint64)
+        key <<= np.uint64(bs)
+        key |= sub[:, 1].astype(np.uint64)
+        key <<= np.uint64(rb)
+        key |= np.arange(b - at, dtype=np.uint64)
+        key.sort()
+        rank = (key & np.uint64((1 << rb) - 1)).view(np.int64)
+        np.take(sub[:, 2], rank, out=eid_out[at:b])
+        del sub, rank
+        key >>= np.uint64(rb)
+        key &= np.uint64((1 << bs) - 1)
+        src_out[at:b] = key.view(np.int64)
+        at = b
+    return deg, src_out, eid_out
+
+
+def _cuts(deg: IdArray, max_edges: int, max_nodes: int) -> IdArray:
+    """Node cut points: ranges of at most ``max_edges`` edges and ``max_nodes`` nodes (a node
+    with more edges than ``max_edges`` forms a range of its own)."""
+    cum = np.cumsum(deg)
+    cuts = [0]
+    while cuts[-1] < deg.size:
+        a = cuts[-1]
+        base = int(cum[a - 1]) if a else 0
+        nxt = int(np.searchsorted(cum, base + max_edges, side="right"))
+        cuts.append(min(deg.size, a + max_nodes, max(nxt, a + 1)))
+    return np.asarray(cuts, dtype=np.int64)
+
+
+def spill_files(folder: Path) -> list[Path]:
+    """A part's spill files in task order, i.e. in original edge-ID order (``<task>.bin``)."""
+    return sorted(folder.glob("*.bin"), key=lambda f: int(f.stem))
 
 
 def _records(files: list[Path], rows: int) -> Any:
@@ -177,7 +220,7 @@ def sort_part(ctx: Ctx, p: int, cap_edges: int) -> tuple[int, int]:
     n, e = int(g.node_offsets()[-1]), int(g.edge_offsets()[-1])
     n0, n1 = ctx.node_bounds[p], ctx.node_bounds[p + 1]
     e0, e1 = ctx.edge_bounds[p], ctx.edge_bounds[p + 1]
-    files = sorted(ctx.spill_dir(p).glob("*.bin"))
+    files = spill_files(ctx.spill_dir(p))
     pdir = ctx.out / f"part{p}"
     rows = max(1, cap_edges)
     if e1 - e0 <= cap_edges:
@@ -186,12 +229,7 @@ def sort_part(ctx: Ctx, p: int, cap_edges: int) -> tuple[int, int]:
     for rec in _records(files, rows):
         in_deg += np.bincount(rec[:, 0] - n0, minlength=n1 - n0)
     # destination ranges of at most cap_edges edges each (one node may exceed it alone)
-    cum = np.cumsum(in_deg)
-    cuts = [0]
-    while cuts[-1] < in_deg.size:
-        base = int(cum[cuts[-1] - 1]) if cuts[-1] else 0
-        nxt = int(np.searchsorted(cum, base + cap_edges, side="right"))
-        cuts.append(min(in_deg.size, max(nxt, cuts[-1] + 1)))
+    cuts = _cuts(in_deg, cap_edges, in_deg.size).tolist()
     bdir = ctx.work / "buckets" / f"p{p}"
     bdir.mkdir(parents=True, exist_ok=True)
     bounds = np.asarray(cuts, dtype=np.int64) + n0
@@ -216,11 +254,12 @@ def sort_part(ctx: Ctx, p: int, cap_edges: int) -> tuple[int, int]:
     del indptr, in_deg
     ind = NpyWriter(pdir / "indices.npy", np.int64, (e1 - e0,))
     oe = NpyWriter(ctx.oeids(p), np.int64, (e1 - e0,))
-    for bucket in buckets:
+    for bi, bucket in enumerate(buckets):
         parts = [np.fromfile(f, dtype=np.int64).reshape(-1, REC) for f in bucket]
         rec = np.concatenate(parts) if len(parts) != 1 else parts[0]
         del parts
-        _, src, eid = _sorted_block(rec, n0, n1 - n0, n, e)
+        b0, b1 = int(bounds[bi]), int(bounds[bi + 1])
+        _, src, eid = _csc_block(rec, b0, b1 - b0, n)
         del rec
         ind.write(src)
         oe.write(eid)
@@ -248,12 +287,12 @@ def _sort_in_memory(ctx: Ctx, p: int, files: list[Path], n: int, e: int) -> tupl
         with open(f, "rb") as fh:
             fh.readinto(memoryview(rec[at : at + k].reshape(-1)).cast("B"))  # type: ignore[arg-type]
         at += k
-    dst, src, eid = _sorted_block(rec, n0, n1 - n0, n, e)
+    deg, src, eid = _csc_block(rec, n0, n1 - n0, n)
     del rec
     pdir = ctx.out / f"part{p}"
     indptr = np.zeros(n1 - n0 + 1, dtype=np.int64)
-    np.cumsum(np.bincount(dst, minlength=n1 - n0), out=indptr[1:])
-    del dst
+    np.cumsum(deg, out=indptr[1:])
+    del deg
     np.save(pdir / "indptr.npy", indptr)
     np.save(pdir / "indices.npy", src)
     np.save(ctx.oeids(p), eid)
