@@ -37,20 +37,19 @@ from asyncgraph.errors import InvalidRequestError
 from asyncgraph.names import ETYPE, NTYPE, TYPE_EID
 from asyncgraph.partition.assign_stream import assign_chunked
 from asyncgraph.partition.chunked import ChunkedGraph, read_metadata
+from asyncgraph.partition.csc_sort import load_counts, part_sizes, plan_sort, preallocate_csc, sort_range
 from asyncgraph.partition.layout import part_dir_name
 from asyncgraph.partition.memory import PeakSampler, default_memory_limit, format_size, parse_size
 from asyncgraph.partition.output import check_out_path, commit, pid_alive
 from asyncgraph.partition.runner import Runner
 from asyncgraph.partition.stream_meta import finalize, tensor_specs, type_edges_before, write_ntypes
 from asyncgraph.partition.tasks import (
-    REC_BYTES,
     Ctx,
     copy_edge_rows,
     copy_node_rows,
     map_edges,
     preallocate,
     shuffle_edges,
-    sort_part,
     write_type_tensors,
 )
 
@@ -287,9 +286,8 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
                     for lo in range(0, ch.rows, max(1, step)):
                         tasks.append((ctx, r, ci, lo, min(ch.rows, lo + step), plan.edge_rows, len(tasks)))
             _count(report, run.map(shuffle_edges, tasks, "shuffle"))
-            sizes = [sum(f.stat().st_size for f in ctx.spill_dir(p).glob("*.bin")) // REC_BYTES
-                     for p in range(num_parts)]  # fmt: skip
-            finish("shuffle", t0, edge_bounds=[0, *np.cumsum(sizes).tolist()])
+            sizes = part_sizes(load_counts(ctx, len(tasks)), num_parts)
+            finish("shuffle", t0, edge_bounds=[0, *np.cumsum(sizes).tolist()], shuffle_tasks=len(tasks))
         ctx = replace(ctx, edge_bounds=tuple(state["edge_bounds"]))
         if not skip("sort"):
             t0 = time.perf_counter()
@@ -298,9 +296,11 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
             for p in range(num_parts):
                 (ctx.out / part_dir_name(p) / "node_feat").mkdir(parents=True, exist_ok=True)
                 (ctx.out / part_dir_name(p) / "edge_feat").mkdir(exist_ok=True)
-            eb = ctx.edge_bounds
-            biggest_first = sorted(range(num_parts), key=lambda p: eb[p] - eb[p + 1])  # LPT: no lone tail
-            _count(report, run.map(sort_part, [(ctx, p, plan.sort_edges) for p in biggest_first], "sort"))
+            preallocate_csc(ctx)
+            e_all = int(g.edge_offsets()[-1])
+            target = max(MIN_ROWS, min(plan.sort_edges, -(-e_all // (4 * plan.workers))))  # all busy
+            stasks = plan_sort(ctx, load_counts(ctx, int(state["shuffle_tasks"])), target)
+            _count(report, run.map(sort_range, [(*a, plan.sort_edges) for a in stasks], "sort"))
             shutil.rmtree(work / "spill", ignore_errors=True)
             shutil.rmtree(work / "buckets", ignore_errors=True)
             finish("sort", t0)

@@ -18,11 +18,12 @@ import numpy as np
 
 from asyncgraph.partition.chunked import ChunkedGraph, check_ids, iter_edges, read_rows
 
-__all__ = ["Ctx", "NpyWriter", "copy_edge_rows", "copy_node_rows", "shuffle_edges", "sort_part"]
+__all__ = ["Ctx", "NpyWriter", "copy_edge_rows", "copy_node_rows", "shuffle_edges"]
 
 IdArray = np.ndarray[Any, np.dtype[np.int64]]
 REC = 3  # a spilled edge: (new dst, new src, original edge ID), int64 each
 REC_BYTES = REC * 8
+RANGES = 128  # destination ranges per part: the sort stage's unit of work
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,26 @@ class Ctx:
 
     def oeids(self, p: int) -> Path:
         return self.work / "sorted" / f"oeids{p}.npy"
+
+    @property
+    def ranges(self) -> int:
+        """Destination ranges per part in the spill (see :mod:`asyncgraph.partition.csc_sort`)."""
+        return max(1, min(RANGES, (2**15 - 1) // self.num_parts))
+
+    def range_width(self, p: int) -> int:
+        """Nodes per destination range of part ``p``."""
+        return max(1, -(-(self.node_bounds[p + 1] - self.node_bounds[p]) // self.ranges))
+
+    def bucket_of(self, nd: IdArray) -> np.ndarray[Any, Any]:
+        """``part * ranges + range`` of each new destination ID (int16 when it fits)."""
+        part = _part_of(self.node_bounds, nd)
+        bounds = np.asarray(self.node_bounds, dtype=np.int64)
+        widths = np.asarray([self.range_width(p) for p in range(self.num_parts)], dtype=np.int64)
+        local = nd - bounds[part]
+        local //= widths[part]
+        local += part.astype(np.int64) * self.ranges
+        out: np.ndarray[Any, Any] = local.astype(part.dtype)
+        return out
 
 
 class NpyWriter:
@@ -89,7 +110,9 @@ def _part_of(bounds: tuple[int, ...], ids: IdArray) -> np.ndarray[Any, Any]:
 def shuffle_edges(ctx: Ctx, r: int, ci: int, lo: int, hi: int, block_rows: int, task: int) -> tuple[int, int]:
     """Relabel rows ``[lo, hi)`` of edge chunk ``ci`` of type ``r``; spill them by destination part.
 
-    Appends ``(new dst, new src, original edge ID)`` records to ``spill/p<p>/<task>.bin``.
+    Appends ``(new dst, new src, original edge ID)`` records to ``spill/p<p>/<task>.bin``, each
+    block's records grouped by destination range (in edge-ID order within a range), and saves
+    the records per (block, part, range) in ``spill/<task>.counts.npy`` for the sort stage.
     """
     g = ctx.graph
     canon = g.canonical_etypes[r]
@@ -99,6 +122,8 @@ def shuffle_edges(ctx: Ctx, r: int, ci: int, lo: int, hi: int, block_rows: int, 
     new_id = np.load(ctx.work / "new_id.npy", mmap_mode="r")
     files: dict[int, Any] = {}
     read = written = 0
+    nr = ctx.ranges
+    counts_all: list[np.ndarray[Any, Any]] = []
     try:
         for row0, block in iter_edges(chunk, lo, hi, block_rows, ":".join(canon)):
             k = block.shape[0]
@@ -106,10 +131,12 @@ def shuffle_edges(ctx: Ctx, r: int, ci: int, lo: int, hi: int, block_rows: int, 
             check_ids(block[:, 0], g.num_nodes[canon[0]], chunk, f"source ({canon[0]})")
             check_ids(block[:, 1], g.num_nodes[canon[2]], chunk, f"destination ({canon[2]})")
             nd = np.take(new_id, block[:, 1] + noff[dt])
-            part = _part_of(ctx.node_bounds, nd)
-            order = np.argsort(part, kind="stable")  # radix sort of int16 parts
-            counts = np.bincount(part, minlength=ctx.num_parts)
-            del part
+            bucket = ctx.bucket_of(nd)  # (part, destination range)
+            order = np.argsort(bucket, kind="stable")  # radix sort of int16 buckets
+            fine = np.bincount(bucket, minlength=ctx.num_parts * nr).reshape(ctx.num_parts, nr)
+            counts_all.append(fine)
+            counts = fine.sum(axis=1)
+            del bucket
             rec = np.empty((k, REC), dtype=np.int64)  # built directly in part order
             np.take(nd, order, out=rec[:, 0])
             del nd
@@ -129,175 +156,10 @@ def shuffle_edges(ctx: Ctx, r: int, ci: int, lo: int, hi: int, block_rows: int, 
     finally:
         for f in files.values():
             f.close()
+    shape = (len(counts_all), ctx.num_parts, nr)
+    np.save(ctx.work / "spill" / f"{task}.counts.npy",
+            np.stack(counts_all) if counts_all else np.zeros(shape, dtype=np.int64))  # fmt: skip
     return read, written
-
-
-def _bits(x: int) -> int:
-    return max(1, (max(x, 1) - 1).bit_length())
-
-
-def _csc_block(rec: IdArray, n0: int, n_local: int, n: int) -> tuple[IdArray, IdArray, IdArray]:
-    """Sort records (in original-edge-ID order) by (dst, src, eid): (in-degrees, src, eid).
-
-    The sort is one ``np.sort`` of 64-bit keys ``(dst, src, rank)`` (``rank``: the record's
-    position, so ties keep edge-ID order), ~80x faster than a three-key ``lexsort``. When those
-    bits exceed 64 the records are first grouped by destination sub-range (a radix sort on a
-    small int, stable) so that each sub-range's keys fit.
-    """
-    k = rec.shape[0]
-    deg = np.bincount(rec[:, 0] - n0, minlength=n_local)
-    src_out = np.empty(k, dtype=np.int64)
-    eid_out = np.empty(k, dtype=np.int64)
-    if k == 0:
-        return deg, src_out, eid_out
-    bs = _bits(n)
-    order: IdArray | None = None
-    if _bits(n_local) + bs + _bits(k) <= 64:
-        cuts = np.array([0, n_local], dtype=np.int64)
-    else:  # sub-ranges of at most 2**rb edges and 2**db nodes (a lone hub: its own range)
-        db = (64 - bs) // 2
-        cuts = _cuts(deg, 1 << (64 - bs - db), 1 << db)
-        order = np.argsort(_part_of(tuple((cuts + n0).tolist()), rec[:, 0]), kind="stable")
-    ends = np.cumsum(np.add.reduceat(deg, cuts[:-1]))
-    at = 0
-    for i in range(cuts.size - 1):
-        b = int(ends[i])
-        if b == at:
-            continue
-        sub = rec[at:b] if order is None else rec[order[at:b]]
-        rb = _bits(b - at)
-        key = (sub[:, 0] - (n0 + cuts[i])).astype(np.uint64)
-        key <<= np.uint64(bs)
-        key |= sub[:, 1].astype(np.uint64)
-        key <<= np.uint64(rb)
-        key |= np.arange(b - at, dtype=np.uint64)
-        key.sort()
-        rank = (key & np.uint64((1 << rb) - 1)).view(np.int64)
-        np.take(sub[:, 2], rank, out=eid_out[at:b])
-        del sub, rank
-        key >>= np.uint64(rb)
-        key &= np.uint64((1 << bs) - 1)
-        src_out[at:b] = key.view(np.int64)
-        at = b
-    return deg, src_out, eid_out
-
-
-def _cuts(deg: IdArray, max_edges: int, max_nodes: int) -> IdArray:
-    """Node cut points: ranges of at most ``max_edges`` edges and ``max_nodes`` nodes (a node
-    with more edges than ``max_edges`` forms a range of its own)."""
-    cum = np.cumsum(deg)
-    cuts = [0]
-    while cuts[-1] < deg.size:
-        a = cuts[-1]
-        base = int(cum[a - 1]) if a else 0
-        nxt = int(np.searchsorted(cum, base + max_edges, side="right"))
-        cuts.append(min(deg.size, a + max_nodes, max(nxt, a + 1)))
-    return np.asarray(cuts, dtype=np.int64)
-
-
-def spill_files(folder: Path) -> list[Path]:
-    """A part's spill files in task order, i.e. in original edge-ID order (``<task>.bin``)."""
-    return sorted(folder.glob("*.bin"), key=lambda f: int(f.stem))
-
-
-def _records(files: list[Path], rows: int) -> Any:
-    """Iterate the records of spill files in pieces of at most ``rows`` records."""
-    for f in files:
-        total = f.stat().st_size // REC_BYTES
-        for a in range(0, total, rows):
-            k = min(rows, total - a)
-            yield np.fromfile(f, dtype=np.int64, count=k * REC, offset=a * REC_BYTES).reshape(k, REC)
-
-
-def sort_part(ctx: Ctx, p: int, cap_edges: int) -> tuple[int, int]:
-    """Sort partition ``p``'s spilled edges into CSC and write indptr/indices/eids and its eid map.
-
-    When its edges exceed ``cap_edges`` they are first split by destination range into bucket
-    files of at most ``cap_edges`` edges each (a destination's edges never straddle buckets),
-    which are sorted one at a time and appended: an external sort whose output is the same.
-    """
-    g = ctx.graph
-    n, e = int(g.node_offsets()[-1]), int(g.edge_offsets()[-1])
-    n0, n1 = ctx.node_bounds[p], ctx.node_bounds[p + 1]
-    e0, e1 = ctx.edge_bounds[p], ctx.edge_bounds[p + 1]
-    files = spill_files(ctx.spill_dir(p))
-    pdir = ctx.out / f"part{p}"
-    rows = max(1, cap_edges)
-    if e1 - e0 <= cap_edges:
-        return _sort_in_memory(ctx, p, files, n, e)
-    in_deg = np.zeros(n1 - n0, dtype=np.int64)
-    for rec in _records(files, rows):
-        in_deg += np.bincount(rec[:, 0] - n0, minlength=n1 - n0)
-    # destination ranges of at most cap_edges edges each (one node may exceed it alone)
-    cuts = _cuts(in_deg, cap_edges, in_deg.size).tolist()
-    bdir = ctx.work / "buckets" / f"p{p}"
-    bdir.mkdir(parents=True, exist_ok=True)
-    bounds = np.asarray(cuts, dtype=np.int64) + n0
-    handles = [open(bdir / f"{i}.bin", "wb") for i in range(len(cuts) - 1)]  # noqa: SIM115
-    try:
-        for rec in _records(files, rows):
-            b = _part_of(tuple(int(x) for x in bounds), rec[:, 0])
-            order = np.argsort(b, kind="stable")
-            counts = np.bincount(b, minlength=len(handles))
-            rec = rec[order]
-            start = 0
-            for i in np.flatnonzero(counts):
-                rec[start : start + counts[i]].tofile(handles[i])
-                start += int(counts[i])
-    finally:
-        for h in handles:
-            h.close()
-    buckets = [[bdir / f"{i}.bin"] for i in range(len(cuts) - 1)]
-    indptr = np.zeros(n1 - n0 + 1, dtype=np.int64)
-    np.cumsum(in_deg, out=indptr[1:])
-    np.save(pdir / "indptr.npy", indptr)
-    del indptr, in_deg
-    ind = NpyWriter(pdir / "indices.npy", np.int64, (e1 - e0,))
-    oe = NpyWriter(ctx.oeids(p), np.int64, (e1 - e0,))
-    for bi, bucket in enumerate(buckets):
-        parts = [np.fromfile(f, dtype=np.int64).reshape(-1, REC) for f in bucket]
-        rec = np.concatenate(parts) if len(parts) != 1 else parts[0]
-        del parts
-        b0, b1 = int(bounds[bi]), int(bounds[bi + 1])
-        _, src, eid = _csc_block(rec, b0, b1 - b0, n)
-        del rec
-        ind.write(src)
-        oe.write(eid)
-    ind.close()
-    oe.close()
-    _write_eids(pdir, e0, e1, rows)
-    return (e1 - e0) * REC_BYTES, (e1 - e0) * 24 + (n1 - n0 + 1) * 8
-
-
-def _write_eids(pdir: Path, e0: int, e1: int, rows: int) -> None:
-    eids = NpyWriter(pdir / "eids.npy", np.int64, (e1 - e0,))
-    for a in range(e0, e1, max(1, rows)):
-        eids.write(np.arange(a, min(e1, a + rows), dtype=np.int64))
-    eids.close()
-
-
-def _sort_in_memory(ctx: Ctx, p: int, files: list[Path], n: int, e: int) -> tuple[int, int]:
-    """Partition ``p``'s edges fit a worker's share: one read, one sort, in-degrees from the result."""
-    n0, n1 = ctx.node_bounds[p], ctx.node_bounds[p + 1]
-    e0, e1 = ctx.edge_bounds[p], ctx.edge_bounds[p + 1]
-    rec = np.empty((e1 - e0, REC), dtype=np.int64)
-    at = 0
-    for f in files:
-        k = f.stat().st_size // REC_BYTES
-        with open(f, "rb") as fh:
-            fh.readinto(memoryview(rec[at : at + k].reshape(-1)).cast("B"))  # type: ignore[arg-type]
-        at += k
-    deg, src, eid = _csc_block(rec, n0, n1 - n0, n)
-    del rec
-    pdir = ctx.out / f"part{p}"
-    indptr = np.zeros(n1 - n0 + 1, dtype=np.int64)
-    np.cumsum(deg, out=indptr[1:])
-    del deg
-    np.save(pdir / "indptr.npy", indptr)
-    np.save(pdir / "indices.npy", src)
-    np.save(ctx.oeids(p), eid)
-    _write_eids(pdir, e0, e1, 1 << 22)
-    return (e1 - e0) * REC_BYTES, (e1 - e0) * 24 + (n1 - n0 + 1) * 8
 
 
 def _write_rows_at(path: Path, start: int, rows: np.ndarray[Any, Any]) -> None:
