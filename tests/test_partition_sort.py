@@ -52,3 +52,18 @@ def test_one_range_per_part_over_the_cap_sorts_externally(
     partition_chunked(meta, 2, tmp_path / "st", part_method="random", workers=1, memory_limit="161MiB")
     assert {b.name for b in buckets} == {"p0.0", "p1.0"}  # both parts' single group went external
     same_tree(tmp_path / "mem", tmp_path / "st")
+
+
+def test_lean_symmetric_csr_equals_in_memory(tmp_path: Path) -> None:
+    """KaMinPar's structure, built chunk by chunk in place, is symmetric_csr's, in-degrees too."""
+    from asyncgraph.partition.assign import symmetric_csr
+    from asyncgraph.partition.assign_stream import _lean_symmetric_csr
+    from asyncgraph.partition.chunked import read_metadata
+
+    graph = make_graph("pubmed")
+    meta = write_chunked(graph, tmp_path / "in", 3, "numpy", "pubmed")
+    in_deg = np.zeros(graph.num_nodes, dtype=np.int64)
+    xadj, adj = _lean_symmetric_csr(read_metadata(meta), 7919, in_deg)  # pieces straddle duplicates
+    ref_x, ref_a = symmetric_csr(graph.num_nodes, graph.src, graph.dst)
+    assert np.array_equal(xadj, ref_x) and np.array_equal(adj, ref_a)
+    assert np.array_equal(in_deg, np.bincount(graph.dst, minlength=graph.num_nodes))
