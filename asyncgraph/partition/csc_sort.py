@@ -92,7 +92,7 @@ def csc_block(rec: IdArray, n0: int, n_local: int, n: int) -> tuple[IdArray, IdA
 def preallocate_csc(ctx: Ctx) -> None:
     """The parts' ``indptr``/``indices``/``eids`` and edge-ID maps, sparse, for the tasks to fill."""
     for p in range(ctx.num_parts):
-        d = ctx.out / f"part{p}"
+        d = ctx.pdir(p)
         nodes = ctx.node_bounds[p + 1] - ctx.node_bounds[p]
         edges = ctx.edge_bounds[p + 1] - ctx.edge_bounds[p]
         preallocate(d / "indptr.npy", np.int64, (nodes + 1,))
@@ -164,7 +164,7 @@ def sort_range(ctx: Ctx, p: int, lo: int, hi: int, e_off: int, slices: list[Slic
     n0 = ctx.node_bounds[p] + lo
     e0 = ctx.edge_bounds[p]
     k = sum(s[2] for s in slices)
-    d = ctx.out / f"part{p}"
+    d = ctx.pdir(p)
     if k <= cap_edges:
         rec = np.empty((k, REC), dtype=np.int64)
         at = 0
@@ -220,7 +220,7 @@ def _sort_external(ctx: Ctx, p: int, lo: int, hi: int, e_off: int, slices: list[
         rec = np.fromfile(path, dtype=np.int64).reshape(-1, REC)
         os.unlink(path)
         _, src, eid = csc_block(rec, bounds[i], bounds[i + 1] - bounds[i], n)
-        _write_rows_at(ctx.out / f"part{p}" / "indices.npy", at, src)
+        _write_rows_at(ctx.pdir(p) / "indices.npy", at, src)
         _write_rows_at(ctx.oeids(p), at, eid)
         at += rec.shape[0]
     return deg

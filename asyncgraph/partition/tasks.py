@@ -35,10 +35,17 @@ class Ctx:
     num_parts: int
     node_bounds: tuple[int, ...]
     edge_bounds: tuple[int, ...] = ()
+    part_build: tuple[str, ...] = ()  # per part: where its files are built ("": under out/)
 
     @property
     def out(self) -> Path:
         return self.work / "out"
+
+    def pdir(self, p: int) -> Path:
+        """The folder partition ``p``'s files are written to during the run."""
+        if self.part_build and self.part_build[p]:
+            return Path(self.part_build[p])
+        return self.out / f"part{p}"
 
     def spill_dir(self, p: int) -> Path:
         return self.work / "spill" / f"p{p}"
@@ -197,7 +204,7 @@ def copy_node_rows(ctx: Ctx, key: str, name: str, ci: int, lo: int, hi: int) -> 
     for p in np.flatnonzero(counts).tolist():
         a, k = int(first[p]), int(counts[p])
         start = int(new[order[a] - lo]) - ctx.node_bounds[p]
-        _write_rows_at(ctx.out / f"part{p}" / "node_feat" / f"{name}.npy", start, rows[a : a + k])
+        _write_rows_at(ctx.pdir(p) / "node_feat" / f"{name}.npy", start, rows[a : a + k])
     return rows.nbytes, rows.nbytes
 
 
@@ -215,7 +222,7 @@ def copy_edge_rows(ctx: Ctx, key: int, name: str, ci: int, lo: int, hi: int) -> 
     part = _part_of(ctx.edge_bounds, new)
     for p in np.unique(part).tolist():
         sel = part == p
-        out = np.load(ctx.out / f"part{p}" / "edge_feat" / f"{name}.npy", mmap_mode="r+")
+        out = np.load(ctx.pdir(p) / "edge_feat" / f"{name}.npy", mmap_mode="r+")
         out[new[sel] - ctx.edge_bounds[p]] = rows[sel]
         out.flush()
         del out
@@ -247,7 +254,7 @@ def write_type_tensors(ctx: Ctx, p: int, rows: int, before: list[int]) -> tuple[
     eoff = ctx.graph.edge_offsets()
     num_r = eoff.size - 1
     oeids = np.load(ctx.oeids(p), mmap_mode="r")
-    d = ctx.out / f"part{p}" / "edge_feat"
+    d = ctx.pdir(p) / "edge_feat"
     et_w = NpyWriter(d / f"{ETYPE}.npy", np.int64, (e1 - e0,))
     te_w = NpyWriter(d / f"{TYPE_EID}.npy", np.int64, (e1 - e0,))
     running = np.asarray(before, dtype=np.int64).copy()
