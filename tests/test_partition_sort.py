@@ -67,3 +67,18 @@ def test_lean_symmetric_csr_equals_in_memory(tmp_path: Path) -> None:
     ref_x, ref_a = symmetric_csr(graph.num_nodes, graph.src, graph.dst)
     assert np.array_equal(xadj, ref_x) and np.array_equal(adj, ref_a)
     assert np.array_equal(in_deg, np.bincount(graph.dst, minlength=graph.num_nodes))
+
+
+def test_own_part_neighbours_in_pieces_equals_whole() -> None:
+    from asyncgraph.partition.assign import own_part_neighbours, symmetric_csr
+
+    rng = np.random.default_rng(5)
+    n = 2000
+    src, dst = rng.integers(0, n, 30_000), rng.integers(0, n, 30_000)
+    src[:3000] = 7  # a hub bigger than a piece
+    xadj, adj = symmetric_csr(n, src, dst)
+    parts = rng.integers(0, 3, n)
+    rows = np.repeat(np.arange(n), np.diff(xadj))
+    whole = np.bincount(rows[parts[rows] == parts[adj]], minlength=n)
+    assert np.array_equal(own_part_neighbours(parts, xadj, adj, step=1000), whole)
+    assert np.array_equal(own_part_neighbours(parts, xadj, adj), whole)
