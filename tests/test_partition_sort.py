@@ -1,4 +1,5 @@
-"""The out-of-core sort stage: packed 64-bit keys, destination-range tasks, the external path."""
+"""Out-of-core partitioning: the sort stage (packed 64-bit keys, destination-range tasks, the
+external path) and the lean structure behind KaMinPar (CSR, repairs, compressed loading)."""
 
 from __future__ import annotations
 
@@ -82,3 +83,29 @@ def test_own_part_neighbours_in_pieces_equals_whole() -> None:
     whole = np.bincount(rows[parts[rows] == parts[adj]], minlength=n)
     assert np.array_equal(own_part_neighbours(parts, xadj, adj, step=1000), whole)
     assert np.array_equal(own_part_neighbours(parts, xadj, adj), whole)
+
+
+def test_kaminpar_compressed_when_only_that_fits(tmp_path: Path) -> None:
+    """Between the compressed and the plain estimate, KaMinPar loads the structure compressed;
+    below the compressed one the run is refused before writing, naming method and sizes."""
+    pytest.importorskip("kaminpar")
+    from asyncgraph.errors import InvalidRequestError
+    from asyncgraph.partition.chunked import read_metadata
+    from asyncgraph.partition.reader import summarize_partitions
+    from asyncgraph.partition.stream import plan_run
+
+    meta = write_chunked(make_graph("cora"), tmp_path / "in", 2, "numpy", "cora")
+    g = read_metadata(meta)
+    plain = plan_run(g, "kaminpar", 8 << 30, 1, False)
+    assert not plain.compress
+    squeezed = plan_run(g, "kaminpar", plain.assign_need - 1, 1, False)
+    assert squeezed.compress and squeezed.assign_need < plain.assign_need
+    with pytest.raises(InvalidRequestError, match=r"method 'kaminpar' needs about .* memory limit is"):
+        partition_chunked(meta, 4, tmp_path / "o", part_method="kaminpar",
+                          memory_limit=squeezed.assign_need - 1)  # fmt: skip
+    assert not (tmp_path / "o").exists()
+    partition_chunked(meta, 4, tmp_path / "o", part_method="kaminpar", workers=1,
+                      memory_limit=plain.assign_need - 1)  # fmt: skip
+    rows = summarize_partitions(tmp_path / "o" / "cora.json")
+    cut = sum(r["remote_src_edges"] for r in rows) / sum(r["in_edges"] for r in rows)
+    assert sum(r["owned_nodes"] for r in rows) == 2708 and cut < 0.3, cut

@@ -93,7 +93,6 @@ def _structure(g: ChunkedGraph, block_rows: int) -> Graph:
 
 
 KAMINPAR_PRESET = "jet"  # R-MAT 4-way, 2 threads: 2^18 cut 20.5% in 3.3 s (fm 17.4%, 4.8 s; METIS 25.9%)
-KAMINPAR_COMPRESS = True  # KaMinPar's compressed graph: the input CSR in less memory
 
 
 def _lean_symmetric_csr(g: ChunkedGraph, block_rows: int, in_deg: IdArray | None) -> tuple[IdArray, IdArray]:
@@ -157,24 +156,25 @@ def write_parhip(path: Path, xadj: IdArray, adj: IdArray, rows: int = 1 << 22) -
 
 
 def _kaminpar_parts(g: ChunkedGraph, k: int, cats: IdArray | None, balance_edges: bool, seed: int,
-                    work: Path, block_rows: int, threads: int) -> IdArray:  # fmt: skip
+                    work: Path, block_rows: int, threads: int, compress: bool) -> IdArray:  # fmt: skip
     """KaMinPar (``jet`` preset, 3% imbalance) on the symmetric structure, then the METIS repairs.
 
     KaMinPar's Python binding reads graphs from files only: the CSR is built lean
     (:func:`_lean_symmetric_csr`), written in ParHIP's format into the work folder and freed
-    before KaMinPar loads it (compressed); the repair passes read it back through a memory map
+    before KaMinPar loads it (compressed when the plan says so: ~40% less memory, ~2.4x slower
+    at 2^20); the repair passes read it back through a memory map
     (clean file pages: not counted against the limit).
     """
     import kaminpar
 
     n = int(g.node_offsets()[-1])
     in_deg = np.zeros(n, dtype=np.int64) if balance_edges else None
-    xadj, adj = _lean_symmetric_csr(g, block_rows, in_deg)
+    xadj, adj = _lean_symmetric_csr(g, min(block_rows, 1 << 21), in_deg)
     path = work / "structure.parhip"
     write_parhip(path, xadj, adj)
     del xadj, adj
     kaminpar.reseed(seed)
-    kg = kaminpar.load_graph(str(path), kaminpar.GraphFileFormat.PARHIP, compress=KAMINPAR_COMPRESS)
+    kg = kaminpar.load_graph(str(path), kaminpar.GraphFileFormat.PARHIP, compress=compress)
     solver = kaminpar.KaMinPar(max(1, threads), kaminpar.context_by_name(KAMINPAR_PRESET))
     parts = np.asarray(solver.compute_partition(kg, k, 0.03), dtype=np.int64)
     del kg, solver
@@ -221,7 +221,7 @@ def assign_chunked(g: ChunkedGraph, num_parts: int, work: Path, opts: dict[str, 
         parts = fennel_assign(g, num_parts, int(opts["seed"]), plan.edge_rows)
     elif opts["method"] == "kaminpar":
         parts = _kaminpar_parts(g, num_parts, cats, bool(opts["edges"]), int(opts["seed"]), work,
-                                plan.edge_rows, plan.workers)  # fmt: skip
+                                plan.edge_rows, plan.workers, plan.compress)  # fmt: skip
     else:
         graph = _structure(g, plan.edge_rows)
         parts = _metis_assign(graph, num_parts, cats, bool(opts["edges"]), int(opts["seed"]),

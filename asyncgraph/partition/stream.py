@@ -63,7 +63,13 @@ SHUFFLE_BYTES = 112  # per edge row in a shuffle piece (ids, relabelled record, 
 SORT_BYTES = 80  # per edge in a sort bucket (records, packed keys, outputs)
 MIN_ROWS = 4096
 METIS_EDGE_BYTES = 280  # pymetis 2025.2, measured (see plan_run)
-KAMINPAR_EDGE_BYTES = 100  # kaminpar 3.7: 0.84 GiB peak for 10.5M edges (loaded CSR included)
+# kaminpar 3.7, jet, measured at 2^20 (R-MAT, 10.5M edges): the lean CSR build peaked at 26 B an
+# edge with 4M-row blocks (16 B of keys + the block's temporaries), KaMinPar at 29.4 B an edge
+# (17.9 compressed, but 2.4x slower); the relabelling and repairs ~64 B a node
+KAMINPAR_EDGE_BYTES = 32
+KAMINPAR_COMPRESSED_EDGE_BYTES = 18  # + the CSR build's 16 B of keys: max(18, 16 + blocks)
+KAMINPAR_NODE_BYTES = 72
+KAMINPAR_FIXED = 160 << 20  # the CSR build's block temporaries (2M rows) and KaMinPar's own
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,7 @@ class Plan:
     edge_rows: int
     sort_edges: int
     data_bytes: int
+    compress: bool = False  # kaminpar: load the structure compressed (less memory, slower)
 
 
 @dataclass
@@ -101,9 +108,15 @@ def plan_run(
     # symmetric CSR, pymetis' copy and METIS' coarse graphs: the process tree peaked at 2.79 GiB
     # for 2^20 nodes / 10.5M edges, 0.64 GiB for 2^18 / 2.6M: ~265 B an input edge)
     key = "assignment" if assignment else method
-    per_node = {"random": 34, "fennel": 34 + 20 * num_parts, "metis": 120, "kaminpar": 120, "assignment": 34}
+    per_node = {"random": 34, "fennel": 34 + 20 * num_parts, "metis": 120, "kaminpar": KAMINPAR_NODE_BYTES,
+                "assignment": 34}  # fmt: skip
     per_edge = {"metis": METIS_EDGE_BYTES, "kaminpar": KAMINPAR_EDGE_BYTES}.get(key, 0)
-    assign_need = MAIN_BASE + per_node[key] * n + per_edge * e
+    fixed = KAMINPAR_FIXED if key == "kaminpar" else 0
+    assign_need = MAIN_BASE + fixed + per_node[key] * n + per_edge * e
+    compress = False
+    if key == "kaminpar" and assign_need > limit:  # the compressed graph, if that fits
+        compress = True
+        assign_need = MAIN_BASE + fixed + per_node[key] * n + max(KAMINPAR_COMPRESSED_EDGE_BYTES, 16) * e
     what = "--assignment files" if assignment else f"method {method!r}"
     if assign_need > limit:
         hint = {"metis": " or use --method kaminpar (less memory), fennel (streamed) or random",
@@ -121,7 +134,7 @@ def plan_run(
             f"{format_size(limit)}; raise --memory-limit or lower --workers"
         )
     return Plan(limit, workers, assign_need, budget, max(MIN_ROWS, budget // SHUFFLE_BYTES),
-                max(MIN_ROWS, budget // SORT_BYTES), max(1 << 16, budget // 3))  # fmt: skip
+                max(MIN_ROWS, budget // SORT_BYTES), max(1 << 16, budget // 3), compress)  # fmt: skip
 
 
 def _fingerprint(g: ChunkedGraph, opts: dict[str, Any]) -> str:
