@@ -90,14 +90,15 @@ def csc_block(rec: IdArray, n0: int, n_local: int, n: int) -> tuple[IdArray, IdA
 
 
 def preallocate_csc(ctx: Ctx) -> None:
-    """The parts' ``indptr``/``indices``/``eids`` and edge-ID maps, sparse, for the tasks to fill."""
+    """The parts' ``indptr``/``indices``/``eids`` and ``orig_eids.npy``, sparse, for the tasks to fill."""
     for p in range(ctx.num_parts):
         d = ctx.pdir(p)
         nodes = ctx.node_bounds[p + 1] - ctx.node_bounds[p]
         edges = ctx.edge_bounds[p + 1] - ctx.edge_bounds[p]
         preallocate(d / "indptr.npy", np.int64, (nodes + 1,))
-        for path in (d / "indices.npy", d / "eids.npy", ctx.oeids(p)):
+        for path in (d / "indices.npy", d / "eids.npy"):
             preallocate(path, np.int64, (edges,))
+    preallocate(ctx.oeids_file, np.int64, (ctx.edge_bounds[-1],))
 
 
 def load_counts(ctx: Ctx, tasks: int) -> list[IdArray]:
@@ -176,7 +177,7 @@ def sort_range(ctx: Ctx, p: int, lo: int, hi: int, e_off: int, slices: list[Slic
         deg, src, eid = csc_block(rec, n0, hi - lo, n)
         del rec
         _write_rows_at(d / "indices.npy", e_off, src)
-        _write_rows_at(ctx.oeids(p), e_off, eid)
+        _write_rows_at(ctx.oeids_file, e0 + e_off, eid)
         del src, eid
     else:
         deg = _sort_external(ctx, p, lo, hi, e_off, slices, cap_edges, n)
@@ -221,7 +222,7 @@ def _sort_external(ctx: Ctx, p: int, lo: int, hi: int, e_off: int, slices: list[
         os.unlink(path)
         _, src, eid = csc_block(rec, bounds[i], bounds[i + 1] - bounds[i], n)
         _write_rows_at(ctx.pdir(p) / "indices.npy", at, src)
-        _write_rows_at(ctx.oeids(p), at, eid)
+        _write_rows_at(ctx.oeids_file, ctx.edge_bounds[p] + at, eid)
         at += rec.shape[0]
     return deg
 

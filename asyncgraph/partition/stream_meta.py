@@ -50,7 +50,7 @@ def type_edges_before(ctx: Ctx, rows: int) -> list[list[int]]:
     eoff = ctx.graph.edge_offsets()
     per_part = []
     for p in range(ctx.num_parts):
-        oe = np.load(ctx.oeids(p), mmap_mode="r")
+        oe = ctx.oeids(p)
         counts = np.zeros(eoff.size - 1, dtype=np.int64)
         for a in range(0, oe.shape[0], rows):
             counts += np.bincount(np.searchsorted(eoff, np.asarray(oe[a : a + rows]), side="right") - 1,
@@ -71,12 +71,7 @@ def finalize(
     absolute path (``--part-dir``), the others as ``part<p>`` beside the config."""
     g = ctx.graph
     e = int(g.edge_offsets()[-1])
-    w = NpyWriter(ctx.out / ORIG_EIDS_FILE, np.int64, (e,))
-    for p in range(ctx.num_parts):
-        oe = np.load(ctx.oeids(p), mmap_mode="r")
-        for a in range(0, oe.shape[0], rows):
-            w.write(np.asarray(oe[a : a + rows]))
-    w.close()
+    # orig_eids.npy: written in place by the sort tasks (csc_sort.preallocate_csc)
     nb, eb = ctx.node_bounds, ctx.edge_bounds
     specs = [PartSpec(part_id=p, node_range=(nb[p], nb[p + 1]), edge_range=(eb[p], eb[p + 1]),
                       path=final_dirs[p] or part_dir_name(p)) for p in range(ctx.num_parts)]  # fmt: skip

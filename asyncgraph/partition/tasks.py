@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from asyncgraph.partition.chunked import ChunkedGraph, check_ids, iter_edges, read_rows
+from asyncgraph.partition.layout import ORIG_EIDS_FILE
 
 __all__ = ["Ctx", "NpyWriter", "copy_edge_rows", "copy_node_rows", "shuffle_edges"]
 
@@ -50,8 +51,16 @@ class Ctx:
     def spill_dir(self, p: int) -> Path:
         return self.work / "spill" / f"p{p}"
 
-    def oeids(self, p: int) -> Path:
-        return self.work / "sorted" / f"oeids{p}.npy"
+    @property
+    def oeids_file(self) -> Path:
+        """``orig_eids.npy`` of the output: the sort tasks write each part's slice in place."""
+        return self.out / ORIG_EIDS_FILE
+
+    def oeids(self, p: int) -> np.ndarray[Any, Any]:
+        """Partition ``p``'s original edge IDs in new-ID order (a read-only memory map)."""
+        e0, e1 = self.edge_bounds[p], self.edge_bounds[p + 1]
+        arr: np.ndarray[Any, Any] = np.load(self.oeids_file, mmap_mode="r")
+        return arr[e0:e1]
 
     @property
     def ranges(self) -> int:
@@ -232,7 +241,7 @@ def copy_edge_rows(ctx: Ctx, key: int, name: str, ci: int, lo: int, hi: int) -> 
 def map_edges(ctx: Ctx, p: int, rows: int) -> tuple[int, int]:
     """Fill ``new_eid.npy`` (original edge ID -> new edge ID) for partition ``p``'s edges."""
     e0, e1 = ctx.edge_bounds[p], ctx.edge_bounds[p + 1]
-    src = np.load(ctx.oeids(p), mmap_mode="r")
+    src = ctx.oeids(p)
     inv = np.load(ctx.work / "new_eid.npy", mmap_mode="r+")
     for a in range(0, e1 - e0, rows):
         b = min(e1 - e0, a + rows)
@@ -253,7 +262,7 @@ def write_type_tensors(ctx: Ctx, p: int, rows: int, before: list[int]) -> tuple[
     e0, e1 = ctx.edge_bounds[p], ctx.edge_bounds[p + 1]
     eoff = ctx.graph.edge_offsets()
     num_r = eoff.size - 1
-    oeids = np.load(ctx.oeids(p), mmap_mode="r")
+    oeids = ctx.oeids(p)
     d = ctx.pdir(p) / "edge_feat"
     et_w = NpyWriter(d / f"{ETYPE}.npy", np.int64, (e1 - e0,))
     te_w = NpyWriter(d / f"{TYPE_EID}.npy", np.int64, (e1 - e0,))
