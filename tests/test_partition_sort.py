@@ -12,7 +12,7 @@ from test_partition_chunked import same_tree
 
 import asyncgraph.partition.tasks as tasks
 from asyncgraph.partition import partition_graph
-from asyncgraph.partition.chunked import load_chunked
+from asyncgraph.partition.chunked import load_chunked, read_metadata
 from asyncgraph.partition.chunked_write import write_chunked
 from asyncgraph.partition.csc_sort import csc_block
 from asyncgraph.partition.stream import partition_chunked
@@ -33,13 +33,15 @@ def test_csc_block_matches_lexsort(n: int) -> None:
     assert np.array_equal(s, src[order]) and np.array_equal(e, eid[order])
 
 
+@pytest.mark.parametrize("compact_below", [2**32, 0])  # spill records of 3 x uint32 / 3 x int64
 def test_one_range_per_part_over_the_cap_sorts_externally(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    compact_below: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One destination range per part and a worker share of a few thousand edges: every group
     exceeds the cap and takes the on-disk bucket sort; the bytes equal the in-memory path's."""
     meta = write_chunked(make_graph("pubmed"), tmp_path / "in", 3, "numpy", "pubmed")
-    monkeypatch.setattr(tasks, "RANGES", 1)  # inline run (workers=1): the patch applies
+    monkeypatch.setattr(tasks, "RANGES", 1)  # inline run (workers=1): the patches apply
+    monkeypatch.setattr(tasks, "COMPACT_BELOW", compact_below)
     partition_graph(load_chunked(meta), "pubmed", 2, tmp_path / "mem", part_method="random")
     buckets: list[Path] = []
     real = Path.mkdir
@@ -53,6 +55,8 @@ def test_one_range_per_part_over_the_cap_sorts_externally(
     partition_chunked(meta, 2, tmp_path / "st", part_method="random", workers=1, memory_limit="161MiB")
     assert {b.name for b in buckets} == {"p0.0", "p1.0"}  # both parts' single group went external
     same_tree(tmp_path / "mem", tmp_path / "st")
+    g = read_metadata(meta)
+    assert tasks.Ctx(g, tmp_path, 2, (0, 1, g.num_nodes["_N"])).rec_bytes == (12 if compact_below else 24)
 
 
 def test_lean_symmetric_csr_equals_in_memory(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from asyncgraph.partition.tasks import REC, REC_BYTES, Ctx, IdArray, _part_of, _write_rows_at, preallocate
+from asyncgraph.partition.tasks import REC, Ctx, IdArray, _part_of, _write_rows_at, preallocate
 
 __all__ = ["csc_block", "plan_sort", "preallocate_csc", "sort_range"]
 
@@ -43,7 +43,7 @@ def cuts_by_degree(deg: IdArray, max_edges: int, max_nodes: int) -> IdArray:
     return np.asarray(cuts, dtype=np.int64)
 
 
-def csc_block(rec: IdArray, n0: int, n_local: int, n: int) -> tuple[IdArray, IdArray, IdArray]:
+def csc_block(rec: np.ndarray[Any, Any], n0: int, n_local: int, n: int) -> tuple[IdArray, IdArray, IdArray]:
     """Sort records (in original-edge-ID order) by (dst, src, eid): (in-degrees, src, eid).
 
     The sort is one ``np.sort`` of 64-bit keys ``(dst, src, rank)`` (``rank``: the record's
@@ -80,7 +80,7 @@ def csc_block(rec: IdArray, n0: int, n_local: int, n: int) -> tuple[IdArray, IdA
         key |= np.arange(b - at, dtype=np.uint64)
         key.sort()
         rank = (key & np.uint64((1 << rb) - 1)).view(np.int64)
-        np.take(sub[:, 2], rank, out=eid_out[at:b])
+        eid_out[at:b] = np.take(sub[:, 2], rank)
         del sub, rank
         key >>= np.uint64(rb)
         key &= np.uint64((1 << bs) - 1)
@@ -154,8 +154,8 @@ def _read_slices(ctx: Ctx, p: int, slices: list[Slice], rows: int) -> Any:
         path = ctx.spill_dir(p) / f"{t}.bin"
         for a in range(0, count, rows):
             k = min(rows, count - a)
-            at = (first + a) * REC_BYTES
-            yield np.fromfile(path, dtype=np.int64, count=k * REC, offset=at).reshape(k, REC)
+            at = (first + a) * ctx.rec_bytes
+            yield np.fromfile(path, dtype=ctx.rec_dtype, count=k * REC, offset=at).reshape(k, REC)
 
 
 def sort_range(ctx: Ctx, p: int, lo: int, hi: int, e_off: int, slices: list[Slice],
@@ -167,11 +167,11 @@ def sort_range(ctx: Ctx, p: int, lo: int, hi: int, e_off: int, slices: list[Slic
     k = sum(s[2] for s in slices)
     d = ctx.pdir(p)
     if k <= cap_edges:
-        rec = np.empty((k, REC), dtype=np.int64)
+        rec = np.empty((k, REC), dtype=ctx.rec_dtype)
         at = 0
         for t, first, count in slices:
             with open(ctx.spill_dir(p) / f"{t}.bin", "rb") as f:
-                f.seek(first * REC_BYTES)
+                f.seek(first * ctx.rec_bytes)
                 f.readinto(memoryview(rec[at : at + count].reshape(-1)).cast("B"))  # type: ignore[arg-type]
             at += count
         deg, src, eid = csc_block(rec, n0, hi - lo, n)
@@ -188,7 +188,7 @@ def sort_range(ctx: Ctx, p: int, lo: int, hi: int, e_off: int, slices: list[Slic
     step = 1 << 22
     for a in range(e_off, e_off + k, step):
         _write_rows_at(d / "eids.npy", a, np.arange(e0 + a, e0 + min(e_off + k, a + step), dtype=np.int64))
-    return k * REC_BYTES, k * 24 + (hi - lo) * 8
+    return k * ctx.rec_bytes, k * 24 + (hi - lo) * 8
 
 
 def _sort_external(ctx: Ctx, p: int, lo: int, hi: int, e_off: int, slices: list[Slice], cap: int,
@@ -218,7 +218,7 @@ def _sort_external(ctx: Ctx, p: int, lo: int, hi: int, e_off: int, slices: list[
     at = e_off
     for i in range(cuts.size - 1):
         path = bdir / f"{i}.bin"
-        rec = np.fromfile(path, dtype=np.int64).reshape(-1, REC)
+        rec = np.fromfile(path, dtype=ctx.rec_dtype).reshape(-1, REC)
         os.unlink(path)
         _, src, eid = csc_block(rec, bounds[i], bounds[i + 1] - bounds[i], n)
         _write_rows_at(ctx.pdir(p) / "indices.npy", at, src)

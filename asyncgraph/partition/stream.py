@@ -44,7 +44,6 @@ from asyncgraph.partition.output import check_out_path, commit, pid_alive
 from asyncgraph.partition.runner import Runner
 from asyncgraph.partition.stream_meta import finalize, tensor_specs, type_edges_before, write_ntypes
 from asyncgraph.partition.tasks import (
-    REC_BYTES,
     Ctx,
     copy_edge_rows,
     copy_node_rows,
@@ -328,7 +327,7 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
             target = max(MIN_ROWS, min(plan.sort_edges, -(-e_all // (4 * plan.workers))))  # all busy
             stasks = plan_sort(ctx, load_counts(ctx, int(state["shuffle_tasks"])), target)
             _count(report, run.map(sort_range, [(*a, plan.sort_edges) for a in stasks], "sort",
-                                   [sum(x[2] for x in a[5]) * REC_BYTES for a in stasks]))  # fmt: skip
+                                   [sum(x[2] for x in a[5]) * ctx.rec_bytes for a in stasks]))  # fmt: skip
             shutil.rmtree(work / "spill", ignore_errors=True)
             shutil.rmtree(work / "buckets", ignore_errors=True)
             finish("sort", t0)

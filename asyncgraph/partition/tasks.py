@@ -22,8 +22,8 @@ from asyncgraph.partition.layout import ORIG_EIDS_FILE
 __all__ = ["Ctx", "NpyWriter", "copy_edge_rows", "copy_node_rows", "shuffle_edges"]
 
 IdArray = np.ndarray[Any, np.dtype[np.int64]]
-REC = 3  # a spilled edge: (new dst, new src, original edge ID), int64 each
-REC_BYTES = REC * 8
+REC = 3  # a spilled edge: (new dst, new src, original edge ID)
+COMPACT_BELOW = 2**32  # node and edge counts below this: spill records are 3 x uint32 (12 B)
 RANGES = 128  # destination ranges per part: the sort stage's unit of work
 
 
@@ -61,6 +61,16 @@ class Ctx:
         e0, e1 = self.edge_bounds[p], self.edge_bounds[p + 1]
         arr: np.ndarray[Any, Any] = np.load(self.oeids_file, mmap_mode="r")
         return arr[e0:e1]
+
+    @property
+    def rec_dtype(self) -> np.dtype[Any]:
+        """uint32 fields (12 B a spilled edge) when every ID fits, else int64 (24 B)."""
+        small = max(int(self.graph.node_offsets()[-1]), int(self.graph.edge_offsets()[-1])) < COMPACT_BELOW
+        return np.dtype(np.uint32 if small else np.int64)
+
+    @property
+    def rec_bytes(self) -> int:
+        return REC * self.rec_dtype.itemsize
 
     @property
     def ranges(self) -> int:
@@ -153,14 +163,15 @@ def shuffle_edges(ctx: Ctx, r: int, ci: int, lo: int, hi: int, block_rows: int, 
             counts_all.append(fine)
             counts = fine.sum(axis=1)
             del bucket
-            rec = np.empty((k, REC), dtype=np.int64)  # built directly in part order
-            np.take(nd, order, out=rec[:, 0])
+            rec = np.empty((k, REC), dtype=ctx.rec_dtype)  # built directly in part order
+            rec[:, 0] = np.take(nd, order)
             del nd
             src = np.take(block[:, 0], order)
             src += noff[st]
-            np.take(new_id, src, out=rec[:, 1])
+            rec[:, 1] = np.take(new_id, src)
             del src, block
-            np.add(order, eoff[r] + chunk.start + row0, out=rec[:, 2])
+            order += eoff[r] + chunk.start + row0
+            rec[:, 2] = order
             del order
             start = 0
             for p in np.flatnonzero(counts).tolist():
