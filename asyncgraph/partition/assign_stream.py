@@ -220,6 +220,9 @@ def assign_chunked(g: ChunkedGraph, num_parts: int, work: Path, opts: dict[str, 
                   file=sys.stderr)  # fmt: skip
         parts = fennel_assign(g, num_parts, int(opts["seed"]), plan.edge_rows)
     elif opts["method"] == "kaminpar":
+        if progress:
+            print(f"kaminpar: {KAMINPAR_PRESET} preset, {plan.workers} threads, "
+                  f"{'compressed' if plan.compress else 'plain'} graph", file=sys.stderr)  # fmt: skip
         parts = _kaminpar_parts(g, num_parts, cats, bool(opts["edges"]), int(opts["seed"]), work,
                                 plan.edge_rows, plan.workers, plan.compress)  # fmt: skip
     else:
