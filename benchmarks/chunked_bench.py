@@ -141,7 +141,9 @@ def run_cli(meta: Path, method: str, limit: str, workers: int, out: Path) -> dic
     if proc.returncode != 0:  # e.g. a limit too small for the method: reported, not fatal
         return {"wall_s": wall, "cpu_s": cpu, "peak_bytes": sampler.peak, "error": stderr.strip()[-500:]}
     done = [x for x in stderr.splitlines() if x.startswith("done in")][-1]
-    return {"wall_s": wall, "cpu_s": cpu, "peak_bytes": sampler.peak, "stages": done, "summary": stdout}
+    notes = [x for x in stderr.splitlines() if x.startswith("kaminpar:")]
+    return {"wall_s": wall, "cpu_s": cpu, "peak_bytes": sampler.peak, "stages": done, "summary": stdout,
+            "notes": notes}  # fmt: skip
 
 
 def _children_cpu() -> float:
@@ -255,7 +257,7 @@ def main() -> None:
                 ),
                 flush=True,
             )
-            print(f"    {r['stages']}", flush=True)
+            print(f"    {r['stages']}" + "".join(f"; {x}" for x in r["notes"]), flush=True)
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
     RESULTS.mkdir(exist_ok=True)
