@@ -24,7 +24,8 @@ __all__ = ["Ctx", "NpyWriter", "copy_edge_rows", "copy_node_rows", "shuffle_edge
 IdArray = np.ndarray[Any, np.dtype[np.int64]]
 REC = 3  # a spilled edge: (new dst, new src, original edge ID)
 COMPACT_BELOW = 2**32  # node and edge counts below this: spill records are 3 x uint32 (12 B)
-RANGES = 128  # destination ranges per part: the sort stage's unit of work
+RANGES = 128  # destination ranges per part (at least): the sort stage's unit of work
+RANGE_EDGES = 1 << 20  # more ranges for big parts: ~1M edges a range on average
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,8 @@ class Ctx:
     @property
     def ranges(self) -> int:
         """Destination ranges per part in the spill (see :mod:`asyncgraph.partition.csc_sort`)."""
-        return max(1, min(RANGES, (2**15 - 1) // self.num_parts))
+        per_part = -(-int(self.graph.edge_offsets()[-1]) // (self.num_parts * RANGE_EDGES))
+        return max(1, min(max(RANGES, per_part), (2**15 - 1) // self.num_parts))
 
     def range_width(self, p: int) -> int:
         """Nodes per destination range of part ``p``."""
