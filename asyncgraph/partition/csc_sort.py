@@ -14,7 +14,6 @@ externally, through destination buckets on disk.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -226,7 +225,3 @@ def _sort_external(ctx: Ctx, p: int, lo: int, hi: int, e_off: int, slices: list[
         at += rec.shape[0]
     return deg
 
-
-def spill_files(folder: Path) -> list[Path]:
-    """A part's spill files in task order, i.e. in original edge-ID order (``<task>.bin``)."""
-    return sorted(folder.glob("*.bin"), key=lambda f: int(f.stem))
