@@ -65,6 +65,6 @@ def test_part_dir_bad_input_nothing_written(cora: Path, tmp_path: Path) -> None:
 def test_progress_bars_count_bytes(cora: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     partition_chunked(cora, 2, tmp_path / "o", part_method="random", workers=1, progress=True)
     err = capsys.readouterr().err
-    for stage in ("shuffle + node data", "sort"):  # feature copies run beside the shuffle
+    for stage in ("shuffle", "sort", "node data"):
         line = [x for x in err.replace("\r", "\n").splitlines() if x.startswith(f"{stage}: 100%")][-1]
         assert "B/s" in line and "read " in line, line  # bytes, a byte rate (the ETA's basis)

@@ -296,7 +296,6 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
     dirs = {int(p): Path(d) for p, d in opts["part_dirs"].items()}
     build = tuple(str(_build_dir(dirs[p], name, p)) if p in dirs else "" for p in range(num_parts))
     ctx = Ctx(g, work, num_parts, tuple(state["node_bounds"]), part_build=build)
-    nspecs, especs = tensor_specs(g)
     with Runner(plan.workers, dask, progress) as run:
         if not skip("shuffle"):
             t0 = time.perf_counter()
@@ -310,28 +309,19 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
                     step = ch.rows if ch.fmt == "csv" else min(plan.edge_rows, spread)
                     for lo in range(0, ch.rows, max(1, step)):
                         tasks.append((ctx, r, ci, lo, min(ch.rows, lo + step), plan.edge_rows, len(tasks)))
-            mixed = [(shuffle_edges, *a) for a in tasks]
-            msizes = [(a[4] - a[3]) * 16 for a in tasks]
-            with_nodes = "node data" not in done
-            if with_nodes:  # feature copies (I/O) overlap the shuffle (CPU) on the same workers
-                _part_dirs(ctx, dirs, fresh=True)
-                ntasks, nbytes = _node_tasks(ctx, nspecs, plan)
-                mixed, msizes = _interleave(mixed, msizes, [(copy_node_rows, *a) for a in ntasks], nbytes)
-            label = "shuffle + node data" if with_nodes else "shuffle"
-            _count(report, run.map(run_task, mixed, label, msizes))
+            _count(report, run.map(shuffle_edges, tasks, "shuffle", [(a[4] - a[3]) * 16 for a in tasks]))
             sizes = part_sizes(load_counts(ctx, len(tasks)), num_parts)
             finish("shuffle", t0, edge_bounds=[0, *np.cumsum(sizes).tolist()], shuffle_tasks=len(tasks))
-            if with_nodes:
-                t0 = time.perf_counter()
-                if hetero:
-                    write_ntypes(ctx, state["type_counts"], plan.edge_rows)
-                finish("node data", t0)
         ctx = replace(ctx, edge_bounds=tuple(state["edge_bounds"]))
         if not skip("sort"):
             t0 = time.perf_counter()
             shutil.rmtree(work / "sorted", ignore_errors=True)
             (work / "sorted").mkdir()
-            _part_dirs(ctx, dirs, fresh=False)
+            for p in range(num_parts):
+                if p in dirs:
+                    shutil.rmtree(ctx.pdir(p), ignore_errors=True)
+                (ctx.pdir(p) / "node_feat").mkdir(parents=True, exist_ok=True)
+                (ctx.pdir(p) / "edge_feat").mkdir(exist_ok=True)
             preallocate_csc(ctx)
             e_all = int(g.edge_offsets()[-1])
             target = max(MIN_ROWS, min(plan.sort_edges, -(-e_all // (4 * plan.workers))))  # all busy
@@ -341,10 +331,26 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
             shutil.rmtree(work / "spill", ignore_errors=True)
             shutil.rmtree(work / "buckets", ignore_errors=True)
             finish("sort", t0)
-        if not skip("node data"):  # normally done with the shuffle; here after a resume
+        nspecs, especs = tensor_specs(g)
+        if not skip("node data"):
             t0 = time.perf_counter()
-            _part_dirs(ctx, dirs, fresh=False)
-            ntasks, nbytes = _node_tasks(ctx, nspecs, plan)
+            ntasks: list[tuple[Any, ...]] = []
+            for fname, (dtype, shape) in nspecs.items():
+                if fname == NTYPE:
+                    continue
+                for p in range(num_parts):
+                    rows = ctx.node_bounds[p + 1] - ctx.node_bounds[p]
+                    preallocate(
+                        ctx.pdir(p) / "node_feat" / f"{fname}.npy", dtype, (rows, *shape)
+                    )
+            for t, feats in g.node_data.items():
+                for fname, chunks in feats.items():
+                    for ci, ch in enumerate(chunks):
+                        step = max(1, plan.data_bytes // max(1, ch.row_bytes))
+                        ntasks += [
+                            (ctx, t, fname, ci, lo, min(ch.rows, lo + step)) for lo in range(0, ch.rows, step)
+                        ]
+            nbytes = [(a[5] - a[4]) * g.node_data[a[1]][a[2]][a[3]].row_bytes for a in ntasks]
             _count(report, run.map(copy_node_rows, ntasks, "node data", nbytes))
             if hetero:
                 write_ntypes(ctx, state["type_counts"], plan.edge_rows)
@@ -390,46 +396,6 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
         run.map(commit_part, [(ctx.part_build[p], finals[p]) for p in sorted(dirs)], "place parts")
         commit(work / "out", out)
         report.seconds["commit"] = time.perf_counter() - t0
-
-
-def run_task(fn: Any, *args: Any) -> tuple[int, int]:
-    """Task: ``fn(*args)`` (lets one map run tasks of several kinds)."""
-    result: tuple[int, int] = fn(*args)
-    return result
-
-
-def _interleave(a: list[Any], sa: list[int], b: list[Any], sb: list[int]) -> tuple[list[Any], list[int]]:
-    """``a`` and ``b`` merged in proportion (by count), keeping each list's order."""
-    keys = sorted([(i / len(a), 0, i) for i in range(len(a))] + [(j / len(b), 1, j) for j in range(len(b))])
-    return ([a[i] if k == 0 else b[i] for _, k, i in keys], [sa[i] if k == 0 else sb[i] for _, k, i in keys])
-
-
-def _part_dirs(ctx: Ctx, dirs: Mapping[int, Path], fresh: bool) -> None:
-    """Every part's ``node_feat``/``edge_feat`` folders; ``fresh``: placed parts' leftovers gone."""
-    for p in range(ctx.num_parts):
-        if fresh and p in dirs:
-            shutil.rmtree(ctx.pdir(p), ignore_errors=True)
-        (ctx.pdir(p) / "node_feat").mkdir(parents=True, exist_ok=True)
-        (ctx.pdir(p) / "edge_feat").mkdir(exist_ok=True)
-
-
-def _node_tasks(ctx: Ctx, nspecs: dict[str, Any], plan: Plan) -> tuple[list[tuple[Any, ...]], list[int]]:
-    """The feature files preallocated, and the ``copy_node_rows`` tasks with their input bytes."""
-    g = ctx.graph
-    ntasks: list[tuple[Any, ...]] = []
-    for fname, (dtype, shape) in nspecs.items():
-        if fname == NTYPE:
-            continue
-        for p in range(ctx.num_parts):
-            rows = ctx.node_bounds[p + 1] - ctx.node_bounds[p]
-            preallocate(ctx.pdir(p) / "node_feat" / f"{fname}.npy", dtype, (rows, *shape))
-    for t, feats in g.node_data.items():
-        for fname, chunks in feats.items():
-            for ci, ch in enumerate(chunks):
-                step = max(1, plan.data_bytes // max(1, ch.row_bytes))
-                ntasks += [(ctx, t, fname, ci, lo, min(ch.rows, lo + step)) for lo in range(0, ch.rows, step)]
-    nbytes = [(a[5] - a[4]) * g.node_data[a[1]][a[2]][a[3]].row_bytes for a in ntasks]
-    return ntasks, nbytes
 
 
 def _build_dir(folder: Path, name: str, p: int) -> Path:
