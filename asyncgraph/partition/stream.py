@@ -61,6 +61,7 @@ WORKER_BASE = 64 << 20  # a spawned worker before it holds any chunk
 SHUFFLE_BYTES = 112  # per edge row in a shuffle piece (ids, relabelled record, sort by part)
 SORT_BYTES = 80  # per edge in a sort bucket (records, packed keys, outputs)
 MIN_ROWS = 4096
+WORK_FORMAT = 2  # the work folder's layout (2: range-grouped spill + counts); in the resume fingerprint
 METIS_EDGE_BYTES = 280  # pymetis 2025.2, measured (see plan_run)
 # kaminpar 3.7, jet, measured at 2^20 (R-MAT, 10.5M edges): the lean CSR build peaked at 26 B an
 # edge with 4M-row blocks (16 B of keys + the block's temporaries), KaMinPar at 29.4 B an edge
@@ -245,7 +246,8 @@ def partition_chunked(
     placed = _check_part_dirs(part_dirs or {}, num_parts, name, overwrite)
     opts = {"parts": num_parts, "method": part_method, "assignment": str(assignment), "seed": seed,
             "train": balance_train, "edges": balance_edges, "name": name,
-            "part_dirs": {str(p): str(d) for p, d in sorted(placed.items())}}  # fmt: skip
+            "part_dirs": {str(p): str(d) for p, d in sorted(placed.items())},
+            "work_format": WORK_FORMAT}  # fmt: skip
     fp = _fingerprint(g, opts)
     out.parent.mkdir(parents=True, exist_ok=True)
     work, state = _open_work(out, fp, resume)
