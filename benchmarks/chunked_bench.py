@@ -141,7 +141,9 @@ def run_cli(meta: Path, method: str, limit: str, workers: int, out: Path) -> dic
     if proc.returncode != 0:  # e.g. a limit too small for the method: reported, not fatal
         return {"wall_s": wall, "cpu_s": cpu, "peak_bytes": sampler.peak, "error": stderr.strip()[-500:]}
     done = [x for x in stderr.splitlines() if x.startswith("done in")][-1]
-    return {"wall_s": wall, "cpu_s": cpu, "peak_bytes": sampler.peak, "stages": done, "summary": stdout}
+    notes = [x for x in stderr.splitlines() if x.startswith("kaminpar:")]
+    return {"wall_s": wall, "cpu_s": cpu, "peak_bytes": sampler.peak, "stages": done, "summary": stdout,
+            "notes": notes}  # fmt: skip
 
 
 def _children_cpu() -> float:
@@ -190,12 +192,15 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--in-memory", action="store_true", help="also time partition_graph in memory")
     ap.add_argument("--keep", action="store_true", help="keep the generated input")
+    ap.add_argument("--data", type=Path, default=DATA, help="folder for the inputs, outputs and spill")
     args = ap.parse_args()
+    data_dir: Path = args.data
+    data_dir.mkdir(parents=True, exist_ok=True)
     from asyncgraph.partition.memory import format_size, parse_size
 
     rows = []
     for scale in args.scales:
-        folder = DATA / f"chunked{scale}"
+        folder = data_dir / f"chunked{scale}"
         t0 = time.perf_counter()
         meta = write_rmat_chunked(scale, folder)
         print(
@@ -204,7 +209,7 @@ def main() -> None:
         )
         for method in args.methods:
             limit = args.limit_random if method in ("random", "fennel") else args.limit_metis
-            out = DATA / f"chunked{scale}.{method}.out"
+            out = data_dir / f"chunked{scale}.{method}.out"
             load0 = os.getloadavg()[0]
             r = run_cli(meta, method, limit, args.workers, out)
             r["load_avg_1min"] = [load0, os.getloadavg()[0]]  # a shared machine: other users' load
@@ -213,7 +218,9 @@ def main() -> None:
                 rows.append({"scale": scale, "method": method, "limit_bytes": parse_size(limit), **r})
                 continue
             in_b, out_b = tree_bytes(folder), tree_bytes(out)
-            ceil, ceil_cpu = copy_ceiling(folder, out_b, DATA / "ceiling.bin")
+            qual = quality(out, f"rmat{scale}")
+            shutil.rmtree(out, ignore_errors=True)  # disk: the ceiling writes as many bytes again
+            ceil, ceil_cpu = copy_ceiling(folder, out_b, data_dir / "ceiling.bin")
             row = {
                 "scale": scale,
                 "nodes": 1 << scale,
@@ -222,7 +229,7 @@ def main() -> None:
                 "workers": args.workers,
                 "limit_bytes": parse_size(limit),
                 **r,
-                **quality(out, f"rmat{scale}"),
+                **qual,
                 "input_bytes": in_b,
                 "ceiling_cpu_s": ceil_cpu,
                 "output_bytes": out_b,
@@ -231,7 +238,7 @@ def main() -> None:
             }
             shutil.rmtree(out, ignore_errors=True)
             if args.in_memory:
-                row["in_memory"] = in_memory(meta, method, DATA / "inmem.out")
+                row["in_memory"] = in_memory(meta, method, data_dir / "inmem.out")
             row.pop("summary")
             rows.append(row)
             print(
@@ -250,7 +257,7 @@ def main() -> None:
                 ),
                 flush=True,
             )
-            print(f"    {r['stages']}", flush=True)
+            print(f"    {r['stages']}" + "".join(f"; {x}" for x in r["notes"]), flush=True)
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
     RESULTS.mkdir(exist_ok=True)

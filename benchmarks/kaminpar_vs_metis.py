@@ -72,6 +72,7 @@ def main() -> None:
     ap.add_argument("--parts", type=int, default=4)
     ap.add_argument("--contexts", nargs="+", default=["default", "fm"], help="KaMinPar presets")
     ap.add_argument("--skip-metis", action="store_true")
+    ap.add_argument("--data", type=Path, default=DATA, help="folder of the generated graphs")
     args = ap.parse_args()
     from asyncgraph.partition.assign import symmetric_csr
     from asyncgraph.partition.assign_stream import _structure
@@ -81,11 +82,11 @@ def main() -> None:
 
     out = []
     for scale in args.scales:
-        meta = write_rmat_chunked(scale, DATA / f"chunked{scale}")
+        meta = write_rmat_chunked(scale, args.data / f"chunked{scale}")
         g: Graph = _structure(read_metadata(meta), 1 << 22)
         xadj, adj = symmetric_csr(g.num_nodes, g.src, g.dst)
         del g
-        tmp = DATA / f"csr{scale}"
+        tmp = args.data / f"csr{scale}"
         tmp.mkdir(exist_ok=True)
         np.save(tmp / "xadj.npy", xadj)
         np.save(tmp / "adj.npy", adj)
@@ -98,7 +99,7 @@ def main() -> None:
                 capture_output=True, text=True, cwd=ROOT, check=True,
             )  # fmt: skip
             row = {"scale": scale, "method": kind, "context": context, "threads": threads,
-                   "undirected_edges": int(adj.size // 2),
+                   "undirected_edges": int(adj.size // 2), "load_avg_1min": os.getloadavg()[0],
                    **json.loads(res.stdout.strip().splitlines()[-1])}  # fmt: skip
             out.append(row)
             print(

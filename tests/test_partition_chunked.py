@@ -282,7 +282,11 @@ def test_bad_input_one_line_exit_2_nothing_written(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # no output, no work folder
 
 
-def test_resume_after_kill(cora_npy: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("stage", "skipped"), [("sort", "assign, shuffle, sort"), ("shuffle", "assign, shuffle")]
+)
+def test_resume_after_kill(stage: str, skipped: str, cora_npy: Path, tmp_path: Path) -> None:
+    """Killed right after a stage: --resume skips what was done; the output equals a fresh run's."""
     cmd = [
         sys.executable,
         "-m",
@@ -300,13 +304,13 @@ def test_resume_after_kill(cora_npy: Path, tmp_path: Path) -> None:
         "--memory-limit",
         "1GiB",
     ]
-    env = {**os.environ, "ASYNCGRAPH_PARTITION_KILL_AFTER": "sort"}
+    env = {**os.environ, "ASYNCGRAPH_PARTITION_KILL_AFTER": stage}
     killed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert killed.returncode == -9
     assert not (tmp_path / "o").exists() and (tmp_path / ".o.work").is_dir()
     done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "resumed after assign, shuffle, sort" in done.stderr
+    assert f"resumed after {skipped}\n" in done.stderr
     assert "assign: done by an earlier run, skipped" in done.stderr
     partition_chunked(cora_npy, 2, tmp_path / "fresh", part_method="random", workers=1)
     same_tree(tmp_path / "o", tmp_path / "fresh", skip_config=False)

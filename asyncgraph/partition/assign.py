@@ -129,6 +129,23 @@ def _metis_assign(
     return parts
 
 
+def own_part_neighbours(parts: IdArray, xadj: IdArray, adjncy: IdArray, step: int = 1 << 22) -> IdArray:
+    """Neighbours of each node in its own part, over node ranges of ~``step`` adjacency entries
+    (a few bytes an entry at a time, not ~50: the out-of-core path's structure is memory-mapped)."""
+    n = parts.size
+    score = np.zeros(n, dtype=np.int64)
+    a = 0
+    while a < n:
+        b = max(a + 1, int(np.searchsorted(xadj, xadj[a] + step, side="right")) - 1)
+        b = min(n, b)
+        lo, hi = int(xadj[a]), int(xadj[b])
+        rows = np.repeat(np.arange(a, b, dtype=np.int64), np.diff(xadj[a : b + 1]))
+        same = parts[rows] == parts[np.asarray(adjncy[lo:hi])]
+        score[a:b] = np.bincount(rows[same] - a, minlength=b - a)
+        a = b
+    return score
+
+
 def _move(
     parts: IdArray, score: IdArray, pool: npt.NDArray[np.bool_], src_part: int, dst_part: int, k: int
 ) -> int:
@@ -152,10 +169,7 @@ def _rebalance(parts: IdArray, categories: IdArray, num_parts: int, xadj: IdArra
     so the edge cut barely changes. Loops run over categories and parts, never over nodes.
     """
     n = parts.size
-    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(xadj))
-    same = parts[rows] == parts[adjncy]
-    score = np.bincount(rows[same], minlength=n)  # neighbours in the node's own part
-    del rows, same
+    score = own_part_neighbours(parts, xadj, adjncy)
     totals = np.bincount(categories)
     filler = int(np.argmax(totals))
     is_filler = categories == filler

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from asyncgraph.errors import InvalidRequestError
-from asyncgraph.partition.assign import _balance_in_edges, _metis_assign, _rebalance, symmetric_csr
+from asyncgraph.partition.assign import _balance_in_edges, _metis_assign, _rebalance
 from asyncgraph.partition.chunked import ChunkedGraph, check_ids, iter_edges, read_rows
 from asyncgraph.partition.fennel import fennel_assign, random_parts
 from asyncgraph.partition.graph import Graph
@@ -92,38 +92,89 @@ def _structure(g: ChunkedGraph, block_rows: int) -> Graph:
     return Graph(int(noff[-1]), src, dst)
 
 
-KAMINPAR_PRESET = "fm"  # cut 17.7% vs default's 48.7% and METIS' 25.9% on R-MAT 2^18 4-way
+KAMINPAR_PRESET = "jet"  # R-MAT 4-way, 2 threads: 2^18 cut 20.5% in 3.3 s (fm 17.4%, 4.8 s; METIS 25.9%)
 
 
-def write_parhip(path: Path, xadj: IdArray, adj: IdArray) -> None:
-    """An undirected CSR in ParHIP's binary format (version 3: no weights, 64-bit IDs)."""
+def _lean_symmetric_csr(g: ChunkedGraph, block_rows: int, in_deg: IdArray | None) -> tuple[IdArray, IdArray]:
+    """The undirected simple CSR of :func:`symmetric_csr`, built in ~16 B an input edge.
+
+    Keys ``u * n + v`` of both directions are written chunk by chunk straight into one array
+    (no ``src``/``dst`` copies), sorted in place, de-duplicated in place piece by piece, and
+    turned into ``adjncy`` in place; ``in_deg`` (if given) collects in-degrees on the way.
+    """
+    noff = g.node_offsets()
+    n = int(noff[-1])
+    keys = np.empty(2 * int(g.edge_offsets()[-1]), dtype=np.int64)
+    pos = 0
+    for c in g.canonical_etypes:
+        st, dt = g.ntypes.index(c[0]), g.ntypes.index(c[2])
+        for ch in g.edges[c]:
+            for _, blk in iter_edges(ch, 0, ch.rows, block_rows, ":".join(c)):
+                check_ids(blk[:, 0], g.num_nodes[c[0]], ch, f"source ({c[0]})")
+                check_ids(blk[:, 1], g.num_nodes[c[2]], ch, f"destination ({c[2]})")
+                src = blk[:, 0] + noff[st]
+                dst = blk[:, 1] + noff[dt]
+                if in_deg is not None:
+                    in_deg += np.bincount(dst, minlength=n)
+                keep = src != dst
+                src, dst = src[keep], dst[keep]
+                k = src.size
+                np.multiply(src, n, out=keys[pos : pos + k])
+                keys[pos : pos + k] += dst
+                np.multiply(dst, n, out=keys[pos + k : pos + 2 * k])
+                keys[pos + k : pos + 2 * k] += src
+                pos += 2 * k
+    keys = keys[:pos]
+    keys.sort()
+    w, last, step = 0, -1, max(1, block_rows)
+    for a in range(0, pos, step):
+        piece = keys[a : a + step]
+        uniq = np.empty(piece.size, dtype=bool)
+        uniq[0] = piece[0] != last
+        np.not_equal(piece[1:], piece[:-1], out=uniq[1:])
+        last = int(piece[-1])
+        sel = piece[uniq]
+        keys[w : w + sel.size] = sel
+        w += sel.size
+    adj = keys[:w]
+    xadj = np.searchsorted(adj, np.arange(n + 1, dtype=np.int64) * n).astype(np.int64)
+    np.remainder(adj, n, out=adj)
+    return xadj, adj
+
+
+def write_parhip(path: Path, xadj: IdArray, adj: IdArray, rows: int = 1 << 22) -> None:
+    """An undirected CSR in ParHIP's binary format (version 3: no weights, 64-bit IDs),
+    written piece by piece (no whole-array copies)."""
     n = xadj.size - 1
+    head = np.uint64((3 + n + 1) * 8)
     with open(path, "wb") as f:
         np.array([3, n, adj.size], dtype=np.uint64).tofile(f)
-        (xadj.astype(np.uint64) * np.uint64(8) + np.uint64((3 + n + 1) * 8)).tofile(f)
-        adj.astype(np.uint64).tofile(f)
+        for a in range(0, xadj.size, rows):
+            (xadj[a : a + rows].astype(np.uint64) * np.uint64(8) + head).tofile(f)
+        for a in range(0, adj.size, rows):
+            adj[a : a + rows].astype(np.uint64).tofile(f)
 
 
 def _kaminpar_parts(g: ChunkedGraph, k: int, cats: IdArray | None, balance_edges: bool, seed: int,
-                    work: Path, block_rows: int, threads: int) -> IdArray:  # fmt: skip
-    """KaMinPar (``fm`` preset, 3% imbalance) on the symmetric structure, then the METIS repairs.
+                    work: Path, block_rows: int, threads: int, compress: bool) -> IdArray:  # fmt: skip
+    """KaMinPar (``jet`` preset, 3% imbalance) on the symmetric structure, then the METIS repairs.
 
-    KaMinPar's Python binding reads graphs from files only: the CSR is written in ParHIP's
-    format into the work folder and freed before KaMinPar runs; the repair passes read it back
-    through a memory map (clean file pages: not counted against the limit).
+    KaMinPar's Python binding reads graphs from files only: the CSR is built lean
+    (:func:`_lean_symmetric_csr`), written in ParHIP's format into the work folder and freed
+    before KaMinPar loads it (compressed when the plan says so: ~40% less memory, ~2.4x slower
+    at 2^20); the repair passes read it back through a memory map
+    (clean file pages: not counted against the limit).
     """
     import kaminpar
 
-    graph = _structure(g, block_rows)
-    n = graph.num_nodes
-    in_deg = np.bincount(graph.dst, minlength=n).astype(np.int64) if balance_edges else None
-    xadj, adj = symmetric_csr(n, graph.src, graph.dst)
-    del graph
+    n = int(g.node_offsets()[-1])
+    in_deg = np.zeros(n, dtype=np.int64) if balance_edges else None
+    xadj, adj = _lean_symmetric_csr(g, min(block_rows, 1 << 21), in_deg)
     path = work / "structure.parhip"
     write_parhip(path, xadj, adj)
     del xadj, adj
     kaminpar.reseed(seed)
-    kg = kaminpar.load_graph(str(path), kaminpar.GraphFileFormat.PARHIP)
+    kg = kaminpar.load_graph(str(path), kaminpar.GraphFileFormat.PARHIP, compress=compress)
     solver = kaminpar.KaMinPar(max(1, threads), kaminpar.context_by_name(KAMINPAR_PRESET))
     parts = np.asarray(solver.compute_partition(kg, k, 0.03), dtype=np.int64)
     del kg, solver
@@ -169,8 +220,11 @@ def assign_chunked(g: ChunkedGraph, num_parts: int, work: Path, opts: dict[str, 
                   file=sys.stderr)  # fmt: skip
         parts = fennel_assign(g, num_parts, int(opts["seed"]), plan.edge_rows)
     elif opts["method"] == "kaminpar":
+        if progress:
+            print(f"kaminpar: {KAMINPAR_PRESET} preset, {plan.workers} threads, "
+                  f"{'compressed' if plan.compress else 'plain'} graph", file=sys.stderr)  # fmt: skip
         parts = _kaminpar_parts(g, num_parts, cats, bool(opts["edges"]), int(opts["seed"]), work,
-                                plan.edge_rows, plan.workers)  # fmt: skip
+                                plan.edge_rows, plan.workers, plan.compress)  # fmt: skip
     else:
         graph = _structure(g, plan.edge_rows)
         parts = _metis_assign(graph, num_parts, cats, bool(opts["edges"]), int(opts["seed"]),

@@ -12,9 +12,9 @@ from asyncgraph.partition.layout import config_file
 from asyncgraph.partition.memory import DEFAULT_FRACTION, format_size
 from asyncgraph.partition.reader import format_summary, summarize_partitions
 
-__all__ = ["add_chunked_options", "check_npz_options", "run_chunked"]
+__all__ = ["add_chunked_options", "check_npz_options", "parse_part_dirs", "run_chunked"]
 
-CHUNKED_ONLY = ("memory_limit", "workers", "assignment", "resume", "dask_scheduler")
+CHUNKED_ONLY = ("memory_limit", "workers", "assignment", "resume", "dask_scheduler", "part_dir")
 
 
 def add_chunked_options(ap: Parser) -> None:
@@ -32,6 +32,28 @@ def add_chunked_options(ap: Parser) -> None:
         "--resume", action="store_true", help="chunked input: restart after the last finished stage"
     )
     ap.add_argument("--dask-scheduler", help="chunked input: run the tasks on this Dask scheduler")
+    ap.add_argument(
+        "--part-dir",
+        action="append",
+        metavar="P=DIR",
+        help="chunked input: write partition P into DIR/<graph>-part<P> (e.g. storage of the host "
+        "that serves it; the workers must see DIR); repeat per part",
+    )
+
+
+def parse_part_dirs(items: list[str] | None, num_parts: int) -> dict[int, Path]:
+    """``["0=/a", "1=/b"]`` -> ``{0: Path("/a"), 1: Path("/b")}``, or a CLI error naming the item."""
+    out: dict[int, Path] = {}
+    for item in items or []:
+        p, sep, d = item.partition("=")
+        if not sep or not p.strip().isdigit() or not d:
+            raise CliError(f"--part-dir {item!r}: expected P=DIR, e.g. 0=/srv/graph")
+        if not 0 <= int(p) < num_parts:
+            raise CliError(f"--part-dir {item!r}: part {p} is not in [0, {num_parts})")
+        if int(p) in out:
+            raise CliError(f"--part-dir {item!r}: part {p} is given twice")
+        out[int(p)] = Path(d)
+    return out
 
 
 def check_npz_options(args: Any) -> None:
@@ -74,6 +96,7 @@ def run_chunked(args: Any) -> int:
         overwrite=args.overwrite,
         resume=args.resume,
         progress=True,
+        part_dirs=parse_part_dirs(args.part_dir, args.num_parts),
     )
     stages = ", ".join(f"{k} {v:.2f} s" for k, v in report.seconds.items())
     print(

@@ -54,21 +54,33 @@ class Runner:
             self._client.close()
 
     def map(
-        self, fn: Callable[..., tuple[int, int]], args: Sequence[tuple[Any, ...]], stage: str
+        self,
+        fn: Callable[..., tuple[int, int]],
+        args: Sequence[tuple[Any, ...]],
+        stage: str,
+        sizes: Sequence[int] | None = None,
     ) -> list[tuple[int, int]]:
-        """``[fn(*a) for a in args]``, run where this runner runs tasks; the first error is raised."""
+        """``[fn(*a) for a in args]``, run where this runner runs tasks; the first error is raised.
+
+        ``sizes``: the input bytes of each task, so the stage's bar counts bytes (rate, ETA)
+        rather than tasks.
+        """
         bar = None
         if self.progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(args), desc=stage, unit="task", file=sys.stderr, leave=True)
+            if sizes is not None:
+                bar = tqdm(total=int(sum(sizes)), desc=stage, unit="B", unit_scale=True, unit_divisor=1024,
+                           file=sys.stderr, leave=True)  # fmt: skip
+            else:
+                bar = tqdm(total=len(args), desc=stage, unit="task", file=sys.stderr, leave=True)
         moved = [0, 0]
 
-        def tick(result: tuple[int, int]) -> None:
+        def tick(i: int, result: tuple[int, int]) -> None:
             moved[0] += result[0]
             moved[1] += result[1]
             if bar is not None:
-                bar.update(1)
+                bar.update(1 if sizes is None else int(sizes[i]))
                 bar.set_postfix_str(f"read {format_size(moved[0])}, wrote {format_size(moved[1])}")
 
         results: list[tuple[int, int]] = []
@@ -81,17 +93,18 @@ class Runner:
                 out: list[Any] = [None] * len(futs)
                 for f in dask_completed(futs):  # type: ignore[no-untyped-call]
                     out[index[f.key]] = f.result()
-                    tick(out[index[f.key]])
+                    tick(index[f.key], out[index[f.key]])
                 results = out
             elif self._pool is not None:
                 pfuts: list[Future[tuple[int, int]]] = [self._pool.submit(fn, *a) for a in args]
+                where = {f: i for i, f in enumerate(pfuts)}
                 for f in as_completed(pfuts):
-                    tick(f.result())
+                    tick(where[f], f.result())
                 results = [f.result() for f in pfuts]
             else:
-                for a in args:
+                for i, a in enumerate(args):
                     results.append(fn(*a))
-                    tick(results[-1])
+                    tick(i, results[-1])
         finally:
             if bar is not None:
                 bar.close()

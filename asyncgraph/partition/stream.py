@@ -27,6 +27,7 @@ import shutil
 import signal
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -37,20 +38,18 @@ from asyncgraph.errors import InvalidRequestError
 from asyncgraph.names import ETYPE, NTYPE, TYPE_EID
 from asyncgraph.partition.assign_stream import assign_chunked
 from asyncgraph.partition.chunked import ChunkedGraph, read_metadata
-from asyncgraph.partition.layout import part_dir_name
+from asyncgraph.partition.csc_sort import load_counts, part_sizes, plan_sort, preallocate_csc, sort_range
 from asyncgraph.partition.memory import PeakSampler, default_memory_limit, format_size, parse_size
 from asyncgraph.partition.output import check_out_path, commit, pid_alive
 from asyncgraph.partition.runner import Runner
 from asyncgraph.partition.stream_meta import finalize, tensor_specs, type_edges_before, write_ntypes
 from asyncgraph.partition.tasks import (
-    REC_BYTES,
     Ctx,
     copy_edge_rows,
     copy_node_rows,
     map_edges,
     preallocate,
     shuffle_edges,
-    sort_part,
     write_type_tensors,
 )
 
@@ -62,8 +61,15 @@ WORKER_BASE = 64 << 20  # a spawned worker before it holds any chunk
 SHUFFLE_BYTES = 112  # per edge row in a shuffle piece (ids, relabelled record, sort by part)
 SORT_BYTES = 80  # per edge in a sort bucket (records, packed keys, outputs)
 MIN_ROWS = 4096
+WORK_FORMAT = 2  # the work folder's layout (2: range-grouped spill + counts); in the resume fingerprint
 METIS_EDGE_BYTES = 280  # pymetis 2025.2, measured (see plan_run)
-KAMINPAR_EDGE_BYTES = 100  # kaminpar 3.7: 0.84 GiB peak for 10.5M edges (loaded CSR included)
+# kaminpar 3.7, jet, measured at 2^20 (R-MAT, 10.5M edges): the lean CSR build peaked at 26 B an
+# edge with 4M-row blocks (16 B of keys + the block's temporaries), KaMinPar at 29.4 B an edge
+# (17.9 compressed, but 2.4x slower); the relabelling and repairs ~64 B a node
+KAMINPAR_EDGE_BYTES = 32
+KAMINPAR_COMPRESSED_EDGE_BYTES = 18  # + the CSR build's 16 B of keys: max(18, 16 + blocks)
+KAMINPAR_NODE_BYTES = 72
+KAMINPAR_FIXED = 160 << 20  # the CSR build's block temporaries (2M rows) and KaMinPar's own
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,7 @@ class Plan:
     edge_rows: int
     sort_edges: int
     data_bytes: int
+    compress: bool = False  # kaminpar: load the structure compressed (less memory, slower)
 
 
 @dataclass
@@ -101,9 +108,15 @@ def plan_run(
     # symmetric CSR, pymetis' copy and METIS' coarse graphs: the process tree peaked at 2.79 GiB
     # for 2^20 nodes / 10.5M edges, 0.64 GiB for 2^18 / 2.6M: ~265 B an input edge)
     key = "assignment" if assignment else method
-    per_node = {"random": 34, "fennel": 34 + 20 * num_parts, "metis": 120, "kaminpar": 120, "assignment": 34}
+    per_node = {"random": 34, "fennel": 34 + 20 * num_parts, "metis": 120, "kaminpar": KAMINPAR_NODE_BYTES,
+                "assignment": 34}  # fmt: skip
     per_edge = {"metis": METIS_EDGE_BYTES, "kaminpar": KAMINPAR_EDGE_BYTES}.get(key, 0)
-    assign_need = MAIN_BASE + per_node[key] * n + per_edge * e
+    fixed = KAMINPAR_FIXED if key == "kaminpar" else 0
+    assign_need = MAIN_BASE + fixed + per_node[key] * n + per_edge * e
+    compress = False
+    if key == "kaminpar" and assign_need > limit:  # the compressed graph, if that fits
+        compress = True
+        assign_need = MAIN_BASE + fixed + per_node[key] * n + max(KAMINPAR_COMPRESSED_EDGE_BYTES, 16) * e
     what = "--assignment files" if assignment else f"method {method!r}"
     if assign_need > limit:
         hint = {"metis": " or use --method kaminpar (less memory), fennel (streamed) or random",
@@ -121,7 +134,7 @@ def plan_run(
             f"{format_size(limit)}; raise --memory-limit or lower --workers"
         )
     return Plan(limit, workers, assign_need, budget, max(MIN_ROWS, budget // SHUFFLE_BYTES),
-                max(MIN_ROWS, budget // SORT_BYTES), max(1 << 16, budget // 3))  # fmt: skip
+                max(MIN_ROWS, budget // SORT_BYTES), max(1 << 16, budget // 3), compress)  # fmt: skip
 
 
 def _fingerprint(g: ChunkedGraph, opts: dict[str, Any]) -> str:
@@ -190,6 +203,7 @@ def partition_chunked(
     overwrite: bool = False,
     resume: bool = False,
     progress: bool = False,
+    part_dirs: Mapping[int, str | os.PathLike[str]] | None = None,
 ) -> RunReport:
     """Partition the chunked graph of ``metadata`` (DGL's format) under ``memory_limit``.
 
@@ -198,6 +212,10 @@ def partition_chunked(
     is a folder of DGL partition-assignment files (``<ntype>.txt``, a part ID a line); its
     balance is kept as given. Bad input raises :class:`InvalidRequestError` and leaves
     ``out_path`` as it was. Returns stage times and the peak memory measured over all processes.
+    ``part_dirs`` (``--part-dir P=DIR``): partition ``P``'s files are written straight into
+    ``DIR/<graph_name>-part<P>`` (e.g. on the storage of the host that will serve it; the
+    workers writing it must see ``DIR``), built in a hidden sibling and renamed into place by a
+    task at the end; the JSON config lists that absolute path.
     """
     g = read_metadata(Path(metadata))
     name = graph_name or g.graph_name
@@ -225,8 +243,11 @@ def partition_chunked(
     plan = plan_run(g, part_method, limit, nw, assignment is not None, num_parts)
     out = Path(out_path)
     check_out_path(out, overwrite)
+    placed = _check_part_dirs(part_dirs or {}, num_parts, name, overwrite)
     opts = {"parts": num_parts, "method": part_method, "assignment": str(assignment), "seed": seed,
-            "train": balance_train, "edges": balance_edges, "name": name}  # fmt: skip
+            "train": balance_train, "edges": balance_edges, "name": name,
+            "part_dirs": {str(p): str(d) for p, d in sorted(placed.items())},
+            "work_format": WORK_FORMAT}  # fmt: skip
     fp = _fingerprint(g, opts)
     out.parent.mkdir(parents=True, exist_ok=True)
     work, state = _open_work(out, fp, resume)
@@ -240,6 +261,8 @@ def partition_chunked(
     except BaseException:
         if not resume:
             shutil.rmtree(work, ignore_errors=True)
+            for p in placed:
+                shutil.rmtree(_build_dir(placed[p], name, p), ignore_errors=True)
         raise
     shutil.rmtree(work, ignore_errors=True)
     return report
@@ -272,7 +295,9 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
         (work / "out").mkdir()
         bounds, tcounts = assign_chunked(g, num_parts, work, opts, assignment, plan, progress)
         finish("assign", t0, node_bounds=bounds, type_counts=tcounts)
-    ctx = Ctx(g, work, num_parts, tuple(state["node_bounds"]))
+    dirs = {int(p): Path(d) for p, d in opts["part_dirs"].items()}
+    build = tuple(str(_build_dir(dirs[p], name, p)) if p in dirs else "" for p in range(num_parts))
+    ctx = Ctx(g, work, num_parts, tuple(state["node_bounds"]), part_build=build)
     with Runner(plan.workers, dask, progress) as run:
         if not skip("shuffle"):
             t0 = time.perf_counter()
@@ -286,21 +311,25 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
                     step = ch.rows if ch.fmt == "csv" else min(plan.edge_rows, spread)
                     for lo in range(0, ch.rows, max(1, step)):
                         tasks.append((ctx, r, ci, lo, min(ch.rows, lo + step), plan.edge_rows, len(tasks)))
-            _count(report, run.map(shuffle_edges, tasks, "shuffle"))
-            sizes = [sum(f.stat().st_size for f in ctx.spill_dir(p).glob("*.bin")) // REC_BYTES
-                     for p in range(num_parts)]  # fmt: skip
-            finish("shuffle", t0, edge_bounds=[0, *np.cumsum(sizes).tolist()])
+            _count(report, run.map(shuffle_edges, tasks, "shuffle", [(a[4] - a[3]) * 16 for a in tasks]))
+            sizes = part_sizes(load_counts(ctx, len(tasks)), num_parts)
+            finish("shuffle", t0, edge_bounds=[0, *np.cumsum(sizes).tolist()], shuffle_tasks=len(tasks))
         ctx = replace(ctx, edge_bounds=tuple(state["edge_bounds"]))
         if not skip("sort"):
             t0 = time.perf_counter()
             shutil.rmtree(work / "sorted", ignore_errors=True)
             (work / "sorted").mkdir()
             for p in range(num_parts):
-                (ctx.out / part_dir_name(p) / "node_feat").mkdir(parents=True, exist_ok=True)
-                (ctx.out / part_dir_name(p) / "edge_feat").mkdir(exist_ok=True)
-            eb = ctx.edge_bounds
-            biggest_first = sorted(range(num_parts), key=lambda p: eb[p] - eb[p + 1])  # LPT: no lone tail
-            _count(report, run.map(sort_part, [(ctx, p, plan.sort_edges) for p in biggest_first], "sort"))
+                if p in dirs:
+                    shutil.rmtree(ctx.pdir(p), ignore_errors=True)
+                (ctx.pdir(p) / "node_feat").mkdir(parents=True, exist_ok=True)
+                (ctx.pdir(p) / "edge_feat").mkdir(exist_ok=True)
+            preallocate_csc(ctx)
+            e_all = int(g.edge_offsets()[-1])
+            target = max(MIN_ROWS, min(plan.sort_edges, -(-e_all // (4 * plan.workers))))  # all busy
+            stasks = plan_sort(ctx, load_counts(ctx, int(state["shuffle_tasks"])), target)
+            _count(report, run.map(sort_range, [(*a, plan.sort_edges) for a in stasks], "sort",
+                                   [sum(x[2] for x in a[5]) * ctx.rec_bytes for a in stasks]))  # fmt: skip
             shutil.rmtree(work / "spill", ignore_errors=True)
             shutil.rmtree(work / "buckets", ignore_errors=True)
             finish("sort", t0)
@@ -314,7 +343,7 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
                 for p in range(num_parts):
                     rows = ctx.node_bounds[p + 1] - ctx.node_bounds[p]
                     preallocate(
-                        ctx.out / part_dir_name(p) / "node_feat" / f"{fname}.npy", dtype, (rows, *shape)
+                        ctx.pdir(p) / "node_feat" / f"{fname}.npy", dtype, (rows, *shape)
                     )
             for t, feats in g.node_data.items():
                 for fname, chunks in feats.items():
@@ -323,7 +352,8 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
                         ntasks += [
                             (ctx, t, fname, ci, lo, min(ch.rows, lo + step)) for lo in range(0, ch.rows, step)
                         ]
-            _count(report, run.map(copy_node_rows, ntasks, "node data"))
+            nbytes = [(a[5] - a[4]) * g.node_data[a[1]][a[2]][a[3]].row_bytes for a in ntasks]
+            _count(report, run.map(copy_node_rows, ntasks, "node data", nbytes))
             if hetero:
                 write_ntypes(ctx, state["type_counts"], plan.edge_rows)
             finish("node data", t0)
@@ -343,7 +373,7 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
                     for p in range(num_parts):
                         rows = ctx.edge_bounds[p + 1] - ctx.edge_bounds[p]
                         preallocate(
-                            ctx.out / part_dir_name(p) / "edge_feat" / f"{fname}.npy", dtype, (rows, *shape)
+                            ctx.pdir(p) / "edge_feat" / f"{fname}.npy", dtype, (rows, *shape)
                         )
                 for c, feats in g.edge_data.items():
                     r = g.canonical_etypes.index(c)
@@ -354,16 +384,46 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
                                 (ctx, r, fname, ci, lo, min(ch.rows, lo + step))
                                 for lo in range(0, ch.rows, step)
                             ]
-                _count(report, run.map(copy_edge_rows, etasks, "edge data"))
+                ebytes = [(a[5] - a[4]) * g.edge_data[g.canonical_etypes[a[1]]][a[2]][a[3]].row_bytes
+                          for a in etasks]  # fmt: skip
+                _count(report, run.map(copy_edge_rows, etasks, "edge data", ebytes))
             if hetero:
                 before = type_edges_before(ctx, plan.edge_rows)
                 args = [(ctx, p, plan.edge_rows, before[p]) for p in range(num_parts)]
                 _count(report, run.map(write_type_tensors, args, "edge types"))
             finish("edge data", t0)
-    t0 = time.perf_counter()
-    finalize(ctx, name, opts, nspecs, especs, state, plan.edge_rows)
-    commit(work / "out", out)
-    report.seconds["commit"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        finals = [str(dirs[p] / f"{name}-part{p}") if p in dirs else "" for p in range(num_parts)]
+        finalize(ctx, name, opts, nspecs, especs, state, plan.edge_rows, finals)
+        run.map(commit_part, [(ctx.part_build[p], finals[p]) for p in sorted(dirs)], "place parts")
+        commit(work / "out", out)
+        report.seconds["commit"] = time.perf_counter() - t0
+
+
+def _build_dir(folder: Path, name: str, p: int) -> Path:
+    return folder / f".{name}-part{p}.work"
+
+
+def _check_part_dirs(dirs: Mapping[int, Any], num_parts: int, name: str, overwrite: bool) -> dict[int, Path]:
+    """``part_dirs`` checked (part IDs in range, folders absolute, no finished part in the way)."""
+    out: dict[int, Path] = {}
+    for p, d in dirs.items():
+        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < num_parts:
+            raise InvalidRequestError(f"--part-dir: part {p!r} is not a part ID in [0, {num_parts})")
+        folder = Path(d).absolute()
+        if folder.exists() and not folder.is_dir():
+            raise InvalidRequestError(f"--part-dir {p}={d}: {folder} exists and is not a folder")
+        final = folder / f"{name}-part{p}"
+        if final.exists() and not overwrite:
+            raise InvalidRequestError(f"--part-dir {p}={d}: {final} exists; pass overwrite to replace it")
+        out[p] = folder
+    return out
+
+
+def commit_part(build: str, final: str) -> tuple[int, int]:
+    """Task: move a finished partition folder from its build folder into place."""
+    commit(Path(build), Path(final))
+    return 0, 0
 
 
 def _count(report: RunReport, results: list[tuple[int, int]]) -> None:

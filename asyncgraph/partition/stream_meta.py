@@ -38,7 +38,7 @@ def tensor_specs(
 def write_ntypes(ctx: Ctx, type_counts: list[list[int]], rows: int) -> None:
     """Node tensor ``_TYPE`` of every part: nodes are type-major inside a part."""
     for p, counts in enumerate(type_counts):
-        w = NpyWriter(ctx.out / part_dir_name(p) / "node_feat" / f"{NTYPE}.npy", np.int64, (sum(counts),))
+        w = NpyWriter(ctx.pdir(p) / "node_feat" / f"{NTYPE}.npy", np.int64, (sum(counts),))
         for t, k in enumerate(counts):
             for a in range(0, k, rows):
                 w.write(np.full(min(rows, k - a), t, dtype=np.int64))
@@ -50,7 +50,7 @@ def type_edges_before(ctx: Ctx, rows: int) -> list[list[int]]:
     eoff = ctx.graph.edge_offsets()
     per_part = []
     for p in range(ctx.num_parts):
-        oe = np.load(ctx.oeids(p), mmap_mode="r")
+        oe = ctx.oeids(p)
         counts = np.zeros(eoff.size - 1, dtype=np.int64)
         for a in range(0, oe.shape[0], rows):
             counts += np.bincount(np.searchsorted(eoff, np.asarray(oe[a : a + rows]), side="right") - 1,
@@ -64,19 +64,17 @@ Specs = dict[str, tuple[str, tuple[int, ...]]]
 
 
 def finalize(
-    ctx: Ctx, name: str, opts: dict[str, Any], nspecs: Specs, especs: Specs, state: dict[str, Any], rows: int
+    ctx: Ctx, name: str, opts: dict[str, Any], nspecs: Specs, especs: Specs, state: dict[str, Any], rows: int,
+    final_dirs: list[str],
 ) -> None:
+    """``orig_eids`` and the JSON config; a part with a ``final_dirs`` entry is listed at that
+    absolute path (``--part-dir``), the others as ``part<p>`` beside the config."""
     g = ctx.graph
     e = int(g.edge_offsets()[-1])
-    w = NpyWriter(ctx.out / ORIG_EIDS_FILE, np.int64, (e,))
-    for p in range(ctx.num_parts):
-        oe = np.load(ctx.oeids(p), mmap_mode="r")
-        for a in range(0, oe.shape[0], rows):
-            w.write(np.asarray(oe[a : a + rows]))
-    w.close()
+    # orig_eids.npy: written in place by the sort tasks (csc_sort.preallocate_csc)
     nb, eb = ctx.node_bounds, ctx.edge_bounds
     specs = [PartSpec(part_id=p, node_range=(nb[p], nb[p + 1]), edge_range=(eb[p], eb[p + 1]),
-                      path=part_dir_name(p)) for p in range(ctx.num_parts)]  # fmt: skip
+                      path=final_dirs[p] or part_dir_name(p)) for p in range(ctx.num_parts)]  # fmt: skip
     ts = {k: TensorSpec(dtype=np.dtype(d).name, row_shape=list(s)) for k, (d, s) in nspecs.items()}
     es = {k: TensorSpec(dtype=np.dtype(d).name, row_shape=list(s)) for k, (d, s) in especs.items()}
     config = PartitionConfig(

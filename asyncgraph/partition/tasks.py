@@ -17,12 +17,15 @@ from typing import Any
 import numpy as np
 
 from asyncgraph.partition.chunked import ChunkedGraph, check_ids, iter_edges, read_rows
+from asyncgraph.partition.layout import ORIG_EIDS_FILE
 
-__all__ = ["Ctx", "NpyWriter", "copy_edge_rows", "copy_node_rows", "shuffle_edges", "sort_part"]
+__all__ = ["Ctx", "NpyWriter", "copy_edge_rows", "copy_node_rows", "shuffle_edges"]
 
 IdArray = np.ndarray[Any, np.dtype[np.int64]]
-REC = 3  # a spilled edge: (new dst, new src, original edge ID), int64 each
-REC_BYTES = REC * 8
+REC = 3  # a spilled edge: (new dst, new src, original edge ID)
+COMPACT_BELOW = 2**32  # node and edge counts below this: spill records are 3 x uint32 (12 B)
+RANGES = 128  # destination ranges per part (at least): the sort stage's unit of work
+RANGE_EDGES = 1 << 20  # more ranges for big parts: ~1M edges a range on average
 
 
 @dataclass(frozen=True)
@@ -34,16 +37,62 @@ class Ctx:
     num_parts: int
     node_bounds: tuple[int, ...]
     edge_bounds: tuple[int, ...] = ()
+    part_build: tuple[str, ...] = ()  # per part: where its files are built ("": under out/)
 
     @property
     def out(self) -> Path:
         return self.work / "out"
 
+    def pdir(self, p: int) -> Path:
+        """The folder partition ``p``'s files are written to during the run."""
+        if self.part_build and self.part_build[p]:
+            return Path(self.part_build[p])
+        return self.out / f"part{p}"
+
     def spill_dir(self, p: int) -> Path:
         return self.work / "spill" / f"p{p}"
 
-    def oeids(self, p: int) -> Path:
-        return self.work / "sorted" / f"oeids{p}.npy"
+    @property
+    def oeids_file(self) -> Path:
+        """``orig_eids.npy`` of the output: the sort tasks write each part's slice in place."""
+        return self.out / ORIG_EIDS_FILE
+
+    def oeids(self, p: int) -> np.ndarray[Any, Any]:
+        """Partition ``p``'s original edge IDs in new-ID order (a read-only memory map)."""
+        e0, e1 = self.edge_bounds[p], self.edge_bounds[p + 1]
+        arr: np.ndarray[Any, Any] = np.load(self.oeids_file, mmap_mode="r")
+        return arr[e0:e1]
+
+    @property
+    def rec_dtype(self) -> np.dtype[Any]:
+        """uint32 fields (12 B a spilled edge) when every ID fits, else int64 (24 B)."""
+        small = max(int(self.graph.node_offsets()[-1]), int(self.graph.edge_offsets()[-1])) < COMPACT_BELOW
+        return np.dtype(np.uint32 if small else np.int64)
+
+    @property
+    def rec_bytes(self) -> int:
+        return REC * self.rec_dtype.itemsize
+
+    @property
+    def ranges(self) -> int:
+        """Destination ranges per part in the spill (see :mod:`asyncgraph.partition.csc_sort`)."""
+        per_part = -(-int(self.graph.edge_offsets()[-1]) // (self.num_parts * RANGE_EDGES))
+        return max(1, min(max(RANGES, per_part), (2**15 - 1) // self.num_parts))
+
+    def range_width(self, p: int) -> int:
+        """Nodes per destination range of part ``p``."""
+        return max(1, -(-(self.node_bounds[p + 1] - self.node_bounds[p]) // self.ranges))
+
+    def bucket_of(self, nd: IdArray) -> np.ndarray[Any, Any]:
+        """``part * ranges + range`` of each new destination ID (int16 when it fits)."""
+        part = _part_of(self.node_bounds, nd)
+        bounds = np.asarray(self.node_bounds, dtype=np.int64)
+        widths = np.asarray([self.range_width(p) for p in range(self.num_parts)], dtype=np.int64)
+        local = nd - bounds[part]
+        local //= widths[part]
+        local += part.astype(np.int64) * self.ranges
+        out: np.ndarray[Any, Any] = local.astype(part.dtype)
+        return out
 
 
 class NpyWriter:
@@ -89,7 +138,9 @@ def _part_of(bounds: tuple[int, ...], ids: IdArray) -> np.ndarray[Any, Any]:
 def shuffle_edges(ctx: Ctx, r: int, ci: int, lo: int, hi: int, block_rows: int, task: int) -> tuple[int, int]:
     """Relabel rows ``[lo, hi)`` of edge chunk ``ci`` of type ``r``; spill them by destination part.
 
-    Appends ``(new dst, new src, original edge ID)`` records to ``spill/p<p>/<task>.bin``.
+    Appends ``(new dst, new src, original edge ID)`` records to ``spill/p<p>/<task>.bin``, each
+    block's records grouped by destination range (in edge-ID order within a range), and saves
+    the records per (block, part, range) in ``spill/<task>.counts.npy`` for the sort stage.
     """
     g = ctx.graph
     canon = g.canonical_etypes[r]
@@ -99,6 +150,8 @@ def shuffle_edges(ctx: Ctx, r: int, ci: int, lo: int, hi: int, block_rows: int, 
     new_id = np.load(ctx.work / "new_id.npy", mmap_mode="r")
     files: dict[int, Any] = {}
     read = written = 0
+    nr = ctx.ranges
+    counts_all: list[np.ndarray[Any, Any]] = []
     try:
         for row0, block in iter_edges(chunk, lo, hi, block_rows, ":".join(canon)):
             k = block.shape[0]
@@ -106,18 +159,21 @@ def shuffle_edges(ctx: Ctx, r: int, ci: int, lo: int, hi: int, block_rows: int, 
             check_ids(block[:, 0], g.num_nodes[canon[0]], chunk, f"source ({canon[0]})")
             check_ids(block[:, 1], g.num_nodes[canon[2]], chunk, f"destination ({canon[2]})")
             nd = np.take(new_id, block[:, 1] + noff[dt])
-            part = _part_of(ctx.node_bounds, nd)
-            order = np.argsort(part, kind="stable")  # radix sort of int16 parts
-            counts = np.bincount(part, minlength=ctx.num_parts)
-            del part
-            rec = np.empty((k, REC), dtype=np.int64)  # built directly in part order
-            np.take(nd, order, out=rec[:, 0])
+            bucket = ctx.bucket_of(nd)  # (part, destination range)
+            order = np.argsort(bucket, kind="stable")  # radix sort of int16 buckets
+            fine = np.bincount(bucket, minlength=ctx.num_parts * nr).reshape(ctx.num_parts, nr)
+            counts_all.append(fine)
+            counts = fine.sum(axis=1)
+            del bucket
+            rec = np.empty((k, REC), dtype=ctx.rec_dtype)  # built directly in part order
+            rec[:, 0] = np.take(nd, order)
             del nd
             src = np.take(block[:, 0], order)
             src += noff[st]
-            np.take(new_id, src, out=rec[:, 1])
+            rec[:, 1] = np.take(new_id, src)
             del src, block
-            np.add(order, eoff[r] + chunk.start + row0, out=rec[:, 2])
+            order += eoff[r] + chunk.start + row0
+            rec[:, 2] = order
             del order
             start = 0
             for p in np.flatnonzero(counts).tolist():
@@ -129,136 +185,10 @@ def shuffle_edges(ctx: Ctx, r: int, ci: int, lo: int, hi: int, block_rows: int, 
     finally:
         for f in files.values():
             f.close()
+    shape = (len(counts_all), ctx.num_parts, nr)
+    np.save(ctx.work / "spill" / f"{task}.counts.npy",
+            np.stack(counts_all) if counts_all else np.zeros(shape, dtype=np.int64))  # fmt: skip
     return read, written
-
-
-def _bits(x: int) -> int:
-    return max(1, (max(x, 1) - 1).bit_length())
-
-
-def _sorted_block(rec: IdArray, n0: int, n_local: int, n: int, e: int) -> tuple[IdArray, IdArray, IdArray]:
-    """Sort records by (dst, src, eid): returns (local dst, new src, original eid), sorted."""
-    bd, bs, be = _bits(n_local), _bits(n), _bits(e)
-    if bd + bs + be <= 64:
-        packed = (rec[:, 0] - n0).astype(np.uint64)
-        packed <<= np.uint64(bs)
-        packed |= rec[:, 1].astype(np.uint64)
-        packed <<= np.uint64(be)
-        packed |= rec[:, 2].astype(np.uint64)
-        del rec
-        packed.sort()
-        eid = (packed & np.uint64((1 << be) - 1)).view(np.int64)
-        packed >>= np.uint64(be)
-        src = (packed & np.uint64((1 << bs) - 1)).view(np.int64)
-        packed >>= np.uint64(bs)
-        return packed.view(np.int64), src, eid
-    order = np.lexsort((rec[:, 2], rec[:, 1], rec[:, 0]))
-    s = rec[order]
-    return s[:, 0] - n0, np.ascontiguousarray(s[:, 1]), np.ascontiguousarray(s[:, 2])
-
-
-def _records(files: list[Path], rows: int) -> Any:
-    """Iterate the records of spill files in pieces of at most ``rows`` records."""
-    for f in files:
-        total = f.stat().st_size // REC_BYTES
-        for a in range(0, total, rows):
-            k = min(rows, total - a)
-            yield np.fromfile(f, dtype=np.int64, count=k * REC, offset=a * REC_BYTES).reshape(k, REC)
-
-
-def sort_part(ctx: Ctx, p: int, cap_edges: int) -> tuple[int, int]:
-    """Sort partition ``p``'s spilled edges into CSC and write indptr/indices/eids and its eid map.
-
-    When its edges exceed ``cap_edges`` they are first split by destination range into bucket
-    files of at most ``cap_edges`` edges each (a destination's edges never straddle buckets),
-    which are sorted one at a time and appended: an external sort whose output is the same.
-    """
-    g = ctx.graph
-    n, e = int(g.node_offsets()[-1]), int(g.edge_offsets()[-1])
-    n0, n1 = ctx.node_bounds[p], ctx.node_bounds[p + 1]
-    e0, e1 = ctx.edge_bounds[p], ctx.edge_bounds[p + 1]
-    files = sorted(ctx.spill_dir(p).glob("*.bin"))
-    pdir = ctx.out / f"part{p}"
-    rows = max(1, cap_edges)
-    if e1 - e0 <= cap_edges:
-        return _sort_in_memory(ctx, p, files, n, e)
-    in_deg = np.zeros(n1 - n0, dtype=np.int64)
-    for rec in _records(files, rows):
-        in_deg += np.bincount(rec[:, 0] - n0, minlength=n1 - n0)
-    # destination ranges of at most cap_edges edges each (one node may exceed it alone)
-    cum = np.cumsum(in_deg)
-    cuts = [0]
-    while cuts[-1] < in_deg.size:
-        base = int(cum[cuts[-1] - 1]) if cuts[-1] else 0
-        nxt = int(np.searchsorted(cum, base + cap_edges, side="right"))
-        cuts.append(min(in_deg.size, max(nxt, cuts[-1] + 1)))
-    bdir = ctx.work / "buckets" / f"p{p}"
-    bdir.mkdir(parents=True, exist_ok=True)
-    bounds = np.asarray(cuts, dtype=np.int64) + n0
-    handles = [open(bdir / f"{i}.bin", "wb") for i in range(len(cuts) - 1)]  # noqa: SIM115
-    try:
-        for rec in _records(files, rows):
-            b = _part_of(tuple(int(x) for x in bounds), rec[:, 0])
-            order = np.argsort(b, kind="stable")
-            counts = np.bincount(b, minlength=len(handles))
-            rec = rec[order]
-            start = 0
-            for i in np.flatnonzero(counts):
-                rec[start : start + counts[i]].tofile(handles[i])
-                start += int(counts[i])
-    finally:
-        for h in handles:
-            h.close()
-    buckets = [[bdir / f"{i}.bin"] for i in range(len(cuts) - 1)]
-    indptr = np.zeros(n1 - n0 + 1, dtype=np.int64)
-    np.cumsum(in_deg, out=indptr[1:])
-    np.save(pdir / "indptr.npy", indptr)
-    del indptr, in_deg
-    ind = NpyWriter(pdir / "indices.npy", np.int64, (e1 - e0,))
-    oe = NpyWriter(ctx.oeids(p), np.int64, (e1 - e0,))
-    for bucket in buckets:
-        parts = [np.fromfile(f, dtype=np.int64).reshape(-1, REC) for f in bucket]
-        rec = np.concatenate(parts) if len(parts) != 1 else parts[0]
-        del parts
-        _, src, eid = _sorted_block(rec, n0, n1 - n0, n, e)
-        del rec
-        ind.write(src)
-        oe.write(eid)
-    ind.close()
-    oe.close()
-    _write_eids(pdir, e0, e1, rows)
-    return (e1 - e0) * REC_BYTES, (e1 - e0) * 24 + (n1 - n0 + 1) * 8
-
-
-def _write_eids(pdir: Path, e0: int, e1: int, rows: int) -> None:
-    eids = NpyWriter(pdir / "eids.npy", np.int64, (e1 - e0,))
-    for a in range(e0, e1, max(1, rows)):
-        eids.write(np.arange(a, min(e1, a + rows), dtype=np.int64))
-    eids.close()
-
-
-def _sort_in_memory(ctx: Ctx, p: int, files: list[Path], n: int, e: int) -> tuple[int, int]:
-    """Partition ``p``'s edges fit a worker's share: one read, one sort, in-degrees from the result."""
-    n0, n1 = ctx.node_bounds[p], ctx.node_bounds[p + 1]
-    e0, e1 = ctx.edge_bounds[p], ctx.edge_bounds[p + 1]
-    rec = np.empty((e1 - e0, REC), dtype=np.int64)
-    at = 0
-    for f in files:
-        k = f.stat().st_size // REC_BYTES
-        with open(f, "rb") as fh:
-            fh.readinto(memoryview(rec[at : at + k].reshape(-1)).cast("B"))  # type: ignore[arg-type]
-        at += k
-    dst, src, eid = _sorted_block(rec, n0, n1 - n0, n, e)
-    del rec
-    pdir = ctx.out / f"part{p}"
-    indptr = np.zeros(n1 - n0 + 1, dtype=np.int64)
-    np.cumsum(np.bincount(dst, minlength=n1 - n0), out=indptr[1:])
-    del dst
-    np.save(pdir / "indptr.npy", indptr)
-    np.save(pdir / "indices.npy", src)
-    np.save(ctx.oeids(p), eid)
-    _write_eids(pdir, e0, e1, 1 << 22)
-    return (e1 - e0) * REC_BYTES, (e1 - e0) * 24 + (n1 - n0 + 1) * 8
 
 
 def _write_rows_at(path: Path, start: int, rows: np.ndarray[Any, Any]) -> None:
@@ -296,7 +226,7 @@ def copy_node_rows(ctx: Ctx, key: str, name: str, ci: int, lo: int, hi: int) -> 
     for p in np.flatnonzero(counts).tolist():
         a, k = int(first[p]), int(counts[p])
         start = int(new[order[a] - lo]) - ctx.node_bounds[p]
-        _write_rows_at(ctx.out / f"part{p}" / "node_feat" / f"{name}.npy", start, rows[a : a + k])
+        _write_rows_at(ctx.pdir(p) / "node_feat" / f"{name}.npy", start, rows[a : a + k])
     return rows.nbytes, rows.nbytes
 
 
@@ -314,7 +244,7 @@ def copy_edge_rows(ctx: Ctx, key: int, name: str, ci: int, lo: int, hi: int) -> 
     part = _part_of(ctx.edge_bounds, new)
     for p in np.unique(part).tolist():
         sel = part == p
-        out = np.load(ctx.out / f"part{p}" / "edge_feat" / f"{name}.npy", mmap_mode="r+")
+        out = np.load(ctx.pdir(p) / "edge_feat" / f"{name}.npy", mmap_mode="r+")
         out[new[sel] - ctx.edge_bounds[p]] = rows[sel]
         out.flush()
         del out
@@ -324,7 +254,7 @@ def copy_edge_rows(ctx: Ctx, key: int, name: str, ci: int, lo: int, hi: int) -> 
 def map_edges(ctx: Ctx, p: int, rows: int) -> tuple[int, int]:
     """Fill ``new_eid.npy`` (original edge ID -> new edge ID) for partition ``p``'s edges."""
     e0, e1 = ctx.edge_bounds[p], ctx.edge_bounds[p + 1]
-    src = np.load(ctx.oeids(p), mmap_mode="r")
+    src = ctx.oeids(p)
     inv = np.load(ctx.work / "new_eid.npy", mmap_mode="r+")
     for a in range(0, e1 - e0, rows):
         b = min(e1 - e0, a + rows)
@@ -345,8 +275,8 @@ def write_type_tensors(ctx: Ctx, p: int, rows: int, before: list[int]) -> tuple[
     e0, e1 = ctx.edge_bounds[p], ctx.edge_bounds[p + 1]
     eoff = ctx.graph.edge_offsets()
     num_r = eoff.size - 1
-    oeids = np.load(ctx.oeids(p), mmap_mode="r")
-    d = ctx.out / f"part{p}" / "edge_feat"
+    oeids = ctx.oeids(p)
+    d = ctx.pdir(p) / "edge_feat"
     et_w = NpyWriter(d / f"{ETYPE}.npy", np.int64, (e1 - e0,))
     te_w = NpyWriter(d / f"{TYPE_EID}.npy", np.int64, (e1 - e0,))
     running = np.asarray(before, dtype=np.int64).copy()
