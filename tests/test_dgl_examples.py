@@ -116,6 +116,13 @@ def test_dgl_graphsage_link_prediction_cora(tmp_path: Path) -> None:
     assert (tmp_path / "emb.pt").is_file()  # torch.save of the DistTensor: a handle that re-attaches
 
 
+RGCN_ARGS = (
+    "-d", "acm", "-e", "8", "--fanout", "4,4", "--batch-size", "32", "--eval-batch-size", "1000",
+    "--n-bases", "2", "--sparse-embedding", "--dgl-sparse", "--use-self-loop",
+)  # fmt: skip
+RGCN_MIN_ACC = 0.55  # 3 classes; the majority class is 0.512 of the test papers
+
+
 def test_dgl_rgcn_node_classification_acm(tmp_path: Path) -> None:
     """DGL's distributed RGCN (HeteroGraphConv of GraphConv with WeightBasis weights, DistEmbedding
     per featureless type + SparseAdam, a per-type DistTensor of results) on ACM instead of
@@ -124,12 +131,11 @@ def test_dgl_rgcn_node_classification_acm(tmp_path: Path) -> None:
     out = _launch(
         tmp_path, cfg, "rgcn_node_classification.py", "--ip-config", "ip_config.txt",
         "--graph-name", "acm",
-        "--conf-path", str(cfg), "-d", "acm", "-e", "8", "--fanout", "4,4", "--batch-size", "32",
-        "--eval-batch-size", "1000", "--n-bases", "2", "--sparse-embedding", "--dgl-sparse",
+        "--conf-path", str(cfg), *RGCN_ARGS,
     )  # fmt: skip
     assert "optimize DGL sparse embedding: dict_keys(['author', 'subject'])" in out, out[-3000:]
     accs = [float(a) for a in re.findall(r"\[trainer 0\] Val Acc \S+, Test Acc ([0-9.]+),", out)]
-    assert len(accs) == 8 and max(accs[-3:]) > 0.5, out[-3000:]  # 3 classes; about 0.78 after 20 epochs
+    assert len(accs) == 8 and max(accs[-3:]) > RGCN_MIN_ACC, out[-3000:]
 
 
 def test_quickstart_trainer_prints_no_warning(cora2) -> None:
