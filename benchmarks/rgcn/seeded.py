@@ -27,6 +27,11 @@ if __name__ == "__main__":
         import dgl.distributed
 
         dgl.distributed.DistNodeDataLoader = dgl.dataloading.DistNodeDataLoader  # type: ignore[attr-defined]
+        mid = os.environ.get("DGLBENCH_MACHINE_ID")  # ../shared/peers/dgl/launch_local.py's emulated machine
+        if mid is not None:  # every emulated machine is 127.0.0.1: DGL would take all for machine 0
+            from dgl.distributed import rpc_client
+
+            rpc_client.get_local_machine_id = lambda _namebook: int(mid)
         if "--standalone" in sys.argv:  # DGL's SparseAdam asks the process group for its backend
             import tempfile
 
