@@ -118,20 +118,30 @@ def test_dgl_graphsage_link_prediction_cora(tmp_path: Path) -> None:
     assert (tmp_path / "emb.pt").is_file()  # torch.save of the DistTensor: a handle that re-attaches
 
 
+RGCN_ARGS = (
+    "-d", "acm", "-e", "16", "--fanout", "4,4", "--batch-size", "32", "--eval-batch-size", "1000",
+    "--n-bases", "2", "--sparse-embedding", "--dgl-sparse", "--use-self-loop",
+)  # fmt: skip
+RGCN_MIN_ACC = 0.55  # 3 classes; the majority class is 0.512 of the test papers
+
+
 def test_dgl_rgcn_node_classification_acm(tmp_path: Path) -> None:
     """DGL's distributed RGCN (HeteroGraphConv of GraphConv with WeightBasis weights, DistEmbedding
     per featureless type + SparseAdam, a per-type DistTensor of results) on ACM instead of
-    ogbn-mag. Its default ``--n-bases -1`` fails in DGL's own code (``None < int``), so 2 bases."""
+    ogbn-mag. Its default ``--n-bases -1`` fails in DGL's own code (``None < int``), so 2 bases.
+    ``--use-self-loop``: ACM has no paper-paper relation, so without it the paper logits read
+    neither the embeddings (no gradient reaches them) nor a paper's own features, and 1 Adam step
+    an epoch per trainer swings between single-class predictions (0.227 / 0.261 / 0.512) on DGL
+    2.1 as here; 16 epochs: slow starts are still rising at 8 (benchmarks/README.md §18)."""
     cfg = _partition_acm(tmp_path)
     out = _launch(
         tmp_path, cfg, "rgcn_node_classification.py", "--ip-config", "ip_config.txt",
         "--graph-name", "acm",
-        "--conf-path", str(cfg), "-d", "acm", "-e", "8", "--fanout", "4,4", "--batch-size", "32",
-        "--eval-batch-size", "1000", "--n-bases", "2", "--sparse-embedding", "--dgl-sparse",
+        "--conf-path", str(cfg), *RGCN_ARGS,
     )  # fmt: skip
     assert "optimize DGL sparse embedding: dict_keys(['author', 'subject'])" in out, out[-3000:]
     accs = [float(a) for a in re.findall(r"\[trainer 0\] Val Acc \S+, Test Acc ([0-9.]+),", out)]
-    assert len(accs) == 8 and max(accs[-3:]) > 0.5, out[-3000:]  # 3 classes; about 0.78 after 20 epochs
+    assert len(accs) == 16 and max(accs[-3:]) > RGCN_MIN_ACC, out[-3000:]
 
 
 def test_dgl_rgcn_lp_perf_acm(tmp_path: Path) -> None:
