@@ -993,6 +993,7 @@ def test_create_validates_partition_arrays_and_from_partition() -> None:
         config=SimpleNamespace(graph_name="ns"),
         part_id=0,
         book=book,
+        edge_range=(0, 0),
         indptr=np.zeros(5, np.int32),
         indices=empty,
         eids=empty,
