@@ -27,7 +27,7 @@ def test_auth_failure_prints_no_unretrieved_future(cora2, tmp_path: Path) -> Non
     finally:
         group.stop()
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("refused:") == 4 and proc.stdout.count("timed out:") == 1, proc.stdout
+    assert proc.stdout.count("refused:") == 5 and proc.stdout.count("timed out:") == 1, proc.stdout
     assert "never retrieved" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     for i in range(2):
         log = group.log_text(i)
