@@ -86,6 +86,57 @@ def write_rmat_chunked(scale: int, folder: Path, seed: int = 0) -> Path:
     return meta_path
 
 
+def write_synth_chunked(scale: int, folder: Path, seed: int = 0) -> Path:
+    """Write ``partition_bench``'s graph (:func:`benchmarks.synthetic.make_synthetic`: R-MAT plus
+    uniform edges, symmetric, de-duplicated) in the chunked format: the graph of the issue's
+    in-memory METIS reference figure, so both paths can be timed on the same edges. Built in
+    memory (like ``partition_bench``), then written in the same chunk sizes as the R-MAT graph."""
+    from benchmarks.synthetic import make_synthetic
+
+    meta_path = folder / "metadata.json"
+    if meta_path.is_file():
+        return meta_path
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "edges").mkdir(parents=True)
+    (tmp / "node_data").mkdir()
+    g = make_synthetic(scale, seed)
+    n, m = 1 << scale, int(g["src"].size)
+    edge_files, edge_counts = [], []
+    for i, a in enumerate(range(0, m, EDGE_CHUNK)):
+        b = min(m, a + EDGE_CHUNK)
+        np.save(tmp / "edges" / f"e{i}.npy", np.stack([g["src"][a:b], g["dst"][a:b]], axis=1))
+        edge_files.append(f"edges/e{i}.npy")
+        edge_counts.append(b - a)
+    names = ("feat", "label", "train_mask", "val_mask", "test_mask")
+    data: dict[str, list[str]] = {k: [] for k in names}
+    node_counts = []
+    for i, a in enumerate(range(0, n, NODE_CHUNK)):
+        b = min(n, a + NODE_CHUNK)
+        for key in names:
+            np.save(tmp / "node_data" / f"{key}{i}.npy", g[key][a:b])
+            data[key].append(f"node_data/{key}{i}.npy")
+        node_counts.append(b - a)
+    del g
+    meta = {
+        "graph_name": f"synth{scale}",
+        "node_type": ["_N"],
+        "num_nodes_per_chunk": [node_counts],
+        "edge_type": ["_N:_E:_N"],
+        "num_edges_per_chunk": [edge_counts],
+        "edges": {"_N:_E:_N": {"format": {"name": "numpy"}, "data": edge_files}},
+        "node_data": {"_N": {k: {"format": {"name": "numpy"}, "data": v} for k, v in data.items()}},
+        "edge_data": {},
+    }
+    (tmp / "metadata.json").write_text(json.dumps(meta, indent=1))
+    shutil.rmtree(folder, ignore_errors=True)
+    os.rename(tmp, folder)
+    return meta_path
+
+
+GRAPHS = {"rmat": ("chunked", write_rmat_chunked), "synth": ("synth_chunked", write_synth_chunked)}
+
+
 def tree_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
@@ -193,38 +244,49 @@ def main() -> None:
     ap.add_argument("--in-memory", action="store_true", help="also time partition_graph in memory")
     ap.add_argument("--keep", action="store_true", help="keep the generated input")
     ap.add_argument("--data", type=Path, default=DATA, help="folder for the inputs, outputs and spill")
+    ap.add_argument(
+        "--graph",
+        choices=sorted(GRAPHS),
+        default="rmat",
+        help="rmat (default: pure R-MAT, 10 edges a node) or synth (partition_bench's graph)",
+    )
     args = ap.parse_args()
+    prefix, writer = GRAPHS[args.graph]
     data_dir: Path = args.data
     data_dir.mkdir(parents=True, exist_ok=True)
     from asyncgraph.partition.memory import format_size, parse_size
 
     rows = []
     for scale in args.scales:
-        folder = data_dir / f"chunked{scale}"
+        folder = data_dir / f"{prefix}{scale}"
         t0 = time.perf_counter()
-        meta = write_rmat_chunked(scale, folder)
+        meta = writer(scale, folder)
+        name = json.loads(meta.read_text())["graph_name"]
+        num_edges = sum(sum(c) for c in json.loads(meta.read_text())["num_edges_per_chunk"])
         print(
             f"scale {scale}: input {format_size(tree_bytes(folder))} "
             f"ready in {time.perf_counter() - t0:.1f} s"
         )
         for method in args.methods:
             limit = args.limit_random if method in ("random", "fennel") else args.limit_metis
-            out = data_dir / f"chunked{scale}.{method}.out"
+            out = data_dir / f"{prefix}{scale}.{method}.out"
             load0 = os.getloadavg()[0]
             r = run_cli(meta, method, limit, args.workers, out)
             r["load_avg_1min"] = [load0, os.getloadavg()[0]]  # a shared machine: other users' load
             if "error" in r:
                 print(f"  {method:>6} 4-way within {limit}: {r['error']}", flush=True)
-                rows.append({"scale": scale, "method": method, "limit_bytes": parse_size(limit), **r})
+                rows.append({"scale": scale, "graph": args.graph, "method": method,
+                             "limit_bytes": parse_size(limit), **r})  # fmt: skip
                 continue
             in_b, out_b = tree_bytes(folder), tree_bytes(out)
-            qual = quality(out, f"rmat{scale}")
+            qual = quality(out, name)
             shutil.rmtree(out, ignore_errors=True)  # disk: the ceiling writes as many bytes again
             ceil, ceil_cpu = copy_ceiling(folder, out_b, data_dir / "ceiling.bin")
             row = {
                 "scale": scale,
+                "graph": args.graph,
                 "nodes": 1 << scale,
-                "edges": EDGES_PER_NODE << scale,
+                "edges": num_edges,
                 "method": method,
                 "workers": args.workers,
                 "limit_bytes": parse_size(limit),
@@ -263,9 +325,8 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / "chunked_bench.json"
     old = json.loads(path.read_text()) if path.is_file() else {"runs": []}
-    old["runs"] = [
-        r for r in old["runs"] if (r["scale"], r["method"]) not in {(x["scale"], x["method"]) for x in rows}
-    ]
+    new = {(x["scale"], x["graph"], x["method"]) for x in rows}
+    old["runs"] = [r for r in old["runs"] if (r["scale"], r.get("graph", "rmat"), r["method"]) not in new]
     old["runs"] += rows
     old["date"] = dt.date.today().isoformat()
     old["machine"] = f"{platform.node()} ({os.cpu_count()} cores)"

@@ -73,20 +73,23 @@ def main() -> None:
     ap.add_argument("--contexts", nargs="+", default=["default", "fm"], help="KaMinPar presets")
     ap.add_argument("--skip-metis", action="store_true")
     ap.add_argument("--data", type=Path, default=DATA, help="folder of the generated graphs")
+    ap.add_argument("--graph", choices=["rmat", "synth"], default="rmat",
+                    help="chunked_bench's R-MAT graph or partition_bench's graph (synth)")  # fmt: skip
     args = ap.parse_args()
     from asyncgraph.partition.assign import symmetric_csr
     from asyncgraph.partition.assign_stream import _structure
     from asyncgraph.partition.chunked import read_metadata
     from asyncgraph.partition.graph import Graph
-    from benchmarks.chunked_bench import write_rmat_chunked
+    from benchmarks.chunked_bench import GRAPHS
 
     out = []
     for scale in args.scales:
-        meta = write_rmat_chunked(scale, args.data / f"chunked{scale}")
+        prefix, writer = GRAPHS[args.graph]
+        meta = writer(scale, args.data / f"{prefix}{scale}")
         g: Graph = _structure(read_metadata(meta), 1 << 22)
         xadj, adj = symmetric_csr(g.num_nodes, g.src, g.dst)
         del g
-        tmp = args.data / f"csr{scale}"
+        tmp = args.data / f"csr_{args.graph}{scale}"
         tmp.mkdir(exist_ok=True)
         np.save(tmp / "xadj.npy", xadj)
         np.save(tmp / "adj.npy", adj)
@@ -98,12 +101,13 @@ def main() -> None:
                  str(args.parts), str(threads), str(tmp / "g.parhip"), context],
                 capture_output=True, text=True, cwd=ROOT, check=True,
             )  # fmt: skip
-            row = {"scale": scale, "method": kind, "context": context, "threads": threads,
+            row = {"scale": scale, "graph": args.graph, "method": kind, "context": context,
+                   "threads": threads,
                    "undirected_edges": int(adj.size // 2), "load_avg_1min": os.getloadavg()[0],
                    **json.loads(res.stdout.strip().splitlines()[-1])}  # fmt: skip
             out.append(row)
             print(
-                f"scale {scale} {kind:>8} {context:>7} x{threads}: {row['wall_s']:.1f} s "
+                f"{args.graph} {scale} {kind:>8} {context:>7} x{threads}: {row['wall_s']:.1f} s "
                 f"(file load {row['load_s']:.1f} s), "
                 f"peak {row['peak_bytes'] / 2**30:.2f} GiB, cut {row['cut_frac']:.1%}, "
                 f"balance {row['node_balance']:.3f}",
@@ -112,8 +116,9 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / "kaminpar_vs_metis.json"
     old = json.loads(path.read_text())["runs"] if path.is_file() else []
-    keys = {(r["scale"], r["method"], r["context"], r["threads"]) for r in out}
-    old = [r for r in old if (r["scale"], r["method"], r.get("context", "default"), r["threads"]) not in keys]
+    keys = {(r["scale"], r["graph"], r["method"], r["context"], r["threads"]) for r in out}
+    old = [r for r in old if (r["scale"], r.get("graph", "rmat"), r["method"], r.get("context", "default"),
+                              r["threads"]) not in keys]  # fmt: skip
     path.write_text(json.dumps({"runs": old + out}, indent=2))
 
 
