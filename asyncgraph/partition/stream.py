@@ -63,11 +63,18 @@ SORT_BYTES = 80  # per edge in a sort bucket (records, packed keys, outputs)
 MIN_ROWS = 4096
 WORK_FORMAT = 2  # the work folder's layout (2: range-grouped spill + counts); in the resume fingerprint
 METIS_EDGE_BYTES = 280  # pymetis 2025.2, measured (see plan_run)
-# kaminpar 3.7, jet, measured at 2^20 (R-MAT, 10.5M edges): the lean CSR build peaked at 26 B an
-# edge with 4M-row blocks (16 B of keys + the block's temporaries), KaMinPar at 29.4 B an edge
-# (17.9 compressed, but 2.4x slower); the relabelling and repairs ~64 B a node
-KAMINPAR_EDGE_BYTES = 32
-KAMINPAR_COMPRESSED_EDGE_BYTES = 18  # + the CSR build's 16 B of keys: max(18, 16 + blocks)
+# kaminpar 3.7 (64-bit IDs), jet, 2 threads: its peak in-process, fitted on two graphs (R-MAT 2^20:
+# 1.05M nodes, 20.0M adjacency entries, 320 MiB plain / 213 MiB compressed; partition_bench's 2^22
+# graph: 4.19M nodes, 42.8M entries, 864 / 632 MiB) is ~12 B an entry + ~96 B a node plain and
+# ~6.2 B an entry + ~95 B a node compressed (2.4x slower). An input edge gives at most two entries.
+# The phases follow one another, so the stage needs the largest of them: the lean CSR build
+# (16 B of keys an input edge + xadj and in-degrees), KaMinPar (plus the categories and
+# in-degrees it leaves alive), then the relabelling and METIS' repairs (~72 B a node).
+KAMINPAR_EDGE_BYTES = 24
+KAMINPAR_COMPRESSED_EDGE_BYTES = 13
+KAMINPAR_GRAPH_NODE_BYTES = 96 + 16
+KAMINPAR_CSR_EDGE_BYTES = 16
+KAMINPAR_CSR_NODE_BYTES = 16
 KAMINPAR_NODE_BYTES = 72
 KAMINPAR_FIXED = 160 << 20  # the CSR build's block temporaries (2M rows) and KaMinPar's own
 
@@ -108,15 +115,20 @@ def plan_run(
     # symmetric CSR, pymetis' copy and METIS' coarse graphs: the process tree peaked at 2.79 GiB
     # for 2^20 nodes / 10.5M edges, 0.64 GiB for 2^18 / 2.6M: ~265 B an input edge)
     key = "assignment" if assignment else method
-    per_node = {"random": 34, "fennel": 34 + 20 * num_parts, "metis": 120, "kaminpar": KAMINPAR_NODE_BYTES,
-                "assignment": 34}  # fmt: skip
-    per_edge = {"metis": METIS_EDGE_BYTES, "kaminpar": KAMINPAR_EDGE_BYTES}.get(key, 0)
-    fixed = KAMINPAR_FIXED if key == "kaminpar" else 0
-    assign_need = MAIN_BASE + fixed + per_node[key] * n + per_edge * e
+    per_node = {"random": 34, "fennel": 34 + 20 * num_parts, "metis": 120, "assignment": 34}
     compress = False
-    if key == "kaminpar" and assign_need > limit:  # the compressed graph, if that fits
-        compress = True
-        assign_need = MAIN_BASE + fixed + per_node[key] * n + max(KAMINPAR_COMPRESSED_EDGE_BYTES, 16) * e
+    if key == "kaminpar":
+        csr = KAMINPAR_CSR_EDGE_BYTES * e + KAMINPAR_CSR_NODE_BYTES * n
+        after = KAMINPAR_NODE_BYTES * n
+        solve = KAMINPAR_EDGE_BYTES * e + KAMINPAR_GRAPH_NODE_BYTES * n
+        assign_need = MAIN_BASE + KAMINPAR_FIXED + max(csr, solve, after)
+        if assign_need > limit:  # the compressed graph, if that fits
+            compress = True
+            solve = KAMINPAR_COMPRESSED_EDGE_BYTES * e + KAMINPAR_GRAPH_NODE_BYTES * n
+            assign_need = MAIN_BASE + KAMINPAR_FIXED + max(csr, solve, after)
+    else:
+        per_edge = METIS_EDGE_BYTES if key == "metis" else 0
+        assign_need = MAIN_BASE + per_node[key] * n + per_edge * e
     what = "--assignment files" if assignment else f"method {method!r}"
     if assign_need > limit:
         hint = {"metis": " or use --method kaminpar (less memory), fennel (streamed) or random",
