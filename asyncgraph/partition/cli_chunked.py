@@ -39,7 +39,7 @@ def add_chunked_options(ap: Parser) -> None:
         action="append",
         metavar="P=DIR",
         help="chunked input: write partition P into DIR/<graph>-part<P> (e.g. storage of the host "
-        "that serves it; the workers must see DIR); repeat per part",
+        "that serves it; the workers must see DIR, or only P's worker with --part-worker); repeat per part",
     )
     ap.add_argument(
         "--part-worker",

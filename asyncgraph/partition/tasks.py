@@ -1,4 +1,5 @@
-"""The chunk tasks of the out-of-core partitioner: shuffle, sort, copy rows (run on any worker).
+"""The chunk tasks of the out-of-core partitioner: shuffle, sort, copy rows (on any worker, or
+a part's pinned one).
 
 Every task is a top-level function of picklable arguments that reads its inputs from files and
 writes its outputs to files, so the same task runs inline, on a process pool or on a Dask
