@@ -10,7 +10,7 @@ from typing import Any
 from asyncgraph.cli import CliError, Parser
 from asyncgraph.partition.layout import config_file
 from asyncgraph.partition.memory import DEFAULT_FRACTION, format_size
-from asyncgraph.partition.reader import format_summary, summarize_partitions
+from asyncgraph.partition.reader import format_summary, summarize_part, summarize_partitions
 
 __all__ = ["add_chunked_options", "check_npz_options", "parse_part_dirs", "parse_part_workers", "run_chunked"]
 
@@ -138,5 +138,14 @@ def run_chunked(args: Any) -> int:
         file=sys.stderr,
     )
 
-    print(format_summary(summarize_partitions(config_file(args.out, name))))
+    cfg = config_file(args.out, name).absolute()
+    if pins:  # a pinned part's files may be on its worker's host only: summarised there
+        from asyncgraph.partition.placement import dask_client, on_part, resolve_part_workers
+
+        with dask_client(args.dask_scheduler) as client:
+            where = resolve_part_workers(client, pins, args.num_parts)
+            rows = [on_part(client, where, p, summarize_part, str(cfg), p) for p in range(args.num_parts)]
+    else:
+        rows = summarize_partitions(cfg)
+    print(format_summary(rows))
     return 0

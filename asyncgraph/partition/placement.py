@@ -14,7 +14,7 @@ import shutil
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 Specs = dict[str, tuple[str, tuple[int, ...]]]
+T = TypeVar("T")
 
 
 def build_dir(folder: Path, name: str, p: int) -> Path:
@@ -158,12 +159,12 @@ def dask_client(dask: Any) -> Iterator[Any]:
         client.close()  # type: ignore[no-untyped-call]
 
 
-def on_part(client: Any, pins: Mapping[int, str], p: int, fn: Callable[..., Any], *args: Any) -> None:
+def on_part(client: Any, pins: Mapping[int, str], p: int, fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` where part ``p``'s files live: its pinned worker, else this process."""
     if p in pins:
-        client.submit(fn, *args, pure=False, workers=[pins[p]], allow_other_workers=False).result()
-    else:
-        fn(*args)
+        out: T = client.submit(fn, *args, pure=False, workers=[pins[p]], allow_other_workers=False).result()
+        return out
+    return fn(*args)
 
 
 def check_part_dirs(dirs: Mapping[int, Any], num_parts: int, name: str, overwrite: bool, client: Any,

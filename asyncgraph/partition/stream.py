@@ -239,6 +239,8 @@ def partition_chunked(
     (each reads the input piece from shared storage). Checked against the cluster's workers
     before anything is written.
     """
+    if dask_scheduler is not None:  # Dask workers run in other folders (and on other hosts)
+        metadata, out_path = Path(metadata).absolute(), Path(out_path).absolute()
     g = read_metadata(Path(metadata))
     name = graph_name or g.graph_name
     if not name or "/" in name or name.startswith("."):
