@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -178,3 +179,26 @@ def test_bad_part_workers_nothing_written(
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], (extra, err)
         assert list(tmp_path.iterdir()) == [], extra
+
+
+def test_resume_after_a_kill_with_pinned_parts(
+    cora: Path, tmp_path: Path, cluster: tuple[Any, list[str]]
+) -> None:
+    """The CLI killed after the sort stage, then ``--resume``d with the same pins: the pinned
+    parts' half-built folders are picked up where they are, and the bytes equal the pool's."""
+    client, (wa, wb) = cluster
+    partition_chunked(cora, 2, tmp_path / "pool", part_method="random", workers=2, memory_limit="1GiB")
+    cmd = [sys.executable, "-m", "asyncgraph.partition", "--input", str(cora), "--num-parts", "2",
+           "--out", str(tmp_path / "dask"), "--method", "random", "--memory-limit", "1GiB",
+           "--dask-scheduler", client.scheduler.address, "--part-dir", f"0={tmp_path / 'hostA'}",
+           "--part-dir", f"1={tmp_path / 'hostB'}", "--part-worker", f"0={wa}",
+           "--part-worker", f"1={wb}"]  # fmt: skip
+    env = {**os.environ, "ASYNCGRAPH_PARTITION_KILL_AFTER": "sort"}
+    killed = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert (tmp_path / "hostB" / ".cora-part1.work" / "indices.npy").is_file()  # left for --resume
+    res = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "resumed after assign, shuffle, sort" in res.stderr
+    same_tree(tmp_path / "pool" / "part0", tmp_path / "hostA" / "cora-part0")
+    same_tree(tmp_path / "pool" / "part1", tmp_path / "hostB" / "cora-part1")
