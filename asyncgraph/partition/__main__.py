@@ -3,7 +3,9 @@
 ``--input DIR/metadata.json`` reads DGL's chunked graph format instead and partitions it out of
 core within ``--memory-limit`` on ``--workers`` processes (or a Dask cluster,
 ``--dask-scheduler``); ``--assignment DIR`` takes DGL's ``<ntype>.txt`` assignment files;
-``--resume`` restarts a killed chunked run after its last finished stage.
+``--resume`` restarts a killed chunked run after its last finished stage; ``--part-dir P=DIR``
+writes partition P into DIR, and ``--part-worker P=ADDRESS`` writes it from that Dask worker only
+(so DIR may be that host's local disk).
 
 Prints stage timings to stderr while it works and a per-partition summary table at the end.
 Writes ``orig_nids.npy``/``orig_eids.npy`` beside the config (``orig_nids[new_id] == input ID``;

@@ -10,11 +10,13 @@ from typing import Any
 from asyncgraph.cli import CliError, Parser
 from asyncgraph.partition.layout import config_file
 from asyncgraph.partition.memory import DEFAULT_FRACTION, format_size
-from asyncgraph.partition.reader import format_summary, summarize_partitions
+from asyncgraph.partition.reader import format_summary, summarize_part, summarize_partitions
 
-__all__ = ["add_chunked_options", "check_npz_options", "parse_part_dirs", "run_chunked"]
+__all__ = ["add_chunked_options", "check_npz_options", "parse_part_dirs", "parse_part_workers", "run_chunked"]
 
-CHUNKED_ONLY = ("memory_limit", "workers", "assignment", "resume", "dask_scheduler", "part_dir")
+CHUNKED_ONLY = (
+    "memory_limit", "workers", "assignment", "resume", "dask_scheduler", "part_dir", "part_worker",
+)  # fmt: skip
 
 
 def add_chunked_options(ap: Parser) -> None:
@@ -37,7 +39,15 @@ def add_chunked_options(ap: Parser) -> None:
         action="append",
         metavar="P=DIR",
         help="chunked input: write partition P into DIR/<graph>-part<P> (e.g. storage of the host "
-        "that serves it; the workers must see DIR); repeat per part",
+        "that serves it; the workers must see DIR, or only P's worker with --part-worker); repeat per part",
+    )
+    ap.add_argument(
+        "--part-worker",
+        action="append",
+        metavar="P=ADDRESS",
+        help="with --dask-scheduler: run every task writing partition P on this Dask worker only "
+        "(an address such as tcp://10.0.0.2:40000, or a 'dask worker --name'), so its --part-dir "
+        "may be a local disk of that host; repeat per part",
     )
 
 
@@ -53,6 +63,24 @@ def parse_part_dirs(items: list[str] | None, num_parts: int) -> dict[int, Path]:
         if int(p) in out:
             raise CliError(f"--part-dir {item!r}: part {p} is given twice")
         out[int(p)] = Path(d)
+    return out
+
+
+def parse_part_workers(items: list[str] | None, num_parts: int, scheduler: str | None) -> dict[int, str]:
+    """``["0=tcp://a:1", "1=hostb"]`` -> ``{0: "tcp://a:1", 1: "hostb"}``, or a CLI error naming
+    the item (whether each worker is in the cluster is checked once connected)."""
+    if items and scheduler is None:
+        raise CliError("--part-worker needs --dask-scheduler: it pins parts to workers of that cluster")
+    out: dict[int, str] = {}
+    for item in items or []:
+        p, sep, w = item.partition("=")
+        if not sep or not p.strip().isdigit() or not w.strip():
+            raise CliError(f"--part-worker {item!r}: expected P=ADDRESS, e.g. 0=tcp://10.0.0.2:40000")
+        if not 0 <= int(p) < num_parts:
+            raise CliError(f"--part-worker {item!r}: part {p} is not in [0, {num_parts})")
+        if int(p) in out:
+            raise CliError(f"--part-worker {item!r}: part {p} is given twice")
+        out[int(p)] = w.strip()
     return out
 
 
@@ -78,6 +106,8 @@ def run_chunked(args: Any) -> int:
         raise CliError(f"--workers must be at least 1, got {args.workers}")
     if args.assignment is not None and not args.assignment.is_dir():
         raise CliError(f"--assignment {args.assignment} is not a folder")
+    pins = parse_part_workers(args.part_worker, args.num_parts, args.dask_scheduler)
+    dirs = parse_part_dirs(args.part_dir, args.num_parts)
     name = args.graph_name or read_metadata(args.input).graph_name
     t0 = time.perf_counter()
     report = partition_chunked(
@@ -96,7 +126,8 @@ def run_chunked(args: Any) -> int:
         overwrite=args.overwrite,
         resume=args.resume,
         progress=True,
-        part_dirs=parse_part_dirs(args.part_dir, args.num_parts),
+        part_dirs=dirs,
+        part_workers=pins,
     )
     stages = ", ".join(f"{k} {v:.2f} s" for k, v in report.seconds.items())
     print(
@@ -107,5 +138,14 @@ def run_chunked(args: Any) -> int:
         file=sys.stderr,
     )
 
-    print(format_summary(summarize_partitions(config_file(args.out, name))))
+    cfg = config_file(args.out, name).absolute()
+    if pins:  # a pinned part's files may be on its worker's host only: summarised there
+        from asyncgraph.partition.placement import dask_client, on_part, resolve_part_workers
+
+        with dask_client(args.dask_scheduler) as client:
+            where = resolve_part_workers(client, pins, args.num_parts)
+            rows = [on_part(client, where, p, summarize_part, str(cfg), p) for p in range(args.num_parts)]
+    else:
+        rows = summarize_partitions(cfg)
+    print(format_summary(rows))
     return 0

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from asyncgraph.partition.tasks import REC, Ctx, IdArray, _part_of, _write_rows_at, preallocate
+from asyncgraph.partition.tasks import REC, Ctx, IdArray, _part_of, _write_rows_at
 
-__all__ = ["csc_block", "plan_sort", "preallocate_csc", "sort_range"]
+__all__ = ["csc_block", "plan_sort", "sort_range"]
 
 Slice = tuple[int, int, int]  # (shuffle task, first record in its spill file, records)
 
@@ -86,18 +86,6 @@ def csc_block(rec: np.ndarray[Any, Any], n0: int, n_local: int, n: int) -> tuple
         src_out[at:b] = key.view(np.int64)
         at = b
     return deg, src_out, eid_out
-
-
-def preallocate_csc(ctx: Ctx) -> None:
-    """The parts' ``indptr``/``indices``/``eids`` and ``orig_eids.npy``, sparse, for the tasks to fill."""
-    for p in range(ctx.num_parts):
-        d = ctx.pdir(p)
-        nodes = ctx.node_bounds[p + 1] - ctx.node_bounds[p]
-        edges = ctx.edge_bounds[p + 1] - ctx.edge_bounds[p]
-        preallocate(d / "indptr.npy", np.int64, (nodes + 1,))
-        for path in (d / "indices.npy", d / "eids.npy"):
-            preallocate(path, np.int64, (edges,))
-    preallocate(ctx.oeids_file, np.int64, (ctx.edge_bounds[-1],))
 
 
 def load_counts(ctx: Ctx, tasks: int) -> list[IdArray]:
@@ -224,4 +212,3 @@ def _sort_external(ctx: Ctx, p: int, lo: int, hi: int, e_off: int, slices: list[
         _write_rows_at(ctx.oeids_file, ctx.edge_bounds[p] + at, eid)
         at += rec.shape[0]
     return deg
-

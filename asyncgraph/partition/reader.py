@@ -204,22 +204,23 @@ def summarize_partitions(part_config: str | os.PathLike[str]) -> list[dict[str, 
     ``remote_src_edges`` counts owned edges whose source is owned by another partition.
     """
     config = PartitionConfig.load(Path(part_config))
-    rows: list[dict[str, int]] = []
-    for p in range(config.num_parts):
-        part = load_partition(part_config, p)
-        n0, n1 = part.node_range
-        remote = int(np.count_nonzero((part.indices < n0) | (part.indices >= n1)))
-        train = part.node_feats.get("train_mask")
-        rows.append(
-            {
-                "part_id": p,
-                "owned_nodes": part.num_owned_nodes,
-                "in_edges": part.num_owned_edges,
-                "train_nodes": int(np.count_nonzero(train)) if train is not None else 0,
-                "remote_src_edges": remote,
-            }
-        )
-    return rows
+    return [summarize_part(part_config, p) for p in range(config.num_parts)]
+
+
+def summarize_part(part_config: str | os.PathLike[str], p: int) -> dict[str, int]:
+    """Partition ``p``'s row of :func:`summarize_partitions` (a task on the host that holds the
+    part's files when they are on its local disk: ``--part-worker``)."""
+    part = load_partition(part_config, p)
+    n0, n1 = part.node_range
+    remote = int(np.count_nonzero((part.indices < n0) | (part.indices >= n1)))
+    train = part.node_feats.get("train_mask")
+    return {
+        "part_id": p,
+        "owned_nodes": part.num_owned_nodes,
+        "in_edges": part.num_owned_edges,
+        "train_nodes": int(np.count_nonzero(train)) if train is not None else 0,
+        "remote_src_edges": remote,
+    }
 
 
 def format_summary(rows: list[dict[str, int]]) -> str:

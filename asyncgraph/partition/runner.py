@@ -5,13 +5,20 @@ order, with a tqdm bar per stage (tasks, bytes read and written, ETA) when ``pro
 Workers are spawned, not forked: a forked worker would share (and be charged for) the main
 process' pages. With a Dask scheduler address (or a ``distributed.Client``) the same tasks go to
 the cluster's workers, which must see the input and the work folder on shared storage.
+
+``pins`` (``--part-worker P=ADDRESS``) pins partition ``P``'s tasks to one Dask worker: a task
+given ``parts[i] == P`` runs there only (``workers=[ADDRESS]``, ``allow_other_workers=False``),
+so ``P``'s files may live on that worker's local disk; its key names the part
+(``<stage>-p<P>-<i>-<token>``). :meth:`Runner.at_parts` runs the small per-part set-up steps
+(folders, preallocation) on the pinned worker, or in this process for a part without one.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import sys
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from types import TracebackType
 from typing import Any
@@ -24,10 +31,13 @@ __all__ = ["Runner"]
 class Runner:
     """Runs chunk tasks on ``workers`` processes (inline when 1) or on a Dask cluster."""
 
-    def __init__(self, workers: int, dask: Any = None, progress: bool = False) -> None:
+    def __init__(
+        self, workers: int, dask: Any = None, progress: bool = False, pins: Mapping[int, str] | None = None
+    ) -> None:
         self.workers = workers
         self.dask = dask
         self.progress = progress
+        self.pins = dict(pins or {})
         self._pool: ProcessPoolExecutor | None = None
         self._client: Any = None
         self._own_client = False
@@ -59,11 +69,13 @@ class Runner:
         args: Sequence[tuple[Any, ...]],
         stage: str,
         sizes: Sequence[int] | None = None,
+        parts: Sequence[int | None] | None = None,
     ) -> list[tuple[int, int]]:
         """``[fn(*a) for a in args]``, run where this runner runs tasks; the first error is raised.
 
         ``sizes``: the input bytes of each task, so the stage's bar counts bytes (rate, ETA)
-        rather than tasks.
+        rather than tasks. ``parts``: the partition whose files each task writes (None: only
+        shared files), so a pinned part's tasks go to its worker and their keys name it.
         """
         bar = None
         if self.progress:
@@ -88,7 +100,7 @@ class Runner:
             if self._client is not None:
                 from distributed import as_completed as dask_completed
 
-                futs = [self._client.submit(fn, *a, pure=False) for a in args]
+                futs = self._submit(fn, args, stage, parts)
                 index = {f.key: i for i, f in enumerate(futs)}
                 out: list[Any] = [None] * len(futs)
                 for f in dask_completed(futs):  # type: ignore[no-untyped-call]
@@ -109,3 +121,33 @@ class Runner:
             if bar is not None:
                 bar.close()
         return results
+
+    def at_parts(self, fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], parts: Sequence[int],
+                 stage: str) -> None:  # fmt: skip
+        """``fn(*a)`` for each part's set-up: on the part's pinned worker, else in this process.
+
+        Without pins this is what the partitioner always did (the main process creates the
+        parts' folders and preallocates their files); a pinned part's folder may exist only on
+        its worker's host, so its set-up runs there.
+        """
+        remote = [i for i, p in enumerate(parts) if p in self.pins]
+        futs = self._submit(fn, [args[i] for i in remote], stage, [parts[i] for i in remote])
+        for i, p in enumerate(parts):
+            if p not in self.pins:
+                fn(*args[i])
+        for f in futs:
+            f.result()
+
+    def _submit(self, fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], stage: str,
+                parts: Sequence[int | None] | None) -> list[Any]:  # fmt: skip
+        """Dask futures of ``fn(*a)``; a task of a pinned part goes to its worker only."""
+        token = uuid.uuid4().hex[:12]
+        slug = stage.replace(" ", "_")
+        futs = []
+        for i, a in enumerate(args):
+            p = parts[i] if parts is not None else None
+            key = f"{slug}-{i}-{token}" if p is None else f"{slug}-p{p}-{i}-{token}"
+            where = [self.pins[p]] if p is not None and p in self.pins else None
+            futs.append(self._client.submit(fn, *a, pure=False, key=key, workers=where,
+                                            allow_other_workers=False))  # fmt: skip
+        return futs

@@ -15,11 +15,14 @@ marker, so ``resume=True`` restarts after the last finished one):
 
 The work folder is ``.<out>.work`` beside ``out``; the output appears only by that final
 rename, so nothing half-written is ever taken for output. Tasks run inline, on a process pool
-(``workers``) or on a Dask cluster (``dask_scheduler``): see :mod:`asyncgraph.partition.runner`.
+(``workers``) or on a Dask cluster (``dask_scheduler``): see :mod:`asyncgraph.partition.runner`;
+``part_dirs`` and ``part_workers`` place each partition's files: see
+:mod:`asyncgraph.partition.placement`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -38,11 +41,23 @@ from asyncgraph.errors import InvalidRequestError
 from asyncgraph.names import ETYPE, NTYPE, TYPE_EID
 from asyncgraph.partition.assign_stream import assign_chunked
 from asyncgraph.partition.chunked import ChunkedGraph, read_metadata
-from asyncgraph.partition.csc_sort import load_counts, part_sizes, plan_sort, preallocate_csc, sort_range
+from asyncgraph.partition.csc_sort import load_counts, part_sizes, plan_sort, sort_range
 from asyncgraph.partition.memory import PeakSampler, default_memory_limit, format_size, parse_size
 from asyncgraph.partition.output import check_out_path, commit, pid_alive
+from asyncgraph.partition.placement import (
+    build_dir,
+    check_part_dirs,
+    dask_client,
+    on_part,
+    preallocate_feats,
+    prepare_part,
+    remove_tree,
+    resolve_part_workers,
+    split_by_pin,
+    write_ntype_part,
+)
 from asyncgraph.partition.runner import Runner
-from asyncgraph.partition.stream_meta import finalize, tensor_specs, type_edges_before, write_ntypes
+from asyncgraph.partition.stream_meta import finalize, tensor_specs, type_edges_before
 from asyncgraph.partition.tasks import (
     Ctx,
     copy_edge_rows,
@@ -216,6 +231,7 @@ def partition_chunked(
     resume: bool = False,
     progress: bool = False,
     part_dirs: Mapping[int, str | os.PathLike[str]] | None = None,
+    part_workers: Mapping[int, str] | None = None,
 ) -> RunReport:
     """Partition the chunked graph of ``metadata`` (DGL's format) under ``memory_limit``.
 
@@ -227,8 +243,16 @@ def partition_chunked(
     ``part_dirs`` (``--part-dir P=DIR``): partition ``P``'s files are written straight into
     ``DIR/<graph_name>-part<P>`` (e.g. on the storage of the host that will serve it; the
     workers writing it must see ``DIR``), built in a hidden sibling and renamed into place by a
-    task at the end; the JSON config lists that absolute path.
+    task at the end; the JSON config lists that absolute path. ``part_workers``
+    (``--part-worker P=ADDRESS``, with ``dask_scheduler``): every task writing partition ``P``'s
+    files (its folders, preallocation, sort, feature rows, type tensors, the final rename) runs
+    on that Dask worker only (an address or a ``dask worker --name``), so ``P``'s ``part_dirs``
+    folder may exist on that worker's host alone; feature copies then run once per pinned part
+    (each reads the input piece from shared storage). Checked against the cluster's workers
+    before anything is written.
     """
+    if dask_scheduler is not None:  # Dask workers run in other folders (and on other hosts)
+        metadata, out_path = Path(metadata).absolute(), Path(out_path).absolute()
     g = read_metadata(Path(metadata))
     name = graph_name or g.graph_name
     if not name or "/" in name or name.startswith("."):
@@ -251,11 +275,24 @@ def partition_chunked(
         raise InvalidRequestError(f"workers must be at least 1, got {workers}")
     if dask_scheduler is not None:
         nworkers = max(1, nworkers)
+    if part_workers and dask_scheduler is None:
+        raise InvalidRequestError("--part-worker needs --dask-scheduler: it pins parts to Dask workers")
     nw = 1 if dask_scheduler is not None else nworkers
     plan = plan_run(g, part_method, limit, nw, assignment is not None, num_parts)
     out = Path(out_path)
     check_out_path(out, overwrite)
-    placed = _check_part_dirs(part_dirs or {}, num_parts, name, overwrite)
+    with dask_client(dask_scheduler) as client:
+        pins = resolve_part_workers(client, part_workers, num_parts) if part_workers else {}
+        placed = check_part_dirs(part_dirs or {}, num_parts, name, overwrite, client, pins)
+        return _partition(g, name, num_parts, out, placed, pins, client, limit, plan, part_method, assignment,
+                          balance_train, balance_edges, seed, resume, progress)  # fmt: skip
+
+
+def _partition(g: ChunkedGraph, name: str, num_parts: int, out: Path, placed: dict[int, Path],
+               pins: dict[int, str], client: Any, limit: int, plan: Plan, part_method: str, assignment: Any,
+               balance_train: bool, balance_edges: bool, seed: int, resume: bool,
+               progress: bool) -> RunReport:  # fmt: skip
+    """The run, once its options are checked: work folder, stages, cleanup after a failure."""
     opts = {"parts": num_parts, "method": part_method, "assignment": str(assignment), "seed": seed,
             "train": balance_train, "edges": balance_edges, "name": name,
             "part_dirs": {str(p): str(d) for p, d in sorted(placed.items())},
@@ -266,15 +303,14 @@ def partition_chunked(
     report = RunReport({}, 0, limit, 0, 0, [])
     try:
         with PeakSampler() as sampler:
-            _run(
-                g, name, num_parts, out, work, state, plan, report, opts, assignment, dask_scheduler, progress
-            )
+            _run(g, name, num_parts, out, work, state, plan, report, opts, assignment, client, progress, pins)
         report.peak = sampler.peak
     except BaseException:
         if not resume:
             shutil.rmtree(work, ignore_errors=True)
             for p in placed:
-                shutil.rmtree(_build_dir(placed[p], name, p), ignore_errors=True)
+                with contextlib.suppress(Exception):  # best effort: the run's own error is what matters
+                    on_part(client, pins, p, remove_tree, str(build_dir(placed[p], name, p)))
         raise
     shutil.rmtree(work, ignore_errors=True)
     return report
@@ -282,7 +318,7 @@ def partition_chunked(
 
 def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, state: dict[str, Any],
          plan: Plan, report: RunReport, opts: dict[str, Any], assignment: Any, dask: Any,
-         progress: bool) -> None:  # fmt: skip
+         progress: bool, pins: dict[int, str]) -> None:  # fmt: skip
     done: list[str] = state["done"]
 
     def finish(stage: str, t0: float, **extra: Any) -> None:
@@ -308,9 +344,10 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
         bounds, tcounts = assign_chunked(g, num_parts, work, opts, assignment, plan, progress)
         finish("assign", t0, node_bounds=bounds, type_counts=tcounts)
     dirs = {int(p): Path(d) for p, d in opts["part_dirs"].items()}
-    build = tuple(str(_build_dir(dirs[p], name, p)) if p in dirs else "" for p in range(num_parts))
+    build = tuple(str(build_dir(dirs[p], name, p)) if p in dirs else "" for p in range(num_parts))
     ctx = Ctx(g, work, num_parts, tuple(state["node_bounds"]), part_build=build)
-    with Runner(plan.workers, dask, progress) as run:
+    parts = list(range(num_parts))
+    with Runner(plan.workers, dask, progress, pins) as run:
         if not skip("shuffle"):
             t0 = time.perf_counter()
             shutil.rmtree(work / "spill", ignore_errors=True)
@@ -331,17 +368,14 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
             t0 = time.perf_counter()
             shutil.rmtree(work / "sorted", ignore_errors=True)
             (work / "sorted").mkdir()
-            for p in range(num_parts):
-                if p in dirs:
-                    shutil.rmtree(ctx.pdir(p), ignore_errors=True)
-                (ctx.pdir(p) / "node_feat").mkdir(parents=True, exist_ok=True)
-                (ctx.pdir(p) / "edge_feat").mkdir(exist_ok=True)
-            preallocate_csc(ctx)
+            run.at_parts(prepare_part, [(ctx, p, p in dirs) for p in parts], parts, "prepare")
+            preallocate(ctx.oeids_file, np.int64, (ctx.edge_bounds[-1],))
             e_all = int(g.edge_offsets()[-1])
             target = max(MIN_ROWS, min(plan.sort_edges, -(-e_all // (4 * plan.workers))))  # all busy
             stasks = plan_sort(ctx, load_counts(ctx, int(state["shuffle_tasks"])), target)
             _count(report, run.map(sort_range, [(*a, plan.sort_edges) for a in stasks], "sort",
-                                   [sum(x[2] for x in a[5]) * ctx.rec_bytes for a in stasks]))  # fmt: skip
+                                   [sum(x[2] for x in a[5]) * ctx.rec_bytes for a in stasks],
+                                   [a[1] for a in stasks]))  # fmt: skip
             shutil.rmtree(work / "spill", ignore_errors=True)
             shutil.rmtree(work / "buckets", ignore_errors=True)
             finish("sort", t0)
@@ -349,14 +383,8 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
         if not skip("node data"):
             t0 = time.perf_counter()
             ntasks: list[tuple[Any, ...]] = []
-            for fname, (dtype, shape) in nspecs.items():
-                if fname == NTYPE:
-                    continue
-                for p in range(num_parts):
-                    rows = ctx.node_bounds[p + 1] - ctx.node_bounds[p]
-                    preallocate(
-                        ctx.pdir(p) / "node_feat" / f"{fname}.npy", dtype, (rows, *shape)
-                    )
+            pre = [(ctx, p, "node", nspecs, (NTYPE,)) for p in parts]
+            run.at_parts(preallocate_feats, pre, parts, "node files")
             for t, feats in g.node_data.items():
                 for fname, chunks in feats.items():
                     for ci, ch in enumerate(chunks):
@@ -364,10 +392,12 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
                         ntasks += [
                             (ctx, t, fname, ci, lo, min(ch.rows, lo + step)) for lo in range(0, ch.rows, step)
                         ]
+            ntasks, nparts = split_by_pin(ntasks, num_parts, pins)
             nbytes = [(a[5] - a[4]) * g.node_data[a[1]][a[2]][a[3]].row_bytes for a in ntasks]
-            _count(report, run.map(copy_node_rows, ntasks, "node data", nbytes))
+            _count(report, run.map(copy_node_rows, ntasks, "node data", nbytes, nparts))
             if hetero:
-                write_ntypes(ctx, state["type_counts"], plan.edge_rows)
+                args = [(ctx, p, state["type_counts"][p], plan.edge_rows) for p in parts]
+                run.at_parts(write_ntype_part, args, parts, "node types")
             finish("node data", t0)
         if not skip("edge data"):
             t0 = time.perf_counter()
@@ -379,14 +409,8 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
                     run.map(map_edges, [(ctx, p, plan.edge_rows) for p in range(num_parts)], "edge map"),
                 )
                 etasks: list[tuple[Any, ...]] = []
-                for fname, (dtype, shape) in especs.items():
-                    if fname in (ETYPE, TYPE_EID):
-                        continue
-                    for p in range(num_parts):
-                        rows = ctx.edge_bounds[p + 1] - ctx.edge_bounds[p]
-                        preallocate(
-                            ctx.pdir(p) / "edge_feat" / f"{fname}.npy", dtype, (rows, *shape)
-                        )
+                epre = [(ctx, p, "edge", especs, (ETYPE, TYPE_EID)) for p in parts]
+                run.at_parts(preallocate_feats, epre, parts, "edge files")
                 for c, feats in g.edge_data.items():
                     r = g.canonical_etypes.index(c)
                     for fname, chunks in feats.items():
@@ -396,40 +420,22 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
                                 (ctx, r, fname, ci, lo, min(ch.rows, lo + step))
                                 for lo in range(0, ch.rows, step)
                             ]
+                etasks, eparts = split_by_pin(etasks, num_parts, pins)
                 ebytes = [(a[5] - a[4]) * g.edge_data[g.canonical_etypes[a[1]]][a[2]][a[3]].row_bytes
                           for a in etasks]  # fmt: skip
-                _count(report, run.map(copy_edge_rows, etasks, "edge data", ebytes))
+                _count(report, run.map(copy_edge_rows, etasks, "edge data", ebytes, eparts))
             if hetero:
                 before = type_edges_before(ctx, plan.edge_rows)
-                args = [(ctx, p, plan.edge_rows, before[p]) for p in range(num_parts)]
-                _count(report, run.map(write_type_tensors, args, "edge types"))
+                targs = [(ctx, p, plan.edge_rows, before[p]) for p in parts]
+                _count(report, run.map(write_type_tensors, targs, "edge types", parts=parts))
             finish("edge data", t0)
         t0 = time.perf_counter()
         finals = [str(dirs[p] / f"{name}-part{p}") if p in dirs else "" for p in range(num_parts)]
         finalize(ctx, name, opts, nspecs, especs, state, plan.edge_rows, finals)
-        run.map(commit_part, [(ctx.part_build[p], finals[p]) for p in sorted(dirs)], "place parts")
+        placed = sorted(dirs)
+        run.map(commit_part, [(ctx.part_build[p], finals[p]) for p in placed], "place parts", parts=placed)
         commit(work / "out", out)
         report.seconds["commit"] = time.perf_counter() - t0
-
-
-def _build_dir(folder: Path, name: str, p: int) -> Path:
-    return folder / f".{name}-part{p}.work"
-
-
-def _check_part_dirs(dirs: Mapping[int, Any], num_parts: int, name: str, overwrite: bool) -> dict[int, Path]:
-    """``part_dirs`` checked (part IDs in range, folders absolute, no finished part in the way)."""
-    out: dict[int, Path] = {}
-    for p, d in dirs.items():
-        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < num_parts:
-            raise InvalidRequestError(f"--part-dir: part {p!r} is not a part ID in [0, {num_parts})")
-        folder = Path(d).absolute()
-        if folder.exists() and not folder.is_dir():
-            raise InvalidRequestError(f"--part-dir {p}={d}: {folder} exists and is not a folder")
-        final = folder / f"{name}-part{p}"
-        if final.exists() and not overwrite:
-            raise InvalidRequestError(f"--part-dir {p}={d}: {final} exists; pass overwrite to replace it")
-        out[p] = folder
-    return out
 
 
 def commit_part(build: str, final: str) -> tuple[int, int]:

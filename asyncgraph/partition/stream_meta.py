@@ -14,9 +14,9 @@ from asyncgraph.names import ETYPE, NTYPE, TYPE_EID
 from asyncgraph.partition.chunked import ChunkedGraph
 from asyncgraph.partition.config import PartitionConfig, PartSpec, TensorSpec
 from asyncgraph.partition.layout import ORIG_EIDS_FILE, ORIG_NIDS_FILE, config_file, part_dir_name
-from asyncgraph.partition.tasks import Ctx, NpyWriter
+from asyncgraph.partition.tasks import Ctx
 
-__all__ = ["finalize", "tensor_specs", "type_edges_before", "write_ntypes"]
+__all__ = ["finalize", "tensor_specs", "type_edges_before"]
 
 
 def tensor_specs(
@@ -33,16 +33,6 @@ def tensor_specs(
     ed[ETYPE] = ("int64", ())
     ed[TYPE_EID] = ("int64", ())
     return nd, ed
-
-
-def write_ntypes(ctx: Ctx, type_counts: list[list[int]], rows: int) -> None:
-    """Node tensor ``_TYPE`` of every part: nodes are type-major inside a part."""
-    for p, counts in enumerate(type_counts):
-        w = NpyWriter(ctx.pdir(p) / "node_feat" / f"{NTYPE}.npy", np.int64, (sum(counts),))
-        for t, k in enumerate(counts):
-            for a in range(0, k, rows):
-                w.write(np.full(min(rows, k - a), t, dtype=np.int64))
-        w.close()
 
 
 def type_edges_before(ctx: Ctx, rows: int) -> list[list[int]]:
@@ -71,7 +61,7 @@ def finalize(
     absolute path (``--part-dir``), the others as ``part<p>`` beside the config."""
     g = ctx.graph
     e = int(g.edge_offsets()[-1])
-    # orig_eids.npy: written in place by the sort tasks (csc_sort.preallocate_csc)
+    # orig_eids.npy: preallocated by the sort stage, written in place by the sort tasks
     nb, eb = ctx.node_bounds, ctx.edge_bounds
     specs = [PartSpec(part_id=p, node_range=(nb[p], nb[p + 1]), edge_range=(eb[p], eb[p + 1]),
                       path=final_dirs[p] or part_dir_name(p)) for p in range(ctx.num_parts)]  # fmt: skip

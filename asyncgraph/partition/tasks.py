@@ -1,4 +1,5 @@
-"""The chunk tasks of the out-of-core partitioner: shuffle, sort, copy rows (run on any worker).
+"""The chunk tasks of the out-of-core partitioner: shuffle, sort, copy rows (on any worker, or
+a part's pinned one).
 
 Every task is a top-level function of picklable arguments that reads its inputs from files and
 writes its outputs to files, so the same task runs inline, on a process pool or on a Dask
@@ -204,12 +205,14 @@ def _write_rows_at(path: Path, start: int, rows: np.ndarray[Any, Any]) -> None:
         os.pwrite(f.fileno(), data, f.tell() + start * row_bytes)
 
 
-def copy_node_rows(ctx: Ctx, key: str, name: str, ci: int, lo: int, hi: int) -> tuple[int, int]:
+def copy_node_rows(ctx: Ctx, key: str, name: str, ci: int, lo: int, hi: int,
+                   parts: tuple[int, ...] | None = None) -> tuple[int, int]:  # fmt: skip
     """Copy rows ``[lo, hi)`` of node-data chunk ``ci`` of ``key/name`` into the parts' files.
 
     Nodes are ordered by (part, type, ID) in the output, so a chunk's rows of one part land in
-    one contiguous run: the rows are gathered once from the memory-mapped chunk in part order
-    and written with one ``pwrite`` per part.
+    one contiguous run: each part's rows are gathered from the memory-mapped chunk and written
+    with one ``pwrite``. ``parts``: write only these parts' rows (``--part-worker``: one task
+    per pinned part, on its worker), reading only those rows; None: every part.
     """
     g = ctx.graph
     chunk = g.node_data[key][name][ci]
@@ -219,21 +222,25 @@ def copy_node_rows(ctx: Ctx, key: str, name: str, ci: int, lo: int, hi: int) -> 
     order = np.argsort(part, kind="stable")
     counts = np.bincount(part, minlength=ctx.num_parts)
     src = np.load(chunk.path, mmap_mode="r")
-    order += lo
-    rows = np.take(src, order, axis=0)
-    del src
     first = np.cumsum(counts) - counts
+    moved = 0
     for p in np.flatnonzero(counts).tolist():
+        if parts is not None and p not in parts:
+            continue
         a, k = int(first[p]), int(counts[p])
-        start = int(new[order[a] - lo]) - ctx.node_bounds[p]
-        _write_rows_at(ctx.pdir(p) / "node_feat" / f"{name}.npy", start, rows[a : a + k])
-    return rows.nbytes, rows.nbytes
+        rows = np.take(src, order[a : a + k] + lo, axis=0)
+        start = int(new[order[a]]) - ctx.node_bounds[p]
+        _write_rows_at(ctx.pdir(p) / "node_feat" / f"{name}.npy", start, rows)
+        moved += rows.nbytes
+    return moved, moved
 
 
-def copy_edge_rows(ctx: Ctx, key: int, name: str, ci: int, lo: int, hi: int) -> tuple[int, int]:
+def copy_edge_rows(ctx: Ctx, key: int, name: str, ci: int, lo: int, hi: int,
+                   parts: tuple[int, ...] | None = None) -> tuple[int, int]:  # fmt: skip
     """Copy rows ``[lo, hi)`` of edge-data chunk ``ci`` of edge type ``key`` into the parts' files.
 
     Edge rows land at scattered positions (CSC order), so they are written through a memory map.
+    ``parts``: write only these parts' rows (``--part-worker``); the piece is still read whole.
     """
     g = ctx.graph
     canon = g.canonical_etypes[key]
@@ -242,13 +249,17 @@ def copy_edge_rows(ctx: Ctx, key: int, name: str, ci: int, lo: int, hi: int) -> 
     e = np.arange(lo, hi, dtype=np.int64) + (int(g.edge_offsets()[key]) + chunk.start)
     new = np.asarray(np.load(ctx.work / "new_eid.npy", mmap_mode="r")[e])
     part = _part_of(ctx.edge_bounds, new)
+    written = 0
     for p in np.unique(part).tolist():
+        if parts is not None and p not in parts:
+            continue
         sel = part == p
         out = np.load(ctx.pdir(p) / "edge_feat" / f"{name}.npy", mmap_mode="r+")
         out[new[sel] - ctx.edge_bounds[p]] = rows[sel]
         out.flush()
         del out
-    return rows.nbytes, rows.nbytes
+        written += int(np.count_nonzero(sel)) * (rows.nbytes // max(1, rows.shape[0]))
+    return rows.nbytes, written
 
 
 def map_edges(ctx: Ctx, p: int, rows: int) -> tuple[int, int]:
