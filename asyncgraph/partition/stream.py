@@ -83,14 +83,15 @@ METIS_EDGE_BYTES = 280  # pymetis 2025.2, measured (see plan_run)
 # graph: 4.19M nodes, 42.8M entries, 864 / 632 MiB) is ~12 B an entry + ~96 B a node plain and
 # ~6.2 B an entry + ~95 B a node compressed (2.4x slower). An input edge gives at most two entries.
 # The phases follow one another, so the stage needs the largest of them: the lean CSR build
-# (16 B of keys an input edge + xadj and in-degrees), KaMinPar (plus the categories and
-# in-degrees it leaves alive), then the relabelling and METIS' repairs (~72 B a node).
+# (16 B of keys an input edge + xadj, in-degrees, the degree order and its inverse), KaMinPar
+# (plus the categories, in-degrees and order it leaves alive), then the relabelling and METIS'
+# repairs (~72 B a node, + 16 B of categories and in-degrees in the file's numbering).
 KAMINPAR_EDGE_BYTES = 24
 KAMINPAR_COMPRESSED_EDGE_BYTES = 13
-KAMINPAR_GRAPH_NODE_BYTES = 96 + 16
+KAMINPAR_GRAPH_NODE_BYTES = 96 + 24
 KAMINPAR_CSR_EDGE_BYTES = 16
-KAMINPAR_CSR_NODE_BYTES = 16
-KAMINPAR_NODE_BYTES = 72
+KAMINPAR_CSR_NODE_BYTES = 40
+KAMINPAR_NODE_BYTES = 88
 KAMINPAR_FIXED = 160 << 20  # the CSR build's block temporaries (2M rows) and KaMinPar's own
 
 
