@@ -93,6 +93,12 @@ def _structure(g: ChunkedGraph, block_rows: int) -> Graph:
     return Graph(int(noff[-1]), src, dst)
 
 
+# KaMinPar's graph at its peak, a symmetric adjacency entry (fitted on measured peaks, see
+# stream.py): ~12 B as given; renumbered by decreasing degree it ran 18-36% faster but took up to
+# ~12.9 B on R-MAT 2^24 (6.06 GiB of a 6 GiB limit against 4.75 GiB unordered), so the degree
+# order is used only where 16 B an entry fits.
+KAMINPAR_ENTRY_BYTES = 12
+KAMINPAR_ORDERED_ENTRY_BYTES = 16
 KAMINPAR_PRESET = "jet"  # R-MAT 4-way, 2 threads: 2^18 cut 20.5% in 3.3 s (fm 17.4%, 4.8 s; METIS 25.9%)
 
 
@@ -180,15 +186,17 @@ def write_parhip(path: Path, xadj: IdArray, adj: IdArray, rows: int = 1 << 22,
 
 
 def _kaminpar_parts(g: ChunkedGraph, k: int, cats: IdArray | None, balance_edges: bool, seed: int,
-                    work: Path, block_rows: int, threads: int, compress: bool,
+                    work: Path, block_rows: int, threads: int, compress: bool, room: int,
                     progress: bool = False) -> IdArray:  # fmt: skip
     """KaMinPar (``jet`` preset, 3% imbalance) on the symmetric structure, then the METIS repairs.
 
     KaMinPar's Python binding reads graphs from files only: the CSR is built lean
     (:func:`_lean_symmetric_csr`), written in ParHIP's format into the work folder and freed
-    before KaMinPar loads it (compressed when the plan says so: ~40% less memory, ~2.4x slower
-    at 2^20), its nodes renumbered by decreasing degree; the repair passes read it back through
-    a memory map (clean file pages: not counted against the limit) and the parts are mapped back.
+    before KaMinPar loads it. ``room`` (the bytes the limit leaves KaMinPar's graph) picks the
+    form on the real entry count: renumbered by decreasing degree (fastest, most memory), as
+    given, or compressed (~40% less memory, ~2.4x slower at 2^20). The repair passes read the
+    file back through a memory map (clean file pages: not counted against the limit), on its
+    numbering, and the parts are mapped back.
     """
     import kaminpar
 
@@ -205,8 +213,15 @@ def _kaminpar_parts(g: ChunkedGraph, k: int, cats: IdArray | None, balance_edges
     t_csr = lap()
     path = work / "structure.parhip"
     # Highest degree first: KaMinPar ran 18-21% faster with an equal or lower cut (jet, 2
-    # threads: partition_bench's 2^22 graph 42.9 -> 33.8 s, R-MAT 2^20 16.0 -> 13.1 s).
-    order = np.argsort(-np.diff(xadj), kind="stable")
+    # threads: partition_bench's 2^22 graph 42.9 -> 33.8 s, R-MAT 2^20 16.0 -> 13.1 s) where
+    # the limit has room for it; the plain graph where that fits on the real entry count.
+    order: IdArray | None = None
+    if room >= KAMINPAR_ORDERED_ENTRY_BYTES * entries:
+        order = np.argsort(-np.diff(xadj), kind="stable")
+        compress, how = False, "plain graph in degree order"
+    else:
+        compress = compress and room < KAMINPAR_ENTRY_BYTES * entries
+        how = "compressed graph" if compress else "plain graph"
     write_parhip(path, xadj, adj, min(block_rows, 1 << 21), order)
     del xadj, adj
     t_write = lap()
@@ -220,16 +235,19 @@ def _kaminpar_parts(g: ChunkedGraph, k: int, cats: IdArray | None, balance_edges
     raw = np.memmap(path, dtype=np.uint64, mode="r")
     xadj_m = ((raw[3 : 3 + n + 1] - np.uint64((3 + n + 1) * 8)) // np.uint64(8)).astype(np.int64)
     adj_m = raw[3 + n + 1 :].view(np.int64)
-    cat_w = np.zeros(n, dtype=np.int64) if cats is None else cats[order]
+    cat_w = np.zeros(n, dtype=np.int64) if cats is None else cats if order is None else cats[order]
     _rebalance(parts_w, cat_w, k, xadj_m, adj_m)  # the repairs run on the file's numbering
     if in_deg is not None:
-        _balance_in_edges(parts_w, cat_w, in_deg[order], k, xadj_m, adj_m)
+        _balance_in_edges(parts_w, cat_w, in_deg if order is None else in_deg[order], k, xadj_m, adj_m)
     del raw, adj_m, xadj_m, cat_w
     path.unlink()
-    parts = np.empty(n, dtype=np.int64)
-    parts[order] = parts_w
+    if order is None:
+        parts = parts_w
+    else:
+        parts = np.empty(n, dtype=np.int64)
+        parts[order] = parts_w
     if progress:  # where the assign stage's time goes: KaMinPar itself or the structure around it
-        print(f"kaminpar: {entries // 2:,} undirected edges; symmetric CSR {t_csr:.1f} s, ParHIP file "
+        print(f"kaminpar: {how}, {entries // 2:,} undirected edges; symmetric CSR {t_csr:.1f} s, ParHIP file "
               f"{t_write:.1f} s, load {t_load:.1f} s, partition {t_part:.1f} s, repairs {lap():.1f} s",
               file=sys.stderr)  # fmt: skip
     return parts
@@ -266,10 +284,10 @@ def assign_chunked(g: ChunkedGraph, num_parts: int, work: Path, opts: dict[str, 
         parts = fennel_assign(g, num_parts, int(opts["seed"]), plan.edge_rows)
     elif opts["method"] == "kaminpar":
         if progress:
-            print(f"kaminpar: {KAMINPAR_PRESET} preset, {plan.workers} threads, "
-                  f"{'compressed' if plan.compress else 'plain'} graph", file=sys.stderr)  # fmt: skip
+            print(f"kaminpar: {KAMINPAR_PRESET} preset, {plan.workers} threads", file=sys.stderr)
         parts = _kaminpar_parts(g, num_parts, cats, bool(opts["edges"]), int(opts["seed"]), work,
-                                plan.edge_rows, plan.workers, plan.compress, progress)  # fmt: skip
+                                plan.edge_rows, plan.workers, plan.compress, plan.kaminpar_room,
+                                progress)  # fmt: skip
     else:
         graph = _structure(g, plan.edge_rows)
         parts = _metis_assign(graph, num_parts, cats, bool(opts["edges"]), int(opts["seed"]),

@@ -107,6 +107,7 @@ class Plan:
     sort_edges: int
     data_bytes: int
     compress: bool = False  # kaminpar: load the structure compressed (less memory, slower)
+    kaminpar_room: int = 0  # kaminpar: bytes its graph may take (the choice made on the real size)
 
 
 @dataclass
@@ -132,7 +133,7 @@ def plan_run(
     # for 2^20 nodes / 10.5M edges, 0.64 GiB for 2^18 / 2.6M: ~265 B an input edge)
     key = "assignment" if assignment else method
     per_node = {"random": 34, "fennel": 34 + 20 * num_parts, "metis": 120, "assignment": 34}
-    compress = False
+    compress, room = False, 0
     if key == "kaminpar":
         csr = KAMINPAR_CSR_EDGE_BYTES * e + KAMINPAR_CSR_NODE_BYTES * n
         after = KAMINPAR_NODE_BYTES * n
@@ -142,6 +143,7 @@ def plan_run(
             compress = True
             solve = KAMINPAR_COMPRESSED_EDGE_BYTES * e + KAMINPAR_GRAPH_NODE_BYTES * n
             assign_need = MAIN_BASE + KAMINPAR_FIXED + max(csr, solve, after)
+        room = limit - MAIN_BASE - KAMINPAR_FIXED - KAMINPAR_GRAPH_NODE_BYTES * n
     else:
         per_edge = METIS_EDGE_BYTES if key == "metis" else 0
         assign_need = MAIN_BASE + per_node[key] * n + per_edge * e
@@ -162,7 +164,7 @@ def plan_run(
             f"{format_size(limit)}; raise --memory-limit or lower --workers"
         )
     return Plan(limit, workers, assign_need, budget, max(MIN_ROWS, budget // SHUFFLE_BYTES),
-                max(MIN_ROWS, budget // SORT_BYTES), max(1 << 16, budget // 3), compress)  # fmt: skip
+                max(MIN_ROWS, budget // SORT_BYTES), max(1 << 16, budget // 3), compress, room)  # fmt: skip
 
 
 def _fingerprint(g: ChunkedGraph, opts: dict[str, Any]) -> str:
