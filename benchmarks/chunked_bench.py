@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,11 @@ NODE_CHUNK = 1 << 20
 FEAT_DIM = 128
 
 
-def write_rmat_chunked(scale: int, folder: Path, seed: int = 0) -> Path:
-    """Write a seeded R-MAT graph in the chunked format, one chunk in memory at a time."""
+def _write_chunked(folder: Path, name: str, edge_pieces: Iterator[np.ndarray],
+                   node_pieces: Iterator[dict[str, np.ndarray]]) -> Path:  # fmt: skip
+    """Write one homogeneous graph in the chunked format, a piece at a time, into ``folder``
+    (built in a ``.tmp`` sibling and renamed, so a killed run leaves no half graph); kept if
+    already there. ``edge_pieces``: ``(k, 2)`` ID arrays; ``node_pieces``: ``{name: rows}``."""
     meta_path = folder / "metadata.json"
     if meta_path.is_file():
         return meta_path
@@ -50,28 +54,20 @@ def write_rmat_chunked(scale: int, folder: Path, seed: int = 0) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "edges").mkdir(parents=True)
     (tmp / "node_data").mkdir()
-    rng = np.random.default_rng(seed)
-    n, m = 1 << scale, EDGES_PER_NODE << scale
-    perm = rng.permutation(n)
     edge_files, edge_counts = [], []
-    for i, a in enumerate(range(0, m, EDGE_CHUNK)):
-        k = min(EDGE_CHUNK, m - a)
-        src, dst = rmat_edges(scale, k, rng)
-        np.save(tmp / "edges" / f"e{i}.npy", np.stack([perm[src], perm[dst]], axis=1))
+    for i, edges in enumerate(edge_pieces):
+        np.save(tmp / "edges" / f"e{i}.npy", edges)
         edge_files.append(f"edges/e{i}.npy")
-        edge_counts.append(k)
-    data: dict[str, list[str]] = {"feat": [], "label": [], "train_mask": []}
+        edge_counts.append(len(edges))
+    data: dict[str, list[str]] = {}
     node_counts = []
-    for i, a in enumerate(range(0, n, NODE_CHUNK)):
-        k = min(NODE_CHUNK, n - a)
-        np.save(tmp / "node_data" / f"feat{i}.npy", rng.standard_normal((k, FEAT_DIM), dtype=np.float32))
-        np.save(tmp / "node_data" / f"label{i}.npy", rng.integers(0, 50, k, dtype=np.int64))
-        np.save(tmp / "node_data" / f"train_mask{i}.npy", rng.random(k) < 0.1)
-        for key in data:
-            data[key].append(f"node_data/{key}{i}.npy")
-        node_counts.append(k)
+    for i, piece in enumerate(node_pieces):
+        for key, rows in piece.items():
+            np.save(tmp / "node_data" / f"{key}{i}.npy", rows)
+            data.setdefault(key, []).append(f"node_data/{key}{i}.npy")
+        node_counts.append(len(next(iter(piece.values()))))
     meta = {
-        "graph_name": f"rmat{scale}",
+        "graph_name": name,
         "node_type": ["_N"],
         "num_nodes_per_chunk": [node_counts],
         "edge_type": ["_N:_E:_N"],
@@ -84,6 +80,31 @@ def write_rmat_chunked(scale: int, folder: Path, seed: int = 0) -> Path:
     shutil.rmtree(folder, ignore_errors=True)
     os.rename(tmp, folder)
     return meta_path
+
+
+def write_rmat_chunked(scale: int, folder: Path, seed: int = 0) -> Path:
+    """Write a seeded R-MAT graph in the chunked format, one chunk in memory at a time."""
+    if (folder / "metadata.json").is_file():
+        return folder / "metadata.json"
+    rng = np.random.default_rng(seed)
+    n, m = 1 << scale, EDGES_PER_NODE << scale
+    perm = rng.permutation(n)
+
+    def edges() -> Iterator[np.ndarray]:
+        for a in range(0, m, EDGE_CHUNK):
+            src, dst = rmat_edges(scale, min(EDGE_CHUNK, m - a), rng)
+            yield np.stack([perm[src], perm[dst]], axis=1)
+
+    def nodes() -> Iterator[dict[str, np.ndarray]]:  # drawn after every edge, as before
+        for a in range(0, n, NODE_CHUNK):
+            k = min(NODE_CHUNK, n - a)
+            yield {
+                "feat": rng.standard_normal((k, FEAT_DIM), dtype=np.float32),
+                "label": rng.integers(0, 50, k, dtype=np.int64),
+                "train_mask": rng.random(k) < 0.1,
+            }
+
+    return _write_chunked(folder, f"rmat{scale}", edges(), nodes())
 
 
 def write_synth_chunked(scale: int, folder: Path, seed: int = 0) -> Path:
@@ -93,45 +114,15 @@ def write_synth_chunked(scale: int, folder: Path, seed: int = 0) -> Path:
     memory (like ``partition_bench``), then written in the same chunk sizes as the R-MAT graph."""
     from benchmarks.synthetic import make_synthetic
 
-    meta_path = folder / "metadata.json"
-    if meta_path.is_file():
-        return meta_path
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "edges").mkdir(parents=True)
-    (tmp / "node_data").mkdir()
+    if (folder / "metadata.json").is_file():
+        return folder / "metadata.json"
     g = make_synthetic(scale, seed)
     n, m = 1 << scale, int(g["src"].size)
-    edge_files, edge_counts = [], []
-    for i, a in enumerate(range(0, m, EDGE_CHUNK)):
-        b = min(m, a + EDGE_CHUNK)
-        np.save(tmp / "edges" / f"e{i}.npy", np.stack([g["src"][a:b], g["dst"][a:b]], axis=1))
-        edge_files.append(f"edges/e{i}.npy")
-        edge_counts.append(b - a)
     names = ("feat", "label", "train_mask", "val_mask", "test_mask")
-    data: dict[str, list[str]] = {k: [] for k in names}
-    node_counts = []
-    for i, a in enumerate(range(0, n, NODE_CHUNK)):
-        b = min(n, a + NODE_CHUNK)
-        for key in names:
-            np.save(tmp / "node_data" / f"{key}{i}.npy", g[key][a:b])
-            data[key].append(f"node_data/{key}{i}.npy")
-        node_counts.append(b - a)
-    del g
-    meta = {
-        "graph_name": f"synth{scale}",
-        "node_type": ["_N"],
-        "num_nodes_per_chunk": [node_counts],
-        "edge_type": ["_N:_E:_N"],
-        "num_edges_per_chunk": [edge_counts],
-        "edges": {"_N:_E:_N": {"format": {"name": "numpy"}, "data": edge_files}},
-        "node_data": {"_N": {k: {"format": {"name": "numpy"}, "data": v} for k, v in data.items()}},
-        "edge_data": {},
-    }
-    (tmp / "metadata.json").write_text(json.dumps(meta, indent=1))
-    shutil.rmtree(folder, ignore_errors=True)
-    os.rename(tmp, folder)
-    return meta_path
+    edges = (np.stack([g["src"][a : a + EDGE_CHUNK], g["dst"][a : a + EDGE_CHUNK]], axis=1)
+             for a in range(0, m, EDGE_CHUNK))  # fmt: skip
+    nodes = ({k: g[k][a : a + NODE_CHUNK] for k in names} for a in range(0, n, NODE_CHUNK))
+    return _write_chunked(folder, f"synth{scale}", edges, nodes)
 
 
 GRAPHS = {"rmat": ("chunked", write_rmat_chunked), "synth": ("synth_chunked", write_synth_chunked)}

@@ -55,17 +55,6 @@ print(json.dumps({"wall_s": wall, "load_s": load, "peak_bytes": peak, "cut": cut
 """
 
 
-def write_parhip(path: Path, xadj: np.ndarray, adj: np.ndarray) -> None:
-    """ParHIP binary: version 3 (no weights, 64-bit IDs), n, m, byte offsets, adjacency."""
-    n, m = xadj.size - 1, adj.size
-    header = np.array([3, n, m], dtype=np.uint64)
-    offsets = (xadj.astype(np.uint64) * np.uint64(8)) + np.uint64((3 + n + 1) * 8)
-    with open(path, "wb") as f:
-        header.tofile(f)
-        offsets.tofile(f)
-        adj.astype(np.uint64).tofile(f)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.kaminpar_vs_metis", description=__doc__)
     ap.add_argument("--scales", type=int, nargs="+", default=[18])
@@ -77,7 +66,7 @@ def main() -> None:
                     help="chunked_bench's R-MAT graph or partition_bench's graph (synth)")  # fmt: skip
     args = ap.parse_args()
     from asyncgraph.partition.assign import symmetric_csr
-    from asyncgraph.partition.assign_stream import _structure
+    from asyncgraph.partition.assign_stream import _structure, write_parhip
     from asyncgraph.partition.chunked import read_metadata
     from asyncgraph.partition.graph import Graph
     from benchmarks.chunked_bench import GRAPHS

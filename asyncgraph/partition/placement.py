@@ -59,6 +59,11 @@ def remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _check_part_id(flag: str, p: object, num_parts: int) -> None:
+    if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < num_parts:
+        raise InvalidRequestError(f"{flag}: part {p!r} is not a part ID in [0, {num_parts})")
+
+
 def _workers(client: Any) -> dict[str, Any]:
     try:
         info = client.scheduler_info(n_workers=-1)  # every worker (newer releases list 5 by default)
@@ -75,8 +80,7 @@ def resolve_part_workers(client: Any, pins: Mapping[int, str], num_parts: int) -
     by_name = {str(w.get("name")): addr for addr, w in workers.items()}
     out: dict[int, str] = {}
     for p, where in pins.items():
-        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < num_parts:
-            raise InvalidRequestError(f"--part-worker: part {p!r} is not a part ID in [0, {num_parts})")
+        _check_part_id("--part-worker", p, num_parts)
         addr = str(where) if str(where) in workers else by_name.get(str(where))
         if addr is None:
             known = ", ".join(sorted(f"{a} ({w.get('name')})" for a, w in workers.items())) or "none"
@@ -173,8 +177,7 @@ def check_part_dirs(dirs: Mapping[int, Any], num_parts: int, name: str, overwrit
     a pinned part's folder as its worker sees it)."""
     out: dict[int, Path] = {}
     for p, d in dirs.items():
-        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < num_parts:
-            raise InvalidRequestError(f"--part-dir: part {p!r} is not a part ID in [0, {num_parts})")
+        _check_part_id("--part-dir", p, num_parts)
         out[p] = Path(d).absolute()
         on_part(client, pins, p, check_part_dir, p, out[p], name, overwrite)
     return out

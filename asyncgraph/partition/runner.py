@@ -3,8 +3,9 @@
 ``Runner.map(fn, args, stage)`` runs ``fn(*a)`` for every ``a`` and returns the results in
 order, with a tqdm bar per stage (tasks, bytes read and written, ETA) when ``progress`` is set.
 Workers are spawned, not forked: a forked worker would share (and be charged for) the main
-process' pages. With a Dask scheduler address (or a ``distributed.Client``) the same tasks go to
-the cluster's workers, which must see the input and the work folder on shared storage.
+process' pages. With a ``distributed.Client`` (opened by
+:func:`asyncgraph.partition.placement.dask_client`) the same tasks go to the cluster's workers,
+which must see the input and the work folder on shared storage.
 
 ``pins`` (``--part-worker P=ADDRESS``) pins partition ``P``'s tasks to one Dask worker: a task
 given ``parts[i] == P`` runs there only (``workers=[ADDRESS]``, ``allow_other_workers=False``),
@@ -32,26 +33,17 @@ class Runner:
     """Runs chunk tasks on ``workers`` processes (inline when 1) or on a Dask cluster."""
 
     def __init__(
-        self, workers: int, dask: Any = None, progress: bool = False, pins: Mapping[int, str] | None = None
+        self, workers: int, client: Any = None, progress: bool = False, pins: Mapping[int, str] | None = None
     ) -> None:
+        """``client``: an open ``distributed.Client`` (its owner closes it), or None for the pool."""
         self.workers = workers
-        self.dask = dask
         self.progress = progress
         self.pins = dict(pins or {})
         self._pool: ProcessPoolExecutor | None = None
-        self._client: Any = None
-        self._own_client = False
+        self._client: Any = client
 
     def __enter__(self) -> Runner:
-        if self.dask is not None:
-            from distributed import Client
-
-            if isinstance(self.dask, Client):
-                self._client = self.dask
-            else:
-                self._client = Client(self.dask)  # type: ignore[no-untyped-call]
-                self._own_client = True
-        elif self.workers > 1:
+        if self._client is None and self.workers > 1:
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
         return self
 
@@ -60,8 +52,6 @@ class Runner:
     ) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
-        if self._own_client:
-            self._client.close()
 
     def map(
         self,

@@ -320,7 +320,7 @@ def _partition(g: ChunkedGraph, name: str, num_parts: int, out: Path, placed: di
 
 
 def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, state: dict[str, Any],
-         plan: Plan, report: RunReport, opts: dict[str, Any], assignment: Any, dask: Any,
+         plan: Plan, report: RunReport, opts: dict[str, Any], assignment: Any, client: Any,
          progress: bool, pins: dict[int, str]) -> None:  # fmt: skip
     done: list[str] = state["done"]
 
@@ -350,7 +350,7 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
     build = tuple(str(build_dir(dirs[p], name, p)) if p in dirs else "" for p in range(num_parts))
     ctx = Ctx(g, work, num_parts, tuple(state["node_bounds"]), part_build=build)
     parts = list(range(num_parts))
-    with Runner(plan.workers, dask, progress, pins) as run:
+    with Runner(plan.workers, client, progress, pins) as run:
         if not skip("shuffle"):
             t0 = time.perf_counter()
             shutil.rmtree(work / "spill", ignore_errors=True)
