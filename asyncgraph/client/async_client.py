@@ -144,6 +144,20 @@ class AsyncClient:
             holder=holder,
         )
         client.catalog.remember(served.tensors)
+        client.state.origin = {
+            "kind": "servers",
+            "servers": [(str(h), int(p)) for h, p in servers],
+            "graph_name": graph_name,
+            "secret": secret,
+            "connect_timeout": connect_timeout,
+            "call_timeout": call_timeout,
+            "use_shared_memory": use_shared_memory,
+            "max_frame_size": max_frame_size,
+            "max_inflight": max_inflight,
+            "local_partitions": None if local_partitions is None else [int(p) for p in local_partitions],
+            "reconnect_window": reconnect_window,
+            "use_replicas": use_replicas,
+        }
         return client
 
     @classmethod
@@ -152,12 +166,14 @@ class AsyncClient:
         from asyncgraph.partition import PartitionConfig, load_partition
 
         config = PartitionConfig.load(part_config)
+        # in memfds, so a loader's worker processes can map them (``dataloading/workers.py``)
         services = [
-            PartitionService(PartitionStore.from_partition(load_partition(part_config, p), shared=False))
+            PartitionService(PartitionStore.from_partition(load_partition(part_config, p), shared=True))
             for p in range(config.num_parts)
         ]
         client = cls(config.graph_name, config.book(), [LocalPartition(s) for s in services])
         client.catalog.remember(services[0].list_tensors())
+        client.state.origin = {"kind": "standalone", "part_config": str(part_config)}
         return client
 
     # --- the shared state -------------------------------------------------------------------

@@ -147,10 +147,9 @@ class LocalPartition:
         await self._current()
         if self.shm is not None and not self.service.store.has_tensor(name):
             await self._map(self.shm, name)
-        rows = self.service.pull(name, ids)
         if out is None:
-            return rows
-        out[slice(0, len(rows)) if where is None else where] = rows
+            return self.service.pull(name, ids)
+        self.service.pull_into(name, ids, out, where)  # each row copied once, to its place
         return out
 
     async def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from asyncgraph.arrays import as_id_array
+from asyncgraph.errors import InvalidRequestError, ShapeMismatchError
 from asyncgraph.protocol.ops import Op
 from asyncgraph.service.base import Partition
 from asyncgraph.storage.store import TensorMeta
@@ -41,11 +42,21 @@ class TensorReads:
         """Rows ``ids`` (global, any order, duplicates allowed) of tensor ``name``."""
         return torch.from_numpy(await self.pull_numpy(name, ids))
 
-    async def pull_numpy(self, name: str, ids: Any, traffic: Traffic | None = None) -> np.ndarray:
+    async def pull_numpy(
+        self, name: str, ids: Any, traffic: Traffic | None = None, *, out: np.ndarray | None = None
+    ) -> np.ndarray:
         """Rows ``ids`` of ``name`` as numpy; served from the tensor's feature cache where it holds
-        them. ``traffic`` (optional) accumulates remote rows/bytes/requests and cache hits/misses."""
+        them. ``traffic`` (optional) accumulates remote rows/bytes/requests and cache hits/misses.
+
+        ``out`` (shape ``(len(ids), *row_shape)``, the tensor's dtype, C-contiguous): every owner
+        writes its rows straight to their places in it (a loader's staging buffer), so each row
+        is copied on the host once; ``traffic.pulled_into_bytes`` counts those bytes. Not with a
+        feature cache (``InvalidRequestError``).
+        """
         meta = await self.catalog.tensor_meta(name)
         gids = as_id_array(ids)
+        if out is not None:
+            return await self._pull_into(name, meta, gids, out, traffic)
         cache = self.state.caches.get(name)
         if cache is None:
             return await self._pull_uncached(name, meta, gids, traffic)
@@ -104,6 +115,32 @@ class TensorReads:
         if not isinstance(owner, LocalPartition) or owner.server is not None:
             return None  # over a socket, or mapped from a server that may have restarted
         return owner.service.pull(name, gids)
+
+    async def _pull_into(
+        self, name: str, meta: TensorMeta, gids: np.ndarray, out: np.ndarray, traffic: Traffic | None
+    ) -> np.ndarray:
+        want = (gids.size, *meta.row_shape)
+        if tuple(out.shape) != want or out.dtype != np.dtype(meta.dtype) or not out.flags.c_contiguous:
+            raise ShapeMismatchError(
+                f"pull of {name!r} into out: expected a C-contiguous {meta.dtype} array of shape {want}, "
+                f"got {out.dtype} {tuple(out.shape)}"
+            )
+        if name in self.state.caches:
+            raise InvalidRequestError(f"pull of {name!r} into out: the tensor has a feature cache")
+        parts = self.state.book.positions(gids, meta.policy)
+        row_bytes = meta_row_bytes(meta)
+        if traffic is not None:
+            rows = count_remote(self.state.partitions, parts, Op.PULL, traffic)
+            traffic.remote_rows += rows
+            traffic.remote_bytes += rows * row_bytes
+            traffic.pulled_into_bytes += gids.size * row_bytes
+        await scatter(  # a single owner is called with pos None: it fills out[:n] in order
+            self.state.partitions,
+            parts,
+            Op.PULL,
+            lambda p, pos: p.pull(name, take(gids, pos), row_bytes, out=out, where=pos),
+        )
+        return out
 
     async def _pull_uncached(
         self, name: str, meta: TensorMeta, gids: np.ndarray, traffic: Traffic | None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from asyncgraph.net.connection import Connection
 from asyncgraph.partition.book import RangePartitionBook
@@ -41,6 +42,10 @@ class ClientState:
     metas: dict[str, TensorMeta] = field(default_factory=dict)
     #: Per-tensor feature caches (``TensorReads.build_cache``), dropped on this client's writes.
     caches: dict[str, FeatureCache] = field(default_factory=dict)
+    #: How this client was made (``connect``'s servers and options, or ``standalone``'s
+    #: partition config), so a loader's worker processes can open their own client alike.
+    #: Holds the secret: kept in memory, handed to workers over a socketpair only.
+    origin: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def num_partitions(self) -> int:

@@ -29,6 +29,7 @@ class Traffic:
     cache_hits: int = 0
     cache_misses: int = 0
     waves: int = 0
+    pulled_into_bytes: int = 0  # host bytes written by pulls into a caller's buffer (pull_numpy(out=))
 
     def add(self, other: Traffic) -> None:
         for f in fields(self):

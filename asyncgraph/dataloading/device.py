@@ -151,6 +151,7 @@ class _Pending:
     batch: Any
     event: Any = None  # torch.cuda.Event recorded after the copy on the side stream
     buffer: torch.Tensor | None = None  # the device buffer every tensor of the batch views
+    packed: int = 0  # host bytes copied into the staging buffer
 
 
 class DeviceCopier:
@@ -211,7 +212,8 @@ class DeviceCopier:
         finally:
             self.pool.release(slot)
         views = iter([_view(device_buffer, off, t) for t, off in zip(tensors, offsets, strict=True)])
-        return _Pending(map_tensors(batch, lambda _t: next(views)), event, device_buffer)
+        packed = sum(t.numel() * t.element_size() for t in tensors)
+        return _Pending(map_tensors(batch, lambda _t: next(views)), event, device_buffer, packed)
 
     def deliver(self, staged: Any) -> Any:
         """The batch on the device, safe to use on the caller's current stream (training thread)."""

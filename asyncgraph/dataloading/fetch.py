@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,13 +19,18 @@ from asyncgraph.client.cache import meta_row_bytes, pick_cached_ids
 from asyncgraph.client.sync_client import Client
 from asyncgraph.client.traffic import Traffic
 from asyncgraph.dataloading.block import Block
-from asyncgraph.dataloading.prefetch import LoaderStats
 from asyncgraph.dataloading.sampler import NeighborSampler, layer_seed
+from asyncgraph.dataloading.stats import LoaderStats
 from asyncgraph.errors import DTypeMismatchError, UnknownTensorError
 from asyncgraph.names import is_state_key, node_key, tensor_prefix
 
+#: A loader worker's allocator: ``(name, shape, dtype)`` of each tensor to pull, and the
+#: batch's blocks -> the arrays to pull them into.
+Allocate = Callable[[list[tuple[str, tuple[int, ...], np.dtype[Any]]], list[Block]], list[np.ndarray]]
+
 __all__ = [
     "AUTO",
+    "Allocate",
     "Auto",
     "Sampled",
     "build_feature_cache",
@@ -128,6 +133,7 @@ async def sample_and_pull(
     exclude: np.ndarray | None = None,
     started: float | None = None,
     carry_features: bool = False,
+    allocate: Allocate | None = None,
 ) -> Sampled:
     """Sample blocks for ``seeds`` then pull ``node_feats`` of the inputs (and ``labels`` of the seeds).
 
@@ -138,6 +144,11 @@ async def sample_and_pull(
     and only the rest are pulled afterwards (through the feature cache, if any): with a
     locality-aware partition most feature rows need no request wave of their own, and with a
     cache of the remaining remote nodes often none at all.
+
+    ``allocate(specs, blocks)`` (a loader worker's batch slot) returns, for each ``(name, shape,
+    dtype)`` of the tensors to pull (``node_feats``, then ``labels``), the array the rows are
+    written to: each row is copied on the host once, straight to where the device copy reads
+    it (``stats.host_copy_bytes``).
     """
     t0 = time.perf_counter() if started is None else started
     layer = 0
@@ -178,17 +189,28 @@ async def sample_and_pull(
         block.csr()
     t1 = time.perf_counter()
     before = traffic.remote_requests
-    pulls = [
-        _pull_rest(
-            aio, node_key(name), input_nodes, carry.ids, carry.rows[carried.index(node_key(name))], traffic
-        )
-        if carry is not None and node_key(name) in carried
-        else aio.pull_numpy(node_key(name), input_nodes, traffic)
-        for name in node_feats
-    ]
+    wanted = [(node_key(n), input_nodes) for n in node_feats]
     if labels is not None:
-        pulls.append(aio.pull_numpy(node_key(labels), output_nodes, traffic))
+        wanted.append((node_key(labels), output_nodes))
+    outs: list[np.ndarray | None] = [None] * len(wanted)
+    if allocate is not None:
+        metas = [await aio.tensor_meta(key) for key, _ in wanted]
+        specs = [
+            (key, (ids.size, *m.shape[1:]), np.dtype(m.dtype))
+            for (key, ids), m in zip(wanted, metas, strict=True)
+        ]
+        outs = list(allocate(specs, blocks))
+    pulls = [
+        _pull_rest(aio, key, ids, carry.ids, carry.rows[carried.index(key)], traffic, out)
+        if carry is not None and key in carried
+        else aio.pull_numpy(key, ids, traffic, out=out)
+        for (key, ids), out in zip(wanted, outs, strict=True)
+    ]
     tensors = [torch.from_numpy(t) for t in await asyncio.gather(*pulls)]
+    feature_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    stats.feature_bytes += feature_bytes
+    if allocate is None:  # the pull gathered each row into an array of its own
+        stats.host_copy_bytes += feature_bytes
     traffic.waves += traffic.remote_requests > before
     t2 = time.perf_counter()
     for name, tensor in zip(node_feats, tensors[: len(node_feats)], strict=True):
@@ -199,24 +221,38 @@ async def sample_and_pull(
     stats.pull += t2 - t1
     stats.input_nodes += len(input_nodes)
     stats.traffic.add(traffic)
+    stats.host_copy_bytes += traffic.pulled_into_bytes
     return Sampled(input_nodes, output_nodes, blocks, sample_time=t1 - t0, pull_time=t2 - t1)
 
 
 async def _pull_rest(
-    aio: AsyncClient, name: str, ids: np.ndarray, known: np.ndarray, rows: np.ndarray, traffic: Traffic
+    aio: AsyncClient,
+    name: str,
+    ids: np.ndarray,
+    known: np.ndarray,
+    rows: np.ndarray,
+    traffic: Traffic,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Rows ``ids`` of ``name``: those of ``known`` (sorted IDs, their ``rows``) copied, the rest
-    pulled (through the client's one pull path)."""
+    pulled (through the client's one pull path); into ``out`` when given (the rows pulled for
+    it are copied twice: pulled, then placed; ``traffic.pulled_into_bytes`` says so)."""
     if not known.size:
-        return await aio.pull_numpy(name, ids, traffic)
+        return await aio.pull_numpy(name, ids, traffic, out=out)
     slot = np.minimum(np.searchsorted(known, ids), known.size - 1)
     hit = known[slot] == ids
-    if bool(hit.all()):
+    if out is None and bool(hit.all()):
         return rows[slot]
-    out = np.empty((ids.size, *rows.shape[1:]), dtype=rows.dtype)
+    if out is None:
+        out = np.empty((ids.size, *rows.shape[1:]), dtype=rows.dtype)
+    else:
+        row_bytes = rows.itemsize * int(np.prod(rows.shape[1:], dtype=np.int64))
+        misses = int(ids.size - np.count_nonzero(hit))
+        traffic.pulled_into_bytes += (ids.size + misses) * row_bytes
     out[hit] = rows[slot[hit]]
     miss = np.flatnonzero(~hit)
-    out[miss] = await aio.pull_numpy(name, ids[miss], traffic)
+    if miss.size:
+        out[miss] = await aio.pull_numpy(name, ids[miss], traffic)
     return out
 
 

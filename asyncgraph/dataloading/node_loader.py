@@ -13,6 +13,7 @@ from asyncgraph.client.async_client import AsyncClient
 from asyncgraph.dataloading.block import Block
 from asyncgraph.dataloading.fetch import (
     AUTO,
+    Allocate,
     Auto,
     build_feature_cache,
     client_of,
@@ -22,11 +23,11 @@ from asyncgraph.dataloading.fetch import (
 )
 from asyncgraph.dataloading.hetero_block import sample_and_pull_hetero
 from asyncgraph.dataloading.hetero_edge_loader import typed_prob
-from asyncgraph.dataloading.prefetch import PrefetchingLoader
+from asyncgraph.dataloading.prefetch import LoaderStats, PrefetchingLoader
 from asyncgraph.dataloading.sampler import NeighborSampler
 from asyncgraph.errors import InvalidRequestError, UnknownTypeError
 
-__all__ = ["DistNodeDataLoader", "MiniBatch"]
+__all__ = ["DistNodeDataLoader", "MiniBatch", "NodeBatchRecipe", "build_node_batch"]
 
 
 @dataclass
@@ -65,6 +66,11 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
     where a round trip is long (servers on other machines), while on a CPU-bound host the
     serialised local-first sampling costs more than the wave saves (2 trainers on 2 cores, DGL's
     graph: epoch 5.2 s with it, 4.8 s without; ``benchmarks/README.md`` §0).
+
+    ``num_workers=N`` builds batches in N worker processes (``dataloading/workers.py``): the
+    training loop's thread then only trains, and each batch's feature rows are gathered once,
+    straight into memory the device copy reads (pinned on CUDA hosts). ``gather_threads`` splits
+    each worker's large gathers over that many threads. Results equal ``num_workers=0``'s.
     """
 
     def __init__(
@@ -84,6 +90,8 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
         feature_cache_bytes: int = 0,
         cache_presample_batches: int = 8,
         carry_features: bool = False,
+        num_workers: int = 0,
+        gather_threads: int = 1,
     ) -> None:
         client = client_of(g)
         # Heterogeneous graphs: {ntype: ids or mask}; batches mix types, homogeneous IDs inside.
@@ -99,7 +107,17 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
         else:
             self.nids = mask_or_ids(nids).astype(np.int64, copy=False)
         super().__init__(
-            client.loop, self.nids.size, batch_size, shuffle, drop_last, prefetch, seed, device, overlap
+            client.loop,
+            self.nids.size,
+            batch_size,
+            shuffle,
+            drop_last,
+            prefetch,
+            seed,
+            device,
+            overlap,
+            num_workers=num_workers,
+            gather_threads=gather_threads,
         )
         self.client = client
         self.async_client: AsyncClient = client.async_client
@@ -128,46 +146,109 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
             )
 
     def _make_batch(self, positions: np.ndarray, epoch: int, index: int) -> Awaitable[MiniBatch]:
-        return self._build(self.nids[positions], self._batch_seed(epoch, index))
-
-    async def _build(self, seeds: np.ndarray, batch_seed: int) -> MiniBatch:
-        if self.typed is not None:
-            return await self._build_hetero(seeds, batch_seed)
-        s = await sample_and_pull(
-            self.async_client,
-            self.sampler,
-            seeds,
-            batch_seed,
-            self.stats,
-            node_feats=self.node_feats,
-            labels=self.labels,
-            carry_features=self.carry_features,
-        )
-        return MiniBatch(
-            torch.from_numpy(np.asarray(s.input_nodes)),
-            torch.from_numpy(np.asarray(s.output_nodes)),
-            s.blocks,
-            sample_time=s.sample_time,
-            pull_time=s.pull_time,
+        return build_node_batch(
+            self.async_client, self._recipe, self.nids[positions], self._batch_seed(epoch, index), self.stats
         )
 
-    async def _build_hetero(self, seeds: np.ndarray, batch_seed: int) -> MiniBatch:
-        """Typed batch: ``input_nodes``/``seeds`` are dicts by node type, blocks HeteroBlocks."""
-        types, per_type = self.async_client.book.map_to_per_ntype(seeds)
-        names = self.async_client.book.ntypes
-        seed_dict = {names[t]: per_type[types == t] for t in np.unique(types).tolist()}
-        inputs, outputs, blocks, sample_time, pull_time = await sample_and_pull_hetero(
-            self.async_client,
+    @property
+    def _recipe(self) -> NodeBatchRecipe:
+        return NodeBatchRecipe(
             self.sampler,
-            seed_dict,
-            batch_seed,
-            node_feats=self.node_feats,
-            labels=self.labels,
-            prob=self.typed_prob,
+            self.node_feats,
+            self.labels,
+            self.carry_features,
+            self.typed is not None,
+            self.typed_prob,
         )
-        self.stats.sample += sample_time
-        self.stats.pull += pull_time
-        self.stats.input_nodes += sum(int(v.numel()) for v in inputs.values())
-        return MiniBatch(
-            inputs, outputs, blocks, sample_time=sample_time, pull_time=pull_time  # type: ignore[arg-type]
-        )
+
+    def _worker_task(self, positions: np.ndarray, epoch: int, index: int) -> tuple[np.ndarray, int]:
+        return self.nids[positions], self._batch_seed(epoch, index)
+
+    def _client_for_workers(self) -> Any:
+        return self.client
+
+    def _worker_recipe(self) -> NodeBatchRecipe:
+        if self.cache_info:
+            raise InvalidRequestError(
+                "num_workers > 0 with feature_cache_bytes: the feature cache lives in the training "
+                "process; use one or the other"
+            )
+        return self._recipe
+
+
+@dataclass
+class NodeBatchRecipe:
+    """What a node batch is made of (picklable: a loader worker builds batches from it)."""
+
+    sampler: NeighborSampler
+    node_feats: tuple[str, ...]
+    labels: str | None
+    carry_features: bool = False
+    typed: bool = False
+    typed_prob: Any = None
+
+    async def build(
+        self,
+        aio: AsyncClient,
+        seeds: np.ndarray,
+        batch_seed: int,
+        stats: LoaderStats,
+        allocate: Allocate | None,
+    ) -> MiniBatch:
+        """``build_node_batch`` with this recipe (the loader workers' entry point)."""
+        return await build_node_batch(aio, self, seeds, batch_seed, stats, allocate)
+
+
+async def build_node_batch(
+    aio: AsyncClient,
+    recipe: NodeBatchRecipe,
+    seeds: np.ndarray,
+    batch_seed: int,
+    stats: LoaderStats,
+    allocate: Allocate | None = None,
+) -> MiniBatch:
+    """One batch of ``seeds``: blocks sampled with ``batch_seed``, features and labels pulled
+    (into ``allocate``'s arrays when given; typed batches pull into arrays of their own)."""
+    if recipe.typed:
+        return await _build_hetero(aio, recipe, seeds, batch_seed, stats)
+    s = await sample_and_pull(
+        aio,
+        recipe.sampler,
+        seeds,
+        batch_seed,
+        stats,
+        node_feats=recipe.node_feats,
+        labels=recipe.labels,
+        carry_features=recipe.carry_features,
+        allocate=allocate,
+    )
+    return MiniBatch(
+        torch.from_numpy(np.asarray(s.input_nodes)),
+        torch.from_numpy(np.asarray(s.output_nodes)),
+        s.blocks,
+        sample_time=s.sample_time,
+        pull_time=s.pull_time,
+    )
+
+
+async def _build_hetero(
+    aio: AsyncClient, recipe: NodeBatchRecipe, seeds: np.ndarray, batch_seed: int, stats: LoaderStats
+) -> MiniBatch:
+    """Typed batch: ``input_nodes``/``seeds`` are dicts by node type, blocks HeteroBlocks."""
+    types, per_type = aio.book.map_to_per_ntype(seeds)
+    names = aio.book.ntypes
+    seed_dict = {names[t]: per_type[types == t] for t in np.unique(types).tolist()}
+    inputs, outputs, blocks, sample_time, pull_time = await sample_and_pull_hetero(
+        aio,
+        recipe.sampler,
+        seed_dict,
+        batch_seed,
+        node_feats=recipe.node_feats,
+        labels=recipe.labels,
+        prob=recipe.typed_prob,
+    )
+    stats.sample += sample_time
+    stats.pull += pull_time
+    stats.input_nodes += sum(int(v.numel()) for v in inputs.values())
+    typed: Any = {"input_nodes": inputs, "seeds": outputs, "blocks": blocks}  # dicts, HeteroBlocks
+    return MiniBatch(**typed, sample_time=sample_time, pull_time=pull_time)

@@ -24,15 +24,15 @@ import inspect
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
 
 from asyncgraph.client.loop_thread import EventLoopThread
-from asyncgraph.client.traffic import Traffic
 from asyncgraph.dataloading.device import DeviceCopier, as_device
+from asyncgraph.dataloading.stats import LoaderStats
+from asyncgraph.dataloading.workers import WorkerBatch, WorkerPool, WorkerPrefetcher, deliver
 
 __all__ = ["DistDataLoader", "LoaderStats", "Prefetcher", "PrefetchingLoader"]
 
@@ -41,42 +41,15 @@ T = TypeVar("T")
 _SEED_STRIDE = 1_000_003
 
 
-@dataclass
-class LoaderStats:
-    """One epoch of a loader, in seconds: ``sample`` and ``pull`` run in the background (their sum
-    can exceed the epoch's wall time), ``wait`` is what the training loop spent blocked on the
-    next batch, ``compute`` what it spent between receiving a batch and asking for the next.
-    ``input_nodes`` counts the rows whose features were pulled. ``traffic`` is what the graph
-    loaders' requests cost: remote rows/bytes and requests, request waves per batch, and hits and
-    misses of the feature cache (``DistNodeDataLoader(feature_cache_bytes=)``; co-located
-    partitions are read through shared memory, not cached).
-    """
-
-    epoch: int = -1
-    batches: int = 0
-    sample: float = 0.0
-    pull: float = 0.0
-    wait: float = 0.0
-    compute: float = 0.0
-    input_nodes: int = 0
-    copy: float = 0.0  # packing + queueing device copies (background), or synchronous copies
-    traffic: Traffic = field(default_factory=Traffic)
-
-    def as_dict(self) -> dict[str, float]:
-        """The stats as a flat dict (for logs, JSON, or metrics of the trainer's choosing)."""
-        out: dict[str, float] = {
-            "epoch": self.epoch,
-            "batches": self.batches,
-            "sample": self.sample,
-            "pull": self.pull,
-            "wait": self.wait,
-            "compute": self.compute,
-            "input_nodes": self.input_nodes,
-            "copy": self.copy,
-        }
-        out.update(self.traffic.as_dict())
-        out["cache_hit_rate"] = self.traffic.hit_rate
-        return out
+def _feature_bytes(batch: Any) -> int:
+    """Bytes of a batch's pulled tensors (its first block's ``srcdata``, its last's ``dstdata``)."""
+    blocks = getattr(batch, "blocks", None)
+    if not isinstance(blocks, list) or not blocks:
+        return 0
+    frames = [getattr(blocks[0], "srcdata", {}), getattr(blocks[-1], "dstdata", {})]
+    return sum(
+        int(t.numel() * t.element_size()) for f in frames for t in f.values() if isinstance(t, torch.Tensor)
+    )
 
 
 class Prefetcher(Generic[T]):
@@ -147,11 +120,21 @@ class PrefetchingLoader(Generic[T]):
         seed: int | None,
         device: str | torch.device | None = None,
         overlap: bool = True,
+        num_workers: int = 0,
+        gather_threads: int = 1,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
+        if isinstance(gather_threads, bool) or not isinstance(gather_threads, int) or gather_threads < 1:
+            raise ValueError(f"gather_threads must be an int >= 1, got {gather_threads!r}")
+        self.num_workers = num_workers
+        self.gather_threads = gather_threads
+        self._pool: WorkerPool | None = None
+        self._epoch_key = 0
         self._loop = loop
         self._num_items = num_items
         self.batch_size = batch_size
@@ -206,20 +189,72 @@ class PrefetchingLoader(Generic[T]):
             t0 = time.perf_counter()
             staged = await asyncio.to_thread(copier.stage, batch)
             self.stats.copy += time.perf_counter() - t0
+            if copier.overlap:  # every tensor was copied into the staging buffer once more
+                features = _feature_bytes(batch)
+                self.stats.host_copy_bytes += features
+                self.stats.structure_bytes += max(0, staged.packed - features)
             return staged
 
         return count, make_and_stage
 
-    def _start_epoch(self) -> tuple[int, Prefetcher[T]]:
+    def _worker_recipe(self) -> Any:
+        """What worker processes build batches from (loaders that support ``num_workers``)."""
+        raise ValueError(f"{type(self).__name__} prepares batches on its event loop: use num_workers=0")
+
+    def _worker_task(self, positions: np.ndarray, epoch: int, index: int) -> tuple[np.ndarray, int]:
+        """A worker's task for batch ``index``: its seeds and batch seed."""
+        raise NotImplementedError
+
+    def _client_for_workers(self) -> Any:
+        raise NotImplementedError
+
+    def _worker_pool(self) -> WorkerPool:
+        if self._pool is None:
+            self._pool = WorkerPool(
+                self._client_for_workers(),
+                self._worker_recipe(),
+                self.num_workers,
+                device=self.device,
+                overlap=self.overlap,
+                gather_threads=self.gather_threads,
+            )
+        return self._pool
+
+    def _start_epoch(self) -> tuple[int, Prefetcher[T] | WorkerPrefetcher]:
         """Fresh stats and a prefetcher over the next epoch's batches."""
         self.stats = LoaderStats(epoch=self.epoch)
+        if self.num_workers > 0:
+            pool = self._worker_pool()
+            epoch = self.epoch
+            self.epoch += 1
+            order = self._order(epoch)
+            bs = self.batch_size
+
+            def task(i: int) -> tuple[np.ndarray, int]:
+                return self._worker_task(order[i * bs : (i + 1) * bs], epoch, i)
+
+            self._epoch_key += 1
+            return len(self), WorkerPrefetcher(pool, task, self._epoch_key, len(self), self.prefetch)
         count, make = self._epoch_maker()
         return count, Prefetcher(self._loop, make, count, self.prefetch)
+
+    def close(self) -> None:
+        """Stop the worker processes, if any (also done when the loader is garbage collected)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    def __del__(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.close()
 
     def _received(self, waited_since: float, result: Any) -> T:
         """Account the wait for ``result``; on a device, make it usable on the current stream."""
         self.stats.wait += time.perf_counter() - waited_since
         self.stats.batches += 1
+        if isinstance(result, WorkerBatch):
+            return deliver(result, self.stats, self.device, self.overlap)  # type: ignore[no-any-return]
         if self._copier is None:
             return result  # type: ignore[no-any-return]
         t0 = time.perf_counter()
@@ -248,7 +283,7 @@ class PrefetchingLoader(Generic[T]):
             for i in range(count):
                 future = prefetcher.next_future(i)
                 t0 = time.perf_counter()
-                result = await asyncio.wrap_future(future)
+                result: Any = await asyncio.wrap_future(future)
                 batch = self._received(t0, result)
                 handed = time.perf_counter()
                 yield batch
@@ -309,4 +344,5 @@ class DistDataLoader(PrefetchingLoader[Any]):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, items)
 
     def close(self) -> None:
+        super().close()
         self._executor.shutdown(wait=True, cancel_futures=True)

@@ -94,6 +94,10 @@ class PartitionService:
                 limits.check_rows(f"pull from {name!r}", num_rows, row_bytes)  # raises, naming the limit
         return self.store.pull(name, ids)
 
+    def pull_into(self, name: str, ids: np.ndarray, out: np.ndarray, where: np.ndarray | None) -> int:
+        """``pull`` into ``out[where]`` with each row copied once; the host bytes copied."""
+        return self.store.pull_into(name, ids, out, where)
+
     def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str = "assign") -> None:
         self.store.push(name, ids, values, op)
 

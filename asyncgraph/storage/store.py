@@ -346,6 +346,15 @@ class PartitionStore:
             pair[1]()
         return out
 
+    def pull_into(self, name: str, ids: np.ndarray, out: np.ndarray, where: np.ndarray | None) -> int:
+        """``pull`` written straight to ``out[where]`` (``out[:len(ids)]``): the host bytes copied."""
+        from asyncgraph.kernels.gather import gather_into  # kernels import this module
+
+        acc = self._entry(name)
+        local = acc.check(ids)[0]
+        with self._lock.read():
+            return gather_into(acc.rows, local, out, where)
+
     def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str = "assign") -> None:
         """Write rows: ``op="assign"`` (duplicate IDs: last wins) or ``"add"`` (duplicates accumulate).
 

@@ -1,0 +1,216 @@
+"""A loader worker process: builds batches on its own cores and client, into shared slots.
+
+Started by ``dataloading/workers.py`` as ``python -m asyncgraph.dataloading.worker_main MSG_FD
+SLOT_FD``. It reads an ``init`` message (how to open a client like the loader's, the batch
+recipe, the gather threads), opens its own client (connections to the servers and shared memory
+of the co-located partitions; standalone, the loader's in-process stores mapped through their
+fd exporters), loads its compiled kernels, says ``ready``, then builds every ``task`` it is sent
+(several at once on its event loop) into a slot and answers ``result`` or ``error``. It exits
+when its loader says ``stop`` or the channel closes (its loader died): it never outlives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+import torch
+
+from asyncgraph.client.async_client import AsyncClient
+from asyncgraph.client.local import LocalPartition
+from asyncgraph.dataloading.stats import LoaderStats
+from asyncgraph.dataloading.worker_channel import (
+    Slot,
+    WorkerSlots,
+    aligned,
+    decode_frame,
+    encode_frame,
+    pack_batch,
+    tensor_bytes,
+)
+from asyncgraph.kernels import gather
+from asyncgraph.service.local import PartitionService
+
+__all__ = ["main", "open_client"]
+
+
+async def open_client(origin: dict[str, Any], exports: list[tuple[str, bytes]] | None) -> AsyncClient:
+    """A client like the loader's: the same servers and options, or its stores' fd exporters."""
+    if origin.get("kind") == "servers":
+        options = {k: v for k, v in origin.items() if k not in ("kind", "servers")}
+        return await AsyncClient.connect(origin["servers"], **options)
+    if origin.get("kind") == "standalone" and exports is not None:
+        from asyncgraph.partition import PartitionConfig
+        from asyncgraph.storage.fdpass import attach_store
+
+        config = PartitionConfig.load(origin["part_config"])
+        services = [PartitionService(attach_store(address, token)) for address, token in exports]
+        client = AsyncClient(config.graph_name, config.book(), [LocalPartition(s) for s in services])
+        client.catalog.remember(services[0].list_tensors())
+        return client
+    raise RuntimeError(f"a loader worker cannot open a client from {origin.get('kind')!r}")
+
+
+class _Worker:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slots: WorkerSlots
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.slots = slots
+        self.aio: AsyncClient | None = None
+        self.recipe: Any = None
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        self.writer.write(encode_frame(msg))
+
+    async def build(self, key: Any, seeds: np.ndarray, batch_seed: int) -> None:
+        stats = LoaderStats()
+        slot_box: list[Slot] = []
+        feature_end = 0
+
+        def allocate(
+            specs: list[tuple[str, tuple[int, ...], np.dtype[Any]]], blocks: list[Any]
+        ) -> list[np.ndarray]:
+            nonlocal feature_end
+            sizes = [
+                aligned(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize) for _, shape, dtype in specs
+            ]
+            structure = tensor_bytes(blocks) + 2 * aligned(seeds.nbytes) + aligned(8 * max(1, seeds.size))
+            slot = self.slots.acquire(sum(sizes) + structure + 4 * 4096)
+            slot_box.append(slot)
+            out, offset = [], 0
+            for (_, shape, dtype), size in zip(specs, sizes, strict=True):
+                out.append(slot.view(offset, dtype, shape))
+                offset += size
+            feature_end = offset
+            return out
+
+        try:
+            assert self.aio is not None
+            batch = await self.recipe.build(self.aio, seeds, batch_seed, stats, allocate)
+            if slot_box:
+                slot = slot_box[0]
+            else:  # typed batches pull into arrays of their own: the slot is sized afterwards
+                slot = self.slots.acquire(tensor_bytes(batch) + 4096)
+                slot_box.append(slot)
+            t0 = time.perf_counter()
+            try:
+                layout, copied = pack_batch(batch, slot, feature_end)
+            except RuntimeError:  # structure larger than estimated: a bigger slot, everything packed
+                self.slots.release(slot.slot_id)
+                slot = self.slots.acquire(tensor_bytes(batch) + 4096)
+                slot_box[0] = slot
+                layout, copied = pack_batch(batch, slot, 0)
+                stats.host_copy_bytes += stats.feature_bytes
+            if not feature_end:
+                stats.host_copy_bytes += min(copied, stats.feature_bytes)
+            stats.structure_bytes += copied - (0 if feature_end else min(copied, stats.feature_bytes))
+            stats.copy += time.perf_counter() - t0
+            stats.batches = 1
+            self.send(("result", key, layout, stats, self.slots.take_retired()))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # the loader re-raises it in the training loop
+            for slot in slot_box:
+                self.slots.release(slot.slot_id)
+            self.send(("error", key, _portable(exc)))
+
+    async def run(self) -> None:
+        buffer = bytearray()
+        while True:
+            msg = decode_frame(buffer)
+            if msg is None:
+                chunk = await self.reader.read(1 << 20)
+                if not chunk:
+                    return  # the loader is gone
+                buffer += chunk
+                continue
+            kind = msg[0]
+            if kind == "init":
+                await self.init(msg[1])
+            elif kind == "task":
+                _, key, seed_bytes, batch_seed = msg
+                seeds = np.frombuffer(seed_bytes, dtype=np.int64)
+                task = asyncio.get_running_loop().create_task(self.build(key, seeds, batch_seed))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+            elif kind == "free":
+                for slot_id in msg[1]:
+                    self.slots.release(slot_id)
+            elif kind == "stop":
+                return
+            await self.writer.drain()
+
+    async def init(self, spec: dict[str, Any]) -> None:
+        try:
+            torch.set_num_threads(1)
+            gather.set_gather_threads(int(spec.get("gather_threads", 1)))
+            self.aio = await open_client(spec["origin"], spec.get("exports"))
+            self.recipe = spec["recipe"]
+            from asyncgraph.dataloading import relabel_kernel
+            from asyncgraph.kernels.compiled import wait_ready as sampling_ready
+
+            for ready in (relabel_kernel.wait_ready, gather.GATHER.wait_ready, sampling_ready):
+                ready(float(spec.get("jit_timeout", 120.0)))
+            self.send(("ready", os.getpid()))
+        except BaseException as exc:
+            self.send(("failed", _portable(exc)))
+            raise
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` if it pickles (typed errors keep their type), else a RuntimeError with its text."""
+    import pickle
+
+    with contextlib.suppress(Exception):
+        exc.add_note("in the loader worker:\n" + "".join(traceback.format_tb(exc.__traceback__)))
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        return RuntimeError(f"loader worker: {text}")
+
+
+async def _serve(msg_fd: int, slot_fd: int) -> None:
+    sock = socket.socket(fileno=msg_fd)
+    slot_sock = socket.socket(fileno=slot_fd)
+    slot_sock.setblocking(True)
+    reader, writer = await asyncio.open_unix_connection(sock=sock, limit=1 << 24)
+    worker = _Worker(reader, writer, WorkerSlots(slot_sock))
+    try:
+        await worker.run()
+    finally:
+        for task in list(worker.tasks):
+            task.cancel()
+        await asyncio.gather(*worker.tasks, return_exceptions=True)
+        if worker.aio is not None:
+            with contextlib.suppress(Exception):  # leaving anyway; the servers see the socket close
+                await asyncio.wait_for(worker.aio.close(), 5)
+        worker.slots.close()
+        writer.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    msg_fd, slot_fd = int(args[0]), int(args[1])
+    try:
+        import uvloop
+
+        uvloop.run(_serve(msg_fd, slot_fd))
+    except (KeyboardInterrupt, BrokenPipeError, ConnectionError):
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
