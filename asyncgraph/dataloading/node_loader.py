@@ -144,6 +144,8 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
                     carry_features=carry_features,
                 )
             )
+        if num_workers > 0:  # they start now, while the caller sets up its model
+            self._worker_pool()
 
     def _make_batch(self, positions: np.ndarray, epoch: int, index: int) -> Awaitable[MiniBatch]:
         return build_node_batch(
