@@ -87,9 +87,31 @@ def parse_args() -> argparse.Namespace:
         default=0.0,
         help="replace forward/backward/step with a sleep of this many ms (an accelerator-like step)",
     )
+    p.add_argument(
+        "--sim-holds-gil",
+        action="store_true",
+        help="the --sim-ms step spins in Python, holding the GIL as a GPU loop's kernel launches do",
+    )
+    p.add_argument(
+        "--num-workers",
+        default="auto",
+        help="loader worker processes that sample and gather batches (0: the client's event-loop thread; "
+        "auto: on a GPU, the trainer's share of this host's cores less one, at most 4; on CPU, 0)",
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, or auto (the launcher's choice)")
     p.add_argument("--sync-copy", action="store_true", help="copy batches to the device synchronously")
     return p.parse_args()
+
+
+def loader_workers(value: str, device: torch.device) -> int:
+    """``--num-workers``: a count, or ``auto`` (GPU trainers get their cores' worth, less one
+    for the training loop; CPU trainers compute on their cores themselves)."""
+    if value != "auto":
+        return int(value)
+    if device.type != "cuda":
+        return 0
+    trainers_here = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+    return max(1, min(4, len(os.sched_getaffinity(0)) // max(trainers_here, 1) - 1))
 
 
 def all_reduce_sum(values: list[float], distributed: bool, device: torch.device) -> list[float]:
@@ -180,6 +202,7 @@ def main() -> None:
         seed=args.seed * 1000 + rank,
         feature_cache_bytes=cache_bytes,
         carry_features=args.carry_features,
+        num_workers=loader_workers(args.num_workers, device),
         **on_device,
     )
     val_loader = DistNodeDataLoader(
@@ -226,19 +249,33 @@ def main() -> None:
         compute = 0.0
         loss_sum = 0.0
         count = 0
+        # on a GPU: the device time of each step (events), for the GPU's busy share of the epoch
+        gpu_events: list[tuple[Any, Any]] | None = [] if device.type == "cuda" else None
         for index, batch in enumerate(train_loader):
             t0 = time.perf_counter()
             x = batch.blocks[0].srcdata["feat"]
             y = batch.blocks[-1].dstdata["label"]
-            if args.sim_ms > 0:  # the CPU is free while an accelerator would compute
+            if args.sim_ms > 0 and args.sim_holds_gil:  # a Python loop launching kernels: holds the GIL
+                deadline = t0 + args.sim_ms / 1000
+                while time.perf_counter() < deadline:
+                    pass
+                compute += time.perf_counter() - t0
+            elif args.sim_ms > 0:  # the CPU is free while an accelerator would compute
                 time.sleep(args.sim_ms / 1000)
                 compute += time.perf_counter() - t0
             else:
+                if gpu_events is not None:
+                    gpu_events.append(
+                        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                    )
+                    gpu_events[-1][0].record()
                 logits = model(batch.blocks, x)
                 loss = F.cross_entropy(logits, y)
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
+                if gpu_events is not None:
+                    gpu_events[-1][1].record()
                 compute += time.perf_counter() - t0
                 loss_sum += float(loss.detach()) * int(y.numel())
                 count += int(y.numel())
@@ -246,7 +283,10 @@ def main() -> None:
                 break
         if len(train_loader) == 0 and distributed:  # keep DDP's collective calls in step
             raise RuntimeError(f"rank {rank} got no training nodes")
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         epoch_time = time.perf_counter() - t_epoch
+        gpu_busy = sum(a.elapsed_time(b) for a, b in gpu_events) / 1000 if gpu_events else 0.0
         stats = train_loader.stats
         totals["sample"] += stats.sample
         totals["pull"] += stats.pull
@@ -264,6 +304,10 @@ def main() -> None:
                 "compute": round(compute, 4),
                 "wait": round(stats.wait, 4),
                 "copy": round(stats.copy, 4),
+                "gpu_compute": round(gpu_busy, 4),
+                "feature_bytes": stats.feature_bytes,
+                "host_copy_bytes": stats.host_copy_bytes,
+                "structure_bytes": stats.structure_bytes,
                 "traffic": stats.traffic.as_dict(),
                 "cache": train_loader.cache_info,
             }
@@ -324,6 +368,7 @@ def main() -> None:
         print("RESULT " + json.dumps(brief), flush=True)
         if args.result_file is not None and "{rank}" not in str(args.result_file):
             args.result_file.write_text(json.dumps(summary, indent=2))
+    train_loader.close()
     if distributed:
         dist.destroy_process_group()
     asyncgraph.finalize()

@@ -139,7 +139,7 @@ class _Worker:
                 await self.init(msg[1])
             elif kind == "task":
                 _, key, seed_bytes, batch_seed = msg
-                seeds = np.frombuffer(seed_bytes, dtype=np.int64)
+                seeds = np.frombuffer(bytearray(seed_bytes), dtype=np.int64)  # writable, as a loader's are
                 task = asyncio.get_running_loop().create_task(self.build(key, seeds, batch_seed))
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)

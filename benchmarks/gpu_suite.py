@@ -1,0 +1,336 @@
+"""One command for the data path that feeds an accelerator (issue 31), on any machine.
+
+``python -m benchmarks.gpu_suite [--scale 20] [--batches 100] [--quick]`` generates (seeded) and
+partitions its graph (METIS 2-way, train nodes and in-edges balanced; ``train_bench``'s set-up:
+fanouts 10,25, batch 1000, hidden 256), starts 2 servers per case and measures:
+
+* **loader alone** (no model; this process is the trainer, both partitions co-located): batches/s
+  with 0 (the client's loop thread), 1, 2 (and 4 where there are cores) worker processes; the
+  ceiling beside each is ``workers x`` the one-worker rate. Host bytes written per batch over
+  its feature bytes: workers (rows gathered into the shared slot), the loop thread alone, and
+  the loop thread staging for a device (``device="cpu"`` runs the same pack-and-copy path as a
+  GPU: the 2.0x this issue started from).
+* **a 10 ms step that holds the GIL** (a Python spin, as a GPU training loop's kernel launches
+  do), and the same step as a sleep: epoch of one trainer with 0 / 1 / 2 workers against
+  ``max(step, data path / workers)``, the data path being the loader-alone time of one batch
+  on one worker.
+* **CPU trainers** 1 / 2 / 4 / 8 (those the cores allow), one torch thread each: batches/s.
+* **on CUDA** (skipped, and said so, without it): the CUDA tests (``-m cuda`` of
+  ``tests/test_device.py``, ``test_sage_device.py``, ``test_loader_workers_cuda.py``), the
+  GPU epoch with prefetch 0 / 2 / 4 and ``--sync-copy`` on the loop thread and with 2 workers, the
+  GPU's busy time from CUDA events (its utilisation = busy / epoch) and the host bytes per batch.
+
+Writes ``benchmarks/results/gpu_suite.json`` and ``gpu_suite.png``. Needs only the project's
+dependencies (a GPU image lacking some of them: README "Measuring on a GPU host").
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from asyncgraph.client import Client
+from asyncgraph.dataloading import DistNodeDataLoader, NeighborSampler
+from asyncgraph.distributed import DistGraph
+from asyncgraph.testing import start_servers
+from benchmarks.common import (
+    RESULTS,
+    ROOT,
+    add_graph_options,
+    graph_npz,
+    partitioned,
+    subprocess_env,
+    wait_for_sampler,
+)
+from benchmarks.train_bench import breakdown, run_training
+
+TARGETS = {
+    "two_workers_over_one": 1.7,
+    "gil_step_epoch_over_limit": 1.1,
+    "host_copy_over_feature_bytes": 1.0,
+    "gpu_epoch_over_compute": 1.1,
+    "eight_cpu_trainers_over_one": 7.0,
+}
+FANOUTS = [10, 25]  # train_dist's "--fanouts 10,25": the input layer samples 10
+
+
+def loader_alone(
+    part_config: Path, workers: int, batches: int, *, device: str | None = None, repeats: int = 2
+) -> dict[str, Any]:
+    """One loader over 2 fresh servers, no model: the best of ``repeats`` timed epochs of
+    ``batches`` batches (after a warm-up epoch), and the host bytes of the last one."""
+    with tempfile.TemporaryDirectory(prefix="gpu-suite-") as tmp:
+        group = start_servers(part_config, Path(tmp), num_parts=2, num_clients=1)
+        try:
+            wait_for_sampler(group.addresses)
+            client = Client.connect(group.addresses)
+            try:
+                g = DistGraph(client.graph_name, client=client)
+                mask = g.ndata["train_mask"][np.arange(g.num_nodes())].numpy().astype(bool)
+                nids = np.flatnonzero(mask)[: batches * 1000]
+                loader = DistNodeDataLoader(
+                    g, nids, NeighborSampler(FANOUTS), 1000, prefetch=max(2, workers), seed=0,
+                    num_workers=workers, device=device,
+                )  # fmt: skip
+                try:
+                    for _ in loader:  # warm-up: workers started, kernels loaded, slots made
+                        pass
+                    best = float("inf")
+                    for _ in range(repeats):
+                        t0 = time.perf_counter()
+                        n = sum(1 for _ in loader)
+                        best = min(best, time.perf_counter() - t0)
+                    s = loader.stats
+                finally:
+                    loader.close()
+            finally:
+                client.close()
+        finally:
+            group.stop()
+    return {
+        "workers": workers,
+        "device": device,
+        "batches": n,
+        "epoch_s": round(best, 4),
+        "batches_per_s": round(n / best, 2),
+        "ms_per_batch": round(1000 * best / n, 2),
+        "feature_bytes_per_batch": s.feature_bytes // max(s.batches, 1),
+        "host_copy_bytes_per_batch": s.host_copy_bytes // max(s.batches, 1),
+        "host_copy_over_feature_bytes": round(s.host_copy_bytes / max(s.feature_bytes, 1), 3),
+        "structure_bytes_per_batch": s.structure_bytes // max(s.batches, 1),
+    }
+
+
+def loader_cases(part_config: Path, batches: int, cores: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for w in [0, 1, 2] + ([4] if cores >= 4 else []):
+        r = loader_alone(part_config, w, batches)
+        out[f"workers{w}"] = r
+        print(f"loader alone, {w} workers: {r['batches_per_s']:.1f} batches/s, host bytes "
+              f"{r['host_copy_over_feature_bytes']}x feature bytes", flush=True)  # fmt: skip
+    one = out["workers1"]["batches_per_s"]
+    for w in (2, 4):
+        if f"workers{w}" in out:
+            r = out[f"workers{w}"]
+            r["ceiling_batches_per_s"] = round(w * one, 2)
+            r["over_one_worker"] = round(r["batches_per_s"] / one, 3)
+    staged = loader_alone(part_config, 0, batches, device="cpu")
+    out["workers0_staged_for_device"] = staged
+    print(
+        f"loop thread staging for a device: {staged['host_copy_over_feature_bytes']}x feature bytes",
+        flush=True,
+    )
+    return out
+
+
+def step_cases(part_config: Path, batches: int, data_ms: float, epochs: int) -> dict[str, Any]:
+    """One trainer, 10 ms step (GIL-holding spin, then sleep), 0/1/2 workers, vs its limit."""
+    out: dict[str, Any] = {}
+    for holds_gil in (True, False):
+        for w in (0, 1, 2):
+            extra = ["--sim-ms", "10", "--num-workers", str(w)] + (["--sim-holds-gil"] if holds_gil else [])
+            summaries = run_training(
+                part_config, trainers=1, prefetch=2, threads=1, epochs=epochs, max_batches=batches,
+                timeout=900, extra=tuple(extra),
+            )  # fmt: skip
+            r = breakdown(summaries)
+            n = r["batches_per_trainer"]
+            limit = n * max(10.0, data_ms / max(w, 1)) / 1000
+            name = f"{'spin' if holds_gil else 'sleep'}10_workers{w}"
+            out[name] = {
+                "workers": w,
+                "step": "spin (holds the GIL)" if holds_gil else "sleep",
+                "batches": n,
+                "epoch_s": r["epoch_s"],
+                "limit_s": round(limit, 3),
+                "epoch_over_limit": round(r["epoch_s"] / limit, 3),
+                "per_batch_ms": r["per_batch_ms"],
+            }
+            print(f"{name:20s} epoch {r['epoch_s']:.3f} s, limit {limit:.3f} s -> "
+                  f"{out[name]['epoch_over_limit']}x", flush=True)  # fmt: skip
+    for prefetch in (0, 4):  # overlap never loses: deeper prefetch is no slower than none
+        extra = ("--sim-ms", "10", "--sim-holds-gil", "--num-workers", "1")
+        summaries = run_training(
+            part_config, trainers=1, prefetch=prefetch, threads=1, epochs=epochs, max_batches=batches,
+            timeout=900, extra=extra,
+        )  # fmt: skip
+        r = breakdown(summaries)
+        name = f"spin10_workers1_prefetch{prefetch}"
+        out[name] = {"workers": 1, "prefetch": prefetch, "epoch_s": r["epoch_s"]}
+        out[name]["per_batch_ms"] = r["per_batch_ms"]
+        print(f"spin10 1 worker, prefetch {prefetch}: epoch {r['epoch_s']:.3f} s", flush=True)
+    return out
+
+
+def cpu_trainer_cases(part_config: Path, counts: list[int], batches: int, epochs: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for n in counts:
+        summaries = run_training(
+            part_config, trainers=n, prefetch=2, threads=1, epochs=epochs, max_batches=batches, timeout=900
+        )
+        r = breakdown(summaries)
+        rate = n * r["batches_per_trainer"] / r["epoch_s"]
+        out[f"trainers{n}"] = {"trainers": n, "epoch_s": r["epoch_s"], "batches_per_s": round(rate, 2),
+                               "per_batch_ms": r["per_batch_ms"]}  # fmt: skip
+        print(f"{n} CPU trainers: {rate:.1f} batches/s", flush=True)
+    one = out[f"trainers{counts[0]}"]["batches_per_s"] if counts and counts[0] == 1 else None
+    if one:
+        for v in out.values():
+            v["over_one"] = round(v["batches_per_s"] / one, 3)
+    return out
+
+
+def gpu_cases(part_config: Path, batches: int, epochs: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    tests = ["tests/test_device.py", "tests/test_sage_device.py", "tests/test_loader_workers_cuda.py"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-m", "cuda or not cuda", *tests],
+        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    out["cuda_tests"] = {"exit": proc.returncode, "tail": proc.stdout[-1500:]}
+    print(f"CUDA tests: exit {proc.returncode}\n{proc.stdout[-400:]}", flush=True)
+    cases = (
+        [(p, False, 0) for p in (0, 2, 4)]
+        + [(2, True, 0)]
+        + [(p, False, 2) for p in (0, 2, 4)]
+        + [(2, True, 2)]
+    )
+    for prefetch, sync, workers in cases:
+        summaries = run_training(
+            part_config, trainers=1, prefetch=prefetch, threads=4, epochs=epochs, max_batches=batches,
+            timeout=900, device="cuda", sync_copy=sync, extra=("--num-workers", str(workers)),
+        )  # fmt: skip
+        r = breakdown(summaries)
+        last = summaries[0]["epoch_stats"][-1]
+        busy = float(last.get("gpu_compute", 0.0))
+        name = f"prefetch{prefetch}{'_sync' if sync else ''}_workers{workers}"
+        out[name] = {
+            "prefetch": prefetch, "sync_copy": sync, "workers": workers, "epoch_s": r["epoch_s"],
+            "gpu_busy_s": round(busy, 4), "gpu_utilisation": round(busy / max(r["epoch_s"], 1e-9), 3),
+            "epoch_over_gpu_compute": round(r["epoch_s"] / max(busy, 1e-9), 3),
+            "per_batch_ms": r["per_batch_ms"],
+            "host_copy_over_feature_bytes": round(
+                last.get("host_copy_bytes", 0) / max(last.get("feature_bytes", 1), 1), 3
+            ),
+        }  # fmt: skip
+        print(f"GPU {name:28s} epoch {r['epoch_s']:.3f} s, GPU busy {busy:.3f} s "
+              f"({100 * out[name]['gpu_utilisation']:.0f}%)", flush=True)  # fmt: skip
+    return out
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3 if results.get("gpu") else 2, figsize=(15, 4.5))
+    loader = {
+        k: v for k, v in results["loader_alone"].items() if k.startswith("workers") and "staged" not in k
+    }
+    ax = axes[0]
+    names = list(loader)
+    ax.bar(names, [loader[n]["batches_per_s"] for n in names], color="#4477aa", label="measured")
+    ax.scatter(names, [loader[n].get("ceiling_batches_per_s", np.nan) for n in names], color="k", marker="_",
+               s=600, label="ceiling: workers x one worker")  # fmt: skip
+    ax.set_ylabel("batches/s")
+    ax.set_title("loader alone (no model)")
+    ax.legend()
+    ax = axes[1]
+    steps = {k: v for k, v in results["gil_step"].items() if "limit_s" in v}
+    names = list(steps)
+    ax.bar(names, [steps[n]["epoch_s"] for n in names], color="#ee6677", label="epoch")
+    ax.scatter(names, [steps[n]["limit_s"] for n in names], color="k", marker="_", s=600, label="limit")
+    ax.set_ylabel("s")
+    ax.set_title("1 trainer, 10 ms step")
+    ax.tick_params(axis="x", rotation=60)
+    ax.legend()
+    if results.get("gpu"):
+        ax = axes[2]
+        gpu = {k: v for k, v in results["gpu"].items() if k.startswith("prefetch")}
+        names = list(gpu)
+        ax.bar(names, [gpu[n]["epoch_s"] for n in names], color="#228833", label="epoch")
+        ax.scatter(
+            names, [gpu[n]["gpu_busy_s"] for n in names], color="k", marker="_", s=600, label="GPU busy"
+        )
+        ax.set_title("GPU epoch")
+        ax.tick_params(axis="x", rotation=60)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_graph_options(p, 20)
+    p.add_argument("--batches", type=int, default=100, help="batches per epoch in every case")
+    p.add_argument("--epochs", type=int, default=2, help="epochs per training run; the last is reported")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 10 batches, 1 epoch")
+    p.add_argument("--skip", default="", help="comma list of parts to skip: loader,step,cpu,gpu")
+    p.add_argument("--out", type=Path, default=RESULTS / "gpu_suite.json")
+    p.add_argument("--png", type=Path, default=RESULTS / "gpu_suite.png")
+    args = p.parse_args()
+    if args.quick:
+        args.batches, args.epochs = 10, 1
+    skip = set(filter(None, args.skip.split(",")))
+    cores = len(os.sched_getaffinity(0))
+    npz = graph_npz(args)
+    part_config = partitioned(npz, 2, balance=True)
+    cuda = torch.cuda.is_available()
+    results: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.machine()}, {cores} cores, torch {torch.__version__}",
+        "gpu": None,
+        "cuda_device": torch.cuda.get_device_name(0) if cuda else None,
+        "setup": {
+            "graph": str(npz),
+            "partition": str(part_config),
+            "servers": 2,
+            "fanouts": FANOUTS,
+            "batch_size": 1000,
+            "hidden": 256,
+            "batches": args.batches,
+            "epochs": args.epochs,
+        },
+        "targets": TARGETS,
+        "skipped": [],
+    }
+    if "loader" not in skip:
+        results["loader_alone"] = loader_cases(part_config, args.batches, cores)
+    data_ms = results.get("loader_alone", {}).get("workers1", {}).get("ms_per_batch", 0.0)
+    if "step" not in skip:
+        results["gil_step"] = step_cases(part_config, args.batches, data_ms, args.epochs)
+    if "cpu" not in skip:
+        counts = [n for n in (1, 2, 4, 8) if n <= cores]
+        results["cpu_trainers"] = cpu_trainer_cases(part_config, counts, args.batches, args.epochs)
+        if cores < 8:
+            results["skipped"].append(f"CPU trainers above {cores} (this machine has {cores} cores)")
+    if cuda and "gpu" not in skip:
+        results["gpu"] = gpu_cases(part_config, args.batches, args.epochs)
+    elif not cuda:
+        results["skipped"].append("every CUDA case (no CUDA device): CUDA tests, GPU epochs, GPU utilisation")
+    for line in results["skipped"]:
+        print(f"skipped: {line}", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    if "loader_alone" in results and "gil_step" in results:
+        plot(results, args.png)
+    print(f"wrote {args.out}" + (f" and {args.png}" if args.png.is_file() else ""), flush=True)
+
+
+if __name__ == "__main__":
+    main()
