@@ -67,7 +67,13 @@ FANOUTS = [10, 25]  # train_dist's "--fanouts 10,25": the input layer samples 10
 
 
 def loader_alone(
-    part_config: Path, workers: int, batches: int, *, device: str | None = None, repeats: int = 2
+    part_config: Path,
+    workers: int,
+    batches: int,
+    *,
+    device: str | None = None,
+    repeats: int = 2,
+    mode: str = "process",
 ) -> dict[str, Any]:
     """One loader over 2 fresh servers, no model: the best of ``repeats`` timed epochs of
     ``batches`` batches (after a warm-up epoch), and the host bytes of the last one."""
@@ -82,7 +88,7 @@ def loader_alone(
                 nids = np.flatnonzero(mask)[: batches * 1000]
                 loader = DistNodeDataLoader(
                     g, nids, NeighborSampler(FANOUTS), 1000, prefetch=max(2, workers), seed=0,
-                    num_workers=workers, device=device,
+                    num_workers=workers, device=device, worker_mode=mode,
                 )  # fmt: skip
                 try:
                     for _ in loader:  # warm-up: workers started, kernels loaded, slots made
@@ -101,6 +107,7 @@ def loader_alone(
             group.stop()
     return {
         "workers": workers,
+        "mode": mode,
         "device": device,
         "batches": n,
         "epoch_s": round(best, 4),
@@ -126,6 +133,11 @@ def loader_cases(part_config: Path, batches: int, cores: int) -> dict[str, Any]:
             r = out[f"workers{w}"]
             r["ceiling_batches_per_s"] = round(w * one, 2)
             r["over_one_worker"] = round(r["batches_per_s"] / one, 3)
+    for w in (1, 2):  # the same workers on threads of the training process: what the GIL allows
+        r = loader_alone(part_config, w, batches, mode="thread")
+        r["over_one_process_worker"] = round(r["batches_per_s"] / one, 3)
+        out[f"threads{w}"] = r
+        print(f"loader alone, {w} worker threads: {r['batches_per_s']:.1f} batches/s", flush=True)
     staged = loader_alone(part_config, 0, batches, device="cpu")
     out["workers0_staged_for_device"] = staged
     print(

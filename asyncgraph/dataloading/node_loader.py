@@ -71,6 +71,8 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
     training loop's thread then only trains, and each batch's feature rows are gathered once,
     straight into memory the device copy reads (pinned on CUDA hosts). ``gather_threads`` splits
     each worker's large gathers over that many threads. Results equal ``num_workers=0``'s.
+    ``worker_mode="thread"`` runs the same workers on threads of this process instead (measured
+    against processes in ``benchmarks/README.md`` §18; processes win, so they are the default).
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
         carry_features: bool = False,
         num_workers: int = 0,
         gather_threads: int = 1,
+        worker_mode: str = "process",
     ) -> None:
         client = client_of(g)
         # Heterogeneous graphs: {ntype: ids or mask}; batches mix types, homogeneous IDs inside.
@@ -118,6 +121,7 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
             overlap,
             num_workers=num_workers,
             gather_threads=gather_threads,
+            worker_mode=worker_mode,
         )
         self.client = client
         self.async_client: AsyncClient = client.async_client

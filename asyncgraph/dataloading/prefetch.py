@@ -122,6 +122,7 @@ class PrefetchingLoader(Generic[T]):
         overlap: bool = True,
         num_workers: int = 0,
         gather_threads: int = 1,
+        worker_mode: str = "process",
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -131,8 +132,11 @@ class PrefetchingLoader(Generic[T]):
             raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
         if isinstance(gather_threads, bool) or not isinstance(gather_threads, int) or gather_threads < 1:
             raise ValueError(f"gather_threads must be an int >= 1, got {gather_threads!r}")
+        if worker_mode not in ("process", "thread"):
+            raise ValueError(f"worker_mode must be 'process' or 'thread', got {worker_mode!r}")
         self.num_workers = num_workers
         self.gather_threads = gather_threads
+        self.worker_mode = worker_mode
         self._pool: WorkerPool | None = None
         self._epoch_key = 0
         self._loop = loop
@@ -217,6 +221,7 @@ class PrefetchingLoader(Generic[T]):
                 device=self.device,
                 overlap=self.overlap,
                 gather_threads=self.gather_threads,
+                mode=self.worker_mode,
             )
         return self._pool
 

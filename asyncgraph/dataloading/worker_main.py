@@ -152,7 +152,8 @@ class _Worker:
 
     async def init(self, spec: dict[str, Any]) -> None:
         try:
-            torch.set_num_threads(1)
+            if spec.get("process", True):  # a thread of the training process keeps its torch threads
+                torch.set_num_threads(1)
             gather.set_gather_threads(int(spec.get("gather_threads", 1)))
             self.aio = await open_client(spec["origin"], spec.get("exports"))
             self.recipe = spec["recipe"]
@@ -198,6 +199,20 @@ async def _serve(msg_fd: int, slot_fd: int) -> None:
                 await asyncio.wait_for(worker.aio.close(), 5)
         worker.slots.close()
         writer.close()
+
+
+def run_in_thread(msg_fd: int, slot_fd: int) -> None:
+    """A worker on a thread of the loader's process (``worker_mode="thread"``, for comparison)."""
+    import contextlib as _contextlib
+
+    from asyncgraph.client.loop_thread import new_event_loop
+
+    loop = new_event_loop()
+    try:
+        with _contextlib.suppress(BrokenPipeError, ConnectionError):
+            loop.run_until_complete(_serve(msg_fd, slot_fd))
+    finally:
+        loop.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -119,6 +119,36 @@ class _Worker:
             self.sock.sendall(encode_frame(msg))
 
 
+class _WorkerThread:
+    """``subprocess.Popen``'s few methods the pool uses, for a worker run on a thread."""
+
+    def __init__(self, msg_fd: int, slot_fd: int) -> None:
+        from asyncgraph.dataloading.worker_main import run_in_thread
+
+        self.pid = os.getpid()
+        self.returncode: int | None = None
+        self._thread = threading.Thread(
+            target=run_in_thread, args=(msg_fd, slot_fd), name="asyncgraph-loader-worker", daemon=True
+        )
+        self._thread.start()
+
+    def poll(self) -> int | None:
+        if self._thread.is_alive():
+            return None
+        self.returncode = 0
+        return 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise subprocess.TimeoutExpired("loader worker thread", timeout or 0.0)
+        self.returncode = 0
+        return 0
+
+    def kill(self) -> None:
+        pass  # it stops when its sockets close
+
+
 class WorkerPool:
     """``num_workers`` processes building batches of ``recipe`` for one loader (see the module)."""
 
@@ -132,7 +162,11 @@ class WorkerPool:
         overlap: bool,
         gather_threads: int = 1,
         startup_timeout: float = 180.0,
+        mode: str = "process",
     ) -> None:
+        if mode not in ("process", "thread"):
+            raise ValueError(f"worker mode must be 'process' or 'thread', got {mode!r}")
+        self.mode = mode
         if num_workers < 1:
             raise ValueError(f"a worker pool needs at least one worker, got {num_workers}")
         self.client = client
@@ -147,7 +181,13 @@ class WorkerPool:
         self._lock = threading.Lock()
         origin = client.async_client.state.origin
         exports = self._export_stores() if origin.get("kind") == "standalone" else None
-        spec = {"origin": origin, "exports": exports, "recipe": recipe, "gather_threads": gather_threads}
+        spec = {
+            "origin": origin,
+            "exports": exports,
+            "recipe": recipe,
+            "gather_threads": gather_threads,
+            "process": mode == "process",
+        }
         try:
             for i in range(num_workers):
                 self._workers.append(self._spawn(i))
@@ -191,6 +231,9 @@ class WorkerPool:
     def _spawn(self, index: int) -> _Worker:
         msg_parent, msg_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         slot_parent, slot_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        if self.mode == "thread":
+            proc: Any = _WorkerThread(msg_child.detach(), slot_child.detach())
+            return _Worker(index, proc, msg_parent, slot_parent)
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
         try:
