@@ -35,7 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import asyncgraph
 from asyncgraph.dataloading import DistNodeDataLoader, NeighborSampler
-from asyncgraph.distributed import ddp_backend, trainer_device
+from asyncgraph.distributed import ddp_backend, resolve_device
 from asyncgraph.nn import GraphSAGE
 
 
@@ -98,7 +98,11 @@ def parse_args() -> argparse.Namespace:
         help="loader worker processes that sample and gather batches (0: the client's event-loop thread; "
         "auto: on a GPU, the trainer's share of this host's cores less one, at most 4; on CPU, 0)",
     )
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, or auto (the launcher's choice)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu, cuda (this trainer's GPU: cuda:LOCAL_RANK), cuda:N, or auto (the launcher's choice)",
+    )
     p.add_argument("--sync-copy", action="store_true", help="copy batches to the device synchronously")
     return p.parse_args()
 
@@ -152,12 +156,11 @@ def main() -> None:
         local_parts = [rank * num_parts // world_size]
     asyncgraph.initialize(args.ip_config, local_partitions=local_parts)
     distributed = world_size > 1
-    device = trainer_device() if args.device == "auto" else torch.device(args.device)
+    device = resolve_device(args.device)  # auto: the launcher's cuda:LOCAL_RANK or cpu
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    if distributed:
-        backend = "gloo" if device.type == "cpu" else ddp_backend()
-        dist.init_process_group(backend, rank=rank, world_size=world_size)
+    if distributed:  # nccl only on a CUDA device
+        dist.init_process_group(ddp_backend(device), rank=rank, world_size=world_size)
     graph_name = args.graph_name
     if graph_name is None:
         if args.part_config is None:

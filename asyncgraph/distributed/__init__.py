@@ -30,7 +30,7 @@ from .queries import EdgePartitionPolicy, NodePartitionPolicy
 from .sampling import find_edges, in_subgraph, sample_neighbors
 from .split import edge_split, node_split
 from .tensor import DistTensor, Initializer, normal_init, uniform_init, zeros_init
-from .trainers import ddp_backend, spawn_trainers, trainer_device
+from .trainers import ddp_backend, resolve_device, spawn_trainers, trainer_device
 
 if TYPE_CHECKING:
     from asyncgraph.dataloading.edge_loader import DistEdgeDataLoader
@@ -77,6 +77,7 @@ __all__ = [
     "node_split",
     "normal_init",
     "partition_graph",
+    "resolve_device",
     "sample_etype_neighbors",
     "sample_neighbors",
     "shutdown_servers",

@@ -2,7 +2,9 @@
 
 ``trainer_device()`` / ``ddp_backend()`` read what the launcher (or :func:`spawn_trainers`)
 exported (``ASYNCGRAPH_DEVICE``, ``ASYNCGRAPH_DDP_BACKEND``), falling back to ``cuda:LOCAL_RANK``
-and nccl when CUDA is available, else ``cpu`` and gloo.
+and nccl when CUDA is available, else ``cpu`` and gloo. ``resolve_device(choice)`` turns a
+trainer's ``--device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``) into its device: a bare
+``cuda`` is this trainer's own GPU, never every trainer's ``cuda:0``.
 
 ``spawn_trainers(fn, nprocs, part_config)`` is the tutorial's ``torch.multiprocessing.spawn``
 over one machine's data: it starts one server per partition on loopback (ephemeral ports, a fresh
@@ -26,11 +28,16 @@ import torch
 
 from asyncgraph.env import ENV_DDP_BACKEND, ENV_DEVICE, ENV_IP_CONFIG, ENV_PART_CONFIG, ENV_SECRET_FILE
 
-__all__ = ["ddp_backend", "spawn_trainers", "trainer_device"]
+__all__ = ["ddp_backend", "resolve_device", "spawn_trainers", "trainer_device"]
 
 
-def ddp_backend() -> str:
-    """The torch.distributed backend for this trainer: ``$ASYNCGRAPH_DDP_BACKEND``, else nccl/gloo."""
+def ddp_backend(device: torch.device | None = None) -> str:
+    """The torch.distributed backend for this trainer. Given its ``device``, the backend follows
+    it: nccl on CUDA, gloo elsewhere (nccl only moves CUDA tensors; a trainer that picked its
+    own GPU in a CPU launch still gets nccl). Without one: ``$ASYNCGRAPH_DDP_BACKEND`` (the
+    launcher's choice), else nccl when :func:`trainer_device` is CUDA, else gloo."""
+    if device is not None:
+        return "nccl" if device.type == "cuda" else "gloo"
     chosen = os.environ.get(ENV_DDP_BACKEND)
     if chosen:
         return chosen
@@ -45,6 +52,25 @@ def trainer_device() -> torch.device:
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     return torch.device("cpu")
+
+
+def resolve_device(choice: str = "auto") -> torch.device:
+    """The device a trainer's ``--device`` names. ``auto``: :func:`trainer_device` (the
+    launcher's choice); ``cuda``: this trainer's GPU (``$ASYNCGRAPH_DEVICE`` when that is a
+    CUDA device, else ``cuda:LOCAL_RANK``), so co-located trainers never share ``cuda:0``;
+    anything else torch names (``cpu``, ``cuda:N``) as given; ``ValueError`` for what it does not."""
+    if choice == "auto":
+        return trainer_device()
+    try:
+        device = torch.device(choice)
+    except RuntimeError:
+        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {choice!r}") from None
+    if device.type == "cuda" and device.index is None:
+        launched = os.environ.get(ENV_DEVICE, "")
+        if launched.startswith("cuda:"):
+            return torch.device(launched)
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return device
 
 
 def _devices(device: str, nprocs: int) -> list[str]:

@@ -31,6 +31,7 @@ from asyncgraph.launch.processes import (
     local_cores,
     omp_threads,
     parse_gpus,
+    plan_trainers,
     replica_args,
     server_argv,
 )
@@ -46,11 +47,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--part-config", type=Path, required=True, help="partition JSON written by partition_graph"
     )
-    parser.add_argument("--num-trainers", type=int, default=None, help="trainers per partition (default 1)")
+    parser.add_argument(
+        "--num-trainers",
+        type=int,
+        default=None,
+        help="trainers per partition (default 1; with --num-gpus-per-host: one per GPU of each host)",
+    )
     parser.add_argument(
         "--num-gpus-per-host",
         default=None,
-        help="one trainer per GPU: a count or 'auto' (torch.cuda.device_count() here); sets nccl",
+        help="GPUs of each host, a count or 'auto' (torch.cuda.device_count() here): one trainer per "
+        "GPU of each host however many partitions it serves, on cuda:LOCAL_RANK, with nccl",
     )
     parser.add_argument(
         "--num-servers",
@@ -175,12 +182,7 @@ def _launch(args: argparse.Namespace) -> int:
         gpus = parse_gpus(args.num_gpus_per_host)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    if gpus is not None and args.num_trainers not in (None, gpus):
-        raise CliError(
-            f"--num-trainers {args.num_trainers} contradicts --num-gpus-per-host {gpus} (one trainer per GPU)"
-        )
-    num_trainers = gpus if gpus is not None else (1 if args.num_trainers is None else args.num_trainers)
-    if num_trainers < 1:
+    if args.num_trainers is not None and args.num_trainers < 1:
         raise CliError("--num-trainers must be at least 1")
     if args.restart_servers < 0:
         raise CliError("--restart-servers must be at least 0")
@@ -192,7 +194,6 @@ def _launch(args: argparse.Namespace) -> int:
     part_config = args.part_config.resolve()
     config: PartitionConfig = part_config_checked(part_config)
     num_parts = config.num_parts
-    world_size = num_parts * num_trainers
     hosts: list[tuple[str, int]]
     if args.ip_config is not None:
         if not args.ip_config.is_file():
@@ -219,6 +220,19 @@ def _launch(args: argparse.Namespace) -> int:
     # Across hosts, bind and advertise addresses, not names: a host's own name is 127.0.1.1 on
     # Debian/Ubuntu (netif.job_address); on one host the names are fine as they are.
     address = {host: host if all_local else job_address(host, names) for host in names}
+    # Trainers per host follow its GPUs, so every name of one machine counts as that machine:
+    # all local names as the first, a remote name as its address.
+    first_local = next((h for h in names if local[h]), "")
+    machine = {h: first_local if local[h] else address[h] for h in names}
+    name_of = {machine[h]: h for h in reversed(names)}  # a machine's first name in the ip_config
+    try:
+        slots = plan_trainers(
+            [machine[h] for h in names], per_partition=args.num_trainers, gpus_per_host=gpus
+        )
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    world_size = len(slots)
+    trainer_hosts = [name_of[slot.host] for slot in slots]
     ssh = SshCommand.from_args(args)
     forwarded = forwarded_env(args.env, os.environ)
     # Remote hosts get the secret, ip_config and readiness over their ssh channel: the launch
@@ -307,7 +321,6 @@ def _launch(args: argparse.Namespace) -> int:
             master_port = free_port(master_addr)
         else:
             master_port = ssh.free_port(master_addr, args.python)
-        trainer_hosts = [hosts[rank // num_trainers][0] for rank in range(world_size)]
         local_count = sum(local[h] for h in trainer_hosts)
         user_omp = OMP_ENV in base_env
         local_omp = str(omp_threads(local_cores(), local_count))
@@ -327,19 +340,17 @@ def _launch(args: argparse.Namespace) -> int:
                 flush=True,
             )
         trainers: list[Proc] = []
-        for rank in range(world_size):
-            part_id = rank // num_trainers
-            local_rank = rank % num_trainers
-            host = hosts[part_id][0]
+        for rank, (slot, host) in enumerate(zip(slots, trainer_hosts, strict=True)):
             env = {
                 ENV_PART_CONFIG: str(part_config) if local[host] else per_host.get(host, default_remote),
                 "MASTER_ADDR": master_addr,
                 "MASTER_PORT": str(master_port),
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world_size),
-                "LOCAL_RANK": str(local_rank),
+                "LOCAL_RANK": str(slot.local_rank),  # distinct on its host: its GPU's index
+                "LOCAL_WORLD_SIZE": str(slot.local_world_size),
                 ENV_DDP_BACKEND: "nccl" if gpus is not None else "gloo",
-                ENV_DEVICE: f"cuda:{local_rank}" if gpus is not None else "cpu",
+                ENV_DEVICE: slot.device,
                 "PYTHONUNBUFFERED": "1",
             }
             if args.restart_servers:
@@ -359,7 +370,7 @@ def _launch(args: argparse.Namespace) -> int:
                     env={**forwarded, **env},
                     files={"secret": secret_text, "ip_config.txt": ip_config_text},
                     rendezvous=None if is_loopback(master_addr) else master_addr,
-                    omp_share=None if user_omp else trainer_hosts.count(host),
+                    omp_share=None if user_omp else slot.local_world_size,
                     grace=launcher.grace,
                     heartbeat=args.heartbeat_timeout,
                 )

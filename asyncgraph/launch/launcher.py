@@ -1,9 +1,9 @@
 """``python -m asyncgraph.launch``: start servers and trainers, locally or over ssh.
 
 Locally it starts one server per partition on 127.0.0.1 (ephemeral ports, a fresh shared
-secret), waits until each has written its ready file, then starts ``num_trainers`` trainers per
-partition with everything ``asyncgraph.initialize`` and ``torch.distributed`` need in their
-environment. Every line a process prints is prefixed with its role and rank. When a process
+secret), waits until each has written its ready file, then starts the trainers
+(``processes.plan_trainers``) with everything ``asyncgraph.initialize`` and ``torch.distributed``
+need in their environment. Every line a process prints is prefixed with its role and rank. When a process
 fails, on Ctrl-C, or when every trainer has finished, it stops every process it started and exits
 with the failing process's status in the shell's convention (128 + N for a process killed by
 signal N; 0 when all trainers succeeded); SIGINT, SIGTERM and SIGHUP of the launcher stop
@@ -17,11 +17,14 @@ Unless ``OMP_NUM_THREADS`` is set, each trainer gets ``OMP_NUM_THREADS`` = its h
 trainers on that host (at least 1), as torchrun does, so co-located trainers do not
 oversubscribe the cores.
 
-With ``--num-gpus-per-host N`` (or ``auto``: ``torch.cuda.device_count()`` on this host) there
-is one trainer per GPU: ``N`` trainers per partition (one partition per host, as DGL deploys),
-trainer ``LOCAL_RANK`` uses ``cuda:LOCAL_RANK``, and ``ASYNCGRAPH_DDP_BACKEND=nccl``; otherwise
-trainers get ``cpu`` and ``gloo``. ``auto`` on a host without GPUs is an error (use
-``--num-trainers`` for CPU trainers).
+CPU trainers: ``--num-trainers T`` per partition (default 1). With ``--num-gpus-per-host N`` (or
+``auto``: ``torch.cuda.device_count()`` on this host, taken for every host) there is one trainer
+per GPU of each host, ``N`` on every host however many partitions it serves (each trainer
+reaches every partition), or ``T`` per partition when ``--num-trainers`` is given, refused
+(exit 2, naming both numbers) where a host would get more trainers than GPUs. ``LOCAL_RANK``
+counts the trainers of one host (all local names are one host), trainer ``LOCAL_RANK`` uses
+``cuda:LOCAL_RANK`` and ``ASYNCGRAPH_DDP_BACKEND=nccl``; otherwise trainers get ``cpu`` and
+``gloo``. ``auto`` on a host without GPUs is an error (use ``--num-trainers`` for CPU trainers).
 
 With ``--ip-config`` naming other hosts, servers and trainers are started there with ``ssh``
 (key-based, non-interactive), in the same working directory, each under an agent

@@ -1,5 +1,6 @@
-"""Starting processes: server command lines, ready files, free ports, GPU and core counts
-and each trainer's ``OMP_NUM_THREADS`` (ssh: ``sshcmd`` and the agent, ``remote``).
+"""Starting processes: server command lines, ready files, free ports, GPU and core counts,
+where each trainer runs (``plan_trainers``) and its ``OMP_NUM_THREADS`` (ssh: ``sshcmd`` and
+the agent, ``remote``).
 
 Shared by the launcher (``asyncgraph.launch``), the test and benchmark helper
 (``asyncgraph.testing``) and ``asyncgraph.distributed.trainers``; nothing here keeps state.
@@ -14,17 +15,20 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
     "LOCAL_HOSTS",
     "OMP_ENV",
     "ServerExitedError",
+    "TrainerSlot",
     "detect_gpus",
     "free_port",
     "local_cores",
     "omp_threads",
     "parse_gpus",
+    "plan_trainers",
     "process_alive",
     "replica_args",
     "server_argv",
@@ -82,6 +86,62 @@ def parse_gpus(value: str | None) -> int | None:
     if count < 1:
         raise ValueError(f"--num-gpus-per-host must be at least 1 (or 'auto'), got {count}")
     return count
+
+
+@dataclass(frozen=True)
+class TrainerSlot:
+    """Where one trainer runs (its rank is its index in :func:`plan_trainers`' list)."""
+
+    #: Its host, as the caller named it (one name per machine).
+    host: str
+    #: Its index among the trainers of its host (``LOCAL_RANK``): distinct on a host.
+    local_rank: int
+    #: How many trainers its host runs (``LOCAL_WORLD_SIZE``).
+    local_world_size: int
+    #: ``cuda:<local_rank>`` (an index below the host's GPU count) or ``cpu``.
+    device: str
+
+
+def plan_trainers(
+    part_hosts: Sequence[str], *, per_partition: int | None, gpus_per_host: int | None
+) -> list[TrainerSlot]:
+    """Every trainer of a job, in rank order, from the host of each partition.
+
+    With ``gpus_per_host`` a host runs one trainer per GPU, however many partitions it serves
+    (each trainer reaches every partition anyway): ``gpus_per_host`` on each host, or
+    ``per_partition`` times its partitions when that is given. Without it (CPU trainers)
+    each partition gets ``per_partition`` (default 1). Ranks go host by host (GPUs) or
+    partition by partition (a count per partition), so trainers of one partition are
+    consecutive, as ``node_split`` expects. ``LOCAL_RANK`` counts the trainers of one host.
+
+    ``ValueError`` naming both numbers when a host would get more trainers than GPUs.
+    """
+    if per_partition is not None and per_partition < 1:
+        raise ValueError("--num-trainers must be at least 1")
+    hosts = list(dict.fromkeys(part_hosts))  # each once, in order of first appearance
+    order: list[str]
+    if gpus_per_host is not None and per_partition is None:
+        order = [host for host in hosts for _ in range(gpus_per_host)]
+    else:
+        order = [host for host in part_hosts for _ in range(per_partition or 1)]
+    on_host = {host: order.count(host) for host in hosts}
+    if gpus_per_host is not None:
+        for host in hosts:
+            if on_host[host] > gpus_per_host:
+                parts = part_hosts.count(host)
+                raise ValueError(
+                    f"{on_host[host]} trainers on {host} ({per_partition} per partition x {parts} "
+                    f"partitions) but it has {gpus_per_host} GPU{'s' if gpus_per_host > 1 else ''} "
+                    "(--num-gpus-per-host): at most one trainer per GPU; leave out --num-trainers "
+                    "for one trainer per GPU"
+                )
+    seen = dict.fromkeys(hosts, 0)
+    slots = []
+    for host in order:
+        local_rank, seen[host] = seen[host], seen[host] + 1
+        device = "cpu" if gpus_per_host is None else f"cuda:{local_rank}"
+        slots.append(TrainerSlot(host, local_rank, on_host[host], device))
+    return slots
 
 
 def server_argv(
