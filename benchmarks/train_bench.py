@@ -221,16 +221,20 @@ def traffic_cases(
 
 def sim_cases(part_config: Path, epochs: int, max_batches: int, timeout: float) -> dict[str, Any]:
     """The accelerator-like epoch: forward/backward replaced by a sleep of S ms (CPU free), 2
-    trainers, prefetch 2; the limit is batches x S."""
+    trainers, prefetch 2; the limit is batches x S. ``spin10_workers1``: the 10 ms step spins in
+    Python instead (it holds the GIL, as a GPU loop launching kernels does), each trainer with one
+    loader worker process (``benchmarks.gpu_suite`` has its limit from the data path too)."""
     out: dict[str, Any] = {}
-    for sim_ms in (10, 40):
+    cases = [(f"sim{ms}", ms, ("--sim-ms", str(ms))) for ms in (10, 40)]
+    cases.append(("spin10_workers1", 10, ("--sim-ms", "10", "--sim-holds-gil", "--num-workers", "1")))
+    for name, sim_ms, extra in cases:
         summaries = run_training(
             part_config, trainers=2, prefetch=2, threads=1, epochs=epochs, max_batches=max_batches,
-            timeout=timeout, extra=("--sim-ms", str(sim_ms)),
+            timeout=timeout, extra=extra,
         )  # fmt: skip
         r = breakdown(summaries)
         limit = r["batches_per_trainer"] * sim_ms / 1000
-        out[f"sim{sim_ms}"] = {
+        out[name] = {
             "sim_ms": sim_ms,
             "batches_per_trainer": r["batches_per_trainer"],
             "epoch_s": r["epoch_s"],
@@ -243,7 +247,7 @@ def sim_cases(part_config: Path, epochs: int, max_batches: int, timeout: float) 
         print(
             f"sim {sim_ms:3d} ms  {r['batches_per_trainer']:4d} batches/trainer  "
             f"epoch {r['epoch_s']:7.3f} s  "
-            f"limit {limit:7.3f} s  epoch/limit {out[f'sim{sim_ms}']['epoch_over_limit']}",
+            f"limit {limit:7.3f} s  epoch/limit {out[name]['epoch_over_limit']}  ({name})",
             flush=True,
         )
     return out

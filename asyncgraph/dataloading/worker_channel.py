@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import io
 import mmap
 import os
 import pickle
@@ -211,10 +212,24 @@ def pack_batch(batch: Any, slot: Slot, used: int) -> tuple[BatchLayout, int]:
             copied += nbytes
         layout.append((cursor, dtype, tuple(t.shape)))
         cursor = aligned(cursor + nbytes)
-    skeleton = map_tensors(batch, lambda t: torch.zeros((), dtype=t.dtype).expand(t.shape))  # no bytes
-    return BatchLayout(
-        slot.slot_id, cursor, layout, pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
-    ), copied
+    out = io.BytesIO()
+    _SkeletonPickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(batch)
+    return BatchLayout(slot.slot_id, cursor, layout, out.getvalue()), copied
+
+
+def _placeholder(dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """A tensor of ``shape`` that holds no bytes (one element, expanded)."""
+    return torch.zeros((), dtype=getattr(torch, dtype)).expand(shape)
+
+
+class _SkeletonPickler(pickle.Pickler):
+    """Pickles a batch with every tensor as a placeholder of its dtype and shape: its skeleton.
+    (torch's own tensor pickling goes through its serialisation machinery: ~0.3 ms a tensor.)"""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return _placeholder, (str(obj.dtype).removeprefix("torch."), tuple(obj.shape))
+        return NotImplemented
 
 
 def tensor_bytes(batch: Any) -> int:

@@ -6,7 +6,7 @@ its own client: connections to the servers, the co-located partitions through sh
 built by worker ``i % N``: sampling, relabelling and feature gathers run there, on its core and
 under its own GIL, never in the training process. Processes rather than threads: a batch is
 mostly Python (sampling rounds, blocks, the client's calls) between compiled kernels, and one
-GIL shared with the training loop's kernel launches serialised it (``benchmarks/README.md`` §18
+GIL shared with the training loop's kernel launches serialised it (``benchmarks/README.md`` §19
 has both measured).
 
 Rows land once: each worker gathers a batch's feature rows straight into a **slot** it shares
