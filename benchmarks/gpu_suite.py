@@ -147,31 +147,40 @@ def loader_cases(part_config: Path, batches: int, cores: int) -> dict[str, Any]:
     return out
 
 
-def step_cases(part_config: Path, batches: int, data_ms: float, epochs: int) -> dict[str, Any]:
-    """One trainer, 10 ms step (GIL-holding spin, then sleep), 0/1/2 workers, vs its limit."""
+def step_cases(part_config: Path, batches: int, data_ms: float, epochs: int, cores: int) -> dict[str, Any]:
+    """One trainer, 10 ms step (GIL-holding spin, then sleep), 0/1/2 workers (processes, and for
+    the spin threads too), vs its limit; ``limit_cores_s`` also counts the cores left to the
+    workers beside a spinning training loop."""
     out: dict[str, Any] = {}
-    for holds_gil in (True, False):
-        for w in (0, 1, 2):
-            extra = ["--sim-ms", "10", "--num-workers", str(w)] + (["--sim-holds-gil"] if holds_gil else [])
-            summaries = run_training(
-                part_config, trainers=1, prefetch=2, threads=1, epochs=epochs, max_batches=batches,
-                timeout=900, extra=tuple(extra),
-            )  # fmt: skip
-            r = breakdown(summaries)
-            n = r["batches_per_trainer"]
-            limit = n * max(10.0, data_ms / max(w, 1)) / 1000
-            name = f"{'spin' if holds_gil else 'sleep'}10_workers{w}"
-            out[name] = {
-                "workers": w,
-                "step": "spin (holds the GIL)" if holds_gil else "sleep",
-                "batches": n,
-                "epoch_s": r["epoch_s"],
-                "limit_s": round(limit, 3),
-                "epoch_over_limit": round(r["epoch_s"] / limit, 3),
-                "per_batch_ms": r["per_batch_ms"],
-            }
-            print(f"{name:20s} epoch {r['epoch_s']:.3f} s, limit {limit:.3f} s -> "
-                  f"{out[name]['epoch_over_limit']}x", flush=True)  # fmt: skip
+    cases = [(True, w, "process") for w in (0, 1, 2)] + [(True, w, "thread") for w in (1, 2)]
+    cases += [(False, w, "process") for w in (0, 1, 2)]
+    for holds_gil, w, mode in cases:
+        extra = ["--sim-ms", "10", "--num-workers", str(w), "--worker-mode", mode]
+        extra += ["--sim-holds-gil"] if holds_gil else []
+        summaries = run_training(
+            part_config, trainers=1, prefetch=2, threads=1, epochs=epochs, max_batches=batches,
+            timeout=900, extra=tuple(extra),
+        )  # fmt: skip
+        r = breakdown(summaries)
+        n = r["batches_per_trainer"]
+        limit = n * max(10.0, data_ms / max(w, 1)) / 1000
+        free_cores = max(1, cores - 1) if holds_gil else cores
+        limit_cores = n * max(10.0, data_ms / max(min(w, free_cores), 1)) / 1000
+        name = f"{'spin' if holds_gil else 'sleep'}10_{'threads' if mode == 'thread' else 'workers'}{w}"
+        out[name] = {
+            "workers": w,
+            "mode": mode,
+            "limit_cores_s": round(limit_cores, 3),
+            "epoch_over_limit_cores": round(r["epoch_s"] / limit_cores, 3),
+            "step": "spin (holds the GIL)" if holds_gil else "sleep",
+            "batches": n,
+            "epoch_s": r["epoch_s"],
+            "limit_s": round(limit, 3),
+            "epoch_over_limit": round(r["epoch_s"] / limit, 3),
+            "per_batch_ms": r["per_batch_ms"],
+        }
+        print(f"{name:20s} epoch {r['epoch_s']:.3f} s, limit {limit:.3f} s -> "
+              f"{out[name]['epoch_over_limit']}x", flush=True)  # fmt: skip
     for prefetch in (0, 4):  # overlap never loses: deeper prefetch is no slower than none
         extra = ("--sim-ms", "10", "--sim-holds-gil", "--num-workers", "1")
         summaries = run_training(
@@ -325,7 +334,7 @@ def main() -> None:
         results["loader_alone"] = loader_cases(part_config, args.batches, cores)
     data_ms = results.get("loader_alone", {}).get("workers1", {}).get("ms_per_batch", 0.0)
     if "step" not in skip:
-        results["gil_step"] = step_cases(part_config, args.batches, data_ms, args.epochs)
+        results["gil_step"] = step_cases(part_config, args.batches, data_ms, args.epochs, cores)
     if "cpu" not in skip:
         counts = [n for n in (1, 2, 4, 8) if n <= cores]
         results["cpu_trainers"] = cpu_trainer_cases(part_config, counts, args.batches, args.epochs)

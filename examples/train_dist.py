@@ -99,6 +99,12 @@ def parse_args() -> argparse.Namespace:
         "auto: on a GPU, the trainer's share of this host's cores less one, at most 4; on CPU, 0)",
     )
     p.add_argument(
+        "--worker-mode",
+        choices=("process", "thread"),
+        default="process",
+        help="loader workers as processes (default) or threads of the trainer (for comparison)",
+    )
+    p.add_argument(
         "--device",
         default="cpu",
         help="cpu, cuda (this trainer's GPU: cuda:LOCAL_RANK), cuda:N, or auto (the launcher's choice)",
@@ -206,6 +212,7 @@ def main() -> None:
         feature_cache_bytes=cache_bytes,
         carry_features=args.carry_features,
         num_workers=loader_workers(args.num_workers, device),
+        worker_mode=args.worker_mode,
         **on_device,
     )
     val_loader = DistNodeDataLoader(
