@@ -72,7 +72,7 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
     straight into memory the device copy reads (pinned on CUDA hosts). ``gather_threads`` splits
     each worker's large gathers over that many threads. Results equal ``num_workers=0``'s.
     ``worker_mode="thread"`` runs the same workers on threads of this process instead (measured
-    against processes in ``benchmarks/README.md`` §19; processes win, so they are the default).
+    against processes in ``benchmarks/README.md`` §20; processes win, so they are the default).
     """
 
     def __init__(

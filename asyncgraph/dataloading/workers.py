@@ -6,7 +6,7 @@ its own client: connections to the servers, the co-located partitions through sh
 built by worker ``i % N``: sampling, relabelling and feature gathers run there, on its core and
 under its own GIL, never in the training process. Processes rather than threads: a batch is
 mostly Python (sampling rounds, blocks, the client's calls) between compiled kernels, and one
-GIL shared with the training loop's kernel launches serialised it (``benchmarks/README.md`` §19
+GIL shared with the training loop's kernel launches serialised it (``benchmarks/README.md`` §20
 has both measured).
 
 Rows land once: each worker gathers a batch's feature rows straight into a **slot** it shares
@@ -439,7 +439,7 @@ class WorkerPrefetcher:
         self._task = task  # index -> (seeds, batch_seed)
         self._epoch_key = epoch_key
         self._count = count
-        self._ahead = max(ahead, pool.num_workers, 1)
+        self._ahead = max(ahead, 2 * pool.num_workers)  # a worker never idles between two batches
         self._next_submit = 0
         self._pending: collections.deque[tuple[Any, concurrent.futures.Future[WorkerBatch]]] = (
             collections.deque()
