@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from asyncgraph import failpoints
 from asyncgraph.errors import AsyncGraphError, ServerUnavailableError
 from asyncgraph.protocol import (
     CONNECTION_ERROR_ID,
@@ -52,6 +53,8 @@ REPORT_EVERY = 1 << 20
 
 # What synchronous handlers return: never awaitable, so ``inspect.isawaitable`` is skipped.
 _PLAIN_RESULTS = frozenset({np.ndarray, dict, list, type(None), int, float, str})
+#: Failure points hit right after the reply to these ops is handed to the socket.
+_REPLY_POINTS = {"push": "reply.push", "snapshot": "reply.snapshot"}
 
 
 class ServerConnection(asyncio.BufferedProtocol):
@@ -282,6 +285,8 @@ class ServerConnection(asyncio.BufferedProtocol):
             ok = self._reply(request.id, result)
             if metrics is not None:
                 metrics.observe(request.op, ok, t0)
+            if failpoints.enabled:
+                self._reply_sent(request.op)
 
     async def _finish(self, request_id: int, op: str, t0: float, pending: Awaitable[Any]) -> None:
         try:
@@ -295,6 +300,8 @@ class ServerConnection(asyncio.BufferedProtocol):
             ok = self._reply(request_id, result)
         if self._metrics is not None:
             self._metrics.observe(op, ok, t0)
+        if failpoints.enabled:
+            self._reply_sent(op)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
@@ -313,6 +320,15 @@ class ServerConnection(asyncio.BufferedProtocol):
             return False
         self._write(pieces)
         return True
+
+    def _reply_sent(self, op: str) -> None:
+        """Failure point ``reply.<op>`` (snapshot, push): hit once the reply is in the socket."""
+        point = _REPLY_POINTS.get(op)
+        if point is not None:
+            if self._held:  # written now, not at the end of this read
+                self._flush_held()
+                self._held = []
+            failpoints.hit(point)
 
     def _reply_error(self, request_id: int, exc: BaseException, *, counted: bool = False) -> None:
         if not counted:
