@@ -51,6 +51,8 @@ POINTS: tuple[str, ...] = (
     "snapshot.pruned",
     "snapshot.before_ack",
     "reply.snapshot",
+    # a connection: the server's hello result sent (a client reconnecting right then)
+    "reply.hello",
 )
 
 _ACTIONS = ("off", "crash", "enospc", "eio")

@@ -9,6 +9,7 @@ restored after a final ``kill -9`` must equal the acknowledged history exactly.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -166,11 +167,12 @@ async def test_a_crash_at_every_failpoint_loses_and_doubles_no_acknowledged_writ
     cora1: PartitionedGraph, tmp_path: Path, no_failpoints_env: None
 ) -> None:
     """Issue 32 A1: the server crashes at each point of the snapshot and log protocol in turn
-    (at its second hit, so some history precedes it), is restarted, and the client, whose
-    calls ride through (``reconnect_window``), resends; pushes of random adds and snapshots
-    go on until every point has crashed it once. In memory and after a last ``kill -9`` the
-    tensor equals the sum of the acknowledged adds exactly."""
-    chain = [f"{p}=1*off->crash" for p in failpoints.POINTS]
+    (at its second hit, so some history precedes it; a hello at the first: the reconnect's),
+    is restarted, and the client, whose calls ride through (``reconnect_window``), resends;
+    pushes of random adds and snapshots go on until every point has crashed it once. In memory
+    and after a last ``kill -9`` the tensor equals the sum of the acknowledged adds exactly."""
+    # the second hit, but the first hello after a restart: the client's own reconnect
+    chain = [f"{p}=crash" if p == "reply.hello" else f"{p}=1*off->crash" for p in failpoints.POINTS]
     group = serve(cora1, tmp_path, tmp_path / "state", chain[0])
     restarter = Restarter(group, chain[1:])
     restarter.start()
@@ -318,5 +320,39 @@ async def test_a_log_much_larger_than_the_memory_it_may_take_replays(
             f"replaying a {log_mib:.0f} MiB log peaked at {replayed:.0f} MiB RSS, "
             f"restoring a snapshot of the same rows at {from_snapshot:.0f} MiB"
         )
+    finally:
+        group.stop()
+
+
+@pytest.mark.timeout(180)
+async def test_a_reconnect_refused_right_after_the_hello_keeps_trying(
+    cora1: PartitionedGraph, tmp_path: Path
+) -> None:
+    """Found by the failure-point soak: a restarted server at its connection cap answers a
+    reconnecting client's hello and then refuses it (``--max-connections``). The client used to
+    take the hello as success and stay "open" over a closed session, every later call failing
+    with ``ProtocolError``; it must go on reconnecting within its window and succeed once a
+    connection is free."""
+    state = str(tmp_path / "state")
+    args = ["--log-level", "WARNING", "--state-dir", state, "--wal", "--max-connections", "1"]
+    group = start_servers(cora1.part_config, tmp_path / "run", num_parts=1, extra_args=args)
+    try:
+        client = await AsyncClient.connect(group.addresses, use_shared_memory=False, reconnect_window=60.0)
+        await client.create_tensor("acc", "node", [client.book.num_nodes, 1], "float64")
+        await add_one(client)
+        group.kill(0)
+        group.restart(0)
+        other = await AsyncClient.connect(group.addresses, use_shared_memory=False)  # takes the cap
+
+        async def free_later() -> None:
+            await asyncio.sleep(1.5)
+            await other.close()
+
+        freeing = asyncio.ensure_future(free_later())
+        await add_one(client, 2)  # reconnects: refused over the cap, then admitted
+        await freeing
+        assert client.retries() >= 1
+        assert float((await client.pull_numpy("acc", np.array([0])))[0, 0]) == 3.0
+        await client.close()
     finally:
         group.stop()

@@ -54,7 +54,7 @@ REPORT_EVERY = 1 << 20
 # What synchronous handlers return: never awaitable, so ``inspect.isawaitable`` is skipped.
 _PLAIN_RESULTS = frozenset({np.ndarray, dict, list, type(None), int, float, str})
 #: Failure points hit right after the reply to these ops is handed to the socket.
-_REPLY_POINTS = {"push": "reply.push", "snapshot": "reply.snapshot"}
+_REPLY_POINTS = {"push": "reply.push", "snapshot": "reply.snapshot", "hello": "reply.hello"}
 
 
 class ServerConnection(asyncio.BufferedProtocol):
@@ -157,6 +157,7 @@ class ServerConnection(asyncio.BufferedProtocol):
 
     def _handle_events(self, events: list[Any]) -> None:
         session = self._session
+        greeted = False
         for i, event in enumerate(events):
             if self._closed:
                 return
@@ -193,9 +194,12 @@ class ServerConnection(asyncio.BufferedProtocol):
                 leases = getattr(self._handlers, "leases", None)
                 if leases is not None:  # the hello names the client: this connection holds its lease
                     leases.bind(holder, self)
+                greeted = True
         out = session.data_to_send()
         if out:
             self._write(out)  # the hello result
+            if failpoints.enabled and greeted:
+                self._reply_sent("hello")
 
     def _refuse_over_cap(self, session: ServerSession, why: str) -> None:
         assert self._cap is not None
