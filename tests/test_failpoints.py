@@ -235,12 +235,14 @@ async def snapshot_refused_then_taken(group: ServerGroup, state: Path, free: obj
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("point", ["snapshot.write_rows", "snapshot.log_opened"])
 async def test_a_snapshot_that_hits_enospc_leaves_nothing_and_fails_typed(
-    cora1: PartitionedGraph, tmp_path: Path, no_failpoints_env: None
+    cora1: PartitionedGraph, tmp_path: Path, point: str, no_failpoints_env: None
 ) -> None:
-    """Issue 32 A3 by failure point: the rows' writes fail with ENOSPC four times."""
+    """Issue 32 A3 by failure point: four snapshots fail with ENOSPC while their rows are
+    written, or once renamed into place, when their log is opened (then both are removed)."""
     state = tmp_path / "state"
-    group = serve(cora1, tmp_path, state, "snapshot.write_rows=4*enospc->off")
+    group = serve(cora1, tmp_path, state, f"{point}=4*enospc->off")
     try:
         await snapshot_refused_then_taken(group, state, lambda: None)
     finally:

@@ -239,19 +239,28 @@ class DurableState:
         return self.wal.size()
 
     def _next_log(self, epoch: int) -> None:
-        """Start log ``epoch`` once snapshot ``epoch`` is in place; if it cannot be opened, the
-        snapshot is removed again (the old log goes on) and ``SnapshotFailedError`` raised."""
+        """Start log ``epoch`` once snapshot ``epoch`` is in place; if it cannot be opened, it
+        and the snapshot are removed again (the old log goes on) and ``SnapshotFailedError``
+        raised. Writes are held back meanwhile, so the new log is still empty."""
         if self.use_wal and epoch != self.epoch:  # an equal epoch's log goes on (``wal_offset``)
+            path = self.dir.wal_path(epoch)
+            new = None
             try:
-                new = WriteAheadLog(self.dir.wal_path(epoch), self.fsync, self.fsync_interval)
+                new = WriteAheadLog(path, self.fsync, self.fsync_interval)
+                if failpoints.enabled:
+                    failpoints.hit("snapshot.log_opened")
             except OSError as exc:
+                if new is not None:
+                    new.close()
+                path.unlink(missing_ok=True)
                 self.dir.discard(epoch)
                 raise snapshot_failed(epoch, self.dir.path, exc) from None
             old, self.wal = self.wal, new
             if old is not None:
-                old.close()
-            if failpoints.enabled:
-                failpoints.hit("snapshot.log_opened")
+                try:
+                    old.close()
+                except OSError as exc:  # its writes are in the snapshot now
+                    log.warning("state %s: closing the previous log failed: %s", self.dir.path, exc)
         self.epoch = epoch
 
     def _prune(self, epoch: int) -> None:
