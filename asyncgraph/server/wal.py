@@ -110,9 +110,25 @@ def _next_record(fh: BinaryIO, start: int, size: int) -> int | None:
     return None
 
 
-def _decode_at(fh: BinaryIO, start: int, end: int) -> dict[str, Any]:
+def _decode_at(fh: BinaryIO, path: Path, start: int, end: int, recover: bool) -> dict[str, Any] | None:
+    """The record at ``start``; one whose CRC is valid but whose frame does not decode is
+    refused (``WalCorruptError``: start-up stops, what was replayed goes with the process), or
+    skipped with a warning under ``--wal-recover`` (None)."""
     fh.seek(start + _HEAD)
-    record: dict[str, Any] = decode_frame(memoryview(fh.read(end - start - _HEAD)))
+    try:
+        record: dict[str, Any] = decode_frame(memoryview(fh.read(end - start - _HEAD)))
+    except AsyncGraphError as exc:
+        if not recover:
+            raise WalCorruptError(
+                f"write-ahead log {path}: the record at byte offset {start} has a valid checksum but "
+                f"does not decode ({exc}): refusing to start; --wal-recover skips it",
+                path,
+                start,
+            ) from None
+        log.warning(
+            "write-ahead log %s: --wal-recover skips the undecodable record at %d: %s", path, start, exc
+        )
+        return None
     return record
 
 
@@ -127,19 +143,13 @@ class _Scan:
 
 
 def _scan(fh: BinaryIO, path: Path, size: int) -> _Scan:
-    """Check every record (CRC, then decoding) one at a time; nothing but the spans is kept."""
+    """Check every record's length and CRC, one at a time; nothing but the bad spans is kept."""
     scan = _Scan()
     pos = 0
     while pos < size:
         end = _record_end(fh, pos, size)
         if end is not None:
-            try:
-                _decode_at(fh, pos, end)
-            except AsyncGraphError as exc:  # a valid CRC over an undecodable frame
-                scan.bad.append((pos, end))
-                log.warning("write-ahead log %s: record at offset %d does not decode: %s", path, pos, exc)
-            else:
-                scan.after_first_bad += bool(scan.bad)
+            scan.after_first_bad += bool(scan.bad)
             pos = end
             continue
         nxt = _next_record(fh, pos, size)
@@ -256,9 +266,10 @@ class WriteAheadLog:
     ) -> Iterator[dict[str, Any]]:
         """The log's records in order (see the module docstring for torn tails and corruption).
 
-        The file is read record by record, twice: a first pass checks every record (CRC and
-        decoding) and keeps only the spans of bad ones, so a ``WalCorruptError`` comes before
-        anything is replayed; the second decodes and returns one record at a time. Memory stays
+        The file is read record by record, twice: a first pass checks every record's length and
+        CRC and keeps only the spans of bad ones, so a ``WalCorruptError`` for a bad record comes
+        before anything is replayed; the second decodes and returns one record at a time (a
+        valid CRC over a frame that does not decode, which only a bug writes, is refused there). Memory stays
         at about one record whatever the log's size. ``last``: this is the newest log, the only
         one a crash can leave with a torn tail (in an older log that is corruption too).
         ``recover``: move a corrupt log aside and keep the records that verify, instead of
@@ -286,8 +297,8 @@ class WriteAheadLog:
                 yield from _recover(fh, path, size, tail, bad, start)
                 return
             for pos, end in _spans(fh, tail, []):
-                if pos >= start:
-                    yield _decode_at(fh, pos, end)
+                if pos >= start and (record := _decode_at(fh, path, pos, end, recover)) is not None:
+                    yield record
         if tail < size:
             log.warning(
                 "write-ahead log %s: dropping a torn tail of %d bytes at offset %d", path, size - tail, tail
@@ -324,5 +335,5 @@ def _recover(
         aside,
     )
     for pos, end in _spans(fh, tail, bad):
-        if pos >= start:
-            yield _decode_at(fh, pos, end)
+        if pos >= start and (record := _decode_at(fh, path, pos, end, True)) is not None:
+            yield record
