@@ -26,6 +26,7 @@ from typing import Any
 from asyncgraph import failpoints
 from asyncgraph.errors import AsyncGraphError, SnapshotFailedError, StorageFullError
 from asyncgraph.server.request_log import RequestLog
+from asyncgraph.server.snapshot_restore import restore_rows
 from asyncgraph.server.snapshots import (
     MAX_EPOCH_STEP,
     References,
@@ -35,7 +36,6 @@ from asyncgraph.server.snapshots import (
     describe,
     partition_fingerprint,
     read_snapshot,
-    restore_rows,
 )
 from asyncgraph.server.wal import FsyncPolicy, WriteAheadLog
 from asyncgraph.storage.store import PartitionStore

@@ -11,6 +11,8 @@ later record was acknowledged, so reading refuses (``WalCorruptError`` naming th
 offset) and leaves the file as it is, unless asked to recover (``--wal-recover``): then the log is
 moved aside (``<name>.corrupt-<time>``, never deleted), the records that verify are written back
 in order and the skipped byte ranges are logged.
+A log is read as a stream, one record at a time (a first pass of lengths and CRCs, then the
+replay), so restoring a log of any size takes about one record's memory.
 ``always`` fsyncs before a write is acknowledged; ``interval`` at most every ``fsync_interval``
 seconds (see ``asyncgraph.server.durable`` for what each survives).
 """
