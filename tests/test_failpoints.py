@@ -24,7 +24,7 @@ from conftest import PartitionedGraph, _partition
 
 from asyncgraph import failpoints
 from asyncgraph.client import AsyncClient
-from asyncgraph.errors import ServerUnavailableError, StorageFullError
+from asyncgraph.errors import ServerUnavailableError, SnapshotFailedError, StorageFullError
 from asyncgraph.protocol.ops import Op
 from asyncgraph.testing import ServerGroup, start_servers
 
@@ -208,17 +208,20 @@ async def test_a_crash_at_every_failpoint_loses_and_doubles_no_acknowledged_writ
         group.stop()
 
 
-async def snapshot_refused_then_taken(group: ServerGroup, state: Path, free: object) -> None:
-    """Snapshots fail with ``StorageFullError`` and leave nothing; writes go on; ``free()``
-    makes room, the next snapshot is taken, and a ``kill -9`` restore has every write."""
+async def snapshot_refused_then_taken(
+    group: ServerGroup, state: Path, free: object, error: type[Exception] = StorageFullError
+) -> None:
+    """Snapshots fail with ``error`` and leave nothing; writes go on; ``free()`` makes room,
+    the next snapshot is taken, and a ``kill -9`` restore has every write."""
     client = await AsyncClient.connect(group.addresses, use_shared_memory=False)
     await client.create_tensor("acc", "node", [client.book.num_nodes, 1], "float64")
     part = state / "part0"
     logs_before = sorted(p.name for p in part.glob("wal-*"))
     for attempt in range(4):
         await add_one(client)
-        with pytest.raises(StorageFullError, match="disk is full"):
+        with pytest.raises(error, match="its partial files were removed") as err:
             await client.snapshot()
+        assert isinstance(err.value, StorageFullError) == (error is StorageFullError)
         assert not list(part.glob("*.tmp")), f"attempt {attempt} left its temp folder"
         assert not list(part.glob("snap-*"))
         assert sorted(p.name for p in part.glob("wal-*")) == logs_before, "a new log was opened"
@@ -235,16 +238,21 @@ async def snapshot_refused_then_taken(group: ServerGroup, state: Path, free: obj
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("point", ["snapshot.write_rows", "snapshot.log_opened"])
+@pytest.mark.parametrize(
+    ("point", "action"),
+    [("snapshot.write_rows", "enospc"), ("snapshot.log_opened", "enospc"), ("snapshot.temp_synced", "eio")],
+)
 async def test_a_snapshot_that_hits_enospc_leaves_nothing_and_fails_typed(
-    cora1: PartitionedGraph, tmp_path: Path, point: str, no_failpoints_env: None
+    cora1: PartitionedGraph, tmp_path: Path, point: str, action: str, no_failpoints_env: None
 ) -> None:
     """Issue 32 A3 by failure point: four snapshots fail with ENOSPC while their rows are
-    written, or once renamed into place, when their log is opened (then both are removed)."""
+    written, or once renamed into place, when their log is opened (then both are removed);
+    an I/O error other than a full disk is a ``SnapshotFailedError``, not ``StorageFullError``."""
     state = tmp_path / "state"
-    group = serve(cora1, tmp_path, state, f"{point}=4*enospc->off")
+    group = serve(cora1, tmp_path, state, f"{point}=4*{action}->off")
+    error = StorageFullError if action == "enospc" else SnapshotFailedError
     try:
-        await snapshot_refused_then_taken(group, state, lambda: None)
+        await snapshot_refused_then_taken(group, state, lambda: None, error)
     finally:
         group.stop()
 
