@@ -140,6 +140,21 @@ class StateLogError(AsyncGraphError):
     code = "state_log_failed"
 
 
+class SnapshotFailedError(AsyncGraphError):
+    """A snapshot could not be written (an I/O error in the state folder): its partial files were
+    removed and nothing changed (the server's epoch and write-ahead log are as before, writes go
+    on), so the same snapshot may be asked for again once the cause is fixed."""
+
+    code = "snapshot_failed"
+
+
+class StorageFullError(SnapshotFailedError):
+    """A snapshot found the state folder's disk (or quota) full (ENOSPC, EDQUOT); as for every
+    ``SnapshotFailedError`` its partial files were removed and nothing changed."""
+
+    code = "storage_full"
+
+
 class ServerUnavailableError(AsyncGraphError, ConnectionError):
     """A server is unreachable or went away; the message names the server."""
 
@@ -182,6 +197,8 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         RequestTimeoutError,
         BarrierTimeoutError,
         StateLogError,
+        SnapshotFailedError,
+        StorageFullError,
         ServerUnavailableError,
         ServersMissingError,
     )

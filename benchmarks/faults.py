@@ -21,6 +21,12 @@ refused with its typed error), errors the normal load saw, and each server's RSS
 
     python -m benchmarks.faults --graph examples/data/cora.npz --seconds 60 --kill-every 15 --abuse \
         --out benchmarks/results/faults-abuse.json
+
+``--failpoints`` (issue 32; on with ``--abuse``) arms a failure point of the snapshot and WAL
+protocol on each server, restarts a server that died at one with the next point armed, snapshots
+every ``--snapshot-every`` seconds, and at the end SIGKILLs and restores both servers and compares
+the restored tensor with the model too (``benchmarks/faults_points.py``): no acknowledged write
+lost, none applied twice (``rows_above_model``, ``restored_rows_above_model``).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import signal
 import tempfile
@@ -39,11 +46,13 @@ from typing import Any
 
 import numpy as np
 
+from asyncgraph import failpoints
 from asyncgraph.client import AsyncClient
 from asyncgraph.errors import AsyncGraphError, ServerUnavailableError
 from asyncgraph.protocol.ops import AddReplicaArgs, Op
 from asyncgraph.testing import ServerGroup, start_servers
 from benchmarks.common import RESULTS, add_graph_options, graph_npz, partitioned
+from benchmarks.faults_points import PointCrashes, keep_crashing, restored_after_kill, snapshotter
 
 WIDTH = 8
 
@@ -271,7 +280,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.abuse:
             extra += ["--max-tensors", str(args.max_tensors), "--max-connections", str(args.max_connections)]
             extra += ["--metrics-port", "0"]
-        group = start_servers(config, Path(tmp) / "run", num_parts=2, extra_args=extra)
+        points = PointCrashes() if args.failpoints else None
+        if points is not None:  # both servers start with the first point armed
+            os.environ[failpoints.ENV] = points.next_spec(0)
+            points.armed[1] = points.armed[0]
+        try:
+            group = start_servers(config, Path(tmp) / "run", num_parts=2, extra_args=extra)
+        finally:
+            os.environ.pop(failpoints.ENV, None)
         abuse = Abuse()
         side_stop = threading.Event()
         side: list[threading.Thread] = []
@@ -287,11 +303,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             loop = asyncio.get_running_loop()
             until = loop.time() + args.seconds
             stop = threading.Event()
-            kill_thread = threading.Thread(
-                target=killer, args=(group, soak, args.kill_every, time.monotonic() + args.seconds, stop)
-            )
+            deadline = time.monotonic() + args.seconds
+            if points is not None:
+
+                def crash_keeper() -> None:
+                    assert points is not None
+                    soak.kills = keep_crashing(group, points, soak.windows, args.kill_every, deadline, stop)
+
+                kill_thread = threading.Thread(target=crash_keeper)
+            else:
+                kill_thread = threading.Thread(
+                    target=killer, args=(group, soak, args.kill_every, deadline, stop)
+                )
             kill_thread.start()
             tasks = [worker(c, soak, i, until) for i, c in enumerate(clients)]
+            if points is not None:
+                tasks.append(snapshotter(clients[0], points, args.snapshot_every, until))
             if args.abuse:
                 bad = await AsyncClient.connect(
                     group.addresses, use_shared_memory=False, reconnect_window=30.0
@@ -327,6 +354,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             retried = sum(c.retries() for c in clients)
             for c in clients:
                 await c.close()
+            restored: dict[str, Any] = {}
+            if points is not None:
+                back = await restored_after_kill(group, "soak", n)
+                restored = {
+                    **points.summary(),
+                    "restored_lost_rows": int(np.sum(back < soak.acked - 1e-9)),
+                    "restored_rows_above_model": int(np.sum(back > soak.acked + soak.unacked + 1e-9)),
+                    "restored_equals_memory": bool(np.array_equal(back, got)),
+                }
         finally:
             group.stop()
     during = [d for t, d in soak.latencies if soak.in_recovery(t)]
@@ -358,6 +394,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         else [],
         "rss_samples": len(abuse.rss),
         "rss_growth": rss_growth(abuse.rss),
+        "failpoints": args.failpoints,
+        **restored,
         "date": time.strftime("%Y-%m-%d"),
     }
 
@@ -380,14 +418,19 @@ def main() -> None:
     ap.add_argument("--abuse", action="store_true", help="mix the issue-22 abuses into the load")
     ap.add_argument("--max-tensors", type=int, default=64, help="with --abuse: the servers' tensor cap")
     ap.add_argument("--max-connections", type=int, default=48, help="with --abuse: the servers' cap")
+    ap.add_argument("--failpoints", action="store_true", help="arm snapshot/WAL failpoints (+ --abuse)")
+    ap.add_argument("--snapshot-every", type=float, default=2.0, help="with --failpoints: seconds a snapshot")
     ap.add_argument("--out", type=Path, default=RESULTS / "faults.json")
     args = ap.parse_args()
+    args.failpoints = args.failpoints or args.abuse
     result = asyncio.run(run(args))
     print(json.dumps(result, indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    if result["lost_acknowledged_rows"]:
+    if result["lost_acknowledged_rows"] or result.get("restored_lost_rows"):
         raise SystemExit("acknowledged writes were lost")
+    if args.failpoints and (result["rows_above_model"] or result["restored_rows_above_model"]):
+        raise SystemExit("writes were applied twice")
     if result["abuses_accepted"]:
         raise SystemExit(f"abuses were accepted: {result['abuses_accepted']}")
 

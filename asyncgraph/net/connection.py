@@ -224,6 +224,10 @@ class Connection:
             self._transport = None
             try:
                 await self._connect(min(left, 10.0))
+                if self._session.closed:  # failed right after the hello (over a cap; died)
+                    raise ServerUnavailableError(
+                        f"server {self.name} closed the connection right after its hello"
+                    )
             except (ServerUnavailableError, ConnectionError) as exc:
                 last = exc
                 await asyncio.sleep(min(delay * random.uniform(0.5, 1.5), max(deadline - loop.time(), 0)))

@@ -16,14 +16,17 @@ that interval of writes may be lost on power loss or a kernel crash).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from asyncgraph.errors import AsyncGraphError
+from asyncgraph import failpoints
+from asyncgraph.errors import AsyncGraphError, SnapshotFailedError, StorageFullError
 from asyncgraph.server.request_log import RequestLog
+from asyncgraph.server.snapshot_restore import restore_rows
 from asyncgraph.server.snapshots import (
     MAX_EPOCH_STEP,
     References,
@@ -33,7 +36,6 @@ from asyncgraph.server.snapshots import (
     describe,
     partition_fingerprint,
     read_snapshot,
-    restore_rows,
 )
 from asyncgraph.server.wal import FsyncPolicy, WriteAheadLog
 from asyncgraph.storage.store import PartitionStore
@@ -51,6 +53,21 @@ __all__ = [
 ]
 
 log = logging.getLogger("asyncgraph.server")
+
+
+def snapshot_failed(epoch: int, where: Path, exc: OSError) -> SnapshotFailedError:
+    """The typed error for a snapshot that could not be written (``StorageFullError`` when the
+    disk or quota is full); the message names the epoch, the folder and the OS error."""
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    cls = StorageFullError if full else SnapshotFailedError
+    log.error(
+        "snapshot %d in %s failed (%s); nothing changed, the log still holds every write", epoch, where, exc
+    )
+    return cls(
+        f"snapshot {epoch} could not be written in {where}: {exc}"
+        + (" (the disk is full)" if full else "")
+        + "; its partial files were removed and this server's epoch and log are unchanged"
+    )
 
 
 class DurableState:
@@ -98,10 +115,13 @@ class DurableState:
         """Load the newest verified snapshot (rows, request ids, and reference counts given to
         ``load_references``), then replay the logs after it with ``apply(op, args)``.
 
-        Returns ``(snapshot epoch, records replayed)`` and opens the log for new writes.
+        A logged write whose request id the snapshot already holds is in it: it is skipped, not
+        applied twice. Returns ``(snapshot epoch, records replayed)`` and opens the newest log
+        for new writes (appending, so a later replay keeps their order); the epoch is that log's.
         """
         if self.fingerprint is not None:
             self.dir.check_partition(store.graph_name, self.fingerprint, self.part_config)
+        self.dir.remove_temp()
         snap = self.dir.latest_snapshot()
         base = 0
         if snap is not None:
@@ -110,11 +130,19 @@ class DurableState:
             if load_references is not None:
                 load_references(snap.manifest.get("references", {}))
             base = snap.epoch
-        replayed = 0
+        replayed = skipped = 0
         epochs = [e for e in self.dir.wal_epochs() if e >= base]
+        inside = int(snap.manifest.get("wal_offset", 0)) if snap is not None else 0
         for e in epochs:
             path = self.dir.wal_path(e)
-            for record in WriteAheadLog.records(path, last=e == epochs[-1], recover=self.recover):
+            start = inside if e == base else 0
+            for record in WriteAheadLog.records(
+                path, last=e == epochs[-1], recover=self.recover, start=start
+            ):
+                rid = record.get("rid")
+                if rid and str(rid) in self.requests:
+                    skipped += 1  # applied before the snapshot (or earlier in the log)
+                    continue
                 try:
                     apply(str(record["op"]), record["args"])
                 except AsyncGraphError as exc:
@@ -122,10 +150,14 @@ class DurableState:
                         raise
                     log.warning("--wal-recover: skipping a %s record of %s: %s", record["op"], path, exc)
                     continue
-                if record.get("rid"):
-                    self.requests.add(str(record["rid"]), float(record.get("t", time.time())))
+                if rid:
+                    self.requests.add(str(rid), float(record.get("t", time.time())))
                 replayed += 1
-        self.epoch = self.dir.latest_epoch()
+        if skipped:
+            log.warning(
+                "state %s: %d logged writes were already in the snapshot: skipped", self.dir.path, skipped
+            )
+        self.epoch = max([base, *epochs])
         if self.use_wal:
             self.wal = WriteAheadLog(self.dir.wal_path(self.epoch), self.fsync, self.fsync_interval)
         return base, replayed
@@ -150,31 +182,38 @@ class DurableState:
         """``snapshot`` with the files written on a worker thread, so reads keep being served.
 
         Writes are held back (``held``) from the moment the tensor list, request ids and
-        reference counts are read and the next log is started (on the event loop, so no write
-        falls between the two) until the rows are on disk: the worker thread streams them in
-        chunks straight from the store's memory under its read lock (co-located writers wait
-        too), so a logged write is in the snapshot or in the next log, never both, and no copy
-        of a tensor is made. A crash before the rename leaves the older snapshot plus both
-        logs, which a restore replays.
+        reference counts are read until the snapshot is in place and its log opened: the worker
+        thread streams the rows in chunks straight from the store's memory under its read lock
+        (co-located writers wait too), and the next log is opened on the event loop once the
+        snapshot is renamed into place, so a logged write is in the snapshot or in the next
+        log, never both, and no copy of a tensor is made. A crash before the rename leaves the
+        older snapshot and its log (the epoch is not advanced); a failure removes the temp
+        folder and raises ``SnapshotFailedError`` (``StorageFullError`` for a full disk).
         """
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            check_epoch(epoch, self.epoch)
-            final = self.dir.snapshot_path(epoch)
+            final = self._check_epoch(epoch)
             if final.exists():
                 await asyncio.to_thread(read_snapshot, final)
                 return final
+            if failpoints.enabled:
+                failpoints.hit("snapshot.begin")
             hold = asyncio.get_running_loop().create_future()
             self._hold = hold
             try:
-                described = describe(store, self.requests, self.fingerprint, self.references)
+                try:
+                    self.sync()
+                    offset = self._wal_offset(epoch)
+                    described = describe(store, self.requests, self.fingerprint, self.references, offset)
+                    path = await asyncio.to_thread(self.dir.write_streamed, store, described, epoch)
+                except OSError as exc:
+                    raise snapshot_failed(epoch, self.dir.path, exc) from None
                 self._next_log(epoch)
-                path = await asyncio.to_thread(self.dir.write_streamed, store, described, epoch)
             finally:
                 self._hold = None
                 hold.set_result(None)
-            self.dir.prune(epoch)
+            self._prune(epoch)
             return path
 
     def held(self) -> asyncio.Future[None] | None:
@@ -182,22 +221,72 @@ class DurableState:
         changing the store from the event loop); otherwise None."""
         return self._hold
 
+    def _check_epoch(self, epoch: int) -> Path:
+        """The folder of snapshot ``epoch``, which must not be older than this server's epoch.
+
+        An equal epoch is a retry: of a finished snapshot (its folder is kept), or of one a crash
+        interrupted before its rename (then its log ``wal-<epoch>`` may already hold later
+        writes, so the new snapshot records how much of that log it holds: ``wal_offset``)."""
+        check_epoch(epoch, self.epoch)
+        return self.dir.snapshot_path(epoch)
+
+    def _wal_offset(self, epoch: int) -> int:
+        """Bytes of the current log the snapshot of ``epoch`` will hold: all of it when the
+        snapshot is of this server's own epoch (its log goes on after it), else none (a new log)."""
+        if self.wal is None or epoch != self.epoch:
+            return 0
+        self.wal.sync()
+        return self.wal.size()
+
     def _next_log(self, epoch: int) -> None:
-        if self.wal is not None:
-            self.wal.sync()
-        if epoch != self.epoch and self.use_wal:
-            old = self.wal
-            self.wal = WriteAheadLog(self.dir.wal_path(epoch), self.fsync, self.fsync_interval)
+        """Start log ``epoch`` once snapshot ``epoch`` is in place; if it cannot be opened, it
+        and the snapshot are removed again (the old log goes on) and ``SnapshotFailedError``
+        raised. Writes are held back meanwhile, so the new log is still empty."""
+        if self.use_wal and epoch != self.epoch:  # an equal epoch's log goes on (``wal_offset``)
+            path = self.dir.wal_path(epoch)
+            new = None
+            try:
+                new = WriteAheadLog(path, self.fsync, self.fsync_interval)
+                if failpoints.enabled:
+                    failpoints.hit("snapshot.log_opened")
+            except OSError as exc:
+                if new is not None:
+                    new.close()
+                path.unlink(missing_ok=True)
+                self.dir.discard(epoch)
+                raise snapshot_failed(epoch, self.dir.path, exc) from None
+            old, self.wal = self.wal, new
             if old is not None:
-                old.close()
+                try:
+                    old.close()
+                except OSError as exc:  # its writes are in the snapshot now
+                    log.warning("state %s: closing the previous log failed: %s", self.dir.path, exc)
         self.epoch = epoch
+
+    def _prune(self, epoch: int) -> None:
+        try:
+            self.dir.prune(epoch)
+        except OSError as exc:  # the snapshot is taken; what is left is removed next time
+            log.warning("state %s: removing older snapshots and logs failed: %s", self.dir.path, exc)
+        if failpoints.enabled:
+            failpoints.hit("snapshot.pruned")
 
     def snapshot(self, store: PartitionStore, epoch: int) -> Path:
         """Write snapshot ``epoch`` and start its log (the previous logs are pruned later)."""
-        check_epoch(epoch, self.epoch)
-        path = self.dir.write_snapshot(store, epoch, self.requests, self.fingerprint, self.references)
+        final = self._check_epoch(epoch)
+        if final.exists():
+            read_snapshot(final)
+            return final
+        self.sync()
+        try:
+            offset = self._wal_offset(epoch)
+            path = self.dir.write_snapshot(
+                store, epoch, self.requests, self.fingerprint, self.references, offset
+            )
+        except OSError as exc:
+            raise snapshot_failed(epoch, self.dir.path, exc) from None
         self._next_log(epoch)
-        self.dir.prune(epoch)
+        self._prune(epoch)
         return path
 
     def sync(self) -> None:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from asyncgraph import failpoints
 from asyncgraph.errors import InvalidRequestError, UnknownOpError
 from asyncgraph.kernels import compiled
 from asyncgraph.protocol.args import (
@@ -351,6 +352,8 @@ class RequestHandlers:
 
         async def run() -> dict[str, Any]:
             path = await durable.snapshot_async(self.store, a.epoch)
+            if failpoints.enabled:
+                failpoints.hit("snapshot.before_ack")
             return {"epoch": a.epoch, "path": str(path)}
 
         return run()

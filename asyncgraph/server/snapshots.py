@@ -15,7 +15,13 @@ own canonical JSON (``manifest_sha256``): an edited manifest is corrupt, and the
 snapshot is used instead, as for a bad data file.
 
 A snapshot is written into ``snap-<epoch>.tmp`` (files fsynced, manifest last) and renamed into
-place, so a folder named ``snap-<epoch>`` is complete; a snapshot whose files do not match their
+place, so a folder named ``snap-<epoch>`` is complete; only then is ``wal-<epoch>`` started (writes
+are held back meanwhile), so an unfinished snapshot leaves no log of its epoch, and a failed one
+removes its temp folder (a restart removes any a crash left). A snapshot taken at the epoch of the
+log being written (a retry on a folder where the previous release's unfinished snapshot had
+started ``wal-<epoch>``) records in ``wal_offset`` how many bytes of that log it holds, and a
+restore replays the log from there; a restore also skips a logged write whose request id the
+snapshot holds. A snapshot whose files do not match their
 checksums is skipped with a warning and the previous complete one is used. The two newest
 snapshots and the logs from the older one on are kept, so falling back loses nothing: replaying
 ``wal-<e>`` for every ``e >=`` the restored epoch, in order, rebuilds every acknowledged write.
@@ -36,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from asyncgraph import failpoints
 from asyncgraph.errors import AsyncGraphError, InvalidRequestError
 from asyncgraph.protocol.ops import MAX_EPOCH
 from asyncgraph.server.request_log import RequestLog
@@ -53,7 +60,6 @@ __all__ = [
     "manifest_checksum",
     "partition_fingerprint",
     "read_snapshot",
-    "restore_rows",
 ]
 
 log = logging.getLogger("asyncgraph.server")
@@ -190,6 +196,9 @@ class Described:
     fingerprint: str | None = None
     #: Non-persistent tensors' reference counts: tensor -> holder -> count.
     references: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Bytes of ``wal-<epoch>`` already inside the snapshot (a snapshot taken at the epoch of
+    #: the log being written, which goes on after it): a restore replays that log from there.
+    wal_offset: int = 0
 
 
 References = Callable[[], dict[str, dict[str, int]]]
@@ -203,11 +212,12 @@ def describe(
     requests: RequestLog,
     fingerprint: str | None = None,
     references: References | None = None,
+    wal_offset: int = 0,
 ) -> Described:
     """The tensor list, request ids and reference counts of this instant (no rows copied)."""
     refs = references() if references is not None else {}
     return Described(
-        store.graph_name, store.part_id, store.list_tensors(), requests.items(), fingerprint, refs
+        store.graph_name, store.part_id, store.list_tensors(), requests.items(), fingerprint, refs, wal_offset
     )
 
 
@@ -220,6 +230,8 @@ def _stream_rows(rows: np.ndarray, path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "wb", buffering=0) as fh:
         for start in range(0, len(flat), SNAPSHOT_CHUNK):
+            if failpoints.enabled:
+                failpoints.hit("snapshot.write_rows")
             piece = flat[start : start + SNAPSHOT_CHUNK]
             h.update(piece)
             view = piece
@@ -297,21 +309,53 @@ class StateDir:
         requests: RequestLog,
         fingerprint: str | None = None,
         references: References | None = None,
+        wal_offset: int = 0,
     ) -> Path:
         """Write every tensor's rows atomically as ``snap-<epoch>``; returns its folder."""
         final = self.snapshot_path(epoch)
         if final.exists():
             read_snapshot(final)  # already taken (a retried SNAPSHOT): keep it if it verifies
             return final
-        return self.write_streamed(store, describe(store, requests, fingerprint, references), epoch)
+        described = describe(store, requests, fingerprint, references, wal_offset)
+        return self.write_streamed(store, described, epoch)
 
     def write_streamed(self, store: PartitionStore, described: Described, epoch: int) -> Path:
         """Write ``described``'s tensors as ``snap-<epoch>`` (temp folder, fsync, rename),
         streaming their rows from the store under its read lock; the caller keeps the store's
-        own writes from changing it meanwhile."""
+        own writes from changing it meanwhile. On an error before the rename (a full disk) the
+        temp folder is removed and the error raised: nothing is left behind."""
         final = self.snapshot_path(epoch)
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            self._write_temp(store, described, epoch, tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        os.rename(tmp, final)
+        _fsync_dir(self.path)
+        if failpoints.enabled:
+            failpoints.hit("snapshot.renamed")
+        return final
+
+    def discard(self, epoch: int) -> None:
+        """Remove snapshot ``epoch`` again (its next log could not be opened): renamed back to a
+        temp name first, so a crash midway leaves nothing a restore would load."""
+        final = self.snapshot_path(epoch)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.rename(final, tmp)
+        _fsync_dir(self.path)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def remove_temp(self) -> None:
+        """Remove what unfinished snapshots left (``snap-<e>.tmp``): a restore never loads them."""
+        for p in self.path.glob("*.tmp"):
+            if p.is_dir():
+                log.warning("state folder %s: removing the unfinished snapshot %s", self.path, p.name)
+            shutil.rmtree(p, ignore_errors=True)
+
+    def _write_temp(self, store: PartitionStore, described: Described, epoch: int, tmp: Path) -> None:
         tmp.mkdir()
         entries = []
         with store.lock.read():
@@ -338,16 +382,18 @@ class StateDir:
             "request_ids": described.request_ids,
             "fingerprint": described.fingerprint,
             "references": described.references,
+            "wal_offset": described.wal_offset,
         }
+        if failpoints.enabled:
+            failpoints.hit("snapshot.rows_written")
         manifest["manifest_sha256"] = manifest_checksum(manifest)
         with open(tmp / "manifest.json", "w") as fh:
             json.dump(manifest, fh)
             fh.flush()
             os.fsync(fh.fileno())
         _fsync_dir(tmp)
-        os.rename(tmp, final)
-        _fsync_dir(self.path)
-        return final
+        if failpoints.enabled:
+            failpoints.hit("snapshot.temp_synced")
 
     def prune(self, keep_from_epoch: int) -> None:
         """Delete snapshots older than the two newest and logs older than the older kept one."""
@@ -383,39 +429,3 @@ class StateDir:
                 f"state folder {self.path} has no usable snapshot and no complete log: " + "; ".join(errors)
             )
         return None
-
-
-def restore_rows(store: PartitionStore, snap: Snapshot, fingerprint: str | None = None) -> None:
-    """Make ``store`` hold exactly the snapshot's tensors and rows (partition files are the base)."""
-    manifest = snap.manifest
-    if manifest["graph_name"] != store.graph_name or manifest["part_id"] != store.part_id:
-        raise SnapshotError(
-            f"snapshot {snap.path} is of graph {manifest['graph_name']!r} partition {manifest['part_id']}, "
-            f"not graph {store.graph_name!r} partition {store.part_id}"
-        )
-    theirs = manifest.get("fingerprint")
-    if fingerprint is not None and theirs is not None and theirs != fingerprint:
-        raise SnapshotError(
-            f"snapshot {snap.path} is of the partition with fingerprint {theirs}, this server loads "
-            f"fingerprint {fingerprint}: refusing state written for another partition"
-        )
-    wanted = {e["name"] for e in manifest["tensors"]}
-    for meta in store.list_tensors():  # a base tensor the snapshot lacks (derived on load) stays
-        if meta.name not in wanted and meta.name not in store.rules.base:
-            store.delete_tensor(meta.name)
-    for entry in manifest["tensors"]:
-        meta = TensorMeta.from_dict(entry)
-        if store.has_tensor(meta.name) and store.tensor_meta(meta.name) != meta:
-            store.delete_tensor(meta.name)
-        store.create_tensor(meta.name, meta.policy, meta.shape, meta.dtype, None)
-        rows = store.local_rows(meta.name)
-        if rows.nbytes != entry["nbytes"]:
-            raise SnapshotError(
-                f"snapshot {snap.path}: tensor {meta.name!r} has {entry['nbytes']} bytes, "
-                f"this partition holds {rows.nbytes}"
-            )
-        data = np.fromfile(snap.path / entry["file"], dtype=meta.dtype).reshape(rows.shape)
-        with store.lock.write():
-            rows[...] = data
-
-

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from asyncgraph import failpoints
 from asyncgraph.errors import AsyncGraphError, ServerUnavailableError
 from asyncgraph.protocol import (
     CONNECTION_ERROR_ID,
@@ -52,6 +53,8 @@ REPORT_EVERY = 1 << 20
 
 # What synchronous handlers return: never awaitable, so ``inspect.isawaitable`` is skipped.
 _PLAIN_RESULTS = frozenset({np.ndarray, dict, list, type(None), int, float, str})
+#: Failure points hit right after the reply to these ops is handed to the socket.
+_REPLY_POINTS = {"push": "reply.push", "snapshot": "reply.snapshot", "hello": "reply.hello"}
 
 
 class ServerConnection(asyncio.BufferedProtocol):
@@ -154,6 +157,7 @@ class ServerConnection(asyncio.BufferedProtocol):
 
     def _handle_events(self, events: list[Any]) -> None:
         session = self._session
+        greeted = False
         for i, event in enumerate(events):
             if self._closed:
                 return
@@ -190,9 +194,12 @@ class ServerConnection(asyncio.BufferedProtocol):
                 leases = getattr(self._handlers, "leases", None)
                 if leases is not None:  # the hello names the client: this connection holds its lease
                     leases.bind(holder, self)
+                greeted = True
         out = session.data_to_send()
         if out:
             self._write(out)  # the hello result
+            if failpoints.enabled and greeted:
+                self._reply_sent("hello")
 
     def _refuse_over_cap(self, session: ServerSession, why: str) -> None:
         assert self._cap is not None
@@ -282,6 +289,8 @@ class ServerConnection(asyncio.BufferedProtocol):
             ok = self._reply(request.id, result)
             if metrics is not None:
                 metrics.observe(request.op, ok, t0)
+            if failpoints.enabled:
+                self._reply_sent(request.op)
 
     async def _finish(self, request_id: int, op: str, t0: float, pending: Awaitable[Any]) -> None:
         try:
@@ -295,6 +304,8 @@ class ServerConnection(asyncio.BufferedProtocol):
             ok = self._reply(request_id, result)
         if self._metrics is not None:
             self._metrics.observe(op, ok, t0)
+        if failpoints.enabled:
+            self._reply_sent(op)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
@@ -313,6 +324,15 @@ class ServerConnection(asyncio.BufferedProtocol):
             return False
         self._write(pieces)
         return True
+
+    def _reply_sent(self, op: str) -> None:
+        """Failure point ``reply.<op>`` (snapshot, push): hit once the reply is in the socket."""
+        point = _REPLY_POINTS.get(op)
+        if point is not None:
+            if self._held:  # written now, not at the end of this read
+                self._flush_held()
+                self._held = []
+            failpoints.hit(point)
 
     def _reply_error(self, request_id: int, exc: BaseException, *, counted: bool = False) -> None:
         if not counted:

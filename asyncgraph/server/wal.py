@@ -11,6 +11,8 @@ later record was acknowledged, so reading refuses (``WalCorruptError`` naming th
 offset) and leaves the file as it is, unless asked to recover (``--wal-recover``): then the log is
 moved aside (``<name>.corrupt-<time>``, never deleted), the records that verify are written back
 in order and the skipped byte ranges are logged.
+A log is read as a stream, one record at a time (a first pass of lengths and CRCs, then the
+replay), so restoring a log of any size takes about one record's memory.
 ``always`` fsyncs before a write is acknowledged; ``interval`` at most every ``fsync_interval``
 seconds (see ``asyncgraph.server.durable`` for what each survives).
 """
@@ -24,14 +26,16 @@ import struct
 import time
 import zlib
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
+from asyncgraph import failpoints
 from asyncgraph.errors import AsyncGraphError
 from asyncgraph.protocol.codec import decode_frame, encode_frame
 from asyncgraph.protocol.framing import LENGTH_PREFIX
 
-__all__ = ["FsyncPolicy", "WalCorruptError", "WriteAheadLog", "scan_records"]
+__all__ = ["FsyncPolicy", "WalCorruptError", "WriteAheadLog"]
 
 log = logging.getLogger("asyncgraph.server")
 
@@ -59,51 +63,120 @@ class WalCorruptError(AsyncGraphError):
         self.offset = offset
 
 
-def _record_end(data: bytes, pos: int) -> int | None:
-    """The end of a record starting at ``pos`` whose length fits and whose CRC matches, or None."""
-    n = len(data)
-    if pos + _HEAD > n:
+#: Bytes read at a time while checking a record or looking for the next one: with one record
+#: decoded at a time, what replaying a log of any size keeps in memory besides that record.
+_BLOCK = 1 << 20
+
+
+def _record_end(fh: BinaryIO, pos: int, size: int) -> int | None:
+    """The end of a record starting at ``pos`` whose length fits and whose CRC matches, or None
+    (the CRC is computed block by block: a corrupt length costs no allocation of that size)."""
+    if pos + _HEAD > size:
         return None
-    (crc,) = _CRC.unpack_from(data, pos)
-    (body_len,) = LENGTH_PREFIX.unpack_from(data, pos + _CRC.size)
+    fh.seek(pos)
+    head = fh.read(_HEAD)
+    (crc,) = _CRC.unpack_from(head)
+    (body_len,) = LENGTH_PREFIX.unpack_from(head, _CRC.size)
     end: int = pos + _HEAD + int(body_len)
-    if end > n or zlib.crc32(memoryview(data)[pos + _CRC.size : end]) != crc:
+    if end > size:
         return None
-    return end
+    got = zlib.crc32(head[_CRC.size :])
+    left = int(body_len)
+    while left:
+        block = fh.read(min(_BLOCK, left))
+        if not block:
+            return None
+        got = zlib.crc32(block, got)
+        left -= len(block)
+    return end if got == crc else None
 
 
-def _next_record(data: bytes, start: int) -> int | None:
+def _next_record(fh: BinaryIO, start: int, size: int) -> int | None:
     """The first offset after ``start`` where a whole, CRC-valid record begins, or None.
 
     Only offsets whose bytes look like a record header (``_RECORD_MARK``) are checked, so a
-    torn tail of a large record costs one ``bytes.find`` pass, not a CRC per byte.
+    torn tail of a large record costs one pass of block-wise ``bytes.find``, not a CRC per byte.
     """
-    idx = data.find(_RECORD_MARK, start + _MARK_AT)
-    while idx >= 0:
-        if _record_end(data, idx - _MARK_AT) is not None:
-            return idx - _MARK_AT
-        idx = data.find(_RECORD_MARK, idx + 1)
+    at = start + _MARK_AT + 1
+    keep = len(_RECORD_MARK) - 1
+    while at < size:
+        fh.seek(at)
+        block = fh.read(_BLOCK + keep)
+        idx = block.find(_RECORD_MARK)
+        while idx >= 0:
+            cand = at + idx - _MARK_AT
+            if _record_end(fh, cand, size) is not None:
+                return cand
+            idx = block.find(_RECORD_MARK, idx + 1)
+        at += _BLOCK
     return None
 
 
-def scan_records(data: bytes) -> tuple[list[tuple[int, int]], list[tuple[int, int]], int]:
-    """Split a log's bytes into valid record spans, corrupt spans (each followed by a valid
-    record) and the offset where a torn tail starts (``len(data)`` when there is none)."""
-    good: list[tuple[int, int]] = []
-    bad: list[tuple[int, int]] = []
-    pos, n = 0, len(data)
-    while pos < n:
-        end = _record_end(data, pos)
+def _decode_at(fh: BinaryIO, path: Path, start: int, end: int, recover: bool) -> dict[str, Any] | None:
+    """The record at ``start``; one whose CRC is valid but whose frame does not decode is
+    refused (``WalCorruptError``: start-up stops, what was replayed goes with the process), or
+    skipped with a warning under ``--wal-recover`` (None)."""
+    fh.seek(start + _HEAD)
+    try:
+        record: dict[str, Any] = decode_frame(memoryview(fh.read(end - start - _HEAD)))
+    except AsyncGraphError as exc:
+        if not recover:
+            raise WalCorruptError(
+                f"write-ahead log {path}: the record at byte offset {start} has a valid checksum but "
+                f"does not decode ({exc}): refusing to start; --wal-recover skips it",
+                path,
+                start,
+            ) from None
+        log.warning(
+            "write-ahead log %s: --wal-recover skips the undecodable record at %d: %s", path, start, exc
+        )
+        return None
+    return record
+
+
+@dataclass
+class _Scan:
+    """What a pass over a log found: corrupt byte spans (each followed by a valid record), where
+    a torn tail starts (the size when there is none), and the valid records after the first bad span."""
+
+    bad: list[tuple[int, int]] = field(default_factory=list)
+    tail: int = 0
+    after_first_bad: int = 0
+
+
+def _scan(fh: BinaryIO, path: Path, size: int) -> _Scan:
+    """Check every record's length and CRC, one at a time; nothing but the bad spans is kept."""
+    scan = _Scan()
+    pos = 0
+    while pos < size:
+        end = _record_end(fh, pos, size)
         if end is not None:
-            good.append((pos, end))
+            scan.after_first_bad += bool(scan.bad)
             pos = end
             continue
-        nxt = _next_record(data, pos)
+        nxt = _next_record(fh, pos, size)
         if nxt is None:
-            return good, bad, pos
-        bad.append((pos, nxt))
+            scan.tail = pos
+            return scan
+        scan.bad.append((pos, nxt))
         pos = nxt
-    return good, bad, n
+    scan.tail = size
+    return scan
+
+
+def _spans(fh: BinaryIO, tail: int, bad: list[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+    """The valid records' spans up to ``tail``, stepping over the ``bad`` ones (sorted)."""
+    pos, skip = 0, 0
+    while pos < tail:
+        if skip < len(bad) and bad[skip][0] == pos:
+            pos = bad[skip][1]
+            skip += 1
+            continue
+        fh.seek(pos)
+        (body_len,) = LENGTH_PREFIX.unpack_from(fh.read(_HEAD), _CRC.size)
+        end = pos + _HEAD + int(body_len)
+        yield pos, end
+        pos = end
 
 
 class WriteAheadLog:
@@ -126,6 +199,8 @@ class WriteAheadLog:
         Under ``always`` the record is fsynced here, unless ``defer_sync``: then the caller
         awaits ``wait_durable`` with the returned number before acknowledging (group commit).
         """
+        if failpoints.enabled:
+            failpoints.hit("wal.before_append")
         pieces = encode_frame({"op": op, "args": dict(args), "rid": rid, "t": time.time()})
         crc = 0
         for p in pieces:
@@ -135,6 +210,8 @@ class WriteAheadLog:
             self._fh.write(p)
         self._fh.flush()  # in the kernel now: survives kill -9
         self.appended += 1
+        if failpoints.enabled:
+            failpoints.hit("wal.appended")
         if self.fsync == "always":
             if not defer_sync:
                 self.sync()
@@ -148,6 +225,8 @@ class WriteAheadLog:
             os.fsync(self._fh.fileno())
             self.fsyncs += 1
             self.synced = upto
+            if failpoints.enabled:
+                failpoints.hit("wal.synced")
         self._last_sync = time.monotonic()
 
     async def wait_durable(self, record: int) -> None:
@@ -178,66 +257,85 @@ class WriteAheadLog:
             self.sync()
             self._fh.close()
 
+    def size(self) -> int:
+        """Bytes in the log file now (what a snapshot of this epoch records as ``wal_offset``)."""
+        self._fh.flush()
+        return os.fstat(self._fh.fileno()).st_size
+
     @staticmethod
-    def records(path: Path, *, last: bool = True, recover: bool = False) -> Iterator[dict[str, Any]]:
+    def records(
+        path: Path, *, last: bool = True, recover: bool = False, start: int = 0
+    ) -> Iterator[dict[str, Any]]:
         """The log's records in order (see the module docstring for torn tails and corruption).
 
-        The whole file is checked before the first record is returned, so a ``WalCorruptError``
-        comes before anything is replayed. ``last``: this is the newest log, the only one a crash
-        can leave with a torn tail (in an older log that is corruption too). ``recover``: move a
-        corrupt log aside and keep the records that verify, instead of refusing.
+        The file is read record by record, twice: a first pass checks every record's length and
+        CRC and keeps only the spans of bad ones, so a ``WalCorruptError`` for a bad record comes
+        before anything is replayed; the second decodes and returns one record at a time (a
+        valid CRC over a frame that does not decode, which only a bug writes, is refused there). Memory stays
+        at about one record whatever the log's size. ``last``: this is the newest log, the only
+        one a crash can leave with a torn tail (in an older log that is corruption too).
+        ``recover``: move a corrupt log aside and keep the records that verify, instead of
+        refusing. ``start``: only the records from that byte offset of the file on (those
+        before are in the snapshot; the offset is of the file as it was, before a recovery).
         """
-        data = path.read_bytes()
-        n = len(data)
-        good, bad, tail = scan_records(data)
-        decoded = []
-        for start, end in good:
-            try:
-                decoded.append(decode_frame(memoryview(data)[start + _HEAD : end]))
-            except AsyncGraphError as exc:  # a valid CRC over an undecodable frame
-                bad.append((start, end))
-                log.warning("write-ahead log %s: record at offset %d does not decode: %s", path, start, exc)
-        bad.sort()
-        if tail < n and not last:
-            bad.append((tail, n))
-        if bad:
-            skipped = ", ".join(f"{a}..{b}" for a, b in bad)
-            if not recover:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            scan = _scan(fh, path, size)
+            bad, tail = sorted(scan.bad), scan.tail
+            if tail < size and not last:
+                bad.append((tail, size))
+            if bad and not recover:
                 first = bad[0][0]
-                after = sum(1 for s0, _ in good if s0 > first)
+                skipped = ", ".join(f"{a}..{b}" for a, b in bad)
                 raise WalCorruptError(
                     f"write-ahead log {path} is corrupt at byte offset {first} "
-                    f"(bad bytes {skipped} of {n}; {after} valid records follow, so this is not a "
-                    "torn tail): refusing to start. The file is left as it is; start with "
+                    f"(bad bytes {skipped} of {size}; {scan.after_first_bad} valid records follow, so "
+                    "this is not a torn tail): refusing to start. The file is left as it is; start with "
                     "--wal-recover to move it aside and replay only the records that verify",
                     path,
                     first,
                 )
-            kept = [span for span, rec in zip(good, decoded, strict=True) if span not in bad]
-            aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
-            os.rename(path, aside)
-            with open(path, "wb") as fh:
-                for start, end in kept:
-                    fh.write(memoryview(data)[start:end])
-                fh.flush()
-                os.fsync(fh.fileno())
+            if bad:
+                yield from _recover(fh, path, size, tail, bad, start)
+                return
+            for pos, end in _spans(fh, tail, []):
+                if pos >= start and (record := _decode_at(fh, path, pos, end, recover)) is not None:
+                    yield record
+        if tail < size:
             log.warning(
-                "write-ahead log %s: --wal-recover skipped bytes %s (%d bytes), kept %d records%s; "
-                "the original log is kept as %s",
-                path,
-                skipped,
-                sum(b - a for a, b in bad),
-                len(kept),
-                f", dropped a torn tail of {n - tail} bytes at offset {tail}" if tail < n and last else "",
-                aside,
+                "write-ahead log %s: dropping a torn tail of %d bytes at offset %d", path, size - tail, tail
             )
-            yield from (rec for span, rec in zip(good, decoded, strict=True) if span not in bad)
-            return
-        yield from decoded
-        if tail < n:
-            log.warning(
-                "write-ahead log %s: dropping a torn tail of %d bytes at offset %d", path, n - tail, tail
-            )
-            with open(path, "r+b") as fh:
-                fh.truncate(tail)
-                os.fsync(fh.fileno())
+            with open(path, "r+b") as out:
+                out.truncate(tail)
+                os.fsync(out.fileno())
+
+
+def _recover(
+    fh: BinaryIO, path: Path, size: int, tail: int, bad: list[tuple[int, int]], start: int
+) -> Iterator[dict[str, Any]]:
+    """``--wal-recover``: move the log aside, write the records that verify back in order (one at
+    a time), log the skipped byte ranges, and return the kept records from ``start`` on."""
+    aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+    os.rename(path, aside)
+    kept = 0
+    with open(path, "wb") as out:
+        for pos, end in _spans(fh, tail, bad):
+            fh.seek(pos)
+            out.write(fh.read(end - pos))
+            kept += 1
+        out.flush()
+        os.fsync(out.fileno())
+    skipped = ", ".join(f"{a}..{b}" for a, b in bad)
+    log.warning(
+        "write-ahead log %s: --wal-recover skipped bytes %s (%d bytes), kept %d records%s; "
+        "the original log is kept as %s",
+        path,
+        skipped,
+        sum(b - a for a, b in bad),
+        kept,
+        f", dropped a torn tail of {size - tail} bytes at offset {tail}" if tail < size else "",
+        aside,
+    )
+    for pos, end in _spans(fh, tail, bad):
+        if pos >= start and (record := _decode_at(fh, path, pos, end, True)) is not None:
+            yield record

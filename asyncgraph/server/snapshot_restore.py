@@ -1,0 +1,45 @@
+"""Loading a verified snapshot's rows into a partition store (``server/snapshots.py`` reads and
+checks the folder; this makes the store hold exactly what it describes)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from asyncgraph.server.snapshots import Snapshot, SnapshotError
+from asyncgraph.storage.store import PartitionStore, TensorMeta
+
+__all__ = ["restore_rows"]
+
+
+def restore_rows(store: PartitionStore, snap: Snapshot, fingerprint: str | None = None) -> None:
+    """Make ``store`` hold exactly the snapshot's tensors and rows (partition files are the base)."""
+    manifest = snap.manifest
+    if manifest["graph_name"] != store.graph_name or manifest["part_id"] != store.part_id:
+        raise SnapshotError(
+            f"snapshot {snap.path} is of graph {manifest['graph_name']!r} partition {manifest['part_id']}, "
+            f"not graph {store.graph_name!r} partition {store.part_id}"
+        )
+    theirs = manifest.get("fingerprint")
+    if fingerprint is not None and theirs is not None and theirs != fingerprint:
+        raise SnapshotError(
+            f"snapshot {snap.path} is of the partition with fingerprint {theirs}, this server loads "
+            f"fingerprint {fingerprint}: refusing state written for another partition"
+        )
+    wanted = {e["name"] for e in manifest["tensors"]}
+    for meta in store.list_tensors():  # a base tensor the snapshot lacks (derived on load) stays
+        if meta.name not in wanted and meta.name not in store.rules.base:
+            store.delete_tensor(meta.name)
+    for entry in manifest["tensors"]:
+        meta = TensorMeta.from_dict(entry)
+        if store.has_tensor(meta.name) and store.tensor_meta(meta.name) != meta:
+            store.delete_tensor(meta.name)
+        store.create_tensor(meta.name, meta.policy, meta.shape, meta.dtype, None)
+        rows = store.local_rows(meta.name)
+        if rows.nbytes != entry["nbytes"]:
+            raise SnapshotError(
+                f"snapshot {snap.path}: tensor {meta.name!r} has {entry['nbytes']} bytes, "
+                f"this partition holds {rows.nbytes}"
+            )
+        data = np.fromfile(snap.path / entry["file"], dtype=meta.dtype).reshape(rows.shape)
+        with store.lock.write():
+            rows[...] = data
