@@ -66,9 +66,8 @@ def test_workers_build_the_batches_the_loop_thread_builds(graph: DistGraph, pubm
                 for a, b in zip(e, g, strict=True):
                     assert a.dtype == b.dtype and torch.equal(a, b)
             first = batches[0]
-            np.testing.assert_array_equal(
-                first.blocks[0].srcdata["feat"].numpy(), pubmed2.original_rows("feat", first.input_nodes.numpy())
-            )
+            expected_rows = pubmed2.original_rows("feat", first.input_nodes.numpy())
+            np.testing.assert_array_equal(first.blocks[0].srcdata["feat"].numpy(), expected_rows)
             stats = loader.stats
             assert stats.epoch == epoch and stats.batches == len(got)
             # every feature and label row was written on the host once, straight into the slot

@@ -176,6 +176,19 @@ class AsyncClient:
         client.state.origin = {"kind": "standalone", "part_config": str(part_config)}
         return client
 
+    @classmethod
+    def attached(cls, part_config: str | Path, exports: Sequence[tuple[str, bytes]]) -> AsyncClient:
+        """Standalone partitions held by another process of this host, mapped through the fd
+        exporters it started (``(address, token)`` per partition): a loader worker's client."""
+        from asyncgraph.partition import PartitionConfig
+        from asyncgraph.storage.fdpass import attach_store
+
+        config = PartitionConfig.load(part_config)
+        services = [PartitionService(attach_store(address, token)) for address, token in exports]
+        client = cls(config.graph_name, config.book(), [LocalPartition(s) for s in services])
+        client.catalog.remember(services[0].list_tensors())
+        return client
+
     # --- the shared state -------------------------------------------------------------------
     @property
     def graph_name(self) -> str:

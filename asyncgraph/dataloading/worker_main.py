@@ -24,7 +24,6 @@ import numpy as np
 import torch
 
 from asyncgraph.client.async_client import AsyncClient
-from asyncgraph.client.local import LocalPartition
 from asyncgraph.dataloading.stats import LoaderStats
 from asyncgraph.dataloading.worker_channel import (
     Slot,
@@ -36,7 +35,6 @@ from asyncgraph.dataloading.worker_channel import (
     tensor_bytes,
 )
 from asyncgraph.kernels import gather
-from asyncgraph.service.local import PartitionService
 
 __all__ = ["main", "open_client"]
 
@@ -47,14 +45,7 @@ async def open_client(origin: dict[str, Any], exports: list[tuple[str, bytes]] |
         options = {k: v for k, v in origin.items() if k not in ("kind", "servers")}
         return await AsyncClient.connect(origin["servers"], **options)
     if origin.get("kind") == "standalone" and exports is not None:
-        from asyncgraph.partition import PartitionConfig
-        from asyncgraph.storage.fdpass import attach_store
-
-        config = PartitionConfig.load(origin["part_config"])
-        services = [PartitionService(attach_store(address, token)) for address, token in exports]
-        client = AsyncClient(config.graph_name, config.book(), [LocalPartition(s) for s in services])
-        client.catalog.remember(services[0].list_tensors())
-        return client
+        return AsyncClient.attached(origin["part_config"], exports)
     raise RuntimeError(f"a loader worker cannot open a client from {origin.get('kind')!r}")
 
 

@@ -1,13 +1,10 @@
 """PartitionStore: one partition's in-edges (CSC) and named tensors, with validated access.
 
 The server owns a store and calls it from its event loop; standalone mode and co-located
-trainers call it in-process. With ``shared=True`` every array lives in a memfd
-(``SharedArray``) so co-located processes can map the same memory (``sharing.export`` on the
-server, ``AttachedStore.attach`` on the client) and read/write it without the socket.
-All access goes through one cross-process reader/writer lock: pulls read, pushes write.
-
-Every rejection raises a subclass of ``InvalidRequestError`` and is decided before any data is
-touched, so a rejected request changes nothing.
+trainers call it in-process. With ``shared=True`` every array lives in a memfd (``SharedArray``)
+so co-located processes map the same memory (``sharing.export`` on the server,
+``AttachedStore.attach`` on the client) and read/write it without the socket, under one lock
+(pulls read, pushes write). A rejection (``InvalidRequestError``) changes nothing.
 """
 
 from __future__ import annotations
@@ -347,13 +344,12 @@ class PartitionStore:
         return out
 
     def pull_into(self, name: str, ids: np.ndarray, out: np.ndarray, where: np.ndarray | None) -> int:
-        """``pull`` written straight to ``out[where]`` (``out[:len(ids)]``): the host bytes copied."""
+        """``pull`` straight into ``out[where]`` (``out[:len(ids)]``), a copy a row: the bytes copied."""
         from asyncgraph.kernels.gather import gather_into  # kernels import this module
 
         acc = self._entry(name)
-        local = acc.check(ids)[0]
         with self._lock.read():
-            return gather_into(acc.rows, local, out, where)
+            return gather_into(acc.rows, acc.check(ids)[0], out, where)
 
     def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str = "assign") -> None:
         """Write rows: ``op="assign"`` (duplicate IDs: last wins) or ``"add"`` (duplicates accumulate).
