@@ -37,6 +37,7 @@ __all__ = [
     "ALIGN",
     "BatchLayout",
     "Slot",
+    "SlotMapping",
     "WorkerSlots",
     "aligned",
     "decode_frame",
@@ -278,3 +279,27 @@ def unpack_batch(layout: BatchLayout, host: torch.Tensor) -> Any:
         else:
             views.append(host[offset : offset + nbytes].view(dtype).view(shape))
     return _BatchUnpickler(layout.skeleton, views).load()
+
+
+class SlotMapping:
+    """One worker slot as mapped in the loader (pinned on a CUDA host)."""
+
+    def __init__(self, fd: int, nbytes: int, pin: bool) -> None:
+        try:
+            self.mm = mmap.mmap(fd, nbytes)
+        finally:
+            os.close(fd)
+        self.nbytes = nbytes
+        self.pinned = False
+        if pin:
+            ptr = np.frombuffer(self.mm, dtype=np.uint8).ctypes.data
+            with contextlib.suppress(Exception):
+                self.pinned = torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0) == 0  # type: ignore[no-untyped-call]
+            self.ptr = ptr
+
+    def close(self) -> None:
+        if self.pinned:
+            with contextlib.suppress(Exception):
+                torch.cuda.cudart().cudaHostUnregister(self.ptr)  # type: ignore[no-untyped-call]
+        with contextlib.suppress(BufferError):
+            self.mm.close()

@@ -26,7 +26,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import mmap
 import os
 import selectors
 import socket
@@ -46,6 +45,7 @@ from asyncgraph.dataloading.device import map_tensors
 from asyncgraph.dataloading.stats import LoaderStats
 from asyncgraph.dataloading.worker_channel import (
     BatchLayout,
+    SlotMapping,
     decode_frame,
     encode_frame,
     recv_slot_fd,
@@ -70,30 +70,6 @@ class WorkerBatch:
     device_buffer: torch.Tensor | None = None
 
 
-class _SlotMap:
-    """One worker slot as mapped in the loader (pinned on a CUDA host)."""
-
-    def __init__(self, fd: int, nbytes: int, pin: bool) -> None:
-        try:
-            self.mm = mmap.mmap(fd, nbytes)
-        finally:
-            os.close(fd)
-        self.nbytes = nbytes
-        self.pinned = False
-        if pin:
-            ptr = np.frombuffer(self.mm, dtype=np.uint8).ctypes.data
-            with contextlib.suppress(Exception):
-                self.pinned = torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0) == 0  # type: ignore[no-untyped-call]
-            self.ptr = ptr
-
-    def close(self) -> None:
-        if self.pinned:
-            with contextlib.suppress(Exception):
-                torch.cuda.cudart().cudaHostUnregister(self.ptr)  # type: ignore[no-untyped-call]
-        with contextlib.suppress(BufferError):
-            self.mm.close()
-
-
 class _Worker:
     def __init__(
         self, index: int, proc: subprocess.Popen[bytes], sock: socket.socket, slot_sock: socket.socket
@@ -103,7 +79,7 @@ class _Worker:
         self.sock = sock
         self.slot_sock = slot_sock
         self.buffer = bytearray()
-        self.slots: dict[int, _SlotMap] = {}
+        self.slots: dict[int, SlotMapping] = {}
         self.frees: collections.deque[int] = collections.deque()
         self.pending: dict[Any, concurrent.futures.Future[WorkerBatch]] = {}
         self.send_lock = threading.Lock()
@@ -119,7 +95,7 @@ class _Worker:
             self.sock.sendall(encode_frame(msg))
 
 
-class _WorkerThread:
+class WorkerThread:
     """``subprocess.Popen``'s few methods the pool uses, for a worker run on a thread."""
 
     def __init__(self, msg_fd: int, slot_fd: int) -> None:
@@ -232,7 +208,7 @@ class WorkerPool:
         msg_parent, msg_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         slot_parent, slot_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         if self.mode == "thread":
-            proc: Any = _WorkerThread(msg_child.detach(), slot_child.detach())
+            proc: Any = WorkerThread(msg_child.detach(), slot_child.detach())
             return _Worker(index, proc, msg_parent, slot_parent)
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -368,7 +344,7 @@ class WorkerPool:
     def _open(self, w: _Worker, layout: BatchLayout, stats: LoaderStats) -> WorkerBatch:
         while layout.slot_id not in w.slots:
             slot_id, nbytes, fd = recv_slot_fd(w.slot_sock)
-            w.slots[slot_id] = _SlotMap(fd, nbytes, pin=self.cuda)
+            w.slots[slot_id] = SlotMapping(fd, nbytes, pin=self.cuda)
         slot = w.slots[layout.slot_id]
         host_np = np.frombuffer(slot.mm, dtype=np.uint8, count=layout.nbytes)
         frees = w.frees
