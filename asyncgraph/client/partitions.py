@@ -144,10 +144,12 @@ async def open_partitions(
     conns = [t.result() for t in tasks]
     opened = [c for c in conns if isinstance(c, Connection)]
 
-    async def open_replica(host: str, port: int) -> Connection:
+    async def open_replica(host: str, port: int, part_id: int) -> Connection:
         return await Connection.open(
             host,
             port,
+            part_id=part_id,
+            role="replica",
             graph_name=graph_name,
             secret=secret,
             timeout=ATTEMPT_TIMEOUT,
@@ -173,7 +175,7 @@ async def _add_replicas(
     served: ServedGraph,
     infos: list[ServerInfo],
     call_timeout: float,
-    open_replica: Callable[[str, int], Awaitable[Connection]],
+    open_replica: Callable[[str, int, int], Awaitable[Connection]],
 ) -> None:
     """Give each partition reached over the socket its replica servers (listed by its primary).
 
@@ -185,7 +187,7 @@ async def _add_replicas(
         where = f"{primary.conn.host}:{port}"
         conn: Connection | None = None
         try:
-            conn = await open_replica(primary.conn.host, port)
+            conn = await open_replica(primary.conn.host, port, primary.part_id)
             info = ServerInfo.from_wire(await conn.call(Op.INFO, {}, call_timeout))
             if (
                 info.role != "replica"

@@ -60,6 +60,7 @@ async def open_retrying(
                 max_inflight=max_inflight,
                 reconnect_window=reconnect_window,
                 holder=holder,
+                part_id=part_id,
             )
         except ServerUnavailableError as exc:
             remaining = deadline - time.monotonic()

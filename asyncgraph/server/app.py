@@ -252,9 +252,9 @@ class GraphServer:
         self._server = await loop.create_server(
             lambda: ServerConnection(
                 handlers,
-                graph_name=graph_name,
-                part_id=opts.part_id,
+                graph_name=graph_name, part_id=opts.part_id,
                 secret=opts.secret,
+                role="primary" if opts.replica_of is None else "replica",
                 max_frame_size=opts.max_frame_size,
                 max_inflight=opts.max_inflight,
                 metrics=metrics,

@@ -23,20 +23,24 @@ __all__ = ["SharedArray", "memfd"]
 
 # memfd names are limited to 249 bytes (the kernel prefixes "memfd:").
 _MAX_LABEL_BYTES = 240
-_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+_SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+#: Linux 5.1: no new writable mapping and no write(2) by anyone, while the mappings that exist
+#: (the owner's) stay writable. Python 3.11's fcntl does not name it.
+F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)
 
 
-def memfd(label: str, size: int) -> int:
+def memfd(label: str, size: int, *, final: bool = True) -> int:
     """A close-on-exec memfd of ``size`` zero bytes whose size is sealed.
 
     Sealing the size means no process holding the fd can truncate it under another process's
-    mapping (which would turn the next access into SIGBUS).
+    mapping (which would turn the next access into SIGBUS). ``final`` also seals the seals (no
+    process can add one); else ``seal`` must be called once the memory is filled.
     """
     name = label.replace("\0", "_").encode("utf-8", "replace")[:_MAX_LABEL_BYTES].decode("utf-8", "ignore")
     fd = os.memfd_create(name or "asyncgraph", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.ftruncate(fd, size)
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SIZE_SEALS | (fcntl.F_SEAL_SEAL if final else 0))
     except BaseException:
         os.close(fd)
         raise
@@ -122,12 +126,33 @@ class SharedArray:
         self.dtype = dtype
 
     @classmethod
-    def create(cls, label: str, shape: tuple[int, ...], dtype: np.dtype[Any] | str) -> SharedArray:
-        """A zero-filled array; ``label`` is the memfd's debug name (seen in /proc/<pid>/fd)."""
+    def create(
+        cls, label: str, shape: tuple[int, ...], dtype: np.dtype[Any] | str, *, final: bool = True
+    ) -> SharedArray:
+        """A zero-filled array; ``label`` is the memfd's debug name (seen in /proc/<pid>/fd).
+
+        ``final=False`` leaves its seals open until ``seal`` (for memory that may become
+        read-only once filled)."""
         dt = np.dtype(dtype)
         shape = tuple(int(d) for d in shape)
-        fd = memfd(label, _nbytes(shape, dt))
+        fd = memfd(label, _nbytes(shape, dt), final=final)
         return cls._map(fd, shape, dt, writable=True)
+
+    def seal(self, *, read_only: bool) -> None:
+        """Close the seals; ``read_only`` first forbids every later writable mapping and write
+        (``F_SEAL_FUTURE_WRITE``): a process sent this fd can then only read, whatever it tries
+        (mmap PROT_WRITE, mprotect, write(2), reopening /proc/<pid>/fd/N), while this
+        process's own mapping stays writable. Idempotent; a no-op once the seals are closed."""
+        seals = fcntl.fcntl(self.fd, fcntl.F_GET_SEALS)
+        if seals & fcntl.F_SEAL_SEAL:
+            return
+        extra = F_SEAL_FUTURE_WRITE if read_only else 0
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, extra | fcntl.F_SEAL_SEAL)
+
+    @property
+    def write_sealed(self) -> bool:
+        """True when no new writable mapping of this memory can be made (``seal(read_only=True)``)."""
+        return bool(fcntl.fcntl(self.fd, fcntl.F_GET_SEALS) & F_SEAL_FUTURE_WRITE)
 
     @classmethod
     def from_fd(
