@@ -277,3 +277,36 @@ async def test_a_co_located_client_cannot_write_read_only_partition_memory(serve
         for fd in fds:
             os.close(fd)
         conn.close()
+
+
+# --- item 5: a replica proves itself ------------------------------------------------------------------
+@pytest.mark.timeout(120)
+async def test_a_fake_replica_with_the_secret_is_not_listed(cora2, tmp_path: Path) -> None:
+    """A process with the secret that answers the handshake and ``info`` as a replica (pid 1, or
+    its own) is refused with ``ReplicaProofError``: it does not map the primary's memory (pid 1
+    does not even listen on its port). A real replica (``num_servers=2``) is listed."""
+    group = start_servers(
+        cora2.part_config, tmp_path / "run", num_parts=2, num_servers=2, secret=SECRET,
+        extra_args=["--log-level", "INFO"],
+    )  # fmt: skip
+    try:
+        assert group.secret is not None
+        secret_file = group.workdir / "secret"
+        host, port = group.addresses[0]
+        for pid_mode, why in (("one", "process 1 "), ("self", "does not map this primary's memory")):
+            argv = [
+                sys.executable, str(WORKERS / "fake_replica.py"), f"{host}:{port}", str(secret_file),
+                str(cora2.part_config), pid_mode,
+            ]  # fmt: skip
+            out = subprocess.run(argv, capture_output=True, text=True, env=subprocess_env(), timeout=60)
+            report = json.loads(out.stdout.strip().splitlines()[-1])
+            assert report["error"] == "replica_unproven", (report, out.stderr[-2000:])
+            assert why in report["message"]
+        conn = await Connection.open(host, port, graph_name="cora", secret=SECRET, timeout=T)
+        from asyncgraph.protocol.info import ServerInfo
+
+        info = ServerInfo.from_wire(await conn.call(Op.INFO, {}, T))
+        assert info.replicas == [group.bound[2][1]]  # only the real replica
+        conn.close()
+    finally:
+        group.stop()

@@ -182,12 +182,10 @@ class GraphServer:
         handlers = self.handlers
         if opts.holder_lease > 0:
             handlers.leases = HolderLeases(opts.holder_lease, handlers.release_holder)
-        handlers.replica_check = ReplicaCheck(  # issue 22: only proven replicas register
-            part_id=opts.part_id,
-            instance=handlers.instance,
-            fingerprint=fingerprint,
-            secret=opts.secret,
-        )
+        handlers.replica_check = ReplicaCheck(  # issues 22, 32: only proven replicas register
+            part_id=opts.part_id, instance=handlers.instance, fingerprint=fingerprint, secret=opts.secret,
+            store=self.store,
+        )  # fmt: skip
         if self.durable is not None:
             partition = handlers.partition
             base, replayed = self.durable.restore(self.store, handlers.replay, partition.load_references)
