@@ -18,6 +18,7 @@ from asyncgraph.errors import (
     ServersMissingError,
 )
 from asyncgraph.net import ATTEMPT_TIMEOUT, Connection, open_retrying
+from asyncgraph.net.tls import TlsConfig
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol.info import ServerInfo, SharedMemoryInfo
 from asyncgraph.protocol.ops import Op
@@ -81,6 +82,7 @@ async def open_partitions(
     reconnect_window: float = 0.0,
     use_replicas: bool = True,
     holder: str | None = None,
+    tls: TlsConfig | None = None,
 ) -> ServedGraph:
     """Connect to every server concurrently (see ``AsyncClient.connect``); all or nothing.
 
@@ -106,6 +108,7 @@ async def open_partitions(
                 max_inflight=max_inflight,
                 reconnect_window=reconnect_window,
                 holder=holder,
+                tls=tls,
             )
         )
         for part_id, (host, port) in enumerate(servers)
@@ -156,6 +159,7 @@ async def open_partitions(
             max_frame_size=max_frame_size,
             max_inflight=max_inflight,
             holder=holder,
+            tls=tls,
         )
 
     try:

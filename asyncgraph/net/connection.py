@@ -48,6 +48,7 @@ from asyncgraph.protocol.ops import RETRYABLE_OPS
 
 from .coalesce import COALESCE_BYTES, COALESCE_REQUESTS, TickWriter
 from .protocol import ClientProtocol
+from .tls import TlsConfig
 
 log = logging.getLogger("asyncgraph.client")
 
@@ -86,8 +87,11 @@ class Connection:
         holder: str | None = None,
         part_id: int | None = None,
         role: str | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.host = host
+        self.tls = tls if tls is not None else TlsConfig.from_env()  # off unless configured
+        self._ssl = self.tls.client_context() if self.tls is not None else None
         self.port = port
         self.name = name
         self.max_frame_size = max_frame_size
@@ -132,6 +136,7 @@ class Connection:
         holder: str | None = None,
         part_id: int | None = None,
         role: str | None = None,
+        tls: TlsConfig | None = None,
     ) -> Connection:
         """Connect and complete the handshake; ``graph_name=None`` accepts whatever is served.
 
@@ -139,7 +144,7 @@ class Connection:
         connections per holder (``--max-connections-per-holder``; connections without one share
         one anonymous cap). ``part_id`` / ``role``: the server must announce these (else
         ``AuthenticationError`` before anything is sent); with a ``secret`` it must also prove
-        it holds it."""
+        it holds it. ``tls`` (default: ``$ASYNCGRAPH_TLS_*``, else none): see ``net/tls.py``."""
         conn = cls(
             host,
             port,
@@ -152,6 +157,7 @@ class Connection:
             holder=holder,
             part_id=part_id,
             role=role,
+            tls=tls,
         )
         await conn._connect(timeout)
         # The server may fail the connection right after the hello (over its connection cap,
@@ -184,7 +190,8 @@ class Connection:
         self._handshake.add_done_callback(_retrieve)
         try:
             await asyncio.wait_for(
-                loop.create_connection(lambda: ClientProtocol(self), self.host, self.port), timeout
+                loop.create_connection(lambda: ClientProtocol(self), self.host, self.port, ssl=self._ssl),
+                timeout,
             )
         except (TimeoutError, OSError) as exc:
             self._handshake = None

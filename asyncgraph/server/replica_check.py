@@ -32,6 +32,7 @@ from asyncgraph.server.replica_proof import unproven
 from asyncgraph.storage.memfd import SharedArray
 
 if TYPE_CHECKING:
+    from asyncgraph.net.tls import TlsConfig
     from asyncgraph.storage.store import PartitionStore
 
 __all__ = ["ReplicaCheck", "fingerprint_of"]
@@ -57,8 +58,10 @@ class ReplicaCheck:
         fingerprint: Callable[[], str],
         secret: bytes | None,
         store: PartitionStore | None = None,
+        tls: TlsConfig | None = None,
         timeout: float = CHECK_TIMEOUT,
     ) -> None:
+        self.tls = tls
         self.store = store  # its structure memfds: a replica maps them
         self.part_id = part_id
         self.instance = instance
@@ -87,7 +90,7 @@ class ReplicaCheck:
         try:
             conn = await Connection.open(
                 host, a.port, graph_name=None, secret=self.secret, timeout=self.timeout,
-                part_id=self.part_id, role="replica",
+                part_id=self.part_id, role="replica", tls=self.tls,
             )  # fmt: skip
             try:
                 info = ServerInfo.from_wire(await conn.call(Op.INFO, {}, self.timeout))
