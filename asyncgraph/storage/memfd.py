@@ -8,7 +8,10 @@ host can never collide. Other processes get access only by receiving the file de
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
+import functools
+import logging
 import math
 import mmap
 import os
@@ -45,6 +48,14 @@ def memfd(label: str, size: int, *, final: bool = True) -> int:
         os.close(fd)
         raise
     return fd
+
+
+@functools.cache
+def _warn_no_future_write() -> None:
+    logging.getLogger("asyncgraph.storage").warning(
+        "this kernel has no F_SEAL_FUTURE_WRITE (Linux >= 5.1): read-only tensors are mapped "
+        "read-only by well-behaved processes only"
+    )
 
 
 def _nbytes(shape: tuple[int, ...], dtype: np.dtype[Any]) -> int:
@@ -142,12 +153,20 @@ class SharedArray:
         """Close the seals; ``read_only`` first forbids every later writable mapping and write
         (``F_SEAL_FUTURE_WRITE``): a process sent this fd can then only read, whatever it tries
         (mmap PROT_WRITE, mprotect, write(2), reopening /proc/<pid>/fd/N), while this
-        process's own mapping stays writable. Idempotent; a no-op once the seals are closed."""
+        process's own mapping stays writable. Idempotent; a no-op once the seals are closed.
+        A kernel before 5.1 lacks that seal: logged once, the memory stays as before (attachers
+        map it read-only, a hostile one could map it writable)."""
         seals = fcntl.fcntl(self.fd, fcntl.F_GET_SEALS)
         if seals & fcntl.F_SEAL_SEAL:
             return
-        extra = F_SEAL_FUTURE_WRITE if read_only else 0
-        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, extra | fcntl.F_SEAL_SEAL)
+        if read_only:
+            try:
+                fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, F_SEAL_FUTURE_WRITE)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                _warn_no_future_write()
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL)
 
     @property
     def write_sealed(self) -> bool:
