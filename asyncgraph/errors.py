@@ -117,6 +117,20 @@ class AuthenticationError(AsyncGraphError, PermissionError):
     code = "auth"
 
 
+class HolderError(InvalidRequestError, PermissionError):
+    """A request named a holder other than the one its connection's hello bound (issue 32), or
+    a holder name that is too long or not printable; nothing was changed."""
+
+    code = "holder"
+
+
+class ReplicaProofError(InvalidRequestError, PermissionError):
+    """``add_replica`` from a server that did not prove it is a replica of this partition on
+    this host (the secret, the partition's fingerprint, this primary's memory); not listed."""
+
+    code = "replica_unproven"
+
+
 class RequestTimeoutError(AsyncGraphError, TimeoutError):
     """A call did not complete within its timeout."""
 
@@ -194,6 +208,8 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         ProtocolError,
         FrameTooLargeError,
         AuthenticationError,
+        HolderError,
+        ReplicaProofError,
         RequestTimeoutError,
         BarrierTimeoutError,
         StateLogError,

@@ -49,7 +49,7 @@ import numpy as np
 from asyncgraph import failpoints
 from asyncgraph.client import AsyncClient
 from asyncgraph.errors import AsyncGraphError, ServerUnavailableError
-from asyncgraph.protocol.ops import AddReplicaArgs, Op
+from asyncgraph.protocol.ops import AddReplicaArgs, BarrierArgs, Op, ReleaseTensorsArgs
 from asyncgraph.testing import ServerGroup, start_servers
 from benchmarks.common import RESULTS, add_graph_options, graph_npz, partitioned
 from benchmarks.faults_points import PointCrashes, keep_crashing, restored_after_kill, snapshotter
@@ -142,7 +142,8 @@ async def _try(abuse: Abuse, what: str, call: Any) -> None:
 
 
 async def abuser(client: AsyncClient, abuse: Abuse, until: float, max_tensors: int) -> None:
-    """One round of every request-level abuse per iteration (issue 22 items 5, 6, 8, 9, 11, 13)."""
+    """One round of every request-level abuse per iteration (issue 22 items 5, 6, 8, 9, 11, 13;
+    issue 32 item 6: acting as another holder)."""
     loop = asyncio.get_running_loop()
     n = client.book.num_nodes
     feat = await client.tensor_meta("node:feat")
@@ -169,6 +170,10 @@ async def abuser(client: AsyncClient, abuse: Abuse, until: float, max_tensors: i
         await _try(
             abuse, "add_replica port 9", conn.call(Op.ADD_REPLICA, AddReplicaArgs(9, 1).encode(), 10.0)
         )
+        other = ReleaseTensorsArgs("another-client", [], True).encode()  # issue 32 item 6
+        await _try(abuse, "release another holder's references", conn.call(Op.RELEASE_TENSORS, other, 10.0))
+        posing = BarrierArgs("abuse", 1.0, "another-client").encode()
+        await _try(abuse, "barrier as another holder", conn.call(Op.BARRIER, posing, 10.0))
         await _try(
             abuse,
             "uint16 ids",

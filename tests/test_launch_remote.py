@@ -4,6 +4,8 @@ on another host; the ssh command lines, ``--env`` and the interface choice. No r
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -93,6 +95,63 @@ def test_agent_writes_private_files_reports_ready_and_stops_its_child_on_eof() -
     finally:
         agent.kill()
         agent.wait()
+
+
+GRANDPARENT = """
+import json, pathlib, subprocess, sys, time
+folder = pathlib.Path(sys.argv[1])
+grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+(folder / "ready.json.tmp").write_text(json.dumps({"host": "10.1.2.3", "port": 4242}))
+(folder / "ready.json.tmp").rename(folder / "ready.json")
+print("folder", folder, flush=True)
+print("pid", grandchild.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_sigkilled_agent_leaves_no_secret_and_no_process_behind(tmp_path: Path) -> None:
+    """Issue 32 item 8: ``kill -9`` of the agent; its janitor removes the job folder (the
+    secret, the ready file) and stops the child's whole group, grandchildren included."""
+    job = Job(
+        argv=[sys.executable, "-c", GRANDPARENT, DIR_TOKEN],
+        files={"secret": "s3cret"},
+        ready_file="ready.json",
+        heartbeat=0,
+    )
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "asyncgraph.launch.remote"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**subprocess_env(), "TMPDIR": str(tmp_path)},
+    )
+    assert agent.stdin is not None
+    agent.stdin.write(job.model_dump_json() + "\n")
+    agent.stdin.flush()
+    grandchild = 0
+    try:
+        lines = read_until(agent, "pid ")
+        folder = Path(next(line for line in lines if line.startswith("folder ")).split(" ", 1)[1])
+        grandchild = int(lines[-1].split()[1])
+        assert folder.parent == tmp_path
+        assert parse_report(read_until(agent, AGENT_PREFIX)[-1]) == {"ready": ["10.1.2.3", 4242]}
+        assert (folder / "secret").read_text() == "s3cret" and (folder / "ready.json").exists()
+        agent.kill()  # SIGKILL: the agent cleans nothing up itself
+        agent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (folder.exists() or alive(grandchild)):
+            time.sleep(0.05)
+        assert not folder.exists() and list(tmp_path.iterdir()) == []
+        assert not alive(grandchild)
+    finally:
+        agent.kill()
+        agent.wait()
+        if grandchild and alive(grandchild):  # started by this test (the old agent left it)
+            os.kill(grandchild, signal.SIGKILL)
+        for stream in (agent.stdin, agent.stdout, agent.stderr):
+            if stream is not None:
+                stream.close()
 
 
 def test_agent_stops_its_child_when_the_heartbeat_goes_silent() -> None:

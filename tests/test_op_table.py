@@ -11,7 +11,7 @@ every ``primary_only`` op is refused by a replica; co-located clients run exactl
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,9 +80,21 @@ class Cluster:
     hi: int
     num_nodes: int
     state: Path
+    #: One connection per holder: a connection acts only as the holder its hello named (issue 32).
+    holders: dict[str, Connection] = field(default_factory=dict)
 
     async def call(self, op: Op, args: dict[str, Any]) -> Any:
-        return await self.conn.call(op, args, T)
+        holder = args.get("holder")
+        if holder is None:
+            return await self.conn.call(op, args, T)
+        if holder not in self.holders:
+            self.holders[holder] = await _open(self.group, holder)
+        return await self.holders[holder].call(op, args, T)
+
+    def close(self) -> None:
+        for conn in [self.conn, *self.holders.values()]:
+            conn.close()
+        self.holders.clear()
 
     async def tensors(self) -> dict[str, list[int]]:
         return {m["name"]: list(m["shape"]) for m in await self.call(Op.LIST_TENSORS, {})}
@@ -91,15 +103,15 @@ class Cluster:
         return np.asarray(await self.call(Op.PULL, {"name": name, "ids": ids}))
 
     async def kill9_and_restart(self) -> None:
-        self.conn.close()
+        self.close()
         self.group.kill(0)
         self.group.restart(0)
         self.conn = await _open(self.group)
 
 
-async def _open(group: ServerGroup) -> Connection:
+async def _open(group: ServerGroup, holder: str | None = None) -> Connection:
     host, port = group.addresses[0]
-    return await Connection.open(host, port, graph_name=None, timeout=T)
+    return await Connection.open(host, port, graph_name=None, timeout=T, holder=holder)
 
 
 @pytest.fixture
@@ -117,7 +129,7 @@ async def cluster(cora2, tmp_path: Path) -> Any:
     try:
         yield c
     finally:
-        c.conn.close()
+        c.close()
         group.stop()
 
 

@@ -37,8 +37,8 @@ from asyncgraph.protocol import (
     Response,
     ServerHello,
     check_client_hello,
+    check_hello_result,
     codec,
-    compute_mac,
     decode_frame,
     decode_handshake,
     decode_message,
@@ -47,8 +47,8 @@ from asyncgraph.protocol import (
     encode_handshake,
     encode_message,
     frame_size,
+    hello_proof,
     new_nonce,
-    verify_mac,
 )
 from asyncgraph.protocol.framing import _SMALL_BODY
 
@@ -608,11 +608,15 @@ def test_protocol_1_frame_still_decodes() -> None:
 def test_frames_without_arrays_are_the_same_as_in_protocol_1() -> None:
     """Handshakes carry no arrays: an old peer must still read a refusal of its version."""
     hello = ServerHello(1, "pubmed", 3, b"\x01" * 32, True, "i", 5)
-    assert encode_handshake(hello).hex() == (
-        "000000840000008088a46b696e64ac7365727665725f68656c6c6fa776657273696f6e01aa67726170685f6e616d65"
-        "a67075626d6564a7706172745f696403a56e6f6e6365c42001010101010101010101010101010101010101010101010101"
-        "01010101010101ad617574685f7265717569726564c3a8696e7374616e6365a169a565706f636805"
-    )
+    frame = encode_handshake(hello)
+    # protocol 1's fields, framed as protocol 1 framed them; "role" (protocol 3) is a key an old
+    # peer ignores
+    (hlen,) = struct.unpack_from(">I", frame, 4)
+    assert len(frame) == 8 + hlen
+    assert msgpack.unpackb(frame[8:]) == {
+        "kind": "server_hello", "version": 1, "graph_name": "pubmed", "part_id": 3,
+        "nonce": b"\x01" * 32, "auth_required": True, "instance": "i", "epoch": 5, "role": "primary",
+    }  # fmt: skip
     refusal = HelloResult(False, "auth", "protocol version 1 != server's 2")
     assert encode_handshake(refusal).hex() == (
         "0000004f0000004b84a46b696e64ac68656c6c6f5f726573756c74a26f6bc2a4636f6465a461757468a76d6573736167"
@@ -1048,44 +1052,107 @@ def _client_hello_via_wire(hello: ClientHello) -> ClientHello:
     return decoded
 
 
-def test_handshake_happy_path_with_secret() -> None:
+def _server(secret: bool = True, **fields: Any) -> ServerHello:
+    values: dict[str, Any] = {"instance": "inst-1", "epoch": 4, "role": "primary", **fields}
+    return ServerHello(PROTOCOL_VERSION, "pubmed", 1, new_nonce(), secret, **values)
+
+
+def _answer(secret: bytes, server: ServerHello, holder: str | None = "t0") -> ClientHello:
+    nonce = new_nonce()
+    mac = hello_proof(secret, "client", server, nonce, holder)
+    return ClientHello(PROTOCOL_VERSION, server.graph_name, mac, holder, nonce)
+
+
+def test_handshake_happy_path_with_secret_proves_both_sides() -> None:
     secret = b"s3cret"
-    server = ServerHello(PROTOCOL_VERSION, "pubmed", 1, new_nonce(), True)
+    server = _server()
     seen = decode_handshake(encode_handshake(server)[4:])
-    assert isinstance(seen, ServerHello) and seen.auth_required
-    mac = compute_mac(secret, seen.nonce, seen.graph_name)
-    assert secret not in encode_handshake(ClientHello(PROTOCOL_VERSION, "pubmed", mac))
-    hello = _client_hello_via_wire(ClientHello(PROTOCOL_VERSION, "pubmed", mac))
-    result = check_client_hello(hello, graph_name="pubmed", nonce=server.nonce, secret=secret)
-    assert result == HelloResult(True, "", "")
+    assert seen == server and isinstance(seen, ServerHello) and seen.auth_required
+    sent = _answer(secret, seen)
+    assert secret not in encode_handshake(sent)
+    hello = _client_hello_via_wire(sent)
+    result = check_client_hello(hello, server=server, secret=secret)
+    assert result.ok and result.mac == hello_proof(secret, "server", server, hello.nonce, "t0")
+    assert result.mac != hello.mac  # the roles differ: one side's answer is never the other's
     assert decode_handshake(encode_handshake(result)[4:]) == result
+    assert check_hello_result(result, server=seen, client=sent, secret=secret) is None
+
+
+def test_client_refuses_a_server_that_does_not_prove_the_secret() -> None:
+    server = _server()
+    client = _answer(b"k", server)
+    for result in (HelloResult(True, "", ""), HelloResult(True, "", "", b"\x00" * 32)):
+        why = check_hello_result(result, server=server, client=client, secret=b"k")
+        assert why is not None and "not a server of this job" in why
+    proof = check_client_hello(client, server=server, secret=b"other")
+    assert not proof.ok  # a server with another secret refuses; it could not prove ours either
+    assert check_hello_result(HelloResult(True, "", ""), server=server, client=client, secret=None) is None
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"part_id": 0},
+        {"instance": "inst-2"},
+        {"epoch": 5},
+        {"role": "replica"},
+        {"nonce": b"\x07" * 32},
+        {"graph_name": "other"},
+    ],
+)
+def test_client_mac_is_bound_to_every_field_of_the_session(change: dict[str, Any]) -> None:
+    """A relay that passes on (or rewrites) another server's hello gets a MAC the real server
+    refuses: the client's answer covers the nonces, graph, partition, role, instance, epoch."""
+    import dataclasses
+
+    real = _server()
+    seen = dataclasses.replace(real, **change)  # what a relay showed the client
+    hello = _answer(b"k", seen)
+    if "graph_name" in change:
+        hello = dataclasses.replace(hello, graph_name=real.graph_name)
+    result = check_client_hello(hello, server=real, secret=b"k")
+    assert not result.ok and result.code == "auth" and result.mac is None
+
+
+def test_client_mac_is_bound_to_its_nonce_and_holder() -> None:
+    import dataclasses
+
+    server = _server()
+    hello = _answer(b"k", server, holder="a")
+    assert check_client_hello(hello, server=server, secret=b"k").ok
+    for forged in (
+        dataclasses.replace(hello, holder="b"),
+        dataclasses.replace(hello, holder=None),
+        dataclasses.replace(hello, nonce=new_nonce()),
+        dataclasses.replace(hello, nonce=b""),
+    ):
+        assert not check_client_hello(forged, server=server, secret=b"k").ok
 
 
 def test_handshake_without_secret() -> None:
-    nonce = new_nonce()
+    server = _server(secret=False)
     hello = _client_hello_via_wire(ClientHello(PROTOCOL_VERSION, "pubmed", None))
-    assert check_client_hello(hello, graph_name="pubmed", nonce=nonce, secret=None).ok
-    # a client configured with a secret may talk to an open server
-    with_mac = ClientHello(PROTOCOL_VERSION, "pubmed", compute_mac(b"k", nonce, "pubmed"))
-    assert check_client_hello(with_mac, graph_name="pubmed", nonce=nonce, secret=None).ok
+    result = check_client_hello(hello, server=server, secret=None)
+    assert result.ok and result.mac is None
+    # a server without a secret accepts a MAC (nothing to check); the client then refuses it
+    assert check_client_hello(_answer(b"k", server), server=server, secret=None).ok
 
 
 def test_handshake_wrong_secret() -> None:
-    nonce = new_nonce()
-    hello = ClientHello(PROTOCOL_VERSION, "pubmed", compute_mac(b"wrong", nonce, "pubmed"))
-    result = check_client_hello(hello, graph_name="pubmed", nonce=nonce, secret=b"right")
-    assert result == HelloResult(False, "auth", "authentication failed: wrong secret")
+    server = _server()
+    result = check_client_hello(_answer(b"wrong", server), server=server, secret=b"right")
+    assert not result.ok and result.code == "auth" and "wrong secret" in result.message
 
 
 def test_handshake_mac_bound_to_nonce() -> None:
-    hello = ClientHello(PROTOCOL_VERSION, "pubmed", compute_mac(b"k", new_nonce(), "pubmed"))
-    result = check_client_hello(hello, graph_name="pubmed", nonce=new_nonce(), secret=b"k")
+    hello = _answer(b"k", _server())
+    result = check_client_hello(hello, server=_server(), secret=b"k")
     assert not result.ok and result.code == "auth"
 
 
 def test_handshake_missing_mac() -> None:
     hello = ClientHello(PROTOCOL_VERSION, "pubmed", None)
-    result = check_client_hello(hello, graph_name="pubmed", nonce=new_nonce(), secret=b"k")
+    result = check_client_hello(hello, server=_server(), secret=b"k")
     assert not result.ok and result.code == "auth"
     assert "authentication failed" in result.message and "secret" in result.message
 
@@ -1098,7 +1165,7 @@ def test_handshake_version_mismatch_from_a_newer_client() -> None:
     )
     hello = decode_handshake(body)
     assert isinstance(hello, ClientHello)
-    result = check_client_hello(hello, graph_name="pubmed", nonce=new_nonce(), secret=None)
+    result = check_client_hello(hello, server=_server(False), secret=None)
     assert result == HelloResult(False, "auth", f"protocol version {newer} != server's {PROTOCOL_VERSION}")
 
 
@@ -1110,7 +1177,7 @@ def test_handshake_version_mismatch_from_an_older_client() -> None:
     )
     hello = decode_handshake(v1_hello[4:])
     assert hello == ClientHello(1, "pubmed", None)
-    result = check_client_hello(hello, graph_name="pubmed", nonce=new_nonce(), secret=None)
+    result = check_client_hello(hello, server=_server(False), secret=None)
     assert result == HelloResult(False, "auth", f"protocol version 1 != server's {PROTOCOL_VERSION}")
     # the refusal is a plain msgpack map, framed as protocol 1 framed it: the old peer can read it
     frame = encode_handshake(result)
@@ -1126,21 +1193,22 @@ def test_handshake_version_mismatch_from_an_older_client() -> None:
 
 def test_handshake_graph_mismatch() -> None:
     hello = ClientHello(PROTOCOL_VERSION, "x", None)
-    result = check_client_hello(hello, graph_name="pubmed", nonce=new_nonce(), secret=None)
+    result = check_client_hello(hello, server=_server(False), secret=None)
     assert result == HelloResult(False, "auth", "graph 'x' != served graph 'pubmed'")
 
 
 def test_mac_and_nonce_properties() -> None:
     nonce = new_nonce()
     assert len(nonce) == 32 and nonce != new_nonce()
-    mac = compute_mac(b"k", nonce, "g")
+    server = _server()
+    mac = hello_proof(b"k", "client", server, nonce, None)
     assert len(mac) == 32
-    assert mac == compute_mac(b"k", nonce, "g")
-    assert mac != compute_mac(b"k", nonce, "h")
-    assert mac != compute_mac(b"k2", nonce, "g")
-    assert verify_mac(b"k", nonce, "g", mac)
-    assert not verify_mac(b"k", nonce, "g", None)
-    assert not verify_mac(b"k", nonce, "g", mac[:-1])
+    assert mac == hello_proof(b"k", "client", server, nonce, None)
+    assert mac != hello_proof(b"k2", "client", server, nonce, None)
+    assert mac != hello_proof(b"k", "server", server, nonce, None)
+    assert mac != hello_proof(b"k", "client", server, nonce, "")  # no holder != an empty one
+    with pytest.raises(ValueError):
+        hello_proof(b"k", "relay", server, nonce, None)
 
 
 def test_server_info_round_trips_and_names_a_bad_field() -> None:

@@ -311,3 +311,32 @@ def test_oversized_reply_is_an_error_for_that_request_only() -> None:
     assert error == ErrorResponse(1, "frame_too_large", "too big")
     assert isinstance(reply, Response) and reply.result == 1.5
     assert pair.client.state is SessionState.READY
+
+
+def test_client_with_a_secret_refuses_a_server_without_one_before_answering() -> None:
+    """Issue 32: a server that cannot prove the secret gets no answer (no MAC to relay)."""
+    pair = SessionPair(server_secret=None)
+    [failed] = pair.to_client()
+    assert isinstance(failed, ConnectionFailed) and isinstance(failed.error, AuthenticationError)
+    assert "cannot prove" in str(failed.error) and pair.client.data_to_send() == []
+
+
+def test_client_refuses_another_partition_or_role_before_answering() -> None:
+    cases = (({"part_id": 2}, "serves partition 3, expected 2"), ({"role": "replica"}, "expected a"))
+    for kwargs, why in cases:
+        server = ServerSession(graph_name="g", part_id=3, secret=SECRET)
+        client = ClientSession(graph_name="g", secret=SECRET, name="srv", **kwargs)  # type: ignore[arg-type]
+        [failed] = feed(client, join(server.data_to_send()))
+        assert isinstance(failed, ConnectionFailed) and why in str(failed.error)
+        assert client.data_to_send() == []
+
+
+def test_client_refuses_a_hello_result_without_the_servers_proof() -> None:
+    from asyncgraph.protocol import HelloResult
+
+    pair = SessionPair()
+    pair.to_client()
+    pair.client.data_to_send()  # the client's answer, never delivered: a fake server says "ok"
+    [failed] = pair.to_client(encode_handshake(HelloResult(True, "", "")))
+    assert isinstance(failed, ConnectionFailed) and isinstance(failed.error, AuthenticationError)
+    assert "did not prove" in str(failed.error) and pair.client.closed

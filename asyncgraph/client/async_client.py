@@ -26,6 +26,7 @@ from typing import Any
 from asyncgraph.env import ENV_MALLOC_TUNING, ENV_RECONNECT_WINDOW
 from asyncgraph.errors import AsyncGraphError, InvalidRequestError
 from asyncgraph.net.connection import Connection
+from asyncgraph.net.tls import TlsConfig
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.protocol.ops import BarrierArgs, Op, SnapshotArgs
@@ -93,6 +94,7 @@ class AsyncClient:
         local_partitions: Sequence[int] | None = None,
         reconnect_window: float | None = None,
         use_replicas: bool = True,
+        tls: TlsConfig | None = None,
     ) -> AsyncClient:
         """Connect to every server (one per partition, in partition order) concurrently.
 
@@ -114,6 +116,9 @@ class AsyncClient:
         Connecting also tunes glibc malloc to recycle large buffers (``retain_large_allocations``:
         big pulls otherwise pay a page fault per 4 KiB of every result); set the environment
         variable ``ASYNCGRAPH_MALLOC_TUNING=0`` to leave malloc alone.
+
+        ``tls``: TLS with this client's certificate (default ``$ASYNCGRAPH_TLS_*``, else off;
+        ``asyncgraph.net.tls``), for servers started with ``--tls-*``.
         """
         if reconnect_window is None:
             reconnect_window = float(os.environ.get(ENV_RECONNECT_WINDOW) or 0.0)
@@ -133,6 +138,7 @@ class AsyncClient:
             reconnect_window=reconnect_window,
             use_replicas=use_replicas,
             holder=holder,
+            tls=tls,
         )
         client = cls(
             served.graph_name,

@@ -18,6 +18,7 @@ from asyncgraph.errors import (
     ServersMissingError,
 )
 from asyncgraph.net import ATTEMPT_TIMEOUT, Connection, open_retrying
+from asyncgraph.net.tls import TlsConfig
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol.info import ServerInfo, SharedMemoryInfo
 from asyncgraph.protocol.ops import Op
@@ -81,6 +82,7 @@ async def open_partitions(
     reconnect_window: float = 0.0,
     use_replicas: bool = True,
     holder: str | None = None,
+    tls: TlsConfig | None = None,
 ) -> ServedGraph:
     """Connect to every server concurrently (see ``AsyncClient.connect``); all or nothing.
 
@@ -106,6 +108,7 @@ async def open_partitions(
                 max_inflight=max_inflight,
                 reconnect_window=reconnect_window,
                 holder=holder,
+                tls=tls,
             )
         )
         for part_id, (host, port) in enumerate(servers)
@@ -144,16 +147,19 @@ async def open_partitions(
     conns = [t.result() for t in tasks]
     opened = [c for c in conns if isinstance(c, Connection)]
 
-    async def open_replica(host: str, port: int) -> Connection:
+    async def open_replica(host: str, port: int, part_id: int) -> Connection:
         return await Connection.open(
             host,
             port,
+            part_id=part_id,
+            role="replica",
             graph_name=graph_name,
             secret=secret,
             timeout=ATTEMPT_TIMEOUT,
             max_frame_size=max_frame_size,
             max_inflight=max_inflight,
             holder=holder,
+            tls=tls,
         )
 
     try:
@@ -173,7 +179,7 @@ async def _add_replicas(
     served: ServedGraph,
     infos: list[ServerInfo],
     call_timeout: float,
-    open_replica: Callable[[str, int], Awaitable[Connection]],
+    open_replica: Callable[[str, int, int], Awaitable[Connection]],
 ) -> None:
     """Give each partition reached over the socket its replica servers (listed by its primary).
 
@@ -185,7 +191,7 @@ async def _add_replicas(
         where = f"{primary.conn.host}:{port}"
         conn: Connection | None = None
         try:
-            conn = await open_replica(primary.conn.host, port)
+            conn = await open_replica(primary.conn.host, port, primary.part_id)
             info = ServerInfo.from_wire(await conn.call(Op.INFO, {}, call_timeout))
             if (
                 info.role != "replica"

@@ -23,6 +23,7 @@ from typing import Any, Concatenate
 import torch
 
 from asyncgraph.net.connection import Connection
+from asyncgraph.net.tls import TlsConfig
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.service.base import Partition
@@ -90,6 +91,7 @@ class Client:
         local_partitions: Sequence[int] | None = None,
         reconnect_window: float | None = None,
         use_replicas: bool = True,
+        tls: TlsConfig | None = None,
     ) -> Client:
         """``AsyncClient.connect`` on a new loop thread (stopped again if connecting fails)."""
         loop = EventLoopThread()
@@ -107,6 +109,7 @@ class Client:
                     local_partitions=local_partitions,
                     reconnect_window=reconnect_window,
                     use_replicas=use_replicas,
+                    tls=tls,
                 )
             )
         except BaseException:

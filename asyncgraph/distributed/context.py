@@ -25,6 +25,7 @@ from asyncgraph.env import (
     process_rank,
 )
 from asyncgraph.errors import AsyncGraphError, InvalidRequestError
+from asyncgraph.net.tls import TlsConfig
 
 _log = logging.getLogger("asyncgraph")
 
@@ -79,6 +80,7 @@ def initialize(
     use_shared_memory: bool = True,
     reconnect_window: float | None = None,
     local_partitions: Sequence[int] | None = None,
+    tls: TlsConfig | None = None,
 ) -> None:
     """Set up this trainer process: connect to the servers, or choose standalone mode.
 
@@ -103,6 +105,8 @@ def initialize(
     ``reconnect_window`` (seconds; default ``$ASYNCGRAPH_RECONNECT_WINDOW``, else 0) lets calls
     ride through a server restart. ``local_partitions`` restricts shared memory to those
     co-located partitions (``None``: every co-located one; see ``AsyncClient.connect``).
+    ``tls`` (default ``$ASYNCGRAPH_TLS_CA_FILE``/``_CERT``/``_KEY``, else off): TLS with this
+    trainer's certificate, for servers started with ``--tls-*`` (``asyncgraph.net.tls``).
     """
     if _STATE.client is not None:
         raise AsyncGraphError("asyncgraph is already initialised in this process; call finalize() first")
@@ -146,6 +150,7 @@ def initialize(
             use_shared_memory=use_shared_memory,
             reconnect_window=reconnect_window,
             local_partitions=local_partitions,
+            tls=tls,
         )
 
 

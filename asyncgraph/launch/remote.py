@@ -17,7 +17,13 @@ starts the command in its own process group. Then:
   after ``grace`` seconds. The child also gets a parent-death signal, so a SIGKILLed agent
   takes it down too;
 * the agent exits with the child's status in the shell's convention (128 + N for signal N), so
-  ``ssh`` returns it to the launcher, and removes its folder.
+  ``ssh`` returns it to the launcher, and removes its folder;
+* **janitor** (issue 32): a SIGKILLed agent cannot clean up, so before anything is written a
+  small process in its own session waits on a pipe only the agent holds. When the agent is
+  gone (EOF) without saying ``done``, it SIGKILLs the child's process group (grandchildren
+  included, which the parent-death signal does not reach) and removes the folder, so no
+  ``secret`` or ``ready.json`` stays behind. It ignores SIGHUP/SIGTERM/SIGINT and holds no
+  secret.
 
 On its host it also sets, unless already set, ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` to
 the interface that routes to the rendezvous address (``asyncgraph.launch.netif``) and
@@ -85,8 +91,9 @@ def parse_report(line: str) -> dict[str, Any] | None:
 
 
 class _Agent:
-    def __init__(self, job: Job, stdin: IO[str]) -> None:
+    def __init__(self, job: Job, stdin: IO[str], janitor: int = -1) -> None:
         self.job = job
+        self.janitor = janitor  # the janitor's pipe: told the child's process group
         self.stdin = stdin
         self.stop = threading.Event()
         self.why = ""
@@ -145,6 +152,9 @@ class _Agent:
             start_new_session=True,
             preexec_fn=die_with_parent(signal.SIGKILL),
         )
+        if self.janitor >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self.janitor, f" {child.pid}\n".encode())  # its group, should we die
         pumps = [
             threading.Thread(target=self.pump, args=(child.stdout, sys.stdout), daemon=True),
             threading.Thread(target=self.pump, args=(child.stderr, sys.stderr), daemon=True),
@@ -185,6 +195,53 @@ def _stop_group(child: subprocess.Popen[bytes], grace: float) -> None:
         os.killpg(child.pid, signal.SIGKILL)
 
 
+#: The janitor (stdlib only, so it starts fast): argv is the pipe's read end and the folder.
+_JANITOR = """
+import os, shutil, signal, sys, time
+for s in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+    signal.signal(s, signal.SIG_IGN)
+fd, folder, said = int(sys.argv[1]), sys.argv[2], b""
+while chunk := os.read(fd, 256):
+    said += chunk
+words = said.split()
+if b"done" not in words:
+    groups = [int(w) for w in words if w.isdigit()]
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+    deadline = time.monotonic() + 5
+    while groups and time.monotonic() < deadline:
+        try:
+            os.killpg(groups[-1], 0)
+        except OSError:
+            break
+        time.sleep(0.02)
+shutil.rmtree(folder, ignore_errors=True)
+"""
+
+
+def _start_janitor(folder: Path) -> int:
+    """Start the janitor of ``folder``; returns the pipe's write end (the agent's alone)."""
+    read_end, write_end = os.pipe()  # both close-on-exec: the child never holds them
+    try:
+        subprocess.Popen(
+            [sys.executable, "-c", _JANITOR, str(read_end), str(folder)],
+            pass_fds=(read_end,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a kill of the agent's group leaves it
+        )
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    return write_end
+
+
 def main() -> int:
     """Read the job, run it, return its status (2: an unreadable job line)."""
     line = sys.stdin.readline()
@@ -194,7 +251,12 @@ def main() -> int:
         print(f"asyncgraph.launch.remote: bad job line: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     folder = Path(tempfile.mkdtemp(prefix="asyncgraph-job-"))
-    agent = _Agent(job, sys.stdin)
+    try:
+        janitor = _start_janitor(folder)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    agent = _Agent(job, sys.stdin, janitor)
 
     def stop_on_signal(signum: int, frame: object) -> None:
         agent.why = f"got {signal.Signals(signum).name}"
@@ -206,6 +268,9 @@ def main() -> int:
         return agent.run(folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.write(janitor, b" done\n")  # cleaned up here: the janitor only exits
+        os.close(janitor)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ from asyncgraph.protocol.ops import RETRYABLE_OPS
 
 from .coalesce import COALESCE_BYTES, COALESCE_REQUESTS, TickWriter
 from .protocol import ClientProtocol
+from .tls import TlsConfig
 
 log = logging.getLogger("asyncgraph.client")
 
@@ -84,23 +85,30 @@ class Connection:
         secret: bytes | None = None,
         reconnect_window: float = 0.0,
         holder: str | None = None,
+        part_id: int | None = None,
+        role: str | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.host = host
+        self.tls = tls if tls is not None else TlsConfig.from_env()  # off unless configured
+        self._ssl = self.tls.client_context() if self.tls is not None else None
         self.port = port
         self.name = name
         self.max_frame_size = max_frame_size
         self.graph_name = graph_name
         self.secret = secret
-        self.holder = holder  # named in every hello: the server counts connections per holder
+        self.holder = holder  # named in every hello: the server binds it to the connection
+        # What the server must announce (checked before answering its hello); after the first
+        # handshake, what it announced: a reconnect must find the same partition and role.
+        self.part_id = part_id
+        self.role = role
         self.reconnect_window = reconnect_window
         self.generation = 0  # reconnects so far: users of the server's memory re-attach on a change
         self.retries = 0
         self.state = ConnectionState.CONNECTING
         self._error: AsyncGraphError | None = None  # why the state is not OPEN
         self._reconnecting: asyncio.Future[None] | None = None  # the shared task, in RECONNECTING
-        self._session = ClientSession(
-            graph_name=graph_name, secret=secret, name=name, max_frame_size=max_frame_size, holder=holder
-        )
+        self._session = self._new_session()
         self._transport: asyncio.Transport | None = None
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._handshake: asyncio.Future[None] | None = None
@@ -126,11 +134,17 @@ class Connection:
         max_inflight: int = 32,
         reconnect_window: float = 0.0,
         holder: str | None = None,
+        part_id: int | None = None,
+        role: str | None = None,
+        tls: TlsConfig | None = None,
     ) -> Connection:
         """Connect and complete the handshake; ``graph_name=None`` accepts whatever is served.
 
-        ``holder`` names the client to the server, which caps connections per holder
-        (``--max-connections-per-holder``; connections without one share one anonymous cap)."""
+        ``holder`` names the client to the server, which binds it to the connection and caps
+        connections per holder (``--max-connections-per-holder``; connections without one share
+        one anonymous cap). ``part_id`` / ``role``: the server must announce these (else
+        ``AuthenticationError`` before anything is sent); with a ``secret`` it must also prove
+        it holds it. ``tls`` (default: ``$ASYNCGRAPH_TLS_*``, else none): see ``net/tls.py``."""
         conn = cls(
             host,
             port,
@@ -141,15 +155,29 @@ class Connection:
             secret=secret,
             reconnect_window=reconnect_window,
             holder=holder,
+            part_id=part_id,
+            role=role,
+            tls=tls,
         )
         await conn._connect(timeout)
         # The server may fail the connection right after the hello (over its connection cap,
         # say): that failure, seen while CONNECTING, leaves it LOST with the server's reason.
         conn.state = ConnectionState.OPEN if conn._error is None else ConnectionState.LOST
         hello = conn.server_hello
-        if hello is not None:
-            conn.graph_name = hello.graph_name  # a reconnect must find the same graph
+        if hello is not None:  # a reconnect must find the same graph, partition and role
+            conn.graph_name, conn.part_id, conn.role = hello.graph_name, hello.part_id, hello.role
         return conn
+
+    def _new_session(self) -> ClientSession:
+        return ClientSession(
+            graph_name=self.graph_name,
+            secret=self.secret,
+            name=self.name,
+            max_frame_size=self.max_frame_size,
+            holder=self.holder,
+            part_id=self.part_id,
+            role=self.role,
+        )
 
     async def _connect(self, timeout: float) -> None:
         """Open the socket and complete the handshake on the current session."""
@@ -162,7 +190,8 @@ class Connection:
         self._handshake.add_done_callback(_retrieve)
         try:
             await asyncio.wait_for(
-                loop.create_connection(lambda: ClientProtocol(self), self.host, self.port), timeout
+                loop.create_connection(lambda: ClientProtocol(self), self.host, self.port, ssl=self._ssl),
+                timeout,
             )
         except (TimeoutError, OSError) as exc:
             self._handshake = None
@@ -214,13 +243,7 @@ class Connection:
             if left <= 0:
                 break
             old = self.server_hello
-            self._session = ClientSession(
-                graph_name=self.graph_name,
-                secret=self.secret,
-                name=self.name,
-                max_frame_size=self.max_frame_size,
-                holder=self.holder,
-            )
+            self._session = self._new_session()
             self._transport = None
             try:
                 await self._connect(min(left, 10.0))

@@ -14,6 +14,7 @@ import time
 from asyncgraph.errors import ServersMissingError, ServerUnavailableError
 
 from .connection import Connection
+from .tls import TlsConfig
 
 __all__ = ["ATTEMPT_TIMEOUT", "MAX_BACKOFF", "open_retrying"]
 
@@ -37,6 +38,7 @@ async def open_retrying(
     max_inflight: int,
     reconnect_window: float = 0.0,
     holder: str | None = None,
+    tls: TlsConfig | None = None,
 ) -> Connection:
     """Connect to one server, retrying refused or lost connections with jittered exponential
     backoff until ``deadline`` (``time.monotonic()``), since servers may start after trainers.
@@ -60,6 +62,8 @@ async def open_retrying(
                 max_inflight=max_inflight,
                 reconnect_window=reconnect_window,
                 holder=holder,
+                part_id=part_id,
+                tls=tls,
             )
         except ServerUnavailableError as exc:
             remaining = deadline - time.monotonic()

@@ -33,13 +33,13 @@ from asyncgraph.protocol.messages import (
     Response,
     ServerHello,
     check_client_hello,
-    compute_mac,
+    check_hello_result,
     decode_handshake,
     decode_message,
     encode_handshake,
     encode_message,
+    hello_proof,
     new_nonce,
-    verify_mac,
 )
 from asyncgraph.protocol.session import ClientSession, ServerSession, SessionState
 
@@ -70,7 +70,7 @@ __all__ = [
     "SessionState",
     "SharedMemoryInfo",
     "check_client_hello",
-    "compute_mac",
+    "check_hello_result",
     "decode_frame",
     "decode_handshake",
     "decode_message",
@@ -79,6 +79,6 @@ __all__ = [
     "encode_handshake",
     "encode_message",
     "frame_size",
+    "hello_proof",
     "new_nonce",
-    "verify_mac",
 ]

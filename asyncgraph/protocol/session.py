@@ -1,12 +1,12 @@
 """One connection's protocol state, per side: bytes in, typed events out; messages in, pieces out.
 
-A session owns the handshake order (server hello with a nonce, client hello with an HMAC, hello
-result, then requests and responses) and every rule that ends a connection: a garbage or
-oversized frame, a request before the hello, a second hello, a message in the wrong direction,
-an error for the whole connection (request id 0). It never touches a socket: the transport
-hands it received bytes (``get_buffer``/``buffer_updated``, so large bodies still land in their
-final buffer) and writes what ``data_to_send`` and the ``send_*`` methods return with
-``writelines``.
+A session owns the handshake order (server hello with a nonce, client hello with its nonce and
+MAC, hello result with the server's MAC: ``protocol/handshake.py``; then requests and
+responses) and every rule that ends a connection: a garbage or oversized frame, a request
+before the hello, a second hello, a message in the wrong direction, an error for the whole
+connection (request id 0). It never touches a socket: the transport hands it received bytes
+(``get_buffer``/``buffer_updated``, so large bodies still land in their final buffer) and
+writes what ``data_to_send`` and the ``send_*`` methods return with ``writelines``.
 """
 
 from __future__ import annotations
@@ -40,11 +40,12 @@ from asyncgraph.protocol.messages import (
     Response,
     ServerHello,
     check_client_hello,
-    compute_mac,
+    check_hello_result,
     decode_handshake,
     decode_message,
     encode_handshake,
     encode_message,
+    hello_proof,
     new_nonce,
 )
 
@@ -154,7 +155,7 @@ class _Session:
 class ServerSession(_Session):
     """The server's side: sends its hello first, checks the client's, then yields requests."""
 
-    __slots__ = ("_full_max_frame_size", "_secret", "client_hello", "graph_name", "nonce", "part_id")
+    __slots__ = ("_full_max_frame_size", "_secret", "client_hello", "graph_name", "hello", "nonce", "part_id")
 
     def __init__(
         self,
@@ -166,6 +167,7 @@ class ServerSession(_Session):
         nonce: bytes | None = None,
         instance: str = "",
         epoch: int = 0,
+        role: str = "primary",
     ) -> None:
         """The server hello is queued at once: write ``data_to_send()`` when the client connects.
 
@@ -173,7 +175,7 @@ class ServerSession(_Session):
         (an unauthenticated peer cannot make the server allocate more); ``max_frame_size``
         applies from then on. ``instance`` (new at each server start) and ``epoch`` (its state
         epoch) let a reconnecting client tell a restarted server, and one that lost state, from
-        the old one.
+        the old one; ``role`` ("primary" or "replica") is bound into both proofs.
         """
         super().__init__(min(max_frame_size, HANDSHAKE_MAX_FRAME_SIZE), SessionState.AWAIT_CLIENT_HELLO)
         self._full_max_frame_size = max_frame_size
@@ -182,10 +184,10 @@ class ServerSession(_Session):
         self.nonce = new_nonce() if nonce is None else nonce
         self._secret = secret
         self.client_hello: ClientHello | None = None
-        hello = ServerHello(
-            PROTOCOL_VERSION, graph_name, part_id, self.nonce, secret is not None, instance, epoch
+        self.hello = ServerHello(
+            PROTOCOL_VERSION, graph_name, part_id, self.nonce, secret is not None, instance, epoch, role
         )
-        self._out.append(encode_handshake(hello))
+        self._out.append(encode_handshake(self.hello))
 
     def buffer_updated(self, nbytes: int) -> list[ServerEvent]:
         """``nbytes`` arrived; return requests, ``HandshakeComplete`` or ``ConnectionFailed``."""
@@ -230,7 +232,7 @@ class ServerSession(_Session):
             return self._fail(err)
         if not isinstance(hello, ClientHello):
             return self._fail(ProtocolError("expected a client hello to open the connection"))
-        result = check_client_hello(hello, graph_name=self.graph_name, nonce=self.nonce, secret=self._secret)
+        result = check_client_hello(hello, server=self.hello, secret=self._secret)
         self._out.append(encode_handshake(result))
         if not result.ok:
             self.state = _CLOSED
@@ -280,10 +282,24 @@ class ClientSession(_Session):
     """The client's side: answers the server's hello, then sends requests and yields replies.
 
     ``name`` names the server in error messages; ``graph_name=None`` accepts whatever graph
-    the server serves. Request ids start at 1 (0 is reserved for connection-level errors).
+    the server serves; ``part_id`` / ``role``, when given, are the partition and role the
+    server must announce, checked before the client answers (a relay that passes on another
+    server's hello gets nothing). With a secret the server must prove it too, or the
+    connection fails with ``AuthenticationError``. Request ids start at 1 (0 is reserved for
+    connection-level errors).
     """
 
-    __slots__ = ("_next_id", "_secret", "graph_name", "holder", "name", "server_hello")
+    __slots__ = (
+        "_hello",
+        "_next_id",
+        "_secret",
+        "graph_name",
+        "holder",
+        "name",
+        "part_id",
+        "role",
+        "server_hello",
+    )
 
     def __init__(
         self,
@@ -293,9 +309,14 @@ class ClientSession(_Session):
         name: str = "?",
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         holder: str | None = None,
+        part_id: int | None = None,
+        role: str | None = None,
     ) -> None:
         super().__init__(max_frame_size, SessionState.AWAIT_SERVER_HELLO)
         self.graph_name = graph_name
+        self.part_id = part_id
+        self.role = role
+        self._hello: ClientHello | None = None
         self.holder = holder  # sent in the hello: the server caps connections per holder
         self.name = name
         self._secret = secret
@@ -367,16 +388,17 @@ class ClientSession(_Session):
         if self.state is SessionState.AWAIT_SERVER_HELLO:
             if not isinstance(msg, ServerHello):
                 return [self._fail(ProtocolError(f"server {self.name} did not open with a hello"))]
-            if msg.auth_required and self._secret is None:
-                return [
-                    self._fail(
-                        AuthenticationError(f"server {self.name} requires a shared secret and none was given")
-                    )
-                ]
+            problem = self._unexpected(msg)
+            if problem is not None:
+                return [self._fail(AuthenticationError(f"server {self.name} {problem}; refusing it"))]
             self.server_hello = msg
-            mac = compute_mac(self._secret, msg.nonce, msg.graph_name) if self._secret is not None else None
+            nonce = new_nonce()
+            mac = None
+            if self._secret is not None:
+                mac = hello_proof(self._secret, "client", msg, nonce, self.holder)
             graph_name = self.graph_name if self.graph_name is not None else msg.graph_name
-            self._out.append(encode_handshake(ClientHello(PROTOCOL_VERSION, graph_name, mac, self.holder)))
+            self._hello = ClientHello(PROTOCOL_VERSION, graph_name, mac, self.holder, nonce)
+            self._out.append(encode_handshake(self._hello))
             self.state = SessionState.AWAIT_HELLO_RESULT
             return []
         if not isinstance(msg, HelloResult):
@@ -389,6 +411,21 @@ class ClientSession(_Session):
                     error_from_code(msg.code, f"server {self.name} refused the connection: {msg.message}")
                 )
             ]
-        assert self.server_hello is not None
+        assert self.server_hello is not None and self._hello is not None
+        why = check_hello_result(msg, server=self.server_hello, client=self._hello, secret=self._secret)
+        if why is not None:
+            return [self._fail(AuthenticationError(f"server {self.name} accepted the hello but {why}"))]
         self.state = _READY
         return [HandshakeComplete(self.server_hello)]
+
+    def _unexpected(self, hello: ServerHello) -> str | None:
+        """Why the server that sent ``hello`` is not one to answer, or None."""
+        if hello.auth_required and self._secret is None:
+            return "requires a shared secret and none was given"
+        if self._secret is not None and not hello.auth_required:
+            return "runs without a secret, so it cannot prove it is a server of this job"
+        if self.part_id is not None and hello.part_id != self.part_id:
+            return f"serves partition {hello.part_id}, expected {self.part_id}"
+        if self.role is not None and hello.role != self.role:
+            return f"is a {hello.role!r} server, expected a {self.role!r} one"
+        return None

@@ -17,19 +17,22 @@ which also bounds a pull's rows x row bytes), ``--max-sampled-edges`` (8 Mi per 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sys
 from pathlib import Path
 
 from asyncgraph.cli import CliError, Parser, configure_logging, part_config_checked, run_main
+from asyncgraph.net.tls import TlsConfig
 from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.server.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_PENDING
-from asyncgraph.server.app import ServerOptions, serve
+from asyncgraph.server.app import serve
 from asyncgraph.server.budget import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_CONNECTIONS_PER_HOLDER,
     DEFAULT_MAX_QUEUED_REPLY_BYTES,
 )
+from asyncgraph.server.options import ServerOptions
 from asyncgraph.service.limits import DEFAULT_MAX_SAMPLED_EDGES
 
 
@@ -42,6 +45,10 @@ def build_parser() -> Parser:
     parser.add_argument("--num-clients", type=int, default=1, help="trainer clients in barriers")
     parser.add_argument("--secret-file", type=Path, help="shared secret clients must prove")
     parser.add_argument("--ready-file", type=Path, help="write the bound address here (JSON)")
+    tls = parser.add_argument_group("TLS with client certificates (all three, or none: off)")
+    tls.add_argument("--tls-ca-file", type=Path, help="the job's CA (it signs every certificate)")
+    tls.add_argument("--tls-cert", type=Path, help="this server's certificate (PEM)")
+    tls.add_argument("--tls-key", type=Path, help="this server's private key (PEM)")
     parser.add_argument(
         "--max-frame-size",
         type=int,
@@ -260,7 +267,23 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         max_sampled_edges=ns.max_sampled_edges,
         max_tensor_bytes=ns.max_tensor_bytes,
         replica_of=replica_of,
+        tls=_tls(parser, ns),
     )
+
+
+def _tls(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> TlsConfig | None:
+    """``--tls-*``: all three files (readable, loadable) or none."""
+    files = (ns.tls_ca_file, ns.tls_cert, ns.tls_key)
+    if not any(files):
+        return None
+    if not all(files):
+        parser.error("TLS needs --tls-ca-file, --tls-cert and --tls-key together")
+    config = TlsConfig(*(str(f) for f in files))
+    try:
+        config.server_context()
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        parser.error(f"TLS files cannot be loaded: {exc}")
+    return config
 
 
 def main(argv: list[str] | None = None) -> int:

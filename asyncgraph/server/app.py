@@ -9,7 +9,6 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,24 +16,21 @@ from asyncgraph.errors import AsyncGraphError
 from asyncgraph.kernels import compiled
 from asyncgraph.launch.processes import process_alive
 from asyncgraph.partition import load_partition
-from asyncgraph.protocol import DEFAULT_MAX_FRAME_SIZE
-from asyncgraph.server.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_PENDING, Admission
+from asyncgraph.server.admission import Admission
 from asyncgraph.server.budget import (
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_CONNECTIONS_PER_HOLDER,
-    DEFAULT_MAX_QUEUED_REPLY_BYTES,
     ConnectionCap,
     ReplyBudget,
     default_max_tensors,
     memory_budget,
     raise_fd_limit,
 )
-from asyncgraph.server.durable import DurableState, FsyncPolicy, partition_fingerprint
+from asyncgraph.server.durable import DurableState, partition_fingerprint
 from asyncgraph.server.handlers import RequestHandlers
 from asyncgraph.server.leases import HolderLeases
+from asyncgraph.server.options import ServerOptions
 from asyncgraph.server.replica_check import ReplicaCheck, fingerprint_of
 from asyncgraph.server.transport import ServerConnection
-from asyncgraph.service.limits import DEFAULT_MAX_SAMPLED_EDGES, WorkLimits
+from asyncgraph.service.limits import WorkLimits
 from asyncgraph.storage.fdpass import FdExporter
 from asyncgraph.storage.malloc import release_free_memory, retain_large_allocations
 from asyncgraph.storage.store import PartitionStore
@@ -56,59 +52,6 @@ IDLE_TRIM_INTERVAL = 2.0
 
 class ReplicaError(AsyncGraphError):
     """A replica server cannot serve its primary's partition (start-up error, status 1)."""
-
-
-@dataclass
-class ServerOptions:
-    """Everything ``python -m asyncgraph.server`` accepts."""
-
-    part_config: Path
-    part_id: int
-    host: str = "127.0.0.1"
-    port: int = 0
-    num_clients: int = 1
-    secret: bytes | None = None
-    ready_file: Path | None = None
-    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
-    max_inflight: int = 64
-    shared_memory: bool = True
-    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
-    max_pending_connections: int = DEFAULT_MAX_PENDING
-    max_sampled_edges: int = DEFAULT_MAX_SAMPLED_EDGES
-    max_tensor_bytes: int = 0  # 0: the machine's physical memory
-    #: Serve Prometheus metrics on this port (0: a free one, reported in the ready file and
-    #: the log); None: no metrics.
-    metrics_port: int | None = None
-    #: Where ``/metrics`` listens; None: where the server listens (``host``).
-    metrics_host: str | None = None
-    #: Bearer token ``/metrics`` requires (``--metrics-token-file``); None: no token.
-    metrics_token: bytes | None = None
-    state_dir: Path | None = None
-    wal: bool = False
-    wal_fsync: FsyncPolicy = "always"
-    wal_fsync_interval: float = 0.05
-    snapshot_interval: float = 0.0
-    #: Replay a corrupt write-ahead log's valid records (the log moved aside) instead of
-    #: refusing to start (``asyncgraph.server.wal``).
-    wal_recover: bool = False
-    #: Let requests write the partition's own tensors (features, labels), as DGL's writable
-    #: ``ndata``; by default they are read-only (``PartitionStore.protect``). Never deletable.
-    writable_partition_data: bool = False
-    #: Most tensors this server holds (issue 22); 0: as many as its descriptor limit allows.
-    max_tensors: int = 0
-    #: Authenticated connections held at once, and per holder (issue 22; 0: no cap per holder).
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-    max_connections_per_holder: int = DEFAULT_MAX_CONNECTIONS_PER_HOLDER
-    #: Release a holder's tensor references once it has had no connection for this many
-    #: seconds (issue 22, ``asyncgraph.server.leases``); 0: never.
-    holder_lease: float = 0.0
-    #: Reply bytes queued on all connections together before the worst readers are paused.
-    max_queued_reply_bytes: int = DEFAULT_MAX_QUEUED_REPLY_BYTES
-    #: Most bytes of all tensors together (issue 22); 0: the cgroup's limit, else physical memory.
-    memory_budget: int = 0
-    #: Serve as a replica of the primary at this address (same host): map its memory, hold
-    #: no state of its own (``asyncgraph.server.replica``).
-    replica_of: tuple[str, int] | None = None
 
 
 class GraphServer:
@@ -182,12 +125,10 @@ class GraphServer:
         handlers = self.handlers
         if opts.holder_lease > 0:
             handlers.leases = HolderLeases(opts.holder_lease, handlers.release_holder)
-        handlers.replica_check = ReplicaCheck(  # issue 22: only proven replicas register
-            part_id=opts.part_id,
-            instance=handlers.instance,
-            fingerprint=fingerprint,
-            secret=opts.secret,
-        )
+        handlers.replica_check = ReplicaCheck(  # issues 22, 32: only proven replicas register
+            part_id=opts.part_id, instance=handlers.instance, fingerprint=fingerprint, secret=opts.secret,
+            store=self.store, tls=opts.tls,
+        )  # fmt: skip
         if self.durable is not None:
             partition = handlers.partition
             base, replayed = self.durable.restore(self.store, handlers.replay, partition.load_references)
@@ -252,9 +193,9 @@ class GraphServer:
         self._server = await loop.create_server(
             lambda: ServerConnection(
                 handlers,
-                graph_name=graph_name,
-                part_id=opts.part_id,
+                graph_name=graph_name, part_id=opts.part_id,
                 secret=opts.secret,
+                role="primary" if opts.replica_of is None else "replica",
                 max_frame_size=opts.max_frame_size,
                 max_inflight=opts.max_inflight,
                 metrics=metrics,
@@ -266,6 +207,7 @@ class GraphServer:
             host=opts.host,
             port=opts.port,
             reuse_address=True,
+            ssl=opts.tls.server_context() if opts.tls is not None else None,
         )
         sockname = self._server.sockets[0].getsockname()
         self.address = (str(sockname[0]), int(sockname[1]))
@@ -307,6 +249,7 @@ class GraphServer:
             secret=opts.secret,
             max_frame_size=opts.max_frame_size,
             max_inflight=opts.max_inflight,
+            tls=opts.tls,
         )
         info = ServerInfo.from_wire(await self.primary.call(Op.INFO, {}, REPLICA_CALL_TIMEOUT))
         if info.part_id != opts.part_id:

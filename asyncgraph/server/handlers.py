@@ -54,7 +54,7 @@ from asyncgraph.protocol.ops import OPS, Op
 from asyncgraph.server.barriers import Barriers
 from asyncgraph.server.durable import DurableState
 from asyncgraph.server.leases import HolderLeases
-from asyncgraph.server.peers import current_connection
+from asyncgraph.server.peers import bound_holder, current_connection
 from asyncgraph.server.replica_registry import ReplicaRegistry
 from asyncgraph.server.writes import WritePath
 from asyncgraph.service.limits import WorkLimits
@@ -245,6 +245,8 @@ class RequestHandlers:
     def create_tensor(self, args: Mapping[str, Any]) -> dict[str, Any] | Awaitable[dict[str, Any]]:
         """Create (or get) a tensor; an init over ``OFFLOAD_INIT_BYTES`` is filled off the loop."""
         a = CreateTensorArgs.decode(args)
+        if a.holder is not None:  # a reference is taken as the connection's holder, no other
+            bound_holder(Op.CREATE_TENSOR, a.holder)
         self.write_path.check_healthy(Op.CREATE_TENSOR)
         if self.leases is not None:  # the holder's lease follows its connections
             self.leases.bind(a.holder, current_connection())
@@ -317,6 +319,7 @@ class RequestHandlers:
     def release_tensors(self, args: Mapping[str, Any]) -> Any:
         """Drop a holder's references (a write: logged, applied once); binds its lease first."""
         a = ReleaseTensorsArgs.decode(args)
+        bound_holder(Op.RELEASE_TENSORS, a.holder)  # only one's own references
         if self.leases is not None:
             self.leases.bind(a.holder, current_connection())
         return self.write_path.submit(Op.RELEASE_TENSORS, args, a)
@@ -361,9 +364,10 @@ class RequestHandlers:
     # --- coordination -------------------------------------------------------------------
     def barrier(self, args: Mapping[str, Any]) -> Awaitable[int]:
         a = BarrierArgs.decode(args)
+        holder = bound_holder(Op.BARRIER, a.holder)  # one connection is one client, its hello's
         if self.leases is not None:
-            self.leases.bind(a.holder, current_connection())
-        return self.barriers.arrive(a.name, a.timeout, a.holder, current_connection())
+            self.leases.bind(holder, current_connection())
+        return self.barriers.arrive(a.name, a.timeout, holder, current_connection())
 
     def shutdown(self, args: Mapping[str, Any]) -> None:
         if self.on_shutdown is not None:

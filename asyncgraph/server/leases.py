@@ -66,10 +66,10 @@ class HolderLeases:
         try:
             released = self._release(holder)
         except Exception:  # a failed release must not kill the loop; it is logged
-            log.exception("releasing the references of holder %s after its lease failed", holder)
+            log.exception("releasing the references of holder %r after its lease failed", holder)
             return
         log.info(
-            "holder %s: no connection for %g s, its references released (%s)", holder, self.window, released
+            "holder %r: no connection for %g s, its references released (%s)", holder, self.window, released
         )
 
     def close(self) -> None:

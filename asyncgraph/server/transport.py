@@ -68,6 +68,7 @@ class ServerConnection(asyncio.BufferedProtocol):
         part_id: int,
         secret: bytes | None,
         max_frame_size: int,
+        role: str = "primary",
         max_inflight: int = 64,
         write_high_water: int = 64 << 20,
         metrics: ServerMetrics | None = None,
@@ -79,6 +80,9 @@ class ServerConnection(asyncio.BufferedProtocol):
         self._cap = cap  # issue 22: authenticated connections per server (server/budget.py)
         self._counted = False
         self._holder: str | None = None  # the holder the client named in its hello (counted)
+        #: The holder this connection's hello named and proved (issue 32): its requests act as
+        #: this holder and no other (``server.peers.bound_holder``); None: anonymous.
+        self.holder: str | None = None
         self._replies = replies  # issue 22: one budget for unread reply bytes (server/budget.py)
         self._budget_paused = False
         self._backlog: list[Any] = []  # requests received while paused by the budget
@@ -97,6 +101,7 @@ class ServerConnection(asyncio.BufferedProtocol):
             max_frame_size=max_frame_size,
             instance=handlers.instance,
             epoch=handlers.epoch,
+            role=role,
         )
         self._closed = False
         self._transport: asyncio.Transport | None = None
@@ -185,6 +190,7 @@ class ServerConnection(asyncio.BufferedProtocol):
             elif type(event) is HandshakeComplete:
                 self._end_handshake()
                 holder = getattr(event.peer_hello, "holder", None)
+                self.holder = holder
                 if self._cap is not None:
                     refusal = self._cap.admit(holder)
                     if refusal is not None:

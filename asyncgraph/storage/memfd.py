@@ -8,7 +8,10 @@ host can never collide. Other processes get access only by receiving the file de
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
+import functools
+import logging
 import math
 import mmap
 import os
@@ -23,24 +26,36 @@ __all__ = ["SharedArray", "memfd"]
 
 # memfd names are limited to 249 bytes (the kernel prefixes "memfd:").
 _MAX_LABEL_BYTES = 240
-_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+_SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+#: Linux 5.1: no new writable mapping and no write(2) by anyone, while the mappings that exist
+#: (the owner's) stay writable. Python 3.11's fcntl does not name it.
+F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)
 
 
-def memfd(label: str, size: int) -> int:
+def memfd(label: str, size: int, *, final: bool = True) -> int:
     """A close-on-exec memfd of ``size`` zero bytes whose size is sealed.
 
     Sealing the size means no process holding the fd can truncate it under another process's
-    mapping (which would turn the next access into SIGBUS).
+    mapping (which would turn the next access into SIGBUS). ``final`` also seals the seals (no
+    process can add one); else ``seal`` must be called once the memory is filled.
     """
     name = label.replace("\0", "_").encode("utf-8", "replace")[:_MAX_LABEL_BYTES].decode("utf-8", "ignore")
     fd = os.memfd_create(name or "asyncgraph", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.ftruncate(fd, size)
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SIZE_SEALS | (fcntl.F_SEAL_SEAL if final else 0))
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+@functools.cache
+def _warn_no_future_write() -> None:
+    logging.getLogger("asyncgraph.storage").warning(
+        "this kernel has no F_SEAL_FUTURE_WRITE (Linux >= 5.1): read-only tensors are mapped "
+        "read-only by well-behaved processes only"
+    )
 
 
 def _nbytes(shape: tuple[int, ...], dtype: np.dtype[Any]) -> int:
@@ -122,12 +137,41 @@ class SharedArray:
         self.dtype = dtype
 
     @classmethod
-    def create(cls, label: str, shape: tuple[int, ...], dtype: np.dtype[Any] | str) -> SharedArray:
-        """A zero-filled array; ``label`` is the memfd's debug name (seen in /proc/<pid>/fd)."""
+    def create(
+        cls, label: str, shape: tuple[int, ...], dtype: np.dtype[Any] | str, *, final: bool = True
+    ) -> SharedArray:
+        """A zero-filled array; ``label`` is the memfd's debug name (seen in /proc/<pid>/fd).
+
+        ``final=False`` leaves its seals open until ``seal`` (for memory that may become
+        read-only once filled)."""
         dt = np.dtype(dtype)
         shape = tuple(int(d) for d in shape)
-        fd = memfd(label, _nbytes(shape, dt))
+        fd = memfd(label, _nbytes(shape, dt), final=final)
         return cls._map(fd, shape, dt, writable=True)
+
+    def seal(self, *, read_only: bool) -> None:
+        """Close the seals; ``read_only`` first forbids every later writable mapping and write
+        (``F_SEAL_FUTURE_WRITE``): a process sent this fd can then only read, whatever it tries
+        (mmap PROT_WRITE, mprotect, write(2), reopening /proc/<pid>/fd/N), while this
+        process's own mapping stays writable. Idempotent; a no-op once the seals are closed.
+        A kernel before 5.1 lacks that seal: logged once, the memory stays as before (attachers
+        map it read-only, a hostile one could map it writable)."""
+        seals = fcntl.fcntl(self.fd, fcntl.F_GET_SEALS)
+        if seals & fcntl.F_SEAL_SEAL:
+            return
+        if read_only:
+            try:
+                fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, F_SEAL_FUTURE_WRITE)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                _warn_no_future_write()
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL)
+
+    @property
+    def write_sealed(self) -> bool:
+        """True when no new writable mapping of this memory can be made (``seal(read_only=True)``)."""
+        return bool(fcntl.fcntl(self.fd, fcntl.F_GET_SEALS) & F_SEAL_FUTURE_WRITE)
 
     @classmethod
     def from_fd(

@@ -10,12 +10,13 @@ optimizer state itself (before: a sparse optimizer run on state created state fo
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 
 import numpy as np
 
 from asyncgraph.errors import MemoryBudgetError, ReadOnlyTensorError, TooManyTensorsError
 from asyncgraph.names import ADAGRAD_STATE_SUFFIX, ADAM_M_SUFFIX, ADAM_STEP_SUFFIX, ADAM_V_SUFFIX
+from asyncgraph.storage.memfd import SharedArray
 from asyncgraph.storage.meta import TensorMeta
 from asyncgraph.storage.tensors import StoredTensor
 
@@ -69,9 +70,16 @@ class TensorRules:
         self.max_tensors = 0
         self.memory_budget = 0
 
-    def protect(self, *, writable_base: bool = False) -> None:
-        """The base tensors become read-only, unless ``writable_base`` (DGL's writable ``ndata``)."""
+    def protect(self, tensors: Mapping[str, StoredTensor], *, writable_base: bool = False) -> None:
+        """The base tensors become read-only, unless ``writable_base`` (DGL's writable ``ndata``).
+
+        In shared memory too (issue 32): their memfds are sealed against every later writable
+        mapping (``SharedArray.seal``), so a co-located process sent the fd can only read them."""
         self.read_only = set() if writable_base else set(self.base)
+        for name in self.base:
+            data = tensors[name].data if name in tensors else None
+            if isinstance(data, SharedArray):
+                data.seal(read_only=name in self.read_only)
 
     def mark(self, name: str, *, base: bool, read_only: bool) -> None:
         """Record a tensor's flags as its owner exported them (attached stores)."""

@@ -95,6 +95,7 @@ class PartitionStore:
         #: optimizer state), read-only ones, the tensor cap and the memory budget (``protect``).
         self.rules = TensorRules(self._owner)
         self._closed = False
+        self._final_seals = True  # False while loading the partition's own tensors: see protect
 
     @staticmethod
     def _plain(a: SharedArray | np.ndarray) -> np.ndarray:
@@ -125,6 +126,7 @@ class PartitionStore:
         feats = check_features(book, part_id, node_feats, edge_feats)
         structure, lock = structure_memory(f"asyncgraph.{graph_name}.p{part_id}", struct_in, shared=shared)
         store = cls(graph_name, part_id, book, structure, lock, shared=shared, attached=False)
+        store._final_seals = False
         try:
             for name, policy, arr in feats:
                 total = book.num_nodes if policy == "node" else book.num_edges
@@ -136,6 +138,8 @@ class PartitionStore:
         except BaseException:
             store.close()
             raise
+        finally:
+            store._final_seals = True
         return store
 
     @classmethod
@@ -163,7 +167,7 @@ class PartitionStore:
         data: SharedArray | np.ndarray
         if self._shared:
             label = f"asyncgraph.{self.graph_name}.p{self.part_id}.{meta.name}"
-            data = SharedArray.create(label, local_shape, meta.dtype)
+            data = SharedArray.create(label, local_shape, meta.dtype, final=self._final_seals)
         else:
             data = np.zeros(local_shape, dtype=meta.dtype)
         return StoredTensor(meta, data, lo)
@@ -376,7 +380,7 @@ class PartitionStore:
     def protect(self, *, writable_base: bool = False) -> None:
         """Make the partition's own tensors read-only for every later ``push``, unless
         ``writable_base`` (DGL's writable ``ndata``). They can never be deleted either way."""
-        self.rules.protect(writable_base=writable_base)
+        self.rules.protect(self._tensors, writable_base=writable_base)
         self._catalog_changed()
 
     def local_rows(self, name: str) -> np.ndarray:

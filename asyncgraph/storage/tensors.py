@@ -187,10 +187,11 @@ def structure_memory(
         structure: dict[str, SharedArray | np.ndarray] = {}
         for key, arr in arrays.items():
             if shared:
-                sa = SharedArray.create(f"{prefix}.{key}", arr.shape, "int64")
+                sa = SharedArray.create(f"{prefix}.{key}", arr.shape, "int64", final=False)
                 made.append(sa)
                 sa.array[...] = arr
                 sa.array.flags.writeable = False
+                sa.seal(read_only=True)  # no co-located process can map it writable
                 structure[key] = sa
             else:
                 view = np.ascontiguousarray(arr, dtype=np.int64).view()
