@@ -332,20 +332,15 @@ class PartitionStore:
     def pull(self, name: str, ids: np.ndarray) -> np.ndarray:
         """Rows for global ``ids`` (owned by this partition) as a NEW array ``[len(ids), *row_shape]``."""
         acc = self._entry(name)
-        local = acc.check(ids)[0]
-        rows = acc.rows
-        out: np.ndarray
-        pair = self._read_pair
+        local, rows, pair = acc.check(ids)[0], acc.rows, self._read_pair
         if pair is None:
             with self._lock.read():
-                out = rows.take(local, axis=0)
-            return out
+                return rows.take(local, axis=0)
         pair[0]()
         try:
-            out = rows.take(local, axis=0)
+            return rows.take(local, axis=0)
         finally:
             pair[1]()
-        return out
 
     def pull_into(self, name: str, ids: np.ndarray, out: np.ndarray, where: np.ndarray | None) -> int:
         """``pull`` straight into ``out[where]`` (``out[:len(ids)]``), a copy a row: the bytes copied."""
