@@ -94,9 +94,8 @@ def initialize(
     unused, and so is ``use_graphbolt``:
     partitions here are CSC arrays sampled by their owners already (what GraphBolt switches DGL
     to), so there is no second format to choose. ``num_workers`` (DGL's
-    sampler processes) is accepted but ignored: sampling runs concurrently in each data
-    loader's prefetcher (its event-loop thread), so no worker processes are needed; a value
-    above 0 warns.
+    sampler processes) is accepted but ignored here (a value above 0 warns): worker processes
+    belong to each loader, ``DistNodeDataLoader(num_workers=N)``.
 
     Trainers may start before their servers (any launcher: torchrun, srun, Kubernetes): each
     server is retried with jittered backoff until ``connect_timeout`` seconds (default
@@ -114,8 +113,8 @@ def initialize(
         raise InvalidRequestError(f"num_workers must be a non-negative int, got {num_workers!r}")
     if num_workers > 0:
         warnings.warn(
-            f"initialize(num_workers={num_workers}) is ignored: asyncgraph samples in each data "
-            "loader's prefetcher thread, without sampler processes",
+            f"initialize(num_workers={num_workers}) is ignored: pass num_workers to "
+            "DistNodeDataLoader, whose worker processes sample and gather its batches",
             UserWarning,
             stacklevel=2,
         )
