@@ -99,6 +99,12 @@ class MemoryBudgetError(InvalidRequestError):
     code = "memory_budget"
 
 
+class InvalidNameError(InvalidRequestError):
+    """A tensor, holder or barrier name is too long or not printable (``protocol.args.MAX_NAME_BYTES``)."""
+
+    code = "bad_name"
+
+
 class ProtocolError(AsyncGraphError):
     """Bytes on the wire do not form a valid frame or message."""
 
@@ -176,6 +182,7 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         ReadOnlyTensorError,
         TooManyTensorsError,
         MemoryBudgetError,
+        InvalidNameError,
         ProtocolError,
         FrameTooLargeError,
         AuthenticationError,
