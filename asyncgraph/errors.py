@@ -94,7 +94,8 @@ class TooManyTensorsError(InvalidRequestError):
 
 
 class MemoryBudgetError(InvalidRequestError):
-    """A new tensor would take a server past its memory budget for tensors (``--memory-budget``)."""
+    """A new tensor would take a server past its memory budget for tensors (``--memory-budget``),
+    or a read a client past the bytes it allows one read (PyG's ``DistFeatureStore``)."""
 
     code = "memory_budget"
 
