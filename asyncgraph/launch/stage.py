@@ -12,8 +12,13 @@ written next to the source config and copied with it. After copying, the destina
 every checksum (locally in Python, remotely with ``sha256sum`` over ssh) and any difference fails
 the run. ``sha256sum -c --ignore-missing <stem>.sha256`` re-checks a staged copy later.
 
+Only regular files inside the partitioning are staged: a partition folder or ID mapping file
+that is not a plain relative path, or a symbolic link anywhere in a partition folder, is refused
+before anything is copied (``stage_files.py``), and copies never follow links.
+
 Exit status: 0 staged and verified; 1 a copy or ssh command failed; 2 a bad partition config or
-ip_config, a missing source file, or a checksum mismatch. Errors are one line on stderr.
+ip_config, a missing source file, a path leaving the partitioning, a link, or a checksum
+mismatch. Errors are one line on stderr.
 """
 
 from __future__ import annotations
