@@ -338,3 +338,14 @@ def test_symlink_at_the_work_folder_is_refused(src: Path, tmp_path: Path) -> Non
         one_error(cli(src, tmp_path / "o", *extra), r"\.o\.work exists and is not a folder \(a link")
     assert sorted(p.name for p in victim.iterdir()) == ["keep"] and (victim / "keep").read_text() == "mine"
     assert not (tmp_path / "o").exists()
+
+
+def test_symlink_at_a_part_dir_build_folder_is_refused(src: Path, tmp_path: Path) -> None:
+    victim, host = tmp_path / "victim", tmp_path / "host"
+    victim.mkdir()
+    host.mkdir()
+    (host / ".g-part1.work").symlink_to(victim)
+    res = cli(src, tmp_path / "o", "--part-dir", f"1={host}")
+    one_error(res, r"\.g-part1\.work exists and is not a folder")
+    assert list(victim.iterdir()) == [] and sorted(p.name for p in host.iterdir()) == [".g-part1.work"]
+    only(tmp_path, "in", "victim", "host")

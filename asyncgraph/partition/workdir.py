@@ -23,6 +23,7 @@ import os
 import shutil
 import socket
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,14 @@ _BLOCK = 1 << 20
 def _sha256(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _sha256_all(paths: list[Path]) -> list[str]:
+    """SHA-256 of each file, on a few threads (hashlib lets go of the GIL while it hashes)."""
+    if len(paths) < 2:
+        return [_sha256(p) for p in paths]
+    with ThreadPoolExecutor(min(len(paths), os.cpu_count() or 1, 8)) as pool:
+        return list(pool.map(_sha256, paths))
 
 
 def content_digest(path: Path) -> str:
@@ -108,14 +117,18 @@ class WorkFolder:
     def save(self) -> None:
         """Record the state and the size and SHA-256 of every file now in the folder."""
         files: dict[str, list[Any]] = {}
+        todo: list[tuple[str, Path]] = []
         for rel, path in self._walk():
             st = path.stat()
             old = self._files.get(rel)
             if old is not None and old[0] == st.st_size and old[1] == st.st_mtime_ns:
                 files[rel] = old  # written by no stage since it was hashed (this process)
             else:
-                files[rel] = [st.st_size, st.st_mtime_ns, _sha256(path)]
-        self._files = files
+                files[rel] = [st.st_size, st.st_mtime_ns, ""]
+                todo.append((rel, path))
+        for (rel, _), digest in zip(todo, _sha256_all([p for _, p in todo]), strict=True):
+            files[rel][2] = digest
+        self._files = dict(sorted(files.items()))
         doc = {"state": self.state, "files": files, "sha256": _state_digest(self.state, files)}
         tmp = self.path / (STATE + ".tmp")
         tmp.write_text(json.dumps(doc))
@@ -162,7 +175,12 @@ class WorkFolder:
             path = present.get(rel)
             if path is None:
                 raise InvalidRequestError(f"--resume: {self.path / rel} is missing{again}")
-            if path.stat().st_size != entry[0] or _sha256(path) != entry[2]:
+            if path.stat().st_size != entry[0]:
+                raise InvalidRequestError(f"--resume: {path} does not match its checksum (its size "
+                                          f"changed){again}")  # fmt: skip
+        paths = [present[rel] for rel in files]
+        for (_, entry), path, digest in zip(files.items(), paths, _sha256_all(paths), strict=True):
+            if digest != entry[2]:
                 raise InvalidRequestError(f"--resume: {path} does not match its checksum (changed or "
                                           f"damaged){again}")  # fmt: skip
             entry[1] = path.stat().st_mtime_ns  # verified now: save() need not hash it again
