@@ -140,6 +140,13 @@ def test_duplicate_json_key_refused(src: Path, tmp_path: Path) -> None:
     only(tmp_path, "in")
 
 
+def test_huge_metadata_is_not_read(src: Path, tmp_path: Path) -> None:
+    with open(src, "r+b") as f:  # a sparse 65 MiB metadata.json: refused by its size
+        f.truncate(65 << 20)
+    one_error(cli(src, tmp_path / "o"), r"metadata\.json: is 68157440 bytes, over the 67108864 read")
+    only(tmp_path, "in")
+
+
 # --- 13: big-endian chunks -----------------------------------------------------------------------
 def test_big_endian_chunks_keep_their_values(tmp_path: Path) -> None:
     g = _graph()

@@ -44,6 +44,8 @@ from asyncgraph.partition.hetero_graph import HeteroGraph
 __all__ = ["ChunkFile", "ChunkedFormatError", "ChunkedGraph", "load_chunked", "read_metadata"]
 
 FORMATS = ("csv", "numpy")
+#: The largest ``metadata.json`` read (it is parsed whole; ten thousand chunks take ~1 MiB).
+MAX_METADATA_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,9 @@ def read_metadata(meta_path: str | Path) -> ChunkedGraph:
     path = Path(meta_path)
     if not path.is_file():
         raise _fail(path, "metadata file does not exist")
+    size = path.stat().st_size
+    if size > MAX_METADATA_BYTES:
+        raise _fail(path, f"is {size} bytes, over the {MAX_METADATA_BYTES} read of a metadata.json")
     try:
         meta = json.loads(path.read_bytes().decode("utf-8"), object_pairs_hook=reject_duplicate_keys)
     except OSError as exc:
