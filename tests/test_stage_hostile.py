@@ -50,6 +50,17 @@ def leaked(tmp_path: Path) -> list[Path]:
         errors="replace")]  # fmt: skip
 
 
+def test_ip_config_errors_do_not_quote_the_file(src: Path, tmp_path: Path) -> None:
+    shadow = tmp_path / "shadow"
+    shadow.write_text("root:$6$SECRETHASH:19000:0:99999:7:::\n")
+    argv = ["--part-config", str(src), "--ip-config", str(shadow), "--dest", str(tmp_path / "d")]
+    res = subprocess.run([sys.executable, "-m", "asyncgraph.launch.stage", *argv], capture_output=True,
+                         text=True, timeout=120, env=subprocess_env(), check=False)  # fmt: skip
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert f"{shadow} line 1: the host (field 1) is neither an IP address nor a host name" in res.stderr
+    assert "SECRETHASH" not in res.stderr and not (tmp_path / "d").exists()
+
+
 @pytest.mark.parametrize("field", ["orig_nids", "orig_eids"])
 def test_mapping_file_outside_the_partitioning_is_refused(field: str, src: Path, tmp_path: Path) -> None:
     doc = json.loads(src.read_text())
