@@ -139,9 +139,9 @@ def _stage_case(d: Path, part: Path, kind: str) -> list[str]:
         doc = json.loads((src / "g.json").read_text())
         doc["orig_nids"] = "../../../id_ed25519"
         (src / "g.json").write_text(json.dumps(doc))
-    else:
+    elif kind == "link":
         (src / "part1" / "node_feat" / "id_ed25519").symlink_to(d / "id_ed25519")
-    (d / "ips.txt").write_text("127.0.0.1 30050\n127.0.0.1 30051\n")
+    (d / "ips.txt").write_text(SECRET + "\n" if kind == "ipconfig" else "127.0.0.1 30050\n127.0.0.1 30051\n")
     return [sys.executable, "-m", "asyncgraph.launch.stage", "--part-config", str(src / "g.json"),
             "--ip-config", str(d / "ips.txt"), "--dest", str(d / "d" / "x" / "y" / "z")]  # fmt: skip
 
@@ -149,10 +149,16 @@ def _stage_case(d: Path, part: Path, kind: str) -> list[str]:
 STAGER = {
     "stage orig_nids ../../..": ("mapping", r"the ID mapping file '(\.\./)+id_ed25519' is not a plain"),
     "stage link to an ssh key": ("link", r"id_ed25519 is a symbolic link"),
+    "stage --ip-config of /etc/shadow": ("ipconfig", r"ips\.txt line 1: the host \(field 1\) is neither"),
 }
 
 
-def _check(d: Path, res: subprocess.CompletedProcess[str], pattern: str, planted: set[str]) -> str | None:
+def _files(d: Path) -> set[Path]:
+    return {p for p in d.rglob("*") if p.is_file() and not p.is_symlink()}
+
+
+def _check(d: Path, res: subprocess.CompletedProcess[str], pattern: str,
+           planted: tuple[set[str], set[Path]]) -> str | None:  # fmt: skip
     """None when the case held, else what went wrong."""
     lines = [x for x in res.stderr.strip().splitlines() if x.strip()]
     errors = [x for x in lines if "error" in x or x.startswith("stage: ")]
@@ -162,11 +168,11 @@ def _check(d: Path, res: subprocess.CompletedProcess[str], pattern: str, planted
         return f"error lines {errors[-2:]}"
     if "SECRETHASH" in res.stderr:
         return "the secret was echoed"
-    new = {p.name for p in d.iterdir()} - planted
+    new = {p.name for p in d.iterdir()} - planted[0]
     if new:
         return f"written: {sorted(new)}"
-    small = [p for p in d.rglob("*") if p.is_file() and not p.is_symlink() and p.stat().st_size < (1 << 20)]
-    leaked = [p for p in small if p.name not in ("id_ed25519", "shadow") and b"SECRETHASH" in p.read_bytes()]
+    small = [p for p in _files(d) - planted[1] if p.stat().st_size < (1 << 20)]
+    leaked = [p for p in small if b"SECRETHASH" in p.read_bytes()]
     return f"leaked into {leaked}" if leaked else None
 
 
@@ -190,7 +196,7 @@ def run() -> dict[str, Any]:
             shutil.copytree(base, d / "in")
             t0 = time.perf_counter()
             extra = edit(d)
-            planted = {p.name for p in d.iterdir()}
+            planted = ({p.name for p in d.iterdir()}, _files(d))
             res = subprocess.run(_argv(d, extra), capture_output=True, text=True, env=subprocess_env(),
                                  timeout=300, check=False)  # fmt: skip
             problem = _check(d, res, pattern, planted)
@@ -200,7 +206,7 @@ def run() -> dict[str, Any]:
             d.mkdir()
             t0 = time.perf_counter()
             argv = _stage_case(d, part, kind)
-            planted = {p.name for p in d.iterdir()}
+            planted = ({p.name for p in d.iterdir()}, _files(d))
             res = subprocess.run(argv, capture_output=True, text=True, env=subprocess_env(), timeout=300,
                                  check=False)  # fmt: skip
             problem = _check(d, res, pattern, planted)
