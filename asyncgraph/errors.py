@@ -94,9 +94,16 @@ class TooManyTensorsError(InvalidRequestError):
 
 
 class MemoryBudgetError(InvalidRequestError):
-    """A new tensor would take a server past its memory budget for tensors (``--memory-budget``)."""
+    """A new tensor would take a server past its memory budget for tensors (``--memory-budget``),
+    or a read a client past the bytes it allows one read (PyG's ``DistFeatureStore``)."""
 
     code = "memory_budget"
+
+
+class InvalidNameError(InvalidRequestError):
+    """A tensor, holder or barrier name is too long or not printable (``protocol.args.MAX_NAME_BYTES``)."""
+
+    code = "bad_name"
 
 
 class ProtocolError(AsyncGraphError):
@@ -205,6 +212,7 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         ReadOnlyTensorError,
         TooManyTensorsError,
         MemoryBudgetError,
+        InvalidNameError,
         ProtocolError,
         FrameTooLargeError,
         AuthenticationError,

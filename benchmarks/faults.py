@@ -14,10 +14,13 @@ one second after the restarted server was ready).
 ``--abuse`` (issue 22) adds abusers to the same run, each in its own client: NaN/inf gradients,
 pushes into and deletes of the partition's own data, optimizer state for features, snapshot
 epochs of 2^64-1, ``add_replica`` of port 9, uint16 IDs, floods of tiny tensors up to
-``--max-tensors``, of connections up to ``--max-connections``, and of silent or huge-header
-clients on the metrics port. It reports the refusals by error type (every abuse must be
-refused with its typed error), errors the normal load saw, and each server's RSS every second
-(``rss_growth``: the last quarter's mean over the first quarter's, target within 10%).
+``--max-tensors``, of connections up to ``--max-connections``, of silent or huge-header
+clients on the metrics port, and (issue 32) 1 MiB tensor and barrier names, a holder with a
+newline and a barrier that never times out. It reports the refusals by error type (every
+abuse must be refused with its typed error), errors the normal load saw, and each server's RSS
+every second (``rss_growth``: the last quarter's mean over the first quarter's, target within
+10%). Hostile input to the partitioner and the stager is its own list:
+``python -m benchmarks.faults_inputs``.
 
     python -m benchmarks.faults --graph examples/data/cora.npz --seconds 60 --kill-every 15 --abuse \
         --out benchmarks/results/faults-abuse.json
@@ -179,6 +182,13 @@ async def abuser(client: AsyncClient, abuse: Abuse, until: float, max_tensors: i
             "uint16 ids",
             conn.call(Op.PULL, {"name": "node:feat", "ids": np.zeros(32768, np.uint16)}, 10.0),
         )
+        # issue 32 (9): names are bounded and printable; every barrier wait ends
+        await _try(abuse, "1 MiB tensor name", client.create_tensor("n" * (1 << 20), "node", [n], "int8"))
+        forged = ReleaseTensorsArgs("x\n@asyncgraph-agent forged", ["abuse_emb"]).encode()
+        await _try(abuse, "holder with a newline", conn.call(Op.RELEASE_TENSORS, forged, 10.0))
+        endless = BarrierArgs("endless", float("inf"), client.holder).encode()
+        await _try(abuse, "barrier without end", conn.call(Op.BARRIER, endless, 10.0))
+        await _try(abuse, "1 MiB barrier name", client.barrier("b" * (1 << 20), timeout=5.0))
         made = []
         for i in range(max_tensors + 1):  # a tensor flood: refused at the cap, then cleaned up
             try:

@@ -13,6 +13,7 @@ import asyncgraph
 from asyncgraph.errors import (
     DTypeMismatchError,
     InvalidRequestError,
+    MemoryBudgetError,
     OutOfRangeError,
     UnknownTensorError,
     UnknownTypeError,
@@ -302,6 +303,14 @@ def test_bad_input_is_typed_and_servers_keep_serving(g: Any) -> None:
         DistGraphStore(g).put_edge_index(
             torch.zeros(2, 1, dtype=torch.long), edge_type=None, layout="coo", size=(1, 1)
         )
+    # issue 32: a 2e8-row index (zero pages: it costs no memory) is refused typed, before any
+    # row is allocated (500 float32 a row: 400 GB), not a MemoryError
+    huge = torch.from_numpy(np.zeros(200_000_000, dtype=np.int64))
+    with pytest.raises(MemoryBudgetError, match="200000000 rows of 1 tensor"):
+        fs[None, "x", huge]
+    with pytest.raises(MemoryBudgetError, match="max_get_bytes"):
+        DistFeatureStore(g, max_get_bytes=1000)[None, "x", torch.arange(2)]  # 4000 bytes
+    del huge
     # nothing changed, everything still answers
     assert fs[None, "x", idx].shape == (2, 500)
     assert sampler.sample_from_nodes(NodeSamplerInput(input_id=None, node=idx)).node[:2].tolist() == [1, 2]

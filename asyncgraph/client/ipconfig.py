@@ -42,14 +42,22 @@ class IpConfig(BaseModel):
             line = raw.split("#", 1)[0].strip()
             if not line:
                 continue
+            # errors name the line and the field, never its text (issue 32: the file may be any
+            # readable file, e.g. /etc/shadow given by mistake or on purpose)
             fields = line.split()
             if len(fields) > 2:
-                raise ValueError(f"{source} line {lineno}: expected 'host [port]', got {raw.strip()!r}")
+                raise ValueError(f"{source} line {lineno}: expected 'host [port]', found {len(fields)} words")
+            port = DEFAULT_PORT
+            if len(fields) == 2:
+                if not (fields[1].isascii() and fields[1].isdigit() and 1 <= int(fields[1]) <= 65535):
+                    raise ValueError(f"{source} line {lineno}: the port (field 2) is not in [1, 65535]")
+                port = int(fields[1])
             try:
-                entry = ServerEntry(host=fields[0], port=int(fields[1]) if len(fields) == 2 else DEFAULT_PORT)
-            except (ValueError, TypeError) as exc:
-                detail = exc.errors()[0]["msg"] if hasattr(exc, "errors") else str(exc)
-                raise ValueError(f"{source} line {lineno}: {detail} in {raw.strip()!r}") from None
+                entry = ServerEntry(host=fields[0], port=port)
+            except ValueError:
+                raise ValueError(
+                    f"{source} line {lineno}: the host (field 1) is neither an IP address nor a host name"
+                ) from None
             servers.append(entry)
         if not servers:
             raise ValueError(f"{source}: no servers listed")

@@ -12,14 +12,18 @@ written next to the source config and copied with it. After copying, the destina
 every checksum (locally in Python, remotely with ``sha256sum`` over ssh) and any difference fails
 the run. ``sha256sum -c --ignore-missing <stem>.sha256`` re-checks a staged copy later.
 
+Only regular files inside the partitioning are staged: a partition folder or ID mapping file
+that is not a plain relative path, or a symbolic link anywhere in a partition folder, is refused
+before anything is copied (``stage_files.py``), and copies never follow links.
+
 Exit status: 0 staged and verified; 1 a copy or ssh command failed; 2 a bad partition config or
-ip_config, a missing source file, or a checksum mismatch. Errors are one line on stderr.
+ip_config, a missing source file, a path leaving the partitioning, a link, or a checksum
+mismatch. Errors are one line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import ipaddress
 import re
 import shlex
@@ -35,6 +39,18 @@ from pydantic import ValidationError
 
 from asyncgraph.cli import Parser, configure_logging, one_line
 from asyncgraph.client.ipconfig import IpConfig
+from asyncgraph.launch.stage_files import (
+    StageError,
+    build_manifest,
+    check_part_path,
+    compare,
+    manifest_name,
+    mapping_files,
+    parse_sha256sum,
+    part_files,
+    sha256_file,
+    write_manifest,
+)
 from asyncgraph.partition.config import PartitionConfig
 
 __all__ = ["StageError", "build_manifest", "is_local_host", "main", "plan", "stage"]
@@ -42,15 +58,6 @@ __all__ = ["StageError", "build_manifest", "is_local_host", "main", "plan", "sta
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new")
 #: Remote destinations are passed through the remote shell by scp (and old rsync): keep them plain.
 _SAFE_REMOTE_PATH = re.compile(r"^/[A-Za-z0-9_./@%+=,-]*$")
-_CHUNK = 1 << 20
-
-
-class StageError(Exception):
-    """A failure with its exit status: 1 a failed copy, 2 bad input or a checksum mismatch."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)
@@ -81,15 +88,6 @@ def is_local_host(host: str) -> bool:
     return host in {"localhost", socket.gethostname(), socket.getfqdn()}
 
 
-def _check_part_path(path: str, part_id: int) -> None:
-    """Partition folders must stay inside the destination: relative, no ``..``."""
-    parts = PurePosixPath(path).parts
-    if not parts or PurePosixPath(path).is_absolute() or ".." in parts:
-        raise StageError(
-            f"partition {part_id}'s path {path!r} is not a plain relative folder; cannot stage it", 2
-        )
-
-
 def plan(config: PartitionConfig, ip_config: IpConfig) -> list[HostPlan]:
     """Group partitions by the host serving them (line ``p`` of the ip_config serves ``p``)."""
     hosts = [host for host, _ in ip_config.addresses()]
@@ -100,10 +98,13 @@ def plan(config: PartitionConfig, ip_config: IpConfig) -> list[HostPlan]:
             2,
         )
     by_host: dict[str, list[int]] = {}
+    for name in (config.orig_nids, config.orig_eids):
+        if name:
+            check_part_path(name, -1, "the ID mapping file")
     for part_id, host in enumerate(hosts):
         if config.parts[part_id].part_id != part_id:
             raise StageError(f"partition entry {part_id} has part_id {config.parts[part_id].part_id}", 2)
-        _check_part_path(config.parts[part_id].path, part_id)
+        check_part_path(config.parts[part_id].path, part_id)
         by_host.setdefault(host, []).append(part_id)
     return [
         HostPlan(
@@ -116,92 +117,12 @@ def plan(config: PartitionConfig, ip_config: IpConfig) -> list[HostPlan]:
     ]
 
 
-def expected_files(config: PartitionConfig, part_id: int) -> list[str]:
-    """Files the server reads for one partition, relative to its folder."""
-    names = ["indptr.npy", "indices.npy", "eids.npy"]
-    names += [f"node_feat/{name}.npy" for name in config.node_feats]
-    names += [f"edge_feat/{name}.npy" for name in config.edge_feats]
-    return names
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def part_files(config_path: Path, config: PartitionConfig, part_id: int) -> list[str]:
-    """Every regular file of a partition, relative to the config's folder (POSIX separators).
-
-    Fails (status 2) when the folder or a file the server needs is missing.
-    """
-    root = config_path.parent
-    part_dir = root / config.parts[part_id].path
-    if not part_dir.is_dir():
-        raise StageError(f"partition {part_id}'s folder {part_dir} is missing", 2)
-    for name in expected_files(config, part_id):
-        if not (part_dir / name).is_file():
-            raise StageError(f"partition {part_id}'s file {part_dir / name} is missing", 2)
-    return sorted(p.relative_to(root).as_posix() for p in part_dir.rglob("*") if p.is_file())
-
-
-def mapping_files(config_path: Path, config: PartitionConfig) -> list[str]:
-    """The ID mapping files the config names (``orig_nids``/``orig_eids``), where they exist.
-
-    Every host gets them beside the config, so ``load_orig_ids`` works wherever a trainer runs.
-    """
-    named = [n for n in (config.orig_nids, config.orig_eids) if n]
-    return [n for n in named if (config_path.parent / n).is_file()]
-
-
-def manifest_name(config_path: Path) -> str:
-    return f"{config_path.stem}.sha256"
-
-
-def build_manifest(config_path: Path, config: PartitionConfig) -> dict[str, str]:
-    """SHA-256 of the config and every partition file, keyed by path relative to the config."""
-    names = [config_path.name, *mapping_files(config_path, config)]
-    for part_id in range(config.num_parts):
-        names += part_files(config_path, config, part_id)
-    return {name: sha256_file(config_path.parent / name) for name in names}
-
-
-def write_manifest(path: Path, manifest: dict[str, str]) -> None:
-    """``sha256sum`` format (two spaces), so ``sha256sum -c`` reads it too."""
-    text = "".join(f"{digest}  {name}\n" for name, digest in manifest.items())
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def host_files(config_path: Path, config: PartitionConfig, host: HostPlan) -> list[str]:
     """The files one host must end up with: the config, its ID mappings and its partitions' files."""
     names = [config_path.name, *mapping_files(config_path, config)]
     for part_id in host.part_ids:
         names += part_files(config_path, config, part_id)
     return names
-
-
-def parse_sha256sum(output: str) -> dict[str, str]:
-    """``<hex>  <name>`` lines (``*`` marks binary mode) -> {name: hex}."""
-    result: dict[str, str] = {}
-    for line in output.splitlines():
-        digest, _, name = line.partition(" ")
-        if len(digest) == 64 and name:
-            result[name[1:] if name[:1] in " *" else name] = digest.lower()
-    return result
-
-
-def compare(host: str, expected: dict[str, str], found: dict[str, str]) -> None:
-    """Raise (status 2) naming the first file missing or differing on ``host``."""
-    for name, digest in expected.items():
-        got = found.get(name)
-        if got is None:
-            raise StageError(f"{host}: {name} is missing after the copy", 2)
-        if got != digest:
-            raise StageError(f"{host}: checksum mismatch for {name} (expected {digest}, got {got})", 2)
 
 
 class Stager:
@@ -261,8 +182,8 @@ class Stager:
         else:
             try:
                 dest.mkdir(parents=True, exist_ok=True)
-                for path in host.part_paths:
-                    shutil.copytree(self.src_root / path, dest / path, dirs_exist_ok=True)
+                for path in host.part_paths:  # links were refused (part_files); none is followed
+                    shutil.copytree(self.src_root / path, dest / path, symlinks=True, dirs_exist_ok=True)
                 shutil.copy2(self.config_path, dest / self.config_path.name)
                 for name in mapping_files(self.config_path, self.config):
                     (dest / name).parent.mkdir(parents=True, exist_ok=True)
@@ -282,11 +203,12 @@ class Stager:
     def copy_argv(self, host: HostPlan, src: Path, dest_rel: str, is_dir: bool) -> list[str]:
         remote = host.copy_target(self.ssh_user, PurePosixPath(self.dest, dest_rel))
         if self.transfer == "rsync":
-            # -r recursive, -t times (so a re-run skips unchanged files), -L copy what links point to
+            # -r recursive, -t times (so a re-run skips unchanged files); links are refused before
+            # (part_files), and without -L or -l rsync would skip one rather than follow it
             # --partial keeps half-sent big files for the next run; a trailing / copies the contents.
             ssh = shlex.join(["ssh", *self.ssh_options])
             source = f"{src}/" if is_dir else str(src)
-            return ["rsync", "-rtL", "--partial", "-e", ssh, source, remote + ("/" if is_dir else "")]
+            return ["rsync", "-rt", "--partial", "-e", ssh, source, remote + ("/" if is_dir else "")]
         # scp -r copies a folder into an existing one as a subfolder: copy to its parent.
         if is_dir:
             remote = host.copy_target(self.ssh_user, PurePosixPath(self.dest, dest_rel).parent)

@@ -13,6 +13,7 @@ writes ``orig_nids.npy`` (into the output tree) and its inverse ``new_id.npy`` (
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from contextlib import nullcontext
@@ -60,8 +61,10 @@ def _file_parts(g: ChunkedGraph, folder: Path, k: int) -> np.ndarray[Any, Any]:
             raise InvalidRequestError(f"{f}: missing assignment file for node type {t!r}")
         try:
             arr = np.loadtxt(f, dtype=np.int64, ndmin=1)
-        except ValueError as exc:
-            raise InvalidRequestError(f"{f}: not one integer part ID a line ({exc})") from None
+        except ValueError as exc:  # its message quotes the line: only the position is shown
+            at = re.search(r"at row (\d+)", str(exc))
+            where = f" (near row {at[1]})" if at else ""
+            raise InvalidRequestError(f"{f}: not one integer part ID a line{where}") from None
         if arr.ndim != 1 or arr.size != g.num_nodes[t]:
             raise InvalidRequestError(
                 f"{f}: holds {arr.size} part IDs but node type {t!r} has {g.num_nodes[t]} nodes"

@@ -21,7 +21,6 @@ does, so homogeneous IDs are those of ``HeteroGraph.to_homogeneous``. Every prob
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,17 +29,23 @@ from typing import Any
 
 import numpy as np
 
-from asyncgraph.errors import InvalidRequestError
+from asyncgraph.partition.chunked_checks import (
+    ChunkedFormatError,
+    check_name,
+    check_unique,
+    native,
+    reject_duplicate_keys,
+)
+from asyncgraph.partition.chunked_checks import fail as _fail
+from asyncgraph.partition.chunked_csv import iter_csv
 from asyncgraph.partition.graph import Graph
 from asyncgraph.partition.hetero_graph import HeteroGraph
 
 __all__ = ["ChunkFile", "ChunkedFormatError", "ChunkedGraph", "load_chunked", "read_metadata"]
 
 FORMATS = ("csv", "numpy")
-
-
-class ChunkedFormatError(InvalidRequestError):
-    """The chunked input is malformed: the message names the file and what is wrong."""
+#: The largest ``metadata.json`` read (it is parsed whole; ten thousand chunks take ~1 MiB).
+MAX_METADATA_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -104,10 +109,6 @@ class ChunkedGraph:
         return dict(sorted(out.items()))
 
 
-def _fail(where: Path | str, what: str) -> ChunkedFormatError:
-    return ChunkedFormatError(f"{where}: {what}")
-
-
 def _counts(meta: dict[str, Any], names: list[str], kind: str, path: Path) -> list[list[int] | int]:
     """Per type: the per-chunk list (``num_<kind>_per_chunk``) or the total (``..._per_type``)."""
     chunk_key, type_key = f"num_{kind}_per_chunk", f"num_{kind}_per_type"
@@ -150,8 +151,8 @@ def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype[Any], int]:
             )
             shape, fortran, dtype = read(f)
             offset = f.tell()
-    except (OSError, ValueError, EOFError) as exc:
-        raise _fail(path, f"not a readable .npy file ({exc})") from None
+    except (OSError, ValueError, EOFError) as exc:  # the message may quote the header: not shown
+        raise _fail(path, f"not a readable .npy file ({type(exc).__name__} in its magic or header)") from None
     if fortran:
         raise _fail(path, "Fortran-ordered arrays are not supported; save it C-ordered")
     need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -213,10 +214,19 @@ def read_metadata(meta_path: str | Path) -> ChunkedGraph:
     path = Path(meta_path)
     if not path.is_file():
         raise _fail(path, "metadata file does not exist")
+    size = path.stat().st_size
+    if size > MAX_METADATA_BYTES:
+        raise _fail(path, f"is {size} bytes, over the {MAX_METADATA_BYTES} read of a metadata.json")
     try:
-        meta = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _fail(path, f"not valid JSON ({exc})") from None
+        meta = json.loads(path.read_bytes().decode("utf-8"), object_pairs_hook=reject_duplicate_keys)
+    except OSError as exc:
+        raise _fail(path, f"cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise _fail(path, f"not UTF-8 text (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:  # its message is a position, never the text
+        raise _fail(path, f"not valid JSON ({exc.msg}: line {exc.lineno} column {exc.colno})") from None
+    except ValueError as exc:  # a repeated key (reject_duplicate_keys)
+        raise _fail(path, f"not valid metadata ({exc})") from None
     if not isinstance(meta, dict):
         raise _fail(path, "must hold a JSON object")
     for key in ("node_type", "edge_type", "edges"):
@@ -225,6 +235,9 @@ def read_metadata(meta_path: str | Path) -> ChunkedGraph:
     ntypes = meta["node_type"]
     if not isinstance(ntypes, list) or not ntypes or not all(isinstance(t, str) and t for t in ntypes):
         raise _fail(path, "'node_type' must be a non-empty list of names")
+    for t in ntypes:
+        check_name(t, "node type", path, type_name=True)
+    check_unique(ntypes, "node type", path)
     etypes_raw = meta["edge_type"]
     if not isinstance(etypes_raw, list) or not etypes_raw:
         raise _fail(path, "'edge_type' must be a non-empty list of 'src:rel:dst' names")
@@ -233,7 +246,9 @@ def read_metadata(meta_path: str | Path) -> ChunkedGraph:
         parts = e.split(":") if isinstance(e, str) else []
         if len(parts) != 3 or not all(parts) or parts[0] not in ntypes or parts[2] not in ntypes:
             raise _fail(path, f"edge type {e!r} is not 'src_type:rel:dst_type' over node_type")
+        check_name(parts[1], "relation", path, type_name=True)
         canon.append((parts[0], parts[1], parts[2]))
+    check_unique(etypes_raw, "edge type", path)
     ncounts = _counts(meta, ntypes, "nodes", path)
     ecounts = _counts(meta, list(etypes_raw), "edges", path)
     num_nodes = {t: (sum(c) if isinstance(c, list) else c) for t, c in zip(ntypes, ncounts, strict=True)}
@@ -272,6 +287,7 @@ def read_metadata(meta_path: str | Path) -> ChunkedGraph:
                 raise _fail(path, f"{section}[{tkey!r}] must map tensor names to chunk specs")
             out: dict[str, list[ChunkFile]] = {}
             for name, spec in feats.items():
+                check_name(name, f"{section}[{tkey!a}] tensor name", path)
                 fmt, delim, files = _spec_files(spec, f"{section}[{tkey!r}][{name!r}]", path, data=True)
                 chunks = _layout(files, fmt, delim, rows, f"{section} {tkey}/{name}", data=True)
                 have = sum(x.rows for x in chunks)
@@ -303,54 +319,13 @@ def iter_edges(
         for a in range(lo, hi, block_rows):
             yield a, np.ascontiguousarray(arr[a : min(hi, a + block_rows)], dtype=np.int64)
         return
-    delim = None if chunk.delimiter.strip() == "" else chunk.delimiter
-    block_bytes = max(1 << 16, block_rows * 24)
-    row = 0
-    tail = b""
-    try:
-        f = open(chunk.path, "rb")  # noqa: SIM115 (a generator: closed in finally)
-    except OSError as exc:
-        raise _fail(chunk.path, f"cannot read ({exc})") from None
-    try:
-        while True:
-            buf = f.read(block_bytes)
-            data = tail + buf
-            if not buf:
-                tail = b""
-            else:
-                cut = data.rfind(b"\n") + 1
-                data, tail = data[:cut], data[cut:]
-            if data.strip():
-                try:
-                    arr = np.loadtxt(io.BytesIO(data), dtype=np.int64, delimiter=delim, ndmin=2)
-                except ValueError as exc:
-                    raise _fail(
-                        chunk.path, f"not two integer IDs a line near line {row + 1} ({exc})"
-                    ) from None
-                if arr.shape[1:] != (2,):
-                    raise _fail(
-                        chunk.path, f"expected two IDs a line near line {row + 1}, got {arr.shape[1]}"
-                    )
-                if row + arr.shape[0] > chunk.rows:
-                    raise _fail(
-                        chunk.path, f"holds more than the {chunk.rows} lines metadata.json says ({where})"
-                    )
-                yield row, arr
-                row += arr.shape[0]
-            if not buf:
-                break
-    finally:
-        f.close()
-    if row != chunk.rows:
-        raise _fail(
-            chunk.path, f"holds {row} lines but metadata.json says {chunk.rows} ({where}); truncated?"
-        )
+    yield from iter_csv(chunk.path, chunk.delimiter, chunk.rows, block_rows, where)
 
 
 def read_rows(chunk: ChunkFile, lo: int, hi: int) -> np.ndarray[Any, Any]:
-    """Rows ``[lo, hi)`` of a numpy data chunk (a copy of just those rows)."""
+    """Rows ``[lo, hi)`` of a numpy data chunk (a copy of just those rows, in native byte order)."""
     arr = np.load(chunk.path, mmap_mode="r")
-    return np.array(arr[lo:hi])
+    return native(np.array(arr[lo:hi]))
 
 
 def check_ids(ids: np.ndarray[Any, Any], limit: int, chunk: ChunkFile, what: str) -> None:

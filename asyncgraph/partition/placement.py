@@ -49,6 +49,9 @@ def check_part_dir(p: int, folder: Path, name: str, overwrite: bool) -> None:
     """Task: ``folder`` can take partition ``p`` (run where the part is written: its host's view)."""
     if folder.exists() and not folder.is_dir():
         raise InvalidRequestError(f"--part-dir {p}={folder}: {folder} exists and is not a folder")
+    build = build_dir(folder, name, p)
+    if build.is_symlink() or (build.exists() and not build.is_dir()):  # issue 32: never followed
+        raise InvalidRequestError(f"--part-dir {p}={folder}: {build} exists and is not a folder (a link?)")
     final = folder / f"{name}-part{p}"
     if final.exists() and not overwrite:
         raise InvalidRequestError(f"--part-dir {p}={folder}: {final} exists; pass overwrite to replace it")

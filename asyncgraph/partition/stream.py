@@ -23,12 +23,9 @@ rename, so nothing half-written is ever taken for output. Tasks run inline, on a
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import shutil
 import signal
-import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -43,7 +40,7 @@ from asyncgraph.partition.assign_stream import assign_chunked
 from asyncgraph.partition.chunked import ChunkedGraph, read_metadata
 from asyncgraph.partition.csc_sort import load_counts, part_sizes, plan_sort, sort_range
 from asyncgraph.partition.memory import PeakSampler, default_memory_limit, format_size, parse_size
-from asyncgraph.partition.output import check_out_path, commit, pid_alive
+from asyncgraph.partition.output import check_out_path, commit
 from asyncgraph.partition.placement import (
     build_dir,
     check_part_dirs,
@@ -57,7 +54,13 @@ from asyncgraph.partition.placement import (
     write_ntype_part,
 )
 from asyncgraph.partition.runner import Runner
-from asyncgraph.partition.stream_meta import finalize, tensor_specs, type_edges_before
+from asyncgraph.partition.stream_meta import (
+    check_config,
+    check_part,
+    finalize,
+    tensor_specs,
+    type_edges_before,
+)
 from asyncgraph.partition.tasks import (
     Ctx,
     copy_edge_rows,
@@ -67,6 +70,7 @@ from asyncgraph.partition.tasks import (
     shuffle_edges,
     write_type_tensors,
 )
+from asyncgraph.partition.workdir import WorkFolder, fingerprint
 
 __all__ = ["Plan", "RunReport", "partition_chunked", "plan_run"]
 
@@ -163,51 +167,35 @@ def plan_run(
             f"{format_size(MAIN_BASE + workers * (WORKER_BASE + need))}, but the memory limit is "
             f"{format_size(limit)}; raise --memory-limit or lower --workers"
         )
+    data_bytes = max(1 << 16, budget // 3)
+    _check_rows(g, data_bytes, workers, limit)
     return Plan(limit, workers, assign_need, budget, max(MIN_ROWS, budget // SHUFFLE_BYTES),
-                max(MIN_ROWS, budget // SORT_BYTES), max(1 << 16, budget // 3), compress, room)  # fmt: skip
+                max(MIN_ROWS, budget // SORT_BYTES), data_bytes, compress, room)  # fmt: skip
 
 
-def _fingerprint(g: ChunkedGraph, opts: dict[str, Any]) -> str:
+def _check_rows(g: ChunkedGraph, data_bytes: int, workers: int, limit: int) -> None:
+    """Refuse a tensor whose one row is more than a copy task may hold (it copies at least one
+    row, up to three times): before, a 512 MiB row took a run to 1.1 GiB at a 256 MiB limit."""
+    per_type: list[tuple[str, Any, dict[str, Any]]] = [("node", t, d) for t, d in g.node_data.items()]
+    per_type += [("edge", ":".join(c), d) for c, d in g.edge_data.items()]
+    for kind, key, feats in per_type:
+        for fname, chunks in feats.items():
+            row = chunks[0].row_bytes
+            if row > data_bytes:
+                need = MAIN_BASE + workers * (WORKER_BASE + 3 * row)
+                raise InvalidRequestError(
+                    f"{kind} data {key}/{fname}: one row is {format_size(row)} (row shape "
+                    f"{chunks[0].row_shape}), more than the {format_size(data_bytes)} a task may read at "
+                    f"once under the memory limit of {format_size(limit)} with {workers} workers; raise "
+                    f"--memory-limit to at least {format_size(need)} or lower --workers"
+                )
+
+
+def _input_files(g: ChunkedGraph) -> list[Path]:
     files = [g.meta_path] + [c.path for cs in g.edges.values() for c in cs]
     files += [c.path for d in g.node_data.values() for cs in d.values() for c in cs]
     files += [c.path for d in g.edge_data.values() for cs in d.values() for c in cs]
-    stats = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
-    return hashlib.sha256(json.dumps([stats, opts], sort_keys=True, default=str).encode()).hexdigest()
-
-
-def _atomic_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
-
-
-def _open_work(out: Path, fp: str, resume: bool) -> tuple[Path, dict[str, Any]]:
-    """The work folder: kept (resume with the same inputs and options) or started afresh."""
-    work = out.parent / f".{out.name}.work"
-    lock = work / "owner"
-    if lock.exists():
-        pid, _, host = lock.read_text().partition("@")
-        if (
-            host == socket.gethostname()
-            and pid.isdigit()
-            and int(pid) != os.getpid()
-            and pid_alive(int(pid))
-        ):
-            raise InvalidRequestError(f"{work} is in use by process {pid}; wait for it or kill it")
-    state: dict[str, Any] = {}
-    if resume and (work / "state.json").is_file():
-        state = json.loads((work / "state.json").read_text())
-        if state.get("fingerprint") != fp:
-            raise InvalidRequestError(
-                f"--resume: {work} was made from other inputs or options; run without --resume to restart"
-            )
-    else:
-        shutil.rmtree(work, ignore_errors=True)
-        state = {"fingerprint": fp, "done": []}
-    work.mkdir(parents=True, exist_ok=True)
-    lock.write_text(f"{os.getpid()}@{socket.gethostname()}")
-    _atomic_json(work / "state.json", state)
-    return work, state
+    return files
 
 
 def _stop_hook(stage: str) -> None:
@@ -300,13 +288,15 @@ def _partition(g: ChunkedGraph, name: str, num_parts: int, out: Path, placed: di
             "train": balance_train, "edges": balance_edges, "name": name,
             "part_dirs": {str(p): str(d) for p, d in sorted(placed.items())},
             "work_format": WORK_FORMAT}  # fmt: skip
-    fp = _fingerprint(g, opts)
+    fp = fingerprint(_input_files(g), opts)
     out.parent.mkdir(parents=True, exist_ok=True)
-    work, state = _open_work(out, fp, resume)
+    folder = WorkFolder(out)
+    folder.open(fp, resume)
+    work = folder.path
     report = RunReport({}, 0, limit, 0, 0, [])
     try:
         with PeakSampler() as sampler:
-            _run(g, name, num_parts, out, work, state, plan, report, opts, assignment, client, progress, pins)
+            _run(g, name, num_parts, out, folder, plan, report, opts, assignment, client, progress, pins)
         report.peak = sampler.peak
     except BaseException:
         if not resume:
@@ -319,16 +309,17 @@ def _partition(g: ChunkedGraph, name: str, num_parts: int, out: Path, placed: di
     return report
 
 
-def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, state: dict[str, Any],
-         plan: Plan, report: RunReport, opts: dict[str, Any], assignment: Any, client: Any,
+def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, folder: WorkFolder, plan: Plan,
+         report: RunReport, opts: dict[str, Any], assignment: Any, client: Any,
          progress: bool, pins: dict[int, str]) -> None:  # fmt: skip
+    work, state = folder.path, folder.state
     done: list[str] = state["done"]
 
     def finish(stage: str, t0: float, **extra: Any) -> None:
         state.update(extra)
         done.append(stage)
         report.seconds[stage] = time.perf_counter() - t0
-        _atomic_json(work / "state.json", state)
+        folder.save()
         _stop_hook(stage)
 
     def skip(stage: str) -> bool:
@@ -435,6 +426,9 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, work: Path, stat
         t0 = time.perf_counter()
         finals = [str(dirs[p] / f"{name}-part{p}") if p in dirs else "" for p in range(num_parts)]
         finalize(ctx, name, opts, nspecs, especs, state, plan.edge_rows, finals)
+        check = check_config(ctx, name)  # every part loads as a server loads it, before any rename
+        run.at_parts(check_part, [(check, p) for p in parts], parts, "check parts")
+        (work / "check.json").unlink()
         placed = sorted(dirs)
         run.map(commit_part, [(ctx.part_build[p], finals[p]) for p in placed], "place parts", parts=placed)
         commit(work / "out", out)

@@ -14,9 +14,10 @@ from asyncgraph.names import ETYPE, NTYPE, TYPE_EID
 from asyncgraph.partition.chunked import ChunkedGraph
 from asyncgraph.partition.config import PartitionConfig, PartSpec, TensorSpec
 from asyncgraph.partition.layout import ORIG_EIDS_FILE, ORIG_NIDS_FILE, config_file, part_dir_name
+from asyncgraph.partition.reader import load_partition
 from asyncgraph.partition.tasks import Ctx
 
-__all__ = ["finalize", "tensor_specs", "type_edges_before"]
+__all__ = ["check_config", "check_part", "finalize", "tensor_specs", "type_edges_before"]
 
 
 def tensor_specs(
@@ -88,3 +89,20 @@ def _etype_counts(ctx: Ctx, rows: int) -> list[list[int]]:
     total = np.diff(eoff)
     after = [*before[1:], total.tolist()]
     return [(np.asarray(a) - np.asarray(b)).tolist() for a, b in zip(after, before, strict=True)]
+
+
+def check_config(ctx: Ctx, name: str) -> str:
+    """A copy of the finished config in the work folder listing every part where it is built,
+    so each part can be loaded and checked (:func:`check_part`) before anything is put in place."""
+    config = PartitionConfig.load(config_file(ctx.out, name))
+    for p, spec in enumerate(config.parts):
+        spec.path = str(ctx.pdir(p).absolute())
+    path = ctx.work / "check.json"
+    path.write_text(config.model_dump_json())
+    return str(path)
+
+
+def check_part(check_json: str, p: int) -> None:
+    """Task: load part ``p`` as a server will (shapes, dtypes, ranges), raising what is wrong;
+    run before the output is renamed into place, so a failed run leaves no output."""
+    load_partition(check_json, p)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from asyncgraph.partition.chunked import ChunkedGraph, check_ids, iter_edges, read_rows
+from asyncgraph.partition.chunked_checks import native
 from asyncgraph.partition.layout import ORIG_EIDS_FILE
 
 __all__ = ["Ctx", "NpyWriter", "copy_edge_rows", "copy_node_rows", "shuffle_edges"]
@@ -228,7 +229,7 @@ def copy_node_rows(ctx: Ctx, key: str, name: str, ci: int, lo: int, hi: int,
         if parts is not None and p not in parts:
             continue
         a, k = int(first[p]), int(counts[p])
-        rows = np.take(src, order[a : a + k] + lo, axis=0)
+        rows = native(np.take(src, order[a : a + k] + lo, axis=0))  # raw bytes are written: native order
         start = int(new[order[a]]) - ctx.node_bounds[p]
         _write_rows_at(ctx.pdir(p) / "node_feat" / f"{name}.npy", start, rows)
         moved += rows.nbytes

@@ -14,10 +14,12 @@ from typing import Any, Protocol, Self
 
 import numpy as np
 
-from asyncgraph.errors import DTypeMismatchError, InvalidRequestError
+from asyncgraph.errors import DTypeMismatchError, InvalidNameError, InvalidRequestError
 
 __all__ = [
+    "MAX_BARRIER_TIMEOUT",
     "MAX_EPOCH",
+    "MAX_NAME_BYTES",
     "AddReplicaArgs",
     "ArgsRecord",
     "BarrierArgs",
@@ -38,6 +40,11 @@ __all__ = [
 
 #: Largest snapshot epoch a server accepts (``SnapshotArgs``); see ``asyncgraph.server.durable``.
 MAX_EPOCH = (1 << 48) - 1
+#: Longest tensor, holder or barrier name a server accepts, in UTF-8 bytes (issue 32: 1 MiB names
+#: took a server 297 MiB past its budget and into a 250 MiB snapshot manifest).
+MAX_NAME_BYTES = 256
+#: Longest barrier wait a server accepts, in seconds (a week): every wait ends.
+MAX_BARRIER_TIMEOUT = 7 * 24 * 3600.0
 
 
 class ArgsRecord(Protocol):
@@ -57,6 +64,27 @@ def request_id(args: Mapping[str, Any], op: str) -> str | None:
     if not isinstance(rid, str) or not rid or len(rid) > 128:
         raise InvalidRequestError(f"{op}: argument 'rid' must be a non-empty str of at most 128 chars")
     return rid
+
+
+def check_name(value: str, op: str, what: str) -> str:
+    """``value`` if it is a name a server keeps: at most ``MAX_NAME_BYTES``, printable."""
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if not value or size > MAX_NAME_BYTES or not value.isprintable():
+        shown = ascii(value[:40]) + ("..." if len(value) > 40 else "")
+        raise InvalidNameError(
+            f"{op}: {what} {shown} ({size} bytes) must be 1 to {MAX_NAME_BYTES} bytes of printable text"
+        )
+    return value
+
+
+def _name(args: Mapping[str, Any], op: str, key: str) -> str:
+    return check_name(_get(args, op, key, str), op, key)
+
+
+def _names(values: list[Any], op: str, key: str) -> list[str]:
+    if not all(isinstance(v, str) for v in values):
+        raise InvalidRequestError(f"{op}: {key} must be a list of names")
+    return [check_name(v, op, key) for v in values]
 
 
 def _edge_dir(args: Mapping[str, Any], op: str) -> str:
@@ -97,7 +125,7 @@ class PullArgs:
 
     @classmethod
     def decode(cls, args: Mapping[str, Any]) -> PullArgs:
-        return cls(_get(args, "pull", "name", str), _ids(args, "pull"))
+        return cls(_name(args, "pull", "name"), _ids(args, "pull"))
 
     def encode(self) -> dict[str, Any]:
         return {"name": self.name, "ids": self.ids}
@@ -113,7 +141,7 @@ class PushArgs:
     @classmethod
     def decode(cls, args: Mapping[str, Any]) -> PushArgs:
         return cls(
-            _get(args, "push", "name", str),
+            _name(args, "push", "name"),
             _ids(args, "push"),
             _get(args, "push", "values", np.ndarray),
             _get(args, "push", "op", str) if "op" in args else "assign",
@@ -136,7 +164,7 @@ class CreateTensorArgs:
     @classmethod
     def decode(cls, args: Mapping[str, Any]) -> CreateTensorArgs:
         op = "create_tensor"
-        name = _get(args, op, "name", str)
+        name = _name(args, op, "name")
         policy = _get(args, op, "policy", str)
         shape = _get(args, op, "shape", list)
         dtype = _get(args, op, "dtype", str)
@@ -150,6 +178,8 @@ class CreateTensorArgs:
         holder = args.get("holder")
         if holder is not None and not isinstance(holder, str):
             raise InvalidRequestError("create_tensor: argument 'holder' must be a string or nil")
+        if holder is not None:
+            check_name(holder, op, "holder")
         return cls(name, policy, shape, dtype, init, holder)
 
     def encode(self) -> dict[str, Any]:
@@ -178,11 +208,9 @@ class ReleaseTensorsArgs:
     @classmethod
     def decode(cls, args: Mapping[str, Any]) -> ReleaseTensorsArgs:
         op = "release_tensors"
-        names = _get(args, op, "names", list)
-        if not all(isinstance(n, str) for n in names):
-            raise InvalidRequestError("release_tensors: 'names' must be a list of strings")
+        names = _names(_get(args, op, "names", list), op, "names")
         every = _get(args, op, "all", bool) if "all" in args else False
-        return cls(_get(args, op, "holder", str), names, bool(every))
+        return cls(_name(args, op, "holder"), names, bool(every))
 
     def encode(self) -> dict[str, Any]:
         return {"holder": self.holder, "names": self.names, "all": self.all}
@@ -194,7 +222,7 @@ class DeleteTensorArgs:
 
     @classmethod
     def decode(cls, args: Mapping[str, Any]) -> DeleteTensorArgs:
-        return cls(_get(args, "delete_tensor", "name", str))
+        return cls(_name(args, "delete_tensor", "name"))
 
     def encode(self) -> dict[str, Any]:
         return {"name": self.name}
@@ -231,11 +259,13 @@ class BarrierArgs:
 
     @classmethod
     def decode(cls, args: Mapping[str, Any]) -> BarrierArgs:
-        name = _get(args, "barrier", "name", str)
+        name = _name(args, "barrier", "name")
         timeout = float(_get(args, "barrier", "timeout", (int, float)))
-        if not timeout > 0:
-            raise InvalidRequestError(f"barrier: timeout must be positive, got {timeout}")
-        holder = _get(args, "barrier", "holder", str) if args.get("holder") is not None else None
+        if not 0 < timeout <= MAX_BARRIER_TIMEOUT:  # NaN and infinity too: every wait ends
+            raise InvalidRequestError(
+                f"barrier: timeout must be in (0, {MAX_BARRIER_TIMEOUT:g}] seconds, got {timeout}"
+            )
+        holder = _name(args, "barrier", "holder") if args.get("holder") is not None else None
         return cls(name, timeout, holder)
 
     def encode(self) -> dict[str, Any]:
@@ -269,10 +299,7 @@ class SampleArgs:
             raise InvalidRequestError(f"{op}: seed must be an int or nil")
         features: tuple[str, ...] = ()
         if "features" in args:
-            names = _get(args, op, "features", list)
-            if not all(isinstance(n, str) for n in names):
-                raise InvalidRequestError(f"{op}: features must be a list of tensor names, got {names!r}")
-            features = tuple(names)
+            features = tuple(_names(_get(args, op, "features", list), op, "features"))
         feature_ids = _ids(args, op, "feature_ids") if "feature_ids" in args else None
         return cls(seeds, fanout, replace, seed, features, feature_ids)
 
@@ -308,7 +335,7 @@ class SparseUpdateArgs:
     def decode(cls, args: Mapping[str, Any]) -> SparseUpdateArgs:
         op = "sparse_update"
         return cls(
-            _get(args, op, "name", str),
+            _name(args, op, "name"),
             _ids(args, op),
             _get(args, op, "grads", np.ndarray),
             _get(args, op, "spec", dict),
@@ -359,6 +386,8 @@ class SampleEdgesArgs:
         prob = args.get("prob")
         if prob is not None and not isinstance(prob, str):
             raise InvalidRequestError(f"{op}: prob must be an edge tensor name or nil")
+        if prob is not None:
+            check_name(prob, op, "prob")
         exclude = _ids(args, op, "exclude") if args.get("exclude") is not None else None
         fanouts = _ids(args, op, "etype_fanouts") if args.get("etype_fanouts") is not None else None
         edge_dir = _edge_dir(args, op)
@@ -367,6 +396,9 @@ class SampleEdgesArgs:
             not isinstance(probs, list) or not all(p is None or isinstance(p, str) for p in probs)
         ):
             raise InvalidRequestError(f"{op}: etype_probs must be a list of edge tensor names or nil")
+        for p in probs or []:
+            if p is not None:
+                check_name(p, op, "etype_probs")
         if probs is not None and (fanouts is None or len(probs) != fanouts.size or prob is not None):
             raise InvalidRequestError(f"{op}: etype_probs needs etype_fanouts of its length and no prob")
         return cls(base.seeds, base.fanout, edge_dir, base.replace, base.seed, prob, exclude, fanouts, probs)

@@ -5,7 +5,10 @@ heterogeneous graph (``None`` for a homogeneous one), ``attr_name`` a node tenso
 the rows (``None`` = every row of the group). PyG's conventional names are aliases of ours:
 ``x`` reads ``feat`` and ``y`` reads ``label``, so PyG code runs on asyncgraph partitions
 unchanged. Every read goes through the client's one pull path (split by owner, all servers at
-once); ``multi_get_tensor`` gathers every attribute of a batch in one concurrent wave.
+once); ``multi_get_tensor`` gathers every attribute of a batch in one concurrent wave. A read
+whose rows would take more than ``max_get_bytes`` (default: half the memory available when it is
+asked) is refused before anything is allocated or sent (issue 32: a 2e8-row index was a
+``MemoryError`` deep in the pull path), as a typed ``MemoryBudgetError``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from asyncgraph.client.sync_client import Client
 from asyncgraph.dataloading.fetch import client_of
 from asyncgraph.errors import (
     DTypeMismatchError,
+    MemoryBudgetError,
     OutOfRangeError,
     ShapeMismatchError,
     UnknownTensorError,
@@ -46,8 +50,11 @@ class DistFeatureStore(FeatureStore):  # type: ignore[misc]
     reach a batch through the sampler). Any node tensor can still be read by name.
     """
 
-    def __init__(self, g: Any, attrs: Sequence[str] | None = None) -> None:
+    def __init__(self, g: Any, attrs: Sequence[str] | None = None, max_get_bytes: int | None = None) -> None:
+        """``max_get_bytes``: the most bytes of rows one ``get_tensor`` / ``multi_get_tensor``
+        returns (None: half the memory available at the time of the call)."""
         super().__init__()
+        self.max_get_bytes = max_get_bytes
         self.graph = g
         self.client: Client = client_of(g)
         self.book: RangePartitionBook = self.client.book
@@ -131,12 +138,34 @@ class DistFeatureStore(FeatureStore):  # type: ignore[misc]
         for attr in attrs:  # validate everything before any request is sent
             ntype = self._group(attr.group_name)
             keys.append((node_key(self._tensor_name(attr.attr_name)), self._ids(attr, ntype)))
+        self._check_size(keys)
         aio = self.client.async_client
 
         async def pull_all() -> list[np.ndarray]:
             return list(await asyncio.gather(*(aio.pull_numpy(k, ids) for k, ids in keys)))
 
         return [torch.from_numpy(a) for a in self.client.loop.run(pull_all())]
+
+    def _check_size(self, keys: list[tuple[str, np.ndarray]]) -> None:
+        """Refuse a read whose rows would not fit ``max_get_bytes``, before any is allocated."""
+        sizes = []
+        for key, ids in keys:
+            meta = self.client.async_client.cached_meta(key)
+            assert meta is not None  # _tensor_name found it
+            row = int(np.prod(meta.row_shape, dtype=np.int64)) * np.dtype(meta.dtype).itemsize
+            sizes.append(int(ids.size) * row)
+        limit = self.max_get_bytes
+        if limit is None:
+            import psutil
+
+            limit = int(psutil.virtual_memory().available) // 2
+        if sum(sizes) > limit:
+            rows = sum(int(ids.size) for _, ids in keys)
+            raise MemoryBudgetError(
+                f"get_tensor: {rows} rows of {len(keys)} tensor(s) would take {sum(sizes)} bytes, over this "
+                f"store's limit of {limit} bytes (max_get_bytes; default half the memory available); "
+                "read the rows in batches"
+            )
 
     def _put_tensor(self, tensor: Any, attr: TensorAttr) -> bool:
         """Write rows of an existing tensor, or (index ``None``, homogeneous) create a new one."""

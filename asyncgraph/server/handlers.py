@@ -111,7 +111,8 @@ class RequestHandlers:
             else None
         )
         self.partition = PartitionService(store, num_clients=num_clients, shm=shm, limits=limits)
-        self.barriers = Barriers(num_clients)
+        self.barriers = Barriers(num_clients, room=self._barrier_room)
+        store.rules.held_elsewhere = lambda: self.barriers.held_bytes
         self.replicas = ReplicaRegistry()
         #: Holder leases (``--holder-lease``, server/leases.py; set by the server; None: off).
         self.leases: HolderLeases | None = None
@@ -368,6 +369,11 @@ class RequestHandlers:
         if self.leases is not None:
             self.leases.bind(holder, current_connection())
         return self.barriers.arrive(a.name, a.timeout, holder, current_connection())
+
+    def _barrier_room(self, need: int) -> None:
+        """A waiting barrier arrival counts against the memory budget (issue 32)."""
+        tensors = sum(size for _, size in self.store.local_sizes().values())
+        self.store.rules.check_room("a waiting barrier arrival", need, tensors)
 
     def shutdown(self, args: Mapping[str, Any]) -> None:
         if self.on_shutdown is not None:

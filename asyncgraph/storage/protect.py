@@ -10,7 +10,7 @@ optimizer state itself (before: a sparse optimizer run on state created state fo
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 import numpy as np
 
@@ -69,6 +69,9 @@ class TensorRules:
         self.read_only: set[str] = set()
         self.max_tensors = 0
         self.memory_budget = 0
+        #: Bytes held beside the tensors that count against the budget too (a server's waiting
+        #: barriers, issue 32; set by the server).
+        self.held_elsewhere: Callable[[], int] = lambda: 0
 
     def protect(self, tensors: Mapping[str, StoredTensor], *, writable_base: bool = False) -> None:
         """The base tensors become read-only, unless ``writable_base`` (DGL's writable ``ndata``).
@@ -100,13 +103,18 @@ class TensorRules:
                 f"tensor {meta.name!r}: {self.owner} already holds {len(tensors)} tensors, its limit "
                 f"(server option --max-tensors {self.max_tensors}); delete or release some first"
             )
+        need = (owned[1] - owned[0]) * math.prod(meta.shape[1:]) * np.dtype(meta.dtype).itemsize
+        self.check_room(f"tensor {meta.name!r}", need, sum(t.rows.nbytes for t in tensors))
+
+    def check_room(self, what: str, need: int, tensor_bytes: int) -> None:
+        """Refuse ``need`` more bytes when the tensors (``tensor_bytes``) and what else is held
+        would pass the memory budget."""
         if self.memory_budget:
-            need = (owned[1] - owned[0]) * math.prod(meta.shape[1:]) * np.dtype(meta.dtype).itemsize
-            held = sum(t.rows.nbytes for t in tensors)
+            held = tensor_bytes + self.held_elsewhere()
             if held + need > self.memory_budget:
                 raise MemoryBudgetError(
-                    f"tensor {meta.name!r} needs {need} bytes here; {self.owner}'s tensors hold {held} "
-                    f"of its {self.memory_budget}-byte budget (server option --memory-budget)"
+                    f"{what} needs {need} bytes here; {self.owner}'s tensors and waiting barriers hold "
+                    f"{held} of its {self.memory_budget}-byte budget (server option --memory-budget)"
                 )
 
     def check_delete(self, name: str) -> None:
