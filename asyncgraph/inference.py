@@ -129,6 +129,8 @@ def layerwise_inference(
     prefetch: int = 2,
     seed: int = 0,
     balance: str = "edges",
+    direct: bool = True,
+    stats: dict[str, float] | None = None,
 ) -> Any:
     """Outputs of ``model``'s last layer for every node, as a persistent DistTensor.
 
@@ -147,6 +149,11 @@ def layerwise_inference(
     ``HeteroBlock`` (``nn.HeteroGraphConv``); ``nodes`` is ``{ntype: per-type IDs}`` (default:
     every type's ``node_split`` share) and the result is ``{ntype: DistTensor}``, per-type views
     of the last layer's outputs (``fanouts[i]`` may be a dict by edge type).
+
+    ``direct`` (default): a full-neighbourhood ``SAGEConv`` layer (mean, sum, gcn) over nodes of
+    co-located partitions is computed straight from their shared memory, without blocks, pulls
+    or a loader thread (``asyncgraph.inference_direct``; same results). ``stats``, if given, is
+    filled with this trainer's seconds inside the layers and nodes done by each path.
     """
     from asyncgraph.distributed.tensor import DistTensor
     from asyncgraph.inference_pass import LayerPass
@@ -178,7 +185,7 @@ def layerwise_inference(
         for i, d in enumerate(dims)
     ]
     step = LayerPass(
-        g, outputs, progress, dims, batch_size, fanouts, activation, layer_fn, device, prefetch, seed
+        g, outputs, progress, dims, batch_size, fanouts, activation, layer_fn, device, prefetch, seed, direct
     )
     if not resume:  # a fresh run: no node has finished any layer
         progress[mine] = torch.zeros(mine.numel(), dtype=torch.int8)
@@ -202,6 +209,8 @@ def layerwise_inference(
     finally:
         for m, was in zip(layers, was_training, strict=True):
             m.train(was)
+        if stats is not None:
+            stats.update(step.times)
     if not typed:
         return outputs[-1]
     last = outputs[-1]
