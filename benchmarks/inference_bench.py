@@ -123,6 +123,45 @@ def run_trainers(
             group.stop()
 
 
+PROBE = """
+import time, numpy as np, torch
+torch.set_num_threads(1)
+rng = np.random.default_rng(0)
+rows = np.full((1 << 18, 128), 0.5, dtype=np.float32)
+ids = rng.integers(0, rows.shape[0], 40_000)
+w = torch.randn(128, 256)
+t = time.perf_counter()
+for _ in range(ITERS):
+    h = torch.from_numpy(rows.take(ids[:4096], axis=0))
+    np.add.reduceat(rows.take(ids, axis=0), np.arange(0, ids.size, 10), axis=0)
+    torch.mm(h, w)
+print(time.perf_counter() - t)
+"""
+
+
+def cpu_probe(procs: int, iters: int = 30) -> float:
+    """Seconds for ``procs`` processes, at once, each doing the same fixed CPU work (a layer's
+    row gathers, neighbour sums and a dense map, one thread): ``2 * probe(1) / probe(2)`` is
+    how much faster this machine, at this moment, does twice the work with 2 processes, the
+    ceiling of 2 trainers' speed-up over one (other users' load and shared caches included)."""
+    code = PROBE.replace("ITERS", str(iters))
+    env = {**subprocess_env(), "OMP_NUM_THREADS": "1"}
+    ps = [
+        subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(procs)
+    ]
+    return max(float(p.communicate(timeout=300)[0].strip().splitlines()[-1]) for p in ps)
+
+
+def probe_pair() -> dict[str, float]:
+    """1, 2, 1, 2 probe processes (the load of others varies: each count's fastest try counts):
+    their seconds and the speed-up the machine offers 2 trainers."""
+    tries = [(n, cpu_probe(n)) for n in (1, 2, 1, 2)]
+    one = min(t for n, t in tries if n == 1)
+    two = min(t for n, t in tries if n == 2)
+    return {"one_s": one, "two_s": two, "speedup_2": 2 * one / two}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.inference_bench", description=__doc__.split("\n\n")[0]
@@ -153,6 +192,10 @@ def main() -> None:
         help="every layer through the prefetching loader (blocks, pulls), not straight from shared memory",
     )  # fmt: skip
     ap.add_argument("--out", type=Path, default=RESULTS / "inference_bench.json")
+    ap.add_argument(
+        "--no-probe", dest="probe", action="store_false",
+        help="skip the CPU probe (the same work in 1 and 2 processes: the machine's 2-trainer ceiling)",
+    )  # fmt: skip
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--graph-name", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -181,6 +224,7 @@ def main() -> None:
                 row = json.loads(text)
                 dgl[int(row["trainers"])] = row
         results["dgl"] = list(dgl.values())
+    probes = [probe_pair()] if args.probe else []
     for trainers in args.trainers:
         seconds, compute = run_trainers(configs[trainers], graph_name, trainers, args)
         rate, limit = n / seconds, n / compute
@@ -208,6 +252,19 @@ def main() -> None:
              "dgl_nodes_per_s": None if ref is None else ref["nodes_per_s"],
              "ratio_to_dgl": None if ref is None else rate / ref["nodes_per_s"]}
         )  # fmt: skip
+    if args.probe:
+        probes.append(probe_pair())
+        results["cpu_probe"] = probes
+        print(
+            "machine ceiling for 2 trainers / 1 (the same CPU work in 1 and 2 processes, before and "
+            "after): "
+            + ", ".join(f"{p['speedup_2']:.2f}x ({p['one_s']:.2f} s / {p['two_s']:.2f} s)" for p in probes),
+            flush=True,
+        )
+        rates = {r["trainers"]: r["nodes_per_s"] for r in results["runs"]}
+        if 1 in rates and 2 in rates:
+            results["speedup_2_over_1"] = rates[2] / rates[1]
+            print(f"2 trainers / 1: {rates[2] / rates[1]:.2f}x", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
 
