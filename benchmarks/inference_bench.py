@@ -162,6 +162,45 @@ def probe_pair() -> dict[str, float]:
     return {"one_s": one, "two_s": two, "speedup_2": 2 * one / two}
 
 
+def one_run(
+    part_config: Path,
+    graph_name: str,
+    n: int,
+    trainers: int,
+    args: argparse.Namespace,
+    ref: dict[str, Any] | None,
+    rep: int,
+) -> dict[str, Any]:
+    """One run of ``trainers`` trainers: printed, and its row of the results."""
+    load = os.getloadavg()[0]
+    seconds, compute = run_trainers(part_config, graph_name, trainers, args)
+    rate, limit = n / seconds, n / compute
+    print(
+        f"layer-wise inference, {trainers} trainer(s): {rate:,.0f} nodes/s ({seconds:.1f} s for "
+        f"{n:,} nodes); ceiling (the same trainers' time in the layers, {compute:.1f} s): "
+        f"{limit:,.0f} nodes/s; {100 * rate / limit:.0f}% of it; load average before {load:.1f}",
+        flush=True,
+    )
+    if ref is not None:
+        same = (ref["batch_size"], ref["num_nodes"], ref["hidden"]) == (args.batch_size, n, args.hidden)
+        print(
+            f"  DGL {ref['dgl']} ({ref.get('when', '?')}): {ref['nodes_per_s']:,.0f} nodes/s "
+            f"({ref['seconds']:.1f} s, {ref['compute_seconds']:.1f} s in its layers); ours / DGL "
+            f"{rate / ref['nodes_per_s']:.2f}x" + ("" if same else " (NOT the same set-up)"),
+            flush=True,
+        )
+    return {
+        "trainers": trainers, "repeat": rep, "parts": args.parts or trainers,
+        "balance_edges": args.balance_edges, "direct": not args.no_direct,
+        "threads_per_trainer": args.threads, "seconds": seconds,
+        "compute_seconds": compute, "nodes_per_s": rate,
+        "ceiling_nodes_per_s": limit, "load_average_1m_before": load,
+        "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "dgl_nodes_per_s": None if ref is None else ref["nodes_per_s"],
+        "ratio_to_dgl": None if ref is None else rate / ref["nodes_per_s"],
+    }  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.inference_bench", description=__doc__.split("\n\n")[0]
@@ -192,6 +231,10 @@ def main() -> None:
         help="every layer through the prefetching loader (blocks, pulls), not straight from shared memory",
     )  # fmt: skip
     ap.add_argument("--out", type=Path, default=RESULTS / "inference_bench.json")
+    ap.add_argument(
+        "--repeat", type=int, default=1,
+        help="run the trainer counts this many times, interleaved (the machine's load varies)",
+    )  # fmt: skip
     ap.add_argument(
         "--no-probe", dest="probe", action="store_false",
         help="skip the CPU probe (the same work in 1 and 2 processes: the machine's 2-trainer ceiling)",
@@ -224,47 +267,28 @@ def main() -> None:
                 row = json.loads(text)
                 dgl[int(row["trainers"])] = row
         results["dgl"] = list(dgl.values())
-    probes = [probe_pair()] if args.probe else []
-    for trainers in args.trainers:
-        seconds, compute = run_trainers(configs[trainers], graph_name, trainers, args)
-        rate, limit = n / seconds, n / compute
-        print(
-            f"layer-wise inference, {trainers} trainer(s): {rate:,.0f} nodes/s ({seconds:.1f} s for "
-            f"{n:,} nodes); ceiling (the same trainers' time in the layers, {compute:.1f} s): "
-            f"{limit:,.0f} nodes/s; {100 * rate / limit:.0f}% of it",
-            flush=True,
-        )
-        ref = dgl.get(trainers)
-        if ref is not None:
-            same = (ref["batch_size"], ref["num_nodes"], ref["hidden"]) == (args.batch_size, n, args.hidden)
-            print(
-                f"  DGL {ref['dgl']} ({ref.get('when', '?')}): {ref['nodes_per_s']:,.0f} nodes/s "
-                f"({ref['seconds']:.1f} s, {ref['compute_seconds']:.1f} s in its layers); ours / DGL "
-                f"{rate / ref['nodes_per_s']:.2f}x" + ("" if same else " (NOT the same set-up)"),
-                flush=True,
+    probes: list[dict[str, float]] = []
+    for rep in range(args.repeat):
+        if args.probe:
+            probes.append(probe_pair())
+        for trainers in args.trainers:
+            results["runs"].append(
+                one_run(configs[trainers], graph_name, n, trainers, args, dgl.get(trainers), rep)
             )
-        results["runs"].append(
-            {"trainers": trainers, "parts": args.parts or trainers,
-             "balance_edges": args.balance_edges, "direct": not args.no_direct,
-             "threads_per_trainer": args.threads, "seconds": seconds,
-             "compute_seconds": compute, "nodes_per_s": rate,
-             "ceiling_nodes_per_s": limit,
-             "dgl_nodes_per_s": None if ref is None else ref["nodes_per_s"],
-             "ratio_to_dgl": None if ref is None else rate / ref["nodes_per_s"]}
-        )  # fmt: skip
     if args.probe:
         probes.append(probe_pair())
         results["cpu_probe"] = probes
         print(
-            "machine ceiling for 2 trainers / 1 (the same CPU work in 1 and 2 processes, before and "
-            "after): "
+            "machine ceiling for 2 trainers / 1 (the same CPU work in 1 and 2 processes, before each "
+            "repetition and after): "
             + ", ".join(f"{p['speedup_2']:.2f}x ({p['one_s']:.2f} s / {p['two_s']:.2f} s)" for p in probes),
             flush=True,
         )
-        rates = {r["trainers"]: r["nodes_per_s"] for r in results["runs"]}
+    for rep in range(args.repeat):
+        rates = {r["trainers"]: r["nodes_per_s"] for r in results["runs"] if r["repeat"] == rep}
         if 1 in rates and 2 in rates:
-            results["speedup_2_over_1"] = rates[2] / rates[1]
-            print(f"2 trainers / 1: {rates[2] / rates[1]:.2f}x", flush=True)
+            results.setdefault("speedup_2_over_1", []).append(rates[2] / rates[1])
+            print(f"repetition {rep}: 2 trainers / 1: {rates[2] / rates[1]:.2f}x", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
 
