@@ -88,15 +88,16 @@ class DirectPass:
         pull through the client maps a tensor created after the partition was attached, and
         checks that its server is the one whose memory this is)."""
         key = node_key(name)
-        for pid in self.local:
-            lo, hi = self.book.node_range(pid)
-            if hi > lo:
-                self.loop.run(self.aio.pull_numpy(key, np.array([lo], dtype=np.int64)))
-        return {pid: store.local_rows(key) for pid, store in self._stores().items()}
+        held = [pid for pid in self.local if self.book.node_range(pid)[1] > self.book.node_range(pid)[0]]
+        for pid in held:
+            self.loop.run(self.aio.pull_numpy(key, np.array([self.book.node_range(pid)[0]], dtype=np.int64)))
+        stores = self._stores()
+        return {pid: stores[pid].local_rows(key) for pid in held}
 
     def _batches(self, ids: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
-        """``(partition, sorted IDs)`` batches of at most ``batch_size``, each in one partition."""
-        ids = np.sort(ids)
+        """``(partition, sorted unique IDs)`` batches of at most ``batch_size``, each in one
+        partition (unique: a batch spanning as many IDs as it holds is a contiguous range)."""
+        ids = np.unique(ids)
         owners = self.book.owner(ids, "node")
         cuts = np.flatnonzero(np.diff(owners)) + 1
         for chunk in np.split(ids, cuts):

@@ -68,7 +68,10 @@ def wait_ready(timeout: float) -> bool:
 def _numpy_sum(
     out: np.ndarray, starts: np.ndarray, ends: np.ndarray, indices: np.ndarray, rows: np.ndarray, lo: int
 ) -> None:
-    """The kernel's sums with numpy: gather the in-range sources' rows, add them per destination."""
+    """The kernel's sums without it: gather the in-range sources' rows, add them per destination
+    (torch's ``index_add_``, many times faster than ``np.add.at``)."""
+    import torch
+
     counts = ends - starts
     total = int(counts.sum())
     if total == 0:
@@ -78,7 +81,8 @@ def _numpy_sum(
     src = indices[first + np.arange(total)]
     dst = np.repeat(np.arange(out.shape[0]), counts)
     keep = (src >= lo) & (src < lo + rows.shape[0])
-    np.add.at(out, dst[keep], rows[src[keep] - lo].astype(out.dtype, copy=False))
+    gathered = np.ascontiguousarray(rows[src[keep] - lo], dtype=out.dtype)
+    torch.from_numpy(out).index_add_(0, torch.from_numpy(dst[keep]), torch.from_numpy(gathered))
 
 
 def neighbour_sum(

@@ -6,6 +6,7 @@ through the loader, their source rows pulled), and so does resuming from a parti
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -146,6 +147,8 @@ def test_partition_not_colocated_and_resume(pubmed2, tmp_path: Path) -> None:  #
 def test_neighbour_sum_compiled_equals_numpy(readonly: bool) -> None:
     """The compiled kernel and its numpy form: same sums, sources outside the rows' range and
     -1 positions skipped, non-contiguous destinations (starts/ends gathered)."""
+    if os.environ.get("ASYNCGRAPH_NO_JIT", "") not in ("", "0"):
+        pytest.skip("ASYNCGRAPH_NO_JIT is set")
     assert wait_ready(120.0)
     rng = np.random.default_rng(0)
     indptr = np.concatenate(([0], np.cumsum(rng.integers(0, 9, 300)))).astype(np.int64)
