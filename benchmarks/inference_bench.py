@@ -162,6 +162,19 @@ def probe_pair() -> dict[str, float]:
     return {"one_s": one, "two_s": two, "speedup_2": 2 * one / two}
 
 
+def _cpu_seconds() -> tuple[float, float, float]:
+    """``(CPU seconds busy on the whole machine, CPU seconds of this process and its waited-for
+    children (servers, trainers), monotonic time)``: their difference over a run is what other
+    users' processes took while it ran."""
+    import psutil
+
+    t = psutil.cpu_times()
+    busy = t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+    mine = os.times()
+    ours = mine.user + mine.system + mine.children_user + mine.children_system
+    return busy, ours, time.monotonic()
+
+
 def one_run(
     part_config: Path,
     graph_name: str,
@@ -173,12 +186,17 @@ def one_run(
 ) -> dict[str, Any]:
     """One run of ``trainers`` trainers: printed, and its row of the results."""
     load = os.getloadavg()[0]
+    before = _cpu_seconds()
     seconds, compute = run_trainers(part_config, graph_name, trainers, args)
+    after = _cpu_seconds()
+    span = after[2] - before[2]
+    others = max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / span
     rate, limit = n / seconds, n / compute
     print(
         f"layer-wise inference, {trainers} trainer(s): {rate:,.0f} nodes/s ({seconds:.1f} s for "
         f"{n:,} nodes); ceiling (the same trainers' time in the layers, {compute:.1f} s): "
-        f"{limit:,.0f} nodes/s; {100 * rate / limit:.0f}% of it; load average before {load:.1f}",
+        f"{limit:,.0f} nodes/s; {100 * rate / limit:.0f}% of it; load average before {load:.1f}; "
+        f"cores busy with other processes meanwhile {others:.2f}",
         flush=True,
     )
     if ref is not None:
@@ -195,6 +213,7 @@ def one_run(
         "threads_per_trainer": args.threads, "seconds": seconds,
         "compute_seconds": compute, "nodes_per_s": rate,
         "ceiling_nodes_per_s": limit, "load_average_1m_before": load,
+        "other_processes_cores": others,
         "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "dgl_nodes_per_s": None if ref is None else ref["nodes_per_s"],
         "ratio_to_dgl": None if ref is None else rate / ref["nodes_per_s"],
