@@ -7,7 +7,9 @@ builds one-layer blocks in batches of ``batch_size`` destinations (all in-edges,
 sampled), reads the previous layer's rows from a DistTensor, writes its outputs to layer ``i``'s
 DistTensor, and meets the others at a barrier before layer ``i + 1``. The prefetching node loader
 builds batch ``k + 1``'s block and pulls its input rows while batch ``k`` computes, so memory per
-trainer is bounded by the batch (its block and rows), not by the graph.
+trainer is bounded by the batch (its block and rows), not by the graph. Full-neighbourhood
+``SAGEConv`` layers over nodes of co-located partitions skip all of that: ``inference_direct``
+sums the source rows in place in the partitions' shared memory (one thread's work per trainer).
 
 Durability and resuming: outputs are persistent tensors ``<name>.<i>`` and a per-node progress
 tensor ``<name>.done`` (int8: layers finished for that node) is written after each batch's
