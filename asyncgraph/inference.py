@@ -7,7 +7,9 @@ builds one-layer blocks in batches of ``batch_size`` destinations (all in-edges,
 sampled), reads the previous layer's rows from a DistTensor, writes its outputs to layer ``i``'s
 DistTensor, and meets the others at a barrier before layer ``i + 1``. The prefetching node loader
 builds batch ``k + 1``'s block and pulls its input rows while batch ``k`` computes, so memory per
-trainer is bounded by the batch (its block and rows), not by the graph.
+trainer is bounded by the batch (its block and rows), not by the graph. Full-neighbourhood
+``SAGEConv`` layers over nodes of co-located partitions skip all of that: ``inference_direct``
+sums the source rows in place in the partitions' shared memory (one thread's work per trainer).
 
 Durability and resuming: outputs are persistent tensors ``<name>.<i>`` and a per-node progress
 tensor ``<name>.done`` (int8: layers finished for that node) is written after each batch's
@@ -129,6 +131,8 @@ def layerwise_inference(
     prefetch: int = 2,
     seed: int = 0,
     balance: str = "edges",
+    direct: bool = True,
+    stats: dict[str, float] | None = None,
 ) -> Any:
     """Outputs of ``model``'s last layer for every node, as a persistent DistTensor.
 
@@ -147,6 +151,11 @@ def layerwise_inference(
     ``HeteroBlock`` (``nn.HeteroGraphConv``); ``nodes`` is ``{ntype: per-type IDs}`` (default:
     every type's ``node_split`` share) and the result is ``{ntype: DistTensor}``, per-type views
     of the last layer's outputs (``fanouts[i]`` may be a dict by edge type).
+
+    ``direct`` (default): a full-neighbourhood ``SAGEConv`` layer (mean, sum, gcn) over nodes of
+    co-located partitions is computed straight from their shared memory, without blocks, pulls
+    or a loader thread (``asyncgraph.inference_direct``; same results). ``stats``, if given, is
+    filled with this trainer's seconds inside the layers and nodes done by each path.
     """
     from asyncgraph.distributed.tensor import DistTensor
     from asyncgraph.inference_pass import LayerPass
@@ -178,7 +187,7 @@ def layerwise_inference(
         for i, d in enumerate(dims)
     ]
     step = LayerPass(
-        g, outputs, progress, dims, batch_size, fanouts, activation, layer_fn, device, prefetch, seed
+        g, outputs, progress, dims, batch_size, fanouts, activation, layer_fn, device, prefetch, seed, direct
     )
     if not resume:  # a fresh run: no node has finished any layer
         progress[mine] = torch.zeros(mine.numel(), dtype=torch.int8)
@@ -202,6 +211,8 @@ def layerwise_inference(
     finally:
         for m, was in zip(layers, was_training, strict=True):
             m.train(was)
+        if stats is not None:
+            stats.update(step.times)
     if not typed:
         return outputs[-1]
     last = outputs[-1]

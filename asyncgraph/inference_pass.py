@@ -12,8 +12,9 @@ each batch's ``{ntype: rows}`` output is put back in the block's homogeneous des
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -74,6 +75,41 @@ class LayerPass:
     device: str | torch.device | None
     prefetch: int
     seed: int
+    #: compute co-located full-neighbourhood ``SAGEConv`` layers straight from shared memory
+    #: (``inference_direct``); False: every layer through the loader
+    direct: bool = True
+    #: seconds inside the layers (loader path: the layer call; direct path: neighbour sums and
+    #: dense maps) and nodes done by each path, over all layers
+    times: dict[str, float] = field(default_factory=lambda: {"layers": 0.0, "direct": 0.0, "loader": 0.0})
+    _direct: Any = None
+
+    def _direct_pass(self, i: int, layer: nn.Module) -> Any:
+        """The direct pass, when layer ``i`` can take it (else None)."""
+        from asyncgraph.inference_direct import DirectPass, direct_layer
+
+        fan = None if self.fanouts is None else self.fanouts[i]
+        usable = (
+            self.direct
+            and self.layer_fn is None
+            and fan in (None, -1)
+            and (self.device is None or torch.device(self.device).type == "cpu")
+            and direct_layer(layer)
+        )
+        if not usable:
+            return None
+        if self._direct is None:
+            self._direct = DirectPass(self.g, self.batch_size)
+        return self._direct
+
+    def _finish(self, i: int, ids: torch.Tensor, out: torch.Tensor, activate: bool = True) -> None:
+        """Check a batch's outputs of layer ``i`` (after the activation between layers, unless
+        a ``layer_fn`` made them) and write them with their progress rows."""
+        out = self._activate(i, out) if activate else out
+        if out.shape != (ids.numel(), self.dims[i]):
+            raise ShapeMismatchError(
+                f"layer {i} returned shape {tuple(out.shape)}, expected {(ids.numel(), self.dims[i])}"
+            )
+        self._write(i, ids, out)
 
     def _loader(self, i: int, nids: Any, source: str) -> Any:
         from asyncgraph.dataloading.node_loader import DistNodeDataLoader
@@ -94,21 +130,32 @@ class LayerPass:
         self.progress[ids] = torch.full((ids.numel(),), i + 1, dtype=torch.int8)
 
     def run(self, i: int, layer: nn.Module, todo: np.ndarray, source: str) -> None:
-        """Layer ``i`` for homogeneous node IDs ``todo``, reading rows of tensor ``source``."""
+        """Layer ``i`` for homogeneous node IDs ``todo``, reading rows of tensor ``source``:
+        nodes of co-located partitions by the direct pass where the layer allows, the rest (all,
+        otherwise) through the prefetching loader."""
+        direct = self._direct_pass(i, layer)
+        if direct is not None:
+            here, todo = direct.split(todo)
+            if here.size:
+                before = sum(direct.times[k] for k in ("neighbour_sum", "dense"))
+                direct.run(i, layer, here, source, self._finish)
+                self.times["layers"] += sum(direct.times[k] for k in ("neighbour_sum", "dense")) - before
+                self.times["direct"] += here.size
+        if not todo.size:
+            return
         for _, seeds, blocks in self._loader(i, todo, source):
             block = blocks[0]
             h = block.srcdata[source].to(torch.float32)
             if self.device is not None:
                 block, h = block.to(self.device), h.to(self.device)
+            t0 = time.perf_counter()
             if self.layer_fn is not None:
                 out = self.layer_fn(i, layer, block, h)
             else:
-                out = self._activate(i, call_layer(layer, block, h))
-            if out.shape != (seeds.numel(), self.dims[i]):
-                raise ShapeMismatchError(
-                    f"layer {i} returned shape {tuple(out.shape)}, expected {(seeds.numel(), self.dims[i])}"
-                )
-            self._write(i, seeds, out)
+                out = call_layer(layer, block, h)
+            self.times["layers"] += time.perf_counter() - t0
+            self._finish(i, seeds, out, activate=self.layer_fn is None)
+        self.times["loader"] += todo.size
 
     def run_typed(self, i: int, layer: nn.Module, todo: np.ndarray, source: str) -> None:
         """Layer ``i`` of a heterogeneous model for homogeneous node IDs ``todo`` (any types):

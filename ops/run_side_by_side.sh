@@ -35,7 +35,7 @@ if [ "${1:-}" = "--links" ]; then
       --epochs 20 --num-threads 1  # one torch thread per trainer, as DGL's (OMP_NUM_THREADS=1)
   exit 0
 fi
-LOCK=(flock /tmp/asyncgraph-bench.lock)
+LOCK=(flock -x /tmp/asyncgraph-bench.lock)
 [ "${NO_LOCK:-0}" = 1 ] && LOCK=()
 inference() {  # step 5; each run under the shared benchmark lock, one after the other
   local data=$ROOT/data/large dglpy=$ROOT/venv/bin/python out=$LOGS/dgl_inference.jsonl
@@ -57,7 +57,8 @@ inference() {  # step 5; each run under the shared benchmark lock, one after the
       2>&1 | tee -a "$LOGS/dgl_inference.log" | grep '"dgl_inference"' | tee -a "$out"
   done
   echo "== ours"
-  "${LOCK[@]}" $PY -m benchmarks.inference_bench --graph "$npz" --trainers 1 2 \
+  # partitions balanced by in-edges, as DGL's METIS 2-way (balance_edges=True)
+  "${LOCK[@]}" $PY -m benchmarks.inference_bench --graph "$npz" --trainers 1 2 --balance-edges \
     --batch-size "${BATCH:-4096}" --dgl-results "$out" 2>&1 | tee "$LOGS/inference_bench_dgl20.log"
 }
 if [ "${ONLY:-}" = inference ]; then inference; exit 0; fi
