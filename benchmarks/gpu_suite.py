@@ -5,8 +5,10 @@ partitions its graph (METIS 2-way, train nodes and in-edges balanced; ``train_be
 fanouts 10,25, batch 1000, hidden 256), starts 2 servers per case and measures:
 
 * **loader alone** (no model; this process is the trainer, both partitions co-located): batches/s
-  with 0 (the client's loop thread), 1, 2 (and 4 where there are cores) worker processes; the
-  ceiling beside each is ``workers x`` the one-worker rate. Host bytes written per batch over
+  with 0 (the client's loop thread), 1, 2 (and 4 where there are cores) worker processes and 1, 2
+  worker threads, every case over the same 2 servers in 3 interleaved rounds (the median, each
+  round's figure, and the CPU a batch took in this process and in each worker); the ceiling
+  beside each is ``workers x`` the one-worker rate. Host bytes written per batch over
   its feature bytes: workers (rows gathered into the shared slot), the loop thread alone, and
   the loop thread staging for a device (``device="cpu"`` runs the same pack-and-copy path as a
   GPU: the 2.0x this issue started from).
@@ -66,17 +68,59 @@ TARGETS = {
 FANOUTS = [10, 25]  # train_dist's "--fanouts 10,25": the input layer samples 10
 
 
-def loader_alone(
-    part_config: Path,
-    workers: int,
-    batches: int,
-    *,
-    device: str | None = None,
-    repeats: int = 2,
-    mode: str = "process",
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _timed_epoch(
+    g: DistGraph, nids: np.ndarray, workers: int, mode: str, device: str | None
 ) -> dict[str, Any]:
-    """One loader over 2 fresh servers, no model: the best of ``repeats`` timed epochs of
-    ``batches`` batches (after a warm-up epoch), and the host bytes of the last one."""
+    """One loader: a warm-up epoch (workers started, kernels loaded, slots made), then one timed
+    epoch with the CPU seconds of this process and of each worker over it."""
+    loader = DistNodeDataLoader(
+        g, nids, NeighborSampler(FANOUTS), 1000, prefetch=max(2, workers), seed=0,
+        num_workers=workers, device=device, worker_mode=mode,
+    )  # fmt: skip
+    try:
+        for _ in loader:
+            pass
+        pids = loader._pool.pids if loader._pool is not None and mode == "process" else []
+        before = [_cpu_seconds(p) for p in [os.getpid(), *pids]]
+        t0 = time.perf_counter()
+        n = sum(1 for _ in loader)
+        wall = time.perf_counter() - t0
+        after = [_cpu_seconds(p) for p in [os.getpid(), *pids]]
+        s = loader.stats
+    finally:
+        loader.close()
+    cpu = [round(1000 * (b - a) / n, 2) for a, b in zip(before, after, strict=True)]
+    return {
+        "wall": wall, "batches": n, "loader_cpu_ms": cpu[0], "worker_cpu_ms": cpu[1:],
+        "feature_bytes": s.feature_bytes, "host_copy_bytes": s.host_copy_bytes,
+        "structure_bytes": s.structure_bytes, "batches_done": s.batches,
+    }  # fmt: skip
+
+
+LOADER_CASES = {  # name: (workers, mode, device)
+    "workers0": (0, "process", None),
+    "workers1": (1, "process", None),
+    "workers2": (2, "process", None),
+    "threads1": (1, "thread", None),
+    "threads2": (2, "thread", None),
+    "workers0_staged_for_device": (0, "process", "cpu"),
+}
+
+
+def loader_cases(part_config: Path, batches: int, cores: int, rounds: int = 3) -> dict[str, Any]:
+    """Every loader-alone case over one pair of servers, ``rounds`` times interleaved (the VM's
+    speed drifts within minutes): the median epoch of each, with its CPU per batch."""
+    cases = dict(LOADER_CASES)
+    if cores >= 4:
+        cases["workers4"] = (4, "process", None)
+    samples: dict[str, list[dict[str, Any]]] = {name: [] for name in cases}
     with tempfile.TemporaryDirectory(prefix="gpu-suite-") as tmp:
         group = start_servers(part_config, Path(tmp), num_parts=2, num_clients=1)
         try:
@@ -86,64 +130,46 @@ def loader_alone(
                 g = DistGraph(client.graph_name, client=client)
                 mask = g.ndata["train_mask"][np.arange(g.num_nodes())].numpy().astype(bool)
                 nids = np.flatnonzero(mask)[: batches * 1000]
-                loader = DistNodeDataLoader(
-                    g, nids, NeighborSampler(FANOUTS), 1000, prefetch=max(2, workers), seed=0,
-                    num_workers=workers, device=device, worker_mode=mode,
-                )  # fmt: skip
-                try:
-                    for _ in loader:  # warm-up: workers started, kernels loaded, slots made
-                        pass
-                    best = float("inf")
-                    for _ in range(repeats):
-                        t0 = time.perf_counter()
-                        n = sum(1 for _ in loader)
-                        best = min(best, time.perf_counter() - t0)
-                    s = loader.stats
-                finally:
-                    loader.close()
+                for r in range(rounds):
+                    for name, (workers, mode, device) in cases.items():
+                        samples[name].append(_timed_epoch(g, nids, workers, mode, device))
+                    rates = [f"{n} {samples[n][-1]['batches'] / samples[n][-1]['wall']:.1f}/s" for n in cases]
+                    print(f"loader alone, round {r + 1}: " + ", ".join(rates), flush=True)
             finally:
                 client.close()
         finally:
             group.stop()
-    return {
-        "workers": workers,
-        "mode": mode,
-        "device": device,
-        "batches": n,
-        "epoch_s": round(best, 4),
-        "batches_per_s": round(n / best, 2),
-        "ms_per_batch": round(1000 * best / n, 2),
-        "feature_bytes_per_batch": s.feature_bytes // max(s.batches, 1),
-        "host_copy_bytes_per_batch": s.host_copy_bytes // max(s.batches, 1),
-        "host_copy_over_feature_bytes": round(s.host_copy_bytes / max(s.feature_bytes, 1), 3),
-        "structure_bytes_per_batch": s.structure_bytes // max(s.batches, 1),
-    }
-
-
-def loader_cases(part_config: Path, batches: int, cores: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for w in [0, 1, 2] + ([4] if cores >= 4 else []):
-        r = loader_alone(part_config, w, batches)
-        out[f"workers{w}"] = r
-        print(f"loader alone, {w} workers: {r['batches_per_s']:.1f} batches/s, host bytes "
-              f"{r['host_copy_over_feature_bytes']}x feature bytes", flush=True)  # fmt: skip
+    for name, (workers, mode, device) in cases.items():
+        runs = samples[name]
+        rates = [x["batches"] / x["wall"] for x in runs]
+        med = float(np.median(rates))
+        last = runs[-1]
+        out[name] = {
+            "workers": workers, "mode": mode, "device": device, "batches": last["batches"],
+            "batches_per_s": round(med, 2), "batches_per_s_runs": [round(x, 2) for x in rates],
+            "ms_per_batch": round(1000 / med, 2),
+            "loader_cpu_ms_per_batch": float(np.median([x["loader_cpu_ms"] for x in runs])),
+            "worker_cpu_ms_per_batch": [x["worker_cpu_ms"] for x in runs],
+            "feature_bytes_per_batch": last["feature_bytes"] // max(last["batches_done"], 1),
+            "host_copy_bytes_per_batch": last["host_copy_bytes"] // max(last["batches_done"], 1),
+            "host_copy_over_feature_bytes": round(last["host_copy_bytes"] / max(last["feature_bytes"], 1), 3),
+            "structure_bytes_per_batch": last["structure_bytes"] // max(last["batches_done"], 1),
+        }  # fmt: skip
     one = out["workers1"]["batches_per_s"]
-    for w in (2, 4):
-        if f"workers{w}" in out:
-            r = out[f"workers{w}"]
-            r["ceiling_batches_per_s"] = round(w * one, 2)
+    for name, r in out.items():
+        if name.startswith("workers") and r["workers"] >= 2 and "staged" not in name:
+            r["ceiling_batches_per_s"] = round(r["workers"] * one, 2)
             r["over_one_worker"] = round(r["batches_per_s"] / one, 3)
-    for w in (1, 2):  # the same workers on threads of the training process: what the GIL allows
-        r = loader_alone(part_config, w, batches, mode="thread")
-        r["over_one_process_worker"] = round(r["batches_per_s"] / one, 3)
-        out[f"threads{w}"] = r
-        print(f"loader alone, {w} worker threads: {r['batches_per_s']:.1f} batches/s", flush=True)
-    staged = loader_alone(part_config, 0, batches, device="cpu")
-    out["workers0_staged_for_device"] = staged
-    print(
-        f"loop thread staging for a device: {staged['host_copy_over_feature_bytes']}x feature bytes",
-        flush=True,
-    )
+            r["over_one_worker_runs"] = [
+                round(a / b, 3)
+                for a, b in zip(r["batches_per_s_runs"], out["workers1"]["batches_per_s_runs"], strict=True)
+            ]
+        elif name.startswith("threads"):
+            r["over_one_process_worker"] = round(r["batches_per_s"] / one, 3)
+    for name, r in out.items():
+        print(f"loader alone, {name}: median {r['batches_per_s']:.1f} batches/s {r['batches_per_s_runs']}, "
+              f"host bytes {r['host_copy_over_feature_bytes']}x feature bytes", flush=True)  # fmt: skip
     return out
 
 
