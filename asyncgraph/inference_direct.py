@@ -58,10 +58,10 @@ class DirectPass:
 
         client = client_of(g)
         self.loop = client.loop
-        self.aio = client.async_client
-        self.book = self.aio.book
+        self.client_aio = client.async_client
+        self.book = self.client_aio.book
         self.batch_size = batch_size
-        self.local = {p.part_id: p for p in self.aio.partitions if p.store is not None}
+        self.local = {p.part_id: p for p in self.client_aio.partitions if p.store is not None}
         #: seconds spent in neighbour sums and in the dense maps, and nodes done, over all layers
         self.times = {"neighbour_sum": 0.0, "dense": 0.0, "nodes": 0.0}
         self._kernel_checked = False
@@ -90,7 +90,9 @@ class DirectPass:
         key = node_key(name)
         held = [pid for pid in self.local if self.book.node_range(pid)[1] > self.book.node_range(pid)[0]]
         for pid in held:
-            self.loop.run(self.aio.pull_numpy(key, np.array([self.book.node_range(pid)[0]], dtype=np.int64)))
+            self.loop.run(
+                self.client_aio.pull_numpy(key, np.array([self.book.node_range(pid)[0]], dtype=np.int64))
+            )
         stores = self._stores()
         return {pid: stores[pid].local_rows(key) for pid in held}
 
@@ -116,7 +118,7 @@ class DirectPass:
         rows = self._rows(source)
         stores = self._stores()
         key = node_key(source)
-        remote_parts = [p for p in range(int(self.aio.num_partitions)) if p not in self.local]
+        remote_parts = [p for p in range(int(self.client_aio.num_partitions)) if p not in self.local]
         for pid, batch in self._batches(todo):
             store = stores[pid]
             pos = batch - self.book.node_range(pid)[0]
@@ -156,7 +158,7 @@ class DirectPass:
         if not far.any():
             return
         wanted = np.unique(src[far])
-        pulled = self.loop.run(self.aio.pull_numpy(key, wanted)).astype(np.float32, copy=False)
+        pulled = self.loop.run(self.client_aio.pull_numpy(key, wanted)).astype(np.float32, copy=False)
         at = np.full(src.size, -1, dtype=np.int64)
         at[far] = np.searchsorted(wanted, src[far])
         neighbour_sum(agg, offsets[:-1], offsets[1:], at, np.ascontiguousarray(pulled), 0)

@@ -162,7 +162,7 @@ def test_ops_are_plain_strings() -> None:
         ),
         (SampleArgs, {"seeds": np.array([1]), "fanout": 2, "seed": 1.5}, InvalidRequestError, ["seed"]),
         (FindEdgesArgs, {"eids": np.array([0.5])}, DTypeMismatchError, ["find_edges", "eids"]),
-        (BarrierArgs, {"name": "b", "timeout": 0}, InvalidRequestError, ["positive"]),
+        (BarrierArgs, {"name": "b", "timeout": 0}, InvalidRequestError, ["timeout must be in (0, 604800]"]),
         (BarrierArgs, {"name": "b", "timeout": "1"}, InvalidRequestError, ["int or float"]),
         (
             CreateTensorArgs,

@@ -122,6 +122,11 @@ class Client:
         """Every partition of ``part_config`` held in this process: no server, same API."""
         return cls(AsyncClient.standalone(part_config), EventLoopThread())
 
+    @classmethod
+    def attached(cls, part_config: str | Path, exports: Sequence[tuple[str, bytes]]) -> Client:
+        """``AsyncClient.attached`` (another process's standalone stores, mapped) on a new loop thread."""
+        return cls(AsyncClient.attached(part_config, exports), EventLoopThread())
+
     @property
     def async_client(self) -> AsyncClient:
         """The ``AsyncClient`` behind this facade, for coroutines run on ``loop`` (the loaders'

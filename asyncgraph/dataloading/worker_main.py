@@ -56,7 +56,7 @@ class _Worker:
         self.reader = reader
         self.writer = writer
         self.slots = slots
-        self.aio: AsyncClient | None = None
+        self.client: AsyncClient | None = None
         self.recipe: Any = None
         self.tasks: set[asyncio.Task[None]] = set()
 
@@ -86,8 +86,8 @@ class _Worker:
             return out
 
         try:
-            assert self.aio is not None
-            batch = await self.recipe.build(self.aio, seeds, batch_seed, stats, allocate)
+            assert self.client is not None
+            batch = await self.recipe.build(self.client, seeds, batch_seed, stats, allocate)
             if slot_box:
                 slot = slot_box[0]
             else:  # typed batches pull into arrays of their own: the slot is sized afterwards
@@ -146,7 +146,7 @@ class _Worker:
             if spec.get("process", True):  # a thread of the training process keeps its torch threads
                 torch.set_num_threads(1)
             gather.set_gather_threads(int(spec.get("gather_threads", 1)))
-            self.aio = await open_client(spec["origin"], spec.get("exports"))
+            self.client = await open_client(spec["origin"], spec.get("exports"))
             self.recipe = spec["recipe"]
             from asyncgraph.dataloading import relabel_kernel
             from asyncgraph.kernels.compiled import wait_ready as sampling_ready
@@ -185,9 +185,9 @@ async def _serve(msg_fd: int, slot_fd: int) -> None:
         for task in list(worker.tasks):
             task.cancel()
         await asyncio.gather(*worker.tasks, return_exceptions=True)
-        if worker.aio is not None:
+        if worker.client is not None:
             with contextlib.suppress(Exception):  # leaving anyway; the servers see the socket close
-                await asyncio.wait_for(worker.aio.close(), 5)
+                await asyncio.wait_for(worker.client.close(), 5)
         worker.slots.close()
         writer.close()
 
