@@ -30,6 +30,7 @@ def test_loader_stats_per_epoch(cora2) -> None:
                 time.sleep(0.01)  # the "compute" of this batch
             stats = loader.stats.as_dict()
             want = {"epoch", "batches", "sample", "pull", "wait", "compute", "input_nodes", "copy"}
+            want |= {"feature_bytes", "host_copy_bytes", "structure_bytes"}
             want |= set(Traffic().as_dict()) | {"cache_hit_rate"}
             assert set(stats) == want
             assert stats["epoch"] == epoch
