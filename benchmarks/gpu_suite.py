@@ -284,9 +284,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3 if results.get("gpu") else 2, figsize=(15, 4.5))
-    loader = {
-        k: v for k, v in results["loader_alone"].items() if k.startswith("workers") and "staged" not in k
-    }
+    loader = {k: v for k, v in results["loader_alone"].items() if "staged" not in k}
     ax = axes[0]
     names = list(loader)
     ax.bar(names, [loader[n]["batches_per_s"] for n in names], color="#4477aa", label="measured")
