@@ -31,6 +31,13 @@ def graph(request: pytest.FixtureRequest, pubmed2: Any) -> Iterator[DistGraph]:
     client.close()
 
 
+@pytest.fixture
+def standalone(pubmed2: Any) -> Iterator[DistGraph]:
+    client = Client.standalone(pubmed2.part_config)
+    yield DistGraph("pubmed", client=client)
+    client.close()
+
+
 def _flat(batch: Any) -> list[torch.Tensor]:
     out = [batch.input_nodes, batch.seeds]
     for block in batch.blocks:
@@ -81,82 +88,62 @@ def test_workers_build_the_batches_the_loop_thread_builds(graph: DistGraph, pubm
     assert not any(_alive(p) for p in pids)
 
 
-def test_batches_kept_by_the_caller_are_never_overwritten(pubmed2: Any) -> None:
-    client = Client.standalone(pubmed2.part_config)
-    try:
-        g = DistGraph("pubmed", client=client)
-        nids = np.arange(0, 4000)
-        loader = DistNodeDataLoader(g, nids, NeighborSampler([3]), 100, seed=3, num_workers=2, prefetch=1)
-        kept = list(loader)  # all 40 batches held at once: each needs a slot of its own
-        copies = [b.blocks[0].srcdata["feat"].clone() for b in kept]
-        again = list(loader)  # a second epoch while the first one's batches are still held
-        for b, c in zip(kept, copies, strict=True):
-            assert torch.equal(b.blocks[0].srcdata["feat"], c)
-        del kept, again
-        loader.close()
-    finally:
-        client.close()
+def test_batches_kept_by_the_caller_are_never_overwritten(standalone: DistGraph) -> None:
+    g = standalone
+    nids = np.arange(0, 4000)
+    loader = DistNodeDataLoader(g, nids, NeighborSampler([3]), 100, seed=3, num_workers=2, prefetch=1)
+    kept = list(loader)  # all 40 batches held at once: each needs a slot of its own
+    copies = [b.blocks[0].srcdata["feat"].clone() for b in kept]
+    again = list(loader)  # a second epoch while the first one's batches are still held
+    for b, c in zip(kept, copies, strict=True):
+        assert torch.equal(b.blocks[0].srcdata["feat"], c)
+    del kept, again
+    loader.close()
 
 
-def test_break_mid_epoch_then_a_full_epoch(pubmed2: Any) -> None:
-    client = Client.standalone(pubmed2.part_config)
-    try:
-        g = DistGraph("pubmed", client=client)
-        nids = np.arange(0, 3000)
-        loader = DistNodeDataLoader(g, nids, NeighborSampler([4, 2]), 100, seed=5, num_workers=2, prefetch=4)
-        for i, _ in enumerate(loader):
-            if i == 2:
-                break
-        assert sum(1 for _ in loader) == 30
-        assert loader.stats.batches == 30
-        loader.close()
-    finally:
-        client.close()
+def test_break_mid_epoch_then_a_full_epoch(standalone: DistGraph) -> None:
+    g = standalone
+    nids = np.arange(0, 3000)
+    loader = DistNodeDataLoader(g, nids, NeighborSampler([4, 2]), 100, seed=5, num_workers=2, prefetch=4)
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    assert sum(1 for _ in loader) == 30
+    assert loader.stats.batches == 30
+    loader.close()
 
 
-def test_a_worker_error_is_raised_typed_in_the_training_loop(pubmed2: Any) -> None:
-    client = Client.standalone(pubmed2.part_config)
-    try:
-        g = DistGraph("pubmed", client=client)
-        sampler = NeighborSampler([3], prob="no_such_weight")  # the owners refuse it: a typed error
-        loader = DistNodeDataLoader(g, np.arange(500), sampler, 100, seed=1, num_workers=1)
-        with pytest.raises(UnknownTensorError, match="no_such_weight"):
-            next(iter(loader))
-        loader.close()
-    finally:
-        client.close()
+def test_a_worker_error_is_raised_typed_in_the_training_loop(standalone: DistGraph) -> None:
+    g = standalone
+    sampler = NeighborSampler([3], prob="no_such_weight")  # the owners refuse it: a typed error
+    loader = DistNodeDataLoader(g, np.arange(500), sampler, 100, seed=1, num_workers=1)
+    with pytest.raises(UnknownTensorError, match="no_such_weight"):
+        next(iter(loader))
+    loader.close()
 
 
-def test_a_killed_worker_fails_its_batches_and_does_not_hang(pubmed2: Any) -> None:
-    client = Client.standalone(pubmed2.part_config)
-    try:
-        g = DistGraph("pubmed", client=client)
-        loader = DistNodeDataLoader(g, np.arange(8000), NeighborSampler([5, 5]), 50, seed=1, num_workers=2)
-        assert loader._pool is not None
-        victim = loader._pool.pids[1]
-        it = iter(loader)
-        next(it)
-        os.kill(victim, signal.SIGKILL)
-        t0 = time.monotonic()
-        with pytest.raises(LoaderWorkerError, match=f"pid {victim}"):
-            for _ in it:
-                pass
-        assert time.monotonic() - t0 < 30
-        survivor = loader._pool.pids[0]
-        loader.close()
-        assert not _alive(survivor)
-    finally:
-        client.close()
+def test_a_killed_worker_fails_its_batches_and_does_not_hang(standalone: DistGraph) -> None:
+    g = standalone
+    loader = DistNodeDataLoader(g, np.arange(8000), NeighborSampler([5, 5]), 50, seed=1, num_workers=2)
+    assert loader._pool is not None
+    victim = loader._pool.pids[1]
+    it = iter(loader)
+    next(it)
+    os.kill(victim, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(LoaderWorkerError, match=f"pid {victim}"):
+        for _ in it:
+            pass
+    assert time.monotonic() - t0 < 30
+    survivor = loader._pool.pids[0]
+    loader.close()
+    assert not _alive(survivor)
 
 
-def test_bad_arguments_are_refused(pubmed2: Any) -> None:
-    client = Client.standalone(pubmed2.part_config)
-    try:
-        g = DistGraph("pubmed", client=client)
-        for bad in (-1, 1.5, True):
-            with pytest.raises(ValueError, match="num_workers"):
-                DistNodeDataLoader(g, np.arange(10), NeighborSampler([2]), 5, num_workers=bad)  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match="gather_threads"):
-            DistNodeDataLoader(g, np.arange(10), NeighborSampler([2]), 5, num_workers=1, gather_threads=0)
-    finally:
-        client.close()
+def test_bad_arguments_are_refused(standalone: DistGraph) -> None:
+    g = standalone
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="num_workers"):
+            DistNodeDataLoader(g, np.arange(10), NeighborSampler([2]), 5, num_workers=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="gather_threads"):
+        DistNodeDataLoader(g, np.arange(10), NeighborSampler([2]), 5, num_workers=1, gather_threads=0)

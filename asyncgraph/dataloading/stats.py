@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from asyncgraph.client.traffic import Traffic
 
@@ -35,6 +36,23 @@ class LoaderStats:
     #: bytes of structure (IDs, blocks) copied into staging buffers (a worker's slot, a pinned pool)
     structure_bytes: int = 0
     traffic: Traffic = field(default_factory=Traffic)
+
+    #: What one batch's preparation adds (a loader worker's stats of the batch it built).
+    BATCH_FIELDS: ClassVar[tuple[str, ...]] = (
+        "sample",
+        "pull",
+        "copy",
+        "input_nodes",
+        "feature_bytes",
+        "host_copy_bytes",
+        "structure_bytes",
+    )
+
+    def add_batch(self, other: LoaderStats) -> None:
+        """Add what preparing a batch cost elsewhere (``other``: its stats) to this epoch's."""
+        for name in self.BATCH_FIELDS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.traffic.add(other.traffic)
 
     def as_dict(self) -> dict[str, float]:
         """The stats as a flat dict (for logs, JSON, or metrics of the trainer's choosing)."""

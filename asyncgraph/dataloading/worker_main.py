@@ -194,13 +194,11 @@ async def _serve(msg_fd: int, slot_fd: int) -> None:
 
 def run_in_thread(msg_fd: int, slot_fd: int) -> None:
     """A worker on a thread of the loader's process (``worker_mode="thread"``, for comparison)."""
-    import contextlib as _contextlib
-
     from asyncgraph.client.loop_thread import new_event_loop
 
     loop = new_event_loop()
     try:
-        with _contextlib.suppress(BrokenPipeError, ConnectionError):
+        with contextlib.suppress(BrokenPipeError, ConnectionError):
             loop.run_until_complete(_serve(msg_fd, slot_fd))
     finally:
         loop.close()

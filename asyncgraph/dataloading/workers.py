@@ -85,14 +85,16 @@ class _Worker:
         self.send_lock = threading.Lock()
         self.dead: str | None = None
 
-    def send(self, msg: tuple[Any, ...]) -> None:
+    def send(self, msg: tuple[Any, ...] | None) -> None:
+        """Send ``msg`` (None: nothing else), after a ``free`` of the slots given back meanwhile."""
         frees = []
         while self.frees:
             frees.append(self.frees.popleft())
         with self.send_lock:
             if frees:
                 self.sock.sendall(encode_frame(("free", frees)))
-            self.sock.sendall(encode_frame(msg))
+            if msg is not None:
+                self.sock.sendall(encode_frame(msg))
 
 
 class WorkerThread:
@@ -310,7 +312,7 @@ class WorkerPool:
             for w in self._workers:
                 if w.frees and w.dead is None and not self._closed:
                     with contextlib.suppress(OSError):
-                        w.send(("free", []))
+                        w.send(None)
 
     def _handle(self, w: _Worker, msg: tuple[Any, ...]) -> None:
         kind, key = msg[0], msg[1]
@@ -440,17 +442,7 @@ class WorkerPrefetcher:
 
 def deliver(result: WorkerBatch, stats: LoaderStats, device: torch.device | None, overlap: bool) -> Any:
     """The batch for the training loop (its thread): stats counted, device copy waited on."""
-    for name in (
-        "sample",
-        "pull",
-        "copy",
-        "input_nodes",
-        "feature_bytes",
-        "host_copy_bytes",
-        "structure_bytes",
-    ):
-        setattr(stats, name, getattr(stats, name) + getattr(result.stats, name))
-    stats.traffic.add(result.stats.traffic)
+    stats.add_batch(result.stats)
     if result.event is not None:
         stream = torch.cuda.current_stream(device)
         stream.wait_event(result.event)  # GPU-side wait: the host does not block
