@@ -173,15 +173,5 @@ class DirectPass:
             h_neigh = (summed + h_dst) / (deg_f + 1)
         else:
             h_neigh = summed
-        h_neigh = layer.fc_neigh(h_neigh)
-        if layer.fc_self is None:
-            out: torch.Tensor = h_neigh if layer.bias is None else h_neigh + layer.bias
-        else:
-            if layer.bias is not None:
-                h_neigh = h_neigh + layer.bias
-            out = torch.addmm(h_neigh, h_dst, layer.fc_self.weight.t())
-        if layer.activation is not None:
-            out = layer.activation(out)
-        if layer.norm is not None:
-            out = layer.norm(out)
+        out: torch.Tensor = layer.combine(layer.fc_neigh(h_neigh), h_dst)
         return out

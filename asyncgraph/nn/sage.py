@@ -150,8 +150,13 @@ class SAGEConv(nn.Module):
             )
             h_neigh = self.fc_neigh(h_neigh)
 
-        # fc_self(h_dst) + h_neigh + bias with the sum fused into the matmuls (fewer passes over
-        # [num_dst, out_feats] activations, forward and backward): same maths as DGL's.
+        return self.combine(h_neigh, h_dst)
+
+    def combine(self, h_neigh: torch.Tensor, h_dst: torch.Tensor) -> torch.Tensor:
+        """The layer's output from its transformed neighbour aggregate and the destinations' own
+        features: fc_self(h_dst) + h_neigh + bias with the sum fused into the matmuls (fewer
+        passes over [num_dst, out_feats] activations, forward and backward; DGL's maths), then
+        activation and norm. Also used by inference's direct pass (``inference_direct.py``)."""
         if self.fc_self is None:
             out = h_neigh if self.bias is None else h_neigh + self.bias.to(h_neigh.dtype)
         else:
