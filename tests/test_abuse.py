@@ -486,7 +486,8 @@ async def test_a_state_restores_with_one_descriptor_per_tensor(cora2, tmp_path: 
         await client.push("tiny7", np.arange(5), np.full(5, 3, np.int8))
         await client.close()
         held = psutil.Process(group.procs[0].pid).num_fds() - base
-        assert count <= held < count + 16, held
+        # base counted the client's connection, which the server may or may not have closed yet
+        assert count - 1 <= held < count + 16, held
         limit = base + count + 64  # one descriptor a tensor fits; two (base + 600) would not
         group.kill(0, signal.SIGKILL)
         group.argvs[0] = ["/bin/sh", "-c", f'ulimit -n {limit} && exec "$@"', "sh", *group.argvs[0]]
