@@ -85,6 +85,10 @@ class Prefetcher(Generic[T]):
         self._submit_until(index + 1 + self._depth)
         return self._pending.popleft()
 
+    def wait(self, future: concurrent.futures.Future[T]) -> T:
+        """``future``'s batch (built on the client's event loop: only waited for here)."""
+        return future.result()
+
     def cancel(self) -> None:
         """Cancel every batch in flight and wait until their tasks have unwound."""
         if not self._pending:
@@ -274,7 +278,7 @@ class PrefetchingLoader(Generic[T]):
             for i in range(count):
                 future = prefetcher.next_future(i)
                 t0 = time.perf_counter()
-                result = future.result()
+                result = prefetcher.wait(future)  # type: ignore[arg-type]
                 batch = self._received(t0, result)
                 handed = time.perf_counter()
                 yield batch
@@ -288,7 +292,10 @@ class PrefetchingLoader(Generic[T]):
             for i in range(count):
                 future = prefetcher.next_future(i)
                 t0 = time.perf_counter()
-                result: Any = await asyncio.wrap_future(future)
+                if isinstance(prefetcher, WorkerPrefetcher):  # may read the workers' answers itself
+                    result: Any = await asyncio.to_thread(prefetcher.wait, future)  # type: ignore[arg-type]
+                else:
+                    result = await asyncio.wrap_future(future)
                 batch = self._received(t0, result)
                 handed = time.perf_counter()
                 yield batch

@@ -15,7 +15,9 @@ import asyncio
 import contextlib
 import os
 import socket
+import subprocess
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -36,7 +38,7 @@ from asyncgraph.dataloading.worker_channel import (
 )
 from asyncgraph.kernels import gather
 
-__all__ = ["main", "open_client"]
+__all__ = ["WorkerThread", "main", "open_client"]
 
 
 async def open_client(origin: dict[str, Any], exports: list[tuple[str, bytes]] | None) -> AsyncClient:
@@ -202,6 +204,34 @@ def run_in_thread(msg_fd: int, slot_fd: int) -> None:
             loop.run_until_complete(_serve(msg_fd, slot_fd))
     finally:
         loop.close()
+
+
+class WorkerThread:
+    """``subprocess.Popen``'s few methods the pool uses, for a worker run on a thread."""
+
+    def __init__(self, msg_fd: int, slot_fd: int) -> None:
+        self.pid = os.getpid()
+        self.returncode: int | None = None
+        self._thread = threading.Thread(
+            target=run_in_thread, args=(msg_fd, slot_fd), name="asyncgraph-loader-worker", daemon=True
+        )
+        self._thread.start()
+
+    def poll(self) -> int | None:
+        if self._thread.is_alive():
+            return None
+        self.returncode = 0
+        return 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise subprocess.TimeoutExpired("loader worker thread", timeout or 0.0)
+        self.returncode = 0
+        return 0
+
+    def kill(self) -> None:
+        pass  # it stops when its sockets close
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,9 +12,13 @@ has both measured).
 Rows land once: each worker gathers a batch's feature rows straight into a **slot** it shares
 with the loader (``worker_channel.py``), and the loader builds the batch over views of that
 memory. On a CUDA device the slots are pinned in the loader (``cudaHostRegister``), and a
-receiver thread copies each batch to the device in one ``non_blocking`` copy on a side stream;
-the training loop's stream only waits on an event. A slot goes back to its worker when the
-batch's host tensors are gone (the copy done, or the user dropped a CPU batch).
+receiver thread copies each batch to the device in one ``non_blocking`` copy on a side stream
+as soon as it arrives; the training loop's stream only waits on an event. Without a device copy
+to start early there is no receiver thread: the training loop's thread reads the workers'
+answers when it asks for its next batch (``WorkerPool.wait``), so no third thread competes for
+the GIL with a training loop that holds it, nor for a core with the workers. A slot goes back
+to its worker when the batch's host tensors are gone (the copy done, or the user dropped a CPU
+batch).
 
 Bounded: at most ``max(prefetch, N)`` batches are requested ahead of the one being trained on.
 A failed batch is re-raised in the training loop when it is reached; a worker that dies fails
@@ -97,36 +101,6 @@ class _Worker:
                 self.sock.sendall(encode_frame(msg))
 
 
-class WorkerThread:
-    """``subprocess.Popen``'s few methods the pool uses, for a worker run on a thread."""
-
-    def __init__(self, msg_fd: int, slot_fd: int) -> None:
-        from asyncgraph.dataloading.worker_main import run_in_thread
-
-        self.pid = os.getpid()
-        self.returncode: int | None = None
-        self._thread = threading.Thread(
-            target=run_in_thread, args=(msg_fd, slot_fd), name="asyncgraph-loader-worker", daemon=True
-        )
-        self._thread.start()
-
-    def poll(self) -> int | None:
-        if self._thread.is_alive():
-            return None
-        self.returncode = 0
-        return 0
-
-    def wait(self, timeout: float | None = None) -> int:
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise subprocess.TimeoutExpired("loader worker thread", timeout or 0.0)
-        self.returncode = 0
-        return 0
-
-    def kill(self) -> None:
-        pass  # it stops when its sockets close
-
-
 class WorkerPool:
     """``num_workers`` processes building batches of ``recipe`` for one loader (see the module)."""
 
@@ -178,10 +152,13 @@ class WorkerPool:
         self._selector = selectors.DefaultSelector()
         for w in self._workers:
             self._selector.register(w.sock, selectors.EVENT_READ, w)
-        self._receiver = threading.Thread(
-            target=self._receive_loop, name="asyncgraph-loader-recv", daemon=True
-        )
-        self._receiver.start()
+        self._pump_lock = threading.Lock()
+        self._receiver: threading.Thread | None = None
+        if self.cuda and self.overlap:  # device copies start as batches arrive, not when asked for
+            self._receiver = threading.Thread(
+                target=self._receive_loop, name="asyncgraph-loader-recv", daemon=True
+            )
+            self._receiver.start()
 
     @property
     def num_workers(self) -> int:
@@ -210,6 +187,8 @@ class WorkerPool:
         msg_parent, msg_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         slot_parent, slot_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         if self.mode == "thread":
+            from asyncgraph.dataloading.worker_main import WorkerThread
+
             proc: Any = WorkerThread(msg_child.detach(), slot_child.detach())
             return _Worker(index, proc, msg_parent, slot_parent)
         env = dict(os.environ)
@@ -288,31 +267,48 @@ class WorkerPool:
                 for key in keys:
                     w.pending.pop(key, None)
 
+    def wait(self, future: concurrent.futures.Future[WorkerBatch]) -> WorkerBatch:
+        """``future``'s batch; without a receiver thread, read the workers' answers on this
+        thread until it is settled (one thread at a time reads them)."""
+        while not future.done() and self._receiver is None:
+            with self._pump_lock:
+                if not future.done() and not self._receive_once(0.05):
+                    break  # closed: the future was failed by close()
+        return future.result()
+
     def _receive_loop(self) -> None:
-        while not self._closed:
+        while not self._closed and self._receive_once(0.05):
+            pass
+
+    def _receive_once(self, timeout: float) -> bool:
+        """Read what the workers sent within ``timeout``, settle its futures, flush freed slots;
+        False once the pool is closed."""
+        if self._closed:
+            return False
+        try:
+            events = self._selector.select(timeout=timeout)
+        except (OSError, ValueError):
+            return False
+        for sel_key, _ in events:
+            w: _Worker = sel_key.data
             try:
-                events = self._selector.select(timeout=0.05)
-            except (OSError, ValueError):
-                return
-            for sel_key, _ in events:
-                w: _Worker = sel_key.data
-                try:
-                    chunk = w.sock.recv(1 << 20)
-                except OSError:
-                    chunk = b""
-                if not chunk:
-                    self._selector.unregister(w.sock)
-                    code = w.proc.poll()
-                    self._worker_died(w, f"loader worker {w.index} (pid {w.proc.pid}) exited (status {code})")
-                    continue
-                w.buffer += chunk
-                while (msg := decode_frame(w.buffer)) is not None:
-                    self._handle(w, msg)
-            self._reap_copies()
-            for w in self._workers:
-                if w.frees and w.dead is None and not self._closed:
-                    with contextlib.suppress(OSError):
-                        w.send(None)
+                chunk = w.sock.recv(1 << 20)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._selector.unregister(w.sock)
+                code = w.proc.poll()
+                self._worker_died(w, f"loader worker {w.index} (pid {w.proc.pid}) exited (status {code})")
+                continue
+            w.buffer += chunk
+            while (msg := decode_frame(w.buffer)) is not None:
+                self._handle(w, msg)
+        self._reap_copies()
+        for w in self._workers:
+            if w.frees and w.dead is None and not self._closed:
+                with contextlib.suppress(OSError):
+                    w.send(None)
+        return True
 
     def _handle(self, w: _Worker, msg: tuple[Any, ...]) -> None:
         kind, key = msg[0], msg[1]
@@ -431,6 +427,10 @@ class WorkerPrefetcher:
             self._pending.append((key, self._pool.submit(key, seeds, batch_seed)))
             self._next_submit += 1
         return self._pending.popleft()[1]
+
+    def wait(self, future: concurrent.futures.Future[WorkerBatch]) -> WorkerBatch:
+        """``future``'s batch (see ``WorkerPool.wait``)."""
+        return self._pool.wait(future)
 
     def cancel(self) -> None:
         keys = [key for key, _ in self._pending]
