@@ -114,11 +114,14 @@ LOADER_CASES = {  # name: (workers, mode, device)
 }
 
 
-def loader_cases(part_config: Path, batches: int, cores: int, rounds: int = 3) -> dict[str, Any]:
-    """Every loader-alone case over one pair of servers, ``rounds`` times interleaved (the VM's
-    speed drifts within minutes): the median epoch of each, with its CPU per batch."""
-    cases = dict(LOADER_CASES)
-    if cores >= 4:
+def loader_cases(
+    part_config: Path, batches: int, cores: int, rounds: int = 3, only: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Every loader-alone case (or those named in ``only``) over one pair of servers, ``rounds``
+    times interleaved (the VM's speed drifts within minutes): the median epoch of each, with
+    its CPU per batch."""
+    cases = {k: v for k, v in LOADER_CASES.items() if not only or k in only}
+    if cores >= 4 and not only:
         cases["workers4"] = (4, "process", None)
     samples: dict[str, list[dict[str, Any]]] = {name: [] for name in cases}
     with tempfile.TemporaryDirectory(prefix="gpu-suite-") as tmp:
@@ -156,8 +159,8 @@ def loader_cases(part_config: Path, batches: int, cores: int, rounds: int = 3) -
             "host_copy_over_feature_bytes": round(last["host_copy_bytes"] / max(last["feature_bytes"], 1), 3),
             "structure_bytes_per_batch": last["structure_bytes"] // max(last["batches_done"], 1),
         }  # fmt: skip
-    one = out["workers1"]["batches_per_s"]
-    for name, r in out.items():
+    one = out["workers1"]["batches_per_s"] if "workers1" in out else 0.0
+    for name, r in out.items() if one else ():
         if name.startswith("workers") and r["workers"] >= 2 and "staged" not in name:
             r["ceiling_batches_per_s"] = round(r["workers"] * one, 2)
             r["over_one_worker"] = round(r["batches_per_s"] / one, 3)
@@ -207,6 +210,7 @@ def step_cases(part_config: Path, batches: int, data_ms: float, epochs: int, cor
         }
         print(f"{name:20s} epoch {r['epoch_s']:.3f} s, limit {limit:.3f} s -> "
               f"{out[name]['epoch_over_limit']}x", flush=True)  # fmt: skip
+    out.update(interleaved_step_rounds(part_config, batches, epochs, cores))
     for prefetch in (0, 4):  # overlap never loses: deeper prefetch is no slower than none
         extra = ("--sim-ms", "10", "--sim-holds-gil", "--num-workers", "1")
         summaries = run_training(
@@ -218,6 +222,44 @@ def step_cases(part_config: Path, batches: int, data_ms: float, epochs: int, cor
         out[name] = {"workers": 1, "prefetch": prefetch, "epoch_s": r["epoch_s"]}
         out[name]["per_batch_ms"] = r["per_batch_ms"]
         print(f"spin10 1 worker, prefetch {prefetch}: epoch {r['epoch_s']:.3f} s", flush=True)
+    return out
+
+
+def interleaved_step_rounds(
+    part_config: Path, batches: int, epochs: int, cores: int, rounds: int = 3
+) -> dict[str, Any]:
+    """The GIL-holding step with 1 and 2 worker processes, each run right after the loader
+    alone measures the data path it is held to, ``rounds`` times: the ratio of each round (its
+    limit measured minutes, not a quarter of an hour, apart on a VM whose speed drifts) and
+    their median."""
+    out: dict[str, Any] = {}
+    for w in (1, 2):
+        ratios, ratios_cores, epochs_s, data = [], [], [], []
+        for _ in range(rounds):
+            data_ms = loader_cases(part_config, batches, cores, rounds=1, only=("workers1",))["workers1"][
+                "ms_per_batch"
+            ]
+            extra = ("--sim-ms", "10", "--sim-holds-gil", "--num-workers", str(w))
+            summaries = run_training(
+                part_config, trainers=1, prefetch=2, threads=1, epochs=epochs, max_batches=batches,
+                timeout=900, extra=extra,
+            )  # fmt: skip
+            r = breakdown(summaries)
+            n = r["batches_per_trainer"]
+            limit = n * max(10.0, data_ms / w) / 1000
+            limit_cores = n * max(10.0, data_ms / max(min(w, max(1, cores - 1)), 1)) / 1000
+            data.append(data_ms)
+            epochs_s.append(r["epoch_s"])
+            ratios.append(round(r["epoch_s"] / limit, 3))
+            ratios_cores.append(round(r["epoch_s"] / limit_cores, 3))
+            print(f"spin10 {w} worker(s), interleaved: data {data_ms:.2f} ms, epoch {r['epoch_s']:.3f} s "
+                  f"-> {ratios[-1]}x ({ratios_cores[-1]}x of the cores' limit)", flush=True)  # fmt: skip
+        out[f"spin10_workers{w}_interleaved"] = {
+            "workers": w, "rounds": rounds, "data_path_ms": data, "epoch_s": epochs_s,
+            "epoch_over_limit_runs": ratios, "epoch_over_limit": float(np.median(ratios)),
+            "epoch_over_limit_cores_runs": ratios_cores,
+            "epoch_over_limit_cores": float(np.median(ratios_cores)),
+        }  # fmt: skip
     return out
 
 
