@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,7 +32,7 @@ PROBE = PACKAGE_ROOT / "tests" / "workers" / "holder_probe.py"
 
 
 @pytest.fixture(params=["required", "default"])
-def servers(request: pytest.FixtureRequest, cora2, tmp_path: Path) -> Iterator[ServerGroup]:
+def servers(request: pytest.FixtureRequest, cora2: Any, tmp_path: Path) -> Iterator[ServerGroup]:
     """Servers with a cap of 4 connections per holder; with or without ``--require-holder-keys``."""
     extra = ["--log-level", "INFO", "--max-connections-per-holder", "4"]
     if request.param == "required":
@@ -42,9 +43,13 @@ def servers(request: pytest.FixtureRequest, cora2, tmp_path: Path) -> Iterator[S
     group.stop()
 
 
-async def _open(group: ServerGroup, holder: str | None, **credentials: bytes) -> Connection:
+async def _open(
+    group: ServerGroup, holder: str | None, *, secret: bytes | None = None, holder_key: bytes | None = None
+) -> Connection:
     host, port = group.addresses[0]
-    return await Connection.open(host, port, graph_name="cora", holder=holder, timeout=T, **credentials)
+    return await Connection.open(
+        host, port, graph_name="cora", holder=holder, timeout=T, secret=secret, holder_key=holder_key
+    )
 
 
 @pytest.mark.timeout(90)
@@ -123,7 +128,9 @@ async def test_twenty_invented_holders_do_not_pass_a_cap_of_four(servers: Server
 
 
 @pytest.mark.timeout(240)
-def test_a_launched_trainer_gets_its_holder_key_and_not_the_cluster_secret(cora2, tmp_path: Path) -> None:
+def test_a_launched_trainer_gets_its_holder_key_and_not_the_cluster_secret(
+    cora2: Any, tmp_path: Path
+) -> None:
     """The launcher's trainers get ``ASYNCGRAPH_HOLDER`` and a key file, no secret file; their
     servers require holder keys, so the trainer can act as its own holder only."""
     env = subprocess_env()
