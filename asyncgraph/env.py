@@ -12,6 +12,8 @@ __all__ = [
     "ENV_CONNECT_TIMEOUT",
     "ENV_DDP_BACKEND",
     "ENV_DEVICE",
+    "ENV_HOLDER",
+    "ENV_HOLDER_KEY_FILE",
     "ENV_IP_CONFIG",
     "ENV_MALLOC_TUNING",
     "ENV_NO_JIT",
@@ -21,6 +23,7 @@ __all__ = [
     "ENV_SERVERS",
     "ProcessRank",
     "process_rank",
+    "read_holder_key",
 ]
 
 #: Path of the ip_config file (DGL's ``host [port]`` per line, in partition order).
@@ -30,6 +33,11 @@ ENV_IP_CONFIG = "ASYNCGRAPH_IP_CONFIG"
 ENV_SERVERS = "ASYNCGRAPH_SERVERS"
 #: File holding the shared secret servers require.
 ENV_SECRET_FILE = "ASYNCGRAPH_SECRET_FILE"
+#: The holder (client name) this trainer connects as, given with its key instead of the secret
+#: (the launcher's trainers: issue 32, ``protocol/handshake.py``'s holder keys).
+ENV_HOLDER = "ASYNCGRAPH_HOLDER"
+#: File holding that holder's key, in hex (mode 600): it proves this holder and no other.
+ENV_HOLDER_KEY_FILE = "ASYNCGRAPH_HOLDER_KEY_FILE"
 #: The partition JSON file of the job.
 ENV_PART_CONFIG = "ASYNCGRAPH_PART_CONFIG"
 #: "0" leaves glibc malloc's thresholds alone (see ``asyncgraph.storage.malloc``).
@@ -96,3 +104,16 @@ def process_rank(env: Mapping[str, str] | None = None) -> ProcessRank:
             f"(local rank {found.local_rank})"
         )
     return found
+
+
+def read_holder_key(path: str) -> bytes:
+    """The holder key in ``path`` (hex, as the launcher writes it); ``ValueError`` if it is not."""
+    with open(path) as f:
+        text = f.read().strip()
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        raise ValueError(f"holder key file {path} does not hold a hex key") from None
+    if not key:
+        raise ValueError(f"holder key file {path} is empty")
+    return key

@@ -16,7 +16,10 @@ pushes into and deletes of the partition's own data, optimizer state for feature
 epochs of 2^64-1, ``add_replica`` of port 9, uint16 IDs, floods of tiny tensors up to
 ``--max-tensors``, of connections up to ``--max-connections``, of silent or huge-header
 clients on the metrics port, and (issue 32) 1 MiB tensor and barrier names, a holder with a
-newline and a barrier that never times out. It reports the refusals by error type (every
+newline, a barrier that never times out, and a client holding one holder's key only (as the
+launcher's trainers do) that invents 20 holders a round against ``--max-connections-per-holder
+4`` (``benchmarks/faults_holders.py``; with ``--abuse`` the servers have a secret and
+``--require-holder-keys``). It reports the refusals by error type (every
 abuse must be refused with its typed error), errors the normal load saw, and each server's RSS
 every second (``rss_growth``: the last quarter's mean over the first quarter's, target within
 10%). Hostile input to the partitioner and the stager is its own list:
@@ -55,6 +58,7 @@ from asyncgraph.errors import AsyncGraphError, ServerUnavailableError
 from asyncgraph.protocol.ops import AddReplicaArgs, BarrierArgs, Op, ReleaseTensorsArgs
 from asyncgraph.testing import ServerGroup, start_servers
 from benchmarks.common import RESULTS, add_graph_options, graph_npz, partitioned
+from benchmarks.faults_holders import invented_holders
 from benchmarks.faults_points import PointCrashes, keep_crashing, restored_after_kill, snapshotter
 
 WIDTH = 8
@@ -203,17 +207,22 @@ async def abuser(client: AsyncClient, abuse: Abuse, until: float, max_tensors: i
         await asyncio.sleep(0.05)
 
 
-async def connection_flood(addresses: list[tuple[str, int]], abuse: Abuse, until: float, cap: int) -> None:
-    """Open connections past ``--max-connections``, hold them a moment, close them; repeat."""
+async def connection_flood(
+    addresses: list[tuple[str, int]], abuse: Abuse, until: float, cap: int, secret: bytes | None
+) -> None:
+    """Open connections past ``--max-connections``, hold them a moment, close them; repeat (each
+    as its own holder, its key derived from the secret: past the per-holder cap, to this one)."""
     from asyncgraph.net.connection import Connection
 
     loop = asyncio.get_running_loop()
     host, port = addresses[0]
     while loop.time() < until:
         conns = []
-        for _ in range(cap + 4):
+        for i in range(cap + 4):
             try:
-                c = await Connection.open(host, port, graph_name=None, timeout=5.0)
+                c = await Connection.open(
+                    host, port, graph_name=None, timeout=5.0, secret=secret, holder=f"f{i}"
+                )
                 await c.call(Op.PING, {}, 5.0)
                 conns.append(c)
             except AsyncGraphError as exc:
@@ -292,15 +301,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     config = partitioned(graph_npz(args), 2)
     with tempfile.TemporaryDirectory(prefix="asyncgraph-faults-") as tmp:
         extra = ["--log-level", "WARNING", "--state-dir", f"{tmp}/state", "--wal", "--wal-fsync", args.fsync]
+        secret = os.urandom(16).hex().encode() if args.abuse else None
         if args.abuse:
             extra += ["--max-tensors", str(args.max_tensors), "--max-connections", str(args.max_connections)]
-            extra += ["--metrics-port", "0"]
+            extra += ["--metrics-port", "0", "--require-holder-keys", "--max-connections-per-holder", "4"]
         points = PointCrashes() if args.failpoints else None
         if points is not None:  # both servers start with the first point armed
             os.environ[failpoints.ENV] = points.next_spec(0)
             points.armed[1] = points.armed[0]
         try:
-            group = start_servers(config, Path(tmp) / "run", num_parts=2, extra_args=extra)
+            group = start_servers(config, Path(tmp) / "run", num_parts=2, extra_args=extra, secret=secret)
         finally:
             os.environ.pop(failpoints.ENV, None)
         abuse = Abuse()
@@ -308,7 +318,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         side: list[threading.Thread] = []
         try:
             clients = [
-                await AsyncClient.connect(group.addresses, use_shared_memory=False, reconnect_window=30.0)
+                await AsyncClient.connect(
+                    group.addresses, secret=secret, use_shared_memory=False, reconnect_window=30.0
+                )
                 for _ in range(args.clients)
             ]
             n = clients[0].book.num_nodes
@@ -336,11 +348,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 tasks.append(snapshotter(clients[0], points, args.snapshot_every, until))
             if args.abuse:
                 bad = await AsyncClient.connect(
-                    group.addresses, use_shared_memory=False, reconnect_window=30.0
+                    group.addresses, secret=secret, use_shared_memory=False, reconnect_window=30.0
                 )
                 clients.append(bad)
                 tasks.append(abuser(bad, abuse, until, args.max_tensors))
-                tasks.append(connection_flood(group.addresses, abuse, until, args.max_connections))
+                tasks.append(connection_flood(group.addresses, abuse, until, args.max_connections, secret))
+                assert secret is not None
+                tasks.append(invented_holders(group.addresses, secret, 4, abuse.note, until))
                 run_dir = Path(tmp) / "run"
 
                 def port_of() -> int:
@@ -371,7 +385,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await c.close()
             restored: dict[str, Any] = {}
             if points is not None:
-                back = await restored_after_kill(group, "soak", n)
+                back = await restored_after_kill(group, "soak", n, secret)
                 restored = {
                     **points.summary(),
                     "restored_lost_rows": int(np.sum(back < soak.acked - 1e-9)),

@@ -118,14 +118,16 @@ async def snapshotter(client: AsyncClient, points: PointCrashes, every: float, u
         points.snapshots += 1
 
 
-async def restored_after_kill(group: ServerGroup, name: str, num_nodes: int) -> Any:
+async def restored_after_kill(
+    group: ServerGroup, name: str, num_nodes: int, secret: bytes | None = None
+) -> Any:
     """SIGKILL every server, restart each without failure points, and pull ``name`` whole."""
     import numpy as np
 
     for i in range(len(group.procs)):
         group.kill(i, signal.SIGKILL)
         group.restart(i)
-    client = await AsyncClient.connect(group.addresses, use_shared_memory=False)
+    client = await AsyncClient.connect(group.addresses, secret=secret, use_shared_memory=False)
     try:
         return await client.pull_numpy(name, np.arange(num_nodes))
     finally:

@@ -239,6 +239,37 @@ def test_feature_row_larger_than_the_limit_allows_exit_2_before_reading(src: Pat
     only(tmp_path, "in")
 
 
+OVERSHOOT = (  # the last stage touches 256 MiB more, over a 192 MiB limit, for 0.5 s
+    "import sys, time\n"
+    "import numpy as np\n"
+    "import asyncgraph.partition.stream as s\n"
+    "real = s.finalize\n"
+    "def hungry(*a, **k):\n"
+    "    real(*a, **k)\n"
+    "    block = np.ones(256 << 20, dtype=np.uint8)\n"
+    "    time.sleep(0.5)\n"
+    "    del block\n"
+    "s.finalize = hungry\n"
+    "from asyncgraph.partition.__main__ import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def test_a_run_whose_measured_peak_passed_the_limit_fails_and_leaves_nothing(
+    src: Path, tmp_path: Path
+) -> None:
+    """The catch-all of item 10: whatever the plan missed, a run whose sampled peak went over
+    ``--memory-limit`` exits 2 naming the peak and the limit, and its output is not put in place."""
+    fine = cli(src, tmp_path / "fine", "--memory-limit", "192MiB")
+    assert fine.returncode == 0, fine.stderr  # the same run without the overshoot is within it
+    shutil.rmtree(tmp_path / "fine")
+    res = cli(src, tmp_path / "o", "--memory-limit", "192MiB", script=OVERSHOOT)
+    line = one_error(res, r"peak memory of ([\d.]+) MiB .* over the --memory-limit of 192\.00 MiB")
+    peak = float(re.search(r"peak memory of ([\d.]+) MiB", line)[1])  # type: ignore[index]
+    assert peak > 256, line
+    only(tmp_path, "in")
+
+
 # --- 15: a run that exits 2 leaves nothing ------------------------------------------------------
 BREAK_FINALIZE = (
     "import sys\n"

@@ -95,6 +95,8 @@ class AsyncClient:
         reconnect_window: float | None = None,
         use_replicas: bool = True,
         tls: TlsConfig | None = None,
+        holder: str | None = None,
+        holder_key: bytes | None = None,
     ) -> AsyncClient:
         """Connect to every server (one per partition, in partition order) concurrently.
 
@@ -119,12 +121,21 @@ class AsyncClient:
 
         ``tls``: TLS with this client's certificate (default ``$ASYNCGRAPH_TLS_*``, else off;
         ``asyncgraph.net.tls``), for servers started with ``--tls-*``.
+
+        ``holder`` (default: a fresh random name) names this client to the servers. Instead of
+        the cluster ``secret`` a client may be given only ``holder_key``, its holder's own key
+        (``protocol.handshake.holder_key``; the launcher's trainers are): it then connects as
+        that holder and no other (issue 32). A loader's worker processes connect as it does.
         """
+        if holder_key is not None and (holder is None or secret is not None):
+            raise InvalidRequestError("holder_key needs the holder it belongs to, and replaces the secret")
         if reconnect_window is None:
             reconnect_window = float(os.environ.get(ENV_RECONNECT_WINDOW) or 0.0)
         if os.environ.get(ENV_MALLOC_TUNING, "1") != "0":
             retain_large_allocations()
-        holder = uuid.uuid4().hex  # named in each connection's hello (per-holder connection cap)
+        named = holder
+        if holder is None:
+            holder = uuid.uuid4().hex  # named in each connection's hello (per-holder connection cap)
         served = await open_partitions(
             servers,
             graph_name=graph_name,
@@ -139,6 +150,7 @@ class AsyncClient:
             use_replicas=use_replicas,
             holder=holder,
             tls=tls,
+            holder_key=holder_key,
         )
         client = cls(
             served.graph_name,
@@ -163,6 +175,8 @@ class AsyncClient:
             "local_partitions": None if local_partitions is None else [int(p) for p in local_partitions],
             "reconnect_window": reconnect_window,
             "use_replicas": use_replicas,
+            "holder": named,  # a named holder (a holder key's) is its workers' too
+            "holder_key": holder_key,
         }
         return client
 

@@ -83,10 +83,12 @@ async def open_partitions(
     use_replicas: bool = True,
     holder: str | None = None,
     tls: TlsConfig | None = None,
+    holder_key: bytes | None = None,
 ) -> ServedGraph:
     """Connect to every server concurrently (see ``AsyncClient.connect``); all or nothing.
 
-    Every connection names ``holder`` (the client's) in its hello.
+    Every connection names ``holder`` (the client's) in its hello, proved by ``holder_key``
+    when the client was given that instead of the secret.
 
     Each server is retried until ``connect_timeout`` seconds have passed; then one
     ``ServersMissingError`` lists every server still missing.
@@ -109,6 +111,7 @@ async def open_partitions(
                 reconnect_window=reconnect_window,
                 holder=holder,
                 tls=tls,
+                holder_key=holder_key,
             )
         )
         for part_id, (host, port) in enumerate(servers)
@@ -160,6 +163,7 @@ async def open_partitions(
             max_inflight=max_inflight,
             holder=holder,
             tls=tls,
+            holder_key=holder_key,
         )
 
     try:

@@ -92,6 +92,8 @@ class Client:
         reconnect_window: float | None = None,
         use_replicas: bool = True,
         tls: TlsConfig | None = None,
+        holder: str | None = None,
+        holder_key: bytes | None = None,
     ) -> Client:
         """``AsyncClient.connect`` on a new loop thread (stopped again if connecting fails)."""
         loop = EventLoopThread()
@@ -110,6 +112,8 @@ class Client:
                     reconnect_window=reconnect_window,
                     use_replicas=use_replicas,
                     tls=tls,
+                    holder=holder,
+                    holder_key=holder_key,
                 )
             )
         except BaseException:

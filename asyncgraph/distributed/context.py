@@ -18,11 +18,14 @@ from asyncgraph.client.ipconfig import IpConfig
 from asyncgraph.client.sync_client import Client
 from asyncgraph.env import (
     ENV_CONNECT_TIMEOUT,
+    ENV_HOLDER,
+    ENV_HOLDER_KEY_FILE,
     ENV_IP_CONFIG,
     ENV_PART_CONFIG,
     ENV_SECRET_FILE,
     ENV_SERVERS,
     process_rank,
+    read_holder_key,
 )
 from asyncgraph.errors import AsyncGraphError, InvalidRequestError
 from asyncgraph.net.tls import TlsConfig
@@ -106,6 +109,8 @@ def initialize(
     co-located partitions (``None``: every co-located one; see ``AsyncClient.connect``).
     ``tls`` (default ``$ASYNCGRAPH_TLS_CA_FILE``/``_CERT``/``_KEY``, else off): TLS with this
     trainer's certificate, for servers started with ``--tls-*`` (``asyncgraph.net.tls``).
+    Without a secret, ``$ASYNCGRAPH_HOLDER`` and ``$ASYNCGRAPH_HOLDER_KEY_FILE`` (what the
+    launcher gives its trainers) connect as that holder, proved by its own key (issue 32).
     """
     if _STATE.client is not None:
         raise AsyncGraphError("asyncgraph is already initialised in this process; call finalize() first")
@@ -132,6 +137,13 @@ def initialize(
         secret_file = secret_file or os.environ.get(ENV_SECRET_FILE) or None
         if secret_file is not None:
             secret = Path(secret_file).read_bytes().strip()
+    holder = holder_key = None
+    key_file = os.environ.get(ENV_HOLDER_KEY_FILE) or None
+    if secret is None and key_file is not None:
+        holder = os.environ.get(ENV_HOLDER) or None
+        if holder is None:
+            raise InvalidRequestError(f"${ENV_HOLDER_KEY_FILE} is set without ${ENV_HOLDER}, its holder")
+        holder_key = read_holder_key(key_file)
     _STATE.servers = servers
     _STATE.secret = secret
     _STATE.standalone = servers is None
@@ -150,6 +162,8 @@ def initialize(
             reconnect_window=reconnect_window,
             local_partitions=local_partitions,
             tls=tls,
+            holder=holder,
+            holder_key=holder_key,
         )
 
 

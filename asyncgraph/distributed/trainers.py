@@ -8,7 +8,8 @@ trainer's ``--device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``) into its device
 
 ``spawn_trainers(fn, nprocs, part_config)`` is the tutorial's ``torch.multiprocessing.spawn``
 over one machine's data: it starts one server per partition on loopback (ephemeral ports, a fresh
-secret), spawns ``nprocs`` trainers with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, their device and
+secret), spawns ``nprocs`` trainers with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, their device, their
+holder key (not the secret: servers require holder keys, as the launcher's do) and
 the servers' addresses in their environment, initialises asyncgraph and the DDP process group in
 each (unless ``initialize=False``), calls ``fn(rank, *args)``, and stops every server and removes
 its files afterwards, also when a trainer fails (the failure is re-raised).
@@ -26,7 +27,14 @@ from typing import Any
 
 import torch
 
-from asyncgraph.env import ENV_DDP_BACKEND, ENV_DEVICE, ENV_IP_CONFIG, ENV_PART_CONFIG, ENV_SECRET_FILE
+from asyncgraph.env import (
+    ENV_DDP_BACKEND,
+    ENV_DEVICE,
+    ENV_HOLDER,
+    ENV_HOLDER_KEY_FILE,
+    ENV_IP_CONFIG,
+    ENV_PART_CONFIG,
+)
 
 __all__ = ["ddp_backend", "resolve_device", "spawn_trainers", "trainer_device"]
 
@@ -94,9 +102,13 @@ def _trainer_main(
     devices: list[str],
     initialize: bool,
     args: tuple[Any, ...],
+    credentials: list[dict[str, str]] | None = None,
 ) -> None:
     """Entry point of one spawned trainer (module level, so ``spawn`` can pickle it)."""
     os.environ.update(env)
+    if credentials is not None:  # this rank's holder and key file (no cluster secret)
+        os.environ.pop("ASYNCGRAPH_SECRET_FILE", None)
+        os.environ.update(credentials[rank])
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), ENV_DEVICE: devices[rank]})
     if "OMP_NUM_THREADS" not in os.environ:  # the machine's cores shared among its trainers
         from asyncgraph.launch.processes import omp_threads
@@ -157,12 +169,13 @@ def spawn_trainers(
     try:
         secret = secrets.token_hex(32).encode()
         group = start_servers(
-            part_config, folder, num_parts=num_parts, num_clients=nprocs, secret=secret, timeout=ready_timeout
-        )
+            part_config, folder, num_parts=num_parts, num_clients=nprocs, secret=secret,
+            timeout=ready_timeout, extra_args=["--require-holder-keys"],
+        )  # fmt: skip
         try:
+            credentials = [_holder_key_file(folder, secret, rank) for rank in range(nprocs)]
             env = {
                 ENV_IP_CONFIG: str(group.ip_config()),
-                ENV_SECRET_FILE: str(folder / "secret"),
                 ENV_PART_CONFIG: str(part_config),
                 ENV_DDP_BACKEND: "nccl" if devices[0].startswith("cuda") else "gloo",
                 "MASTER_ADDR": "127.0.0.1",
@@ -170,10 +183,25 @@ def spawn_trainers(
                 "WORLD_SIZE": str(nprocs),
             }
             spawn(  # type: ignore[no-untyped-call]
-                _trainer_main, args=(fn, env, devices, initialize, tuple(args)), nprocs=nprocs, join=True
+                _trainer_main,
+                args=(fn, env, devices, initialize, tuple(args), credentials),
+                nprocs=nprocs,
+                join=True,
             )
         finally:
             group.stop()
     finally:
         if own_dir:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _holder_key_file(folder: Path, secret: bytes, rank: int) -> dict[str, str]:
+    """Trainer ``rank``'s holder and the file (mode 600) holding its key: what it connects with
+    instead of the secret, as the launcher's trainers do (issue 32)."""
+    from asyncgraph.protocol.handshake import holder_key
+
+    holder = f"rank{rank}-{secrets.token_hex(4)}"
+    path = folder / f"holder-{rank}.key"
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(holder_key(secret, holder).hex())
+    return {ENV_HOLDER: holder, ENV_HOLDER_KEY_FILE: str(path)}

@@ -17,6 +17,8 @@ from asyncgraph.client.ipconfig import IpConfig
 from asyncgraph.env import (
     ENV_DDP_BACKEND,
     ENV_DEVICE,
+    ENV_HOLDER,
+    ENV_HOLDER_KEY_FILE,
     ENV_IP_CONFIG,
     ENV_PART_CONFIG,
     ENV_RECONNECT_WINDOW,
@@ -38,6 +40,7 @@ from asyncgraph.launch.processes import (
 from asyncgraph.launch.remote import DIR_TOKEN, Job
 from asyncgraph.launch.sshcmd import SshCommand, check_env_item, forwarded_env
 from asyncgraph.partition.config import PartitionConfig
+from asyncgraph.protocol.handshake import holder_key
 
 _DESCRIPTION = "Start servers and trainers, locally or over ssh."
 
@@ -250,7 +253,11 @@ def _launch(args: argparse.Namespace) -> int:
             secret_text = secret_file.read_bytes().decode() if not all(local.values()) else ""
         except UnicodeDecodeError:
             raise CliError(f"--secret-file {secret_file}: not text; use a hex or base64 secret") from None
+        # Trainers get their holder's key, not the secret (issue 32): servers require holder keys.
+        cluster_secret = secret_file.read_bytes().strip()
+        server_args = [*args.server_arg, "--require-holder-keys"]
         base_env = {**os.environ, **forwarded}
+        trainer_env = {**{k: v for k, v in os.environ.items() if k != ENV_SECRET_FILE}, **forwarded}
         cwd = os.getcwd()
         remote_secret, remote_ready = f"{DIR_TOKEN}/secret", f"{DIR_TOKEN}/ready.json"
         servers: list[Proc] = []
@@ -262,7 +269,7 @@ def _launch(args: argparse.Namespace) -> int:
             replica_of = None
             if index >= num_parts:  # on the primary's host, at the address it bound
                 replica_of = ("127.0.0.1" if args.bind_all else address[host], bound[part_id][1])
-            extra = args.server_arg if replica_of is None else replica_args(args.server_arg)
+            extra = server_args if replica_of is None else replica_args(server_args)
             if local[host]:
                 ready = workdir / f"server{index}.ready"
                 ready.unlink(missing_ok=True)
@@ -341,7 +348,10 @@ def _launch(args: argparse.Namespace) -> int:
             )
         trainers: list[Proc] = []
         for rank, (slot, host) in enumerate(zip(slots, trainer_hosts, strict=True)):
+            holder = f"rank{rank}-{secrets.token_hex(4)}"
+            key_hex = holder_key(cluster_secret, holder).hex()
             env = {
+                ENV_HOLDER: holder,
                 ENV_PART_CONFIG: str(part_config) if local[host] else per_host.get(host, default_remote),
                 "MASTER_ADDR": master_addr,
                 "MASTER_PORT": str(master_port),
@@ -356,26 +366,30 @@ def _launch(args: argparse.Namespace) -> int:
             if args.restart_servers:
                 env[ENV_RECONNECT_WINDOW] = str(args.reconnect_window)
             if local[host]:
-                env.update({ENV_IP_CONFIG: str(ip_config), ENV_SECRET_FILE: str(secret_file)})
+                key_file = workdir / f"holder-{rank}.key"
+                with open(os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+                    f.write(key_hex)
+                env.update({ENV_IP_CONFIG: str(ip_config), ENV_HOLDER_KEY_FILE: str(key_file)})
                 if not user_omp:
                     env[OMP_ENV] = local_omp
                 env.update(local_rendezvous)
-                trainers.append(launcher.spawn("trainer", rank, command, {**base_env, **env}))
+                trainers.append(launcher.spawn("trainer", rank, command, {**trainer_env, **env}))
             else:
-                env.update({ENV_IP_CONFIG: f"{DIR_TOKEN}/ip_config.txt", ENV_SECRET_FILE: remote_secret})
+                env[ENV_IP_CONFIG] = f"{DIR_TOKEN}/ip_config.txt"
+                env[ENV_HOLDER_KEY_FILE] = f"{DIR_TOKEN}/holder_key"
                 if user_omp:
                     env[OMP_ENV] = base_env[OMP_ENV]
                 job = Job(
                     argv=command,
                     env={**forwarded, **env},
-                    files={"secret": secret_text, "ip_config.txt": ip_config_text},
+                    files={"holder_key": key_hex, "ip_config.txt": ip_config_text},
                     rendezvous=None if is_loopback(master_addr) else master_addr,
                     omp_share=None if user_omp else slot.local_world_size,
                     grace=launcher.grace,
                     heartbeat=args.heartbeat_timeout,
                 )
                 agent = ssh.agent(host, cwd, args.python)
-                trainers.append(launcher.spawn("trainer", rank, agent, base_env, remote=(host, job)))
+                trainers.append(launcher.spawn("trainer", rank, agent, trainer_env, remote=(host, job)))
         return launcher.wait_trainers(trainers, servers, restart_server, args.restart_servers)
     except LaunchError as exc:
         print(f"[launcher] {exc}", file=sys.stderr, flush=True)

@@ -88,6 +88,7 @@ class Connection:
         part_id: int | None = None,
         role: str | None = None,
         tls: TlsConfig | None = None,
+        holder_key: bytes | None = None,
     ) -> None:
         self.host = host
         self.tls = tls if tls is not None else TlsConfig.from_env()  # off unless configured
@@ -98,6 +99,7 @@ class Connection:
         self.graph_name = graph_name
         self.secret = secret
         self.holder = holder  # named in every hello: the server binds it to the connection
+        self.holder_key = holder_key  # proves ``holder`` (given instead of the secret)
         # What the server must announce (checked before answering its hello); after the first
         # handshake, what it announced: a reconnect must find the same partition and role.
         self.part_id = part_id
@@ -137,6 +139,7 @@ class Connection:
         part_id: int | None = None,
         role: str | None = None,
         tls: TlsConfig | None = None,
+        holder_key: bytes | None = None,
     ) -> Connection:
         """Connect and complete the handshake; ``graph_name=None`` accepts whatever is served.
 
@@ -144,7 +147,8 @@ class Connection:
         connections per holder (``--max-connections-per-holder``; connections without one share
         one anonymous cap). ``part_id`` / ``role``: the server must announce these (else
         ``AuthenticationError`` before anything is sent); with a ``secret`` it must also prove
-        it holds it. ``tls`` (default: ``$ASYNCGRAPH_TLS_*``, else none): see ``net/tls.py``."""
+        it holds it (``holder_key``: ``holder``'s own key instead of the secret, see
+        ``protocol/handshake.py``). ``tls`` (default ``$ASYNCGRAPH_TLS_*``, else none): ``net/tls.py``."""
         conn = cls(
             host,
             port,
@@ -158,6 +162,7 @@ class Connection:
             part_id=part_id,
             role=role,
             tls=tls,
+            holder_key=holder_key,
         )
         await conn._connect(timeout)
         # The server may fail the connection right after the hello (over its connection cap,
@@ -177,6 +182,7 @@ class Connection:
             holder=self.holder,
             part_id=self.part_id,
             role=self.role,
+            holder_key=self.holder_key,
         )
 
     async def _connect(self, timeout: float) -> None:

@@ -39,6 +39,7 @@ async def open_retrying(
     reconnect_window: float = 0.0,
     holder: str | None = None,
     tls: TlsConfig | None = None,
+    holder_key: bytes | None = None,
 ) -> Connection:
     """Connect to one server, retrying refused or lost connections with jittered exponential
     backoff until ``deadline`` (``time.monotonic()``), since servers may start after trainers.
@@ -64,6 +65,7 @@ async def open_retrying(
                 holder=holder,
                 part_id=part_id,
                 tls=tls,
+                holder_key=holder_key,
             )
         except ServerUnavailableError as exc:
             remaining = deadline - time.monotonic()

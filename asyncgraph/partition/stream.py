@@ -11,7 +11,9 @@ marker, so ``resume=True`` restarts after the last finished one):
    exceed the memory a worker has), writing ``indptr``/``indices``/``eids``;
 4. ``node data`` and ``edge data``: feature rows streamed from the input chunks into the parts'
    files;
-5. ``commit``: ``orig_eids``, the JSON config, and the rename of the finished tree into place.
+5. ``commit``: ``orig_eids``, the JSON config, every part checked, the measured peak memory
+   checked against the limit (over it: ``MemoryBudgetError``, nothing in place), and the rename
+   of the finished tree into place.
 
 The work folder is ``.<out>.work`` beside ``out``; the output appears only by that final
 rename, so nothing half-written is ever taken for output. Tasks run inline, on a process pool
@@ -27,7 +29,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -296,7 +298,8 @@ def _partition(g: ChunkedGraph, name: str, num_parts: int, out: Path, placed: di
     report = RunReport({}, 0, limit, 0, 0, [])
     try:
         with PeakSampler() as sampler:
-            _run(g, name, num_parts, out, folder, plan, report, opts, assignment, client, progress, pins)
+            _run(g, name, num_parts, out, folder, plan, report, opts, assignment, client, progress, pins,
+                 lambda: sampler.check(limit, MAIN_BASE))  # fmt: skip
         report.peak = sampler.peak
     except BaseException:
         if not resume:
@@ -311,7 +314,7 @@ def _partition(g: ChunkedGraph, name: str, num_parts: int, out: Path, placed: di
 
 def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, folder: WorkFolder, plan: Plan,
          report: RunReport, opts: dict[str, Any], assignment: Any, client: Any,
-         progress: bool, pins: dict[int, str]) -> None:  # fmt: skip
+         progress: bool, pins: dict[int, str], check_memory: Callable[[], None]) -> None:  # fmt: skip
     work, state = folder.path, folder.state
     done: list[str] = state["done"]
 
@@ -429,6 +432,7 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, folder: WorkFold
         check = check_config(ctx, name)  # every part loads as a server loads it, before any rename
         run.at_parts(check_part, [(check, p) for p in parts], parts, "check parts")
         (work / "check.json").unlink()
+        check_memory()  # a run that went over --memory-limit fails here: nothing is put in place
         placed = sorted(dirs)
         run.map(commit_part, [(ctx.part_build[p], finals[p]) for p in placed], "place parts", parts=placed)
         commit(work / "out", out)

@@ -34,11 +34,13 @@ from asyncgraph.protocol.messages import (
     ServerHello,
     check_client_hello,
     check_hello_result,
+    client_proof_key,
     decode_handshake,
     decode_message,
     encode_handshake,
     encode_message,
     hello_proof,
+    holder_key,
     new_nonce,
 )
 from asyncgraph.protocol.session import ClientSession, ServerSession, SessionState
@@ -71,6 +73,7 @@ __all__ = [
     "SharedMemoryInfo",
     "check_client_hello",
     "check_hello_result",
+    "client_proof_key",
     "decode_frame",
     "decode_handshake",
     "decode_message",
@@ -80,5 +83,6 @@ __all__ = [
     "encode_message",
     "frame_size",
     "hello_proof",
+    "holder_key",
     "new_nonce",
 ]

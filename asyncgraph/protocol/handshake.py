@@ -16,6 +16,15 @@ a relay that passes another server's hello on (or rewrites it) gets a MAC the re
 refuses, and a process without the secret cannot produce the server's MAC, which a client with
 a secret requires (``check_hello_result``). What this does not give: secrecy or integrity of the
 requests after the handshake; use TLS (``asyncgraph.net.tls``) on untrusted networks.
+
+Holder keys (issue 32, item 6): a client that names a holder may prove the hello with that
+holder's own key, ``holder_key(secret, holder)``, instead of the cluster secret; the server,
+which has the secret, derives the key of the holder the hello names, and proves itself with
+the same key. A process given only one holder's key (the launcher's trainers) can therefore
+connect as that holder and no other, so invented holders cannot pass a per-holder cap. A
+client with the cluster secret derives the key of the holder it names (it may name any: it is
+trusted); without a holder it proves the secret itself. A server with ``require_holder_keys``
+refuses a named holder proved by the bare secret (an older client's hello).
 """
 
 from __future__ import annotations
@@ -40,9 +49,11 @@ __all__ = [
     "ServerHello",
     "check_client_hello",
     "check_hello_result",
+    "client_proof_key",
     "decode_handshake",
     "encode_handshake",
     "hello_proof",
+    "holder_key",
     "holder_problem",
     "new_nonce",
 ]
@@ -64,6 +75,8 @@ NONCE_SIZE: int = 32
 
 _MAC_TAG = b"asyncgraph-hello-3\x00"
 
+_HOLDER_KEY_TAG = b"asyncgraph-holder\x00"
+
 MAX_HOLDER_LENGTH: int = 128
 """Longest holder name a server accepts (a client's default is 32 hex digits)."""
 
@@ -78,6 +91,27 @@ def holder_problem(holder: str | None) -> str | None:
     if not holder.isprintable():
         return f"a holder name is printable characters only, got {holder[:MAX_HOLDER_LENGTH]!a}"
     return None
+
+
+def holder_key(secret: bytes, holder: str) -> bytes:
+    """The key of ``holder``, derived from the cluster ``secret``:
+    ``HMAC-SHA256(secret, "asyncgraph-holder\\0" + holder)``. It proves that one holder in a
+    hello; it reveals nothing of the secret or of another holder's key."""
+    data = _HOLDER_KEY_TAG + holder.encode("utf-8", "surrogatepass")
+    return hmac.new(secret, data, hashlib.sha256).digest()
+
+
+def client_proof_key(secret: bytes | None, holder: str | None, own_key: bytes | None = None) -> bytes | None:
+    """The key a client proves its hello with: ``own_key`` (a holder key it was given, which
+    needs the ``holder`` it belongs to), else the key of ``holder`` derived from the cluster
+    ``secret``, else the secret itself (no holder), else None (no credentials)."""
+    if own_key is not None:
+        if holder is None:
+            raise ValueError("a holder key proves a named holder: give the holder it belongs to")
+        return own_key
+    if secret is not None and holder is not None:
+        return holder_key(secret, holder)
+    return secret
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,11 +266,15 @@ def _proved(secret: bytes, side: str, server: ServerHello, client: ClientHello, 
     return hmac.compare_digest(hello_proof(secret, side, server, client.nonce, client.holder), mac)
 
 
-def check_client_hello(hello: ClientHello, *, server: ServerHello, secret: bytes | None) -> HelloResult:
+def check_client_hello(
+    hello: ClientHello, *, server: ServerHello, secret: bytes | None, require_holder_keys: bool = False
+) -> HelloResult:
     """The server's verdict on a ClientHello (``server``: the hello it sent): version, graph
-    name, then the client's MAC if a secret is set. An accepted hello's result carries the
-    server's own proof. A client that sends a MAC to a server without a secret is accepted
-    (nothing to check); such a client refuses the server, which cannot prove a secret."""
+    name, then the client's MAC if a secret is set: by the named holder's key, or by the secret
+    itself (not for a named holder with ``require_holder_keys``). An accepted hello's result
+    carries the server's own proof, with the key that proved the client's. A client that sends
+    a MAC to a server without a secret is accepted (nothing to check); such a client refuses
+    the server, which cannot prove a secret."""
     code = AuthenticationError.code
     if hello.version != PROTOCOL_VERSION:
         return HelloResult(False, code, f"protocol version {hello.version} != server's {PROTOCOL_VERSION}")
@@ -253,10 +291,20 @@ def check_client_hello(hello: ClientHello, *, server: ServerHello, secret: bytes
         )
     if len(hello.nonce) != NONCE_SIZE:
         return HelloResult(False, code, f"authentication failed: the client nonce is not {NONCE_SIZE} bytes")
-    if not _proved(secret, "client", server, hello, hello.mac):
-        why = "authentication failed: wrong secret (or an answer to another server's hello)"
+    keys = [] if hello.holder is None else [holder_key(secret, hello.holder)]
+    if hello.holder is None or not require_holder_keys:
+        keys.append(secret)
+    for key in keys:
+        if _proved(key, "client", server, hello, hello.mac):
+            return HelloResult(True, "", "", hello_proof(key, "server", server, hello.nonce, hello.holder))
+    if hello.holder is not None and _proved(secret, "client", server, hello, hello.mac):
+        why = (
+            f"authentication failed: this server requires holder keys, and holder {hello.holder[:64]!r} "
+            "was proved by the cluster secret instead of its own key (an older client?)"
+        )
         return HelloResult(False, code, why)
-    return HelloResult(True, "", "", hello_proof(secret, "server", server, hello.nonce, hello.holder))
+    why = "authentication failed: wrong secret or holder key (or an answer to another server's hello)"
+    return HelloResult(False, code, why)
 
 
 def check_hello_result(

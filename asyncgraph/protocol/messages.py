@@ -26,9 +26,11 @@ from asyncgraph.protocol.handshake import (
     ServerHello,
     check_client_hello,
     check_hello_result,
+    client_proof_key,
     decode_handshake,
     encode_handshake,
     hello_proof,
+    holder_key,
     new_nonce,
 )
 
@@ -45,11 +47,13 @@ __all__ = [
     "ServerHello",
     "check_client_hello",
     "check_hello_result",
+    "client_proof_key",
     "decode_handshake",
     "decode_message",
     "encode_handshake",
     "encode_message",
     "hello_proof",
+    "holder_key",
     "new_nonce",
 ]
 

@@ -41,6 +41,7 @@ from asyncgraph.protocol.messages import (
     ServerHello,
     check_client_hello,
     check_hello_result,
+    client_proof_key,
     decode_handshake,
     decode_message,
     encode_handshake,
@@ -155,7 +156,16 @@ class _Session:
 class ServerSession(_Session):
     """The server's side: sends its hello first, checks the client's, then yields requests."""
 
-    __slots__ = ("_full_max_frame_size", "_secret", "client_hello", "graph_name", "hello", "nonce", "part_id")
+    __slots__ = (
+        "_full_max_frame_size",
+        "_require_holder_keys",
+        "_secret",
+        "client_hello",
+        "graph_name",
+        "hello",
+        "nonce",
+        "part_id",
+    )
 
     def __init__(
         self,
@@ -168,6 +178,7 @@ class ServerSession(_Session):
         instance: str = "",
         epoch: int = 0,
         role: str = "primary",
+        require_holder_keys: bool = False,
     ) -> None:
         """The server hello is queued at once: write ``data_to_send()`` when the client connects.
 
@@ -176,6 +187,8 @@ class ServerSession(_Session):
         applies from then on. ``instance`` (new at each server start) and ``epoch`` (its state
         epoch) let a reconnecting client tell a restarted server, and one that lost state, from
         the old one; ``role`` ("primary" or "replica") is bound into both proofs.
+        ``require_holder_keys``: a hello that names a holder must prove that holder's own key
+        (``protocol.handshake.holder_key``), not the bare secret.
         """
         super().__init__(min(max_frame_size, HANDSHAKE_MAX_FRAME_SIZE), SessionState.AWAIT_CLIENT_HELLO)
         self._full_max_frame_size = max_frame_size
@@ -183,6 +196,7 @@ class ServerSession(_Session):
         self.part_id = part_id
         self.nonce = new_nonce() if nonce is None else nonce
         self._secret = secret
+        self._require_holder_keys = require_holder_keys
         self.client_hello: ClientHello | None = None
         self.hello = ServerHello(
             PROTOCOL_VERSION, graph_name, part_id, self.nonce, secret is not None, instance, epoch, role
@@ -232,7 +246,9 @@ class ServerSession(_Session):
             return self._fail(err)
         if not isinstance(hello, ClientHello):
             return self._fail(ProtocolError("expected a client hello to open the connection"))
-        result = check_client_hello(hello, server=self.hello, secret=self._secret)
+        result = check_client_hello(
+            hello, server=self.hello, secret=self._secret, require_holder_keys=self._require_holder_keys
+        )
         self._out.append(encode_handshake(result))
         if not result.ok:
             self.state = _CLOSED
@@ -285,14 +301,16 @@ class ClientSession(_Session):
     the server serves; ``part_id`` / ``role``, when given, are the partition and role the
     server must announce, checked before the client answers (a relay that passes on another
     server's hello gets nothing). With a secret the server must prove it too, or the
-    connection fails with ``AuthenticationError``. Request ids start at 1 (0 is reserved for
-    connection-level errors).
+    connection fails with ``AuthenticationError``. ``holder_key``: the key of ``holder`` this
+    client was given instead of the cluster secret (``protocol.handshake.holder_key``); a client
+    with the secret and a holder proves that holder's key, derived. Request ids start at 1 (0 is
+    reserved for connection-level errors).
     """
 
     __slots__ = (
         "_hello",
+        "_key",
         "_next_id",
-        "_secret",
         "graph_name",
         "holder",
         "name",
@@ -311,6 +329,7 @@ class ClientSession(_Session):
         holder: str | None = None,
         part_id: int | None = None,
         role: str | None = None,
+        holder_key: bytes | None = None,
     ) -> None:
         super().__init__(max_frame_size, SessionState.AWAIT_SERVER_HELLO)
         self.graph_name = graph_name
@@ -319,7 +338,7 @@ class ClientSession(_Session):
         self._hello: ClientHello | None = None
         self.holder = holder  # sent in the hello: the server caps connections per holder
         self.name = name
-        self._secret = secret
+        self._key = client_proof_key(secret, holder, holder_key)  # what both sides prove
         self._next_id = CONNECTION_ERROR_ID + 1
         self.server_hello: ServerHello | None = None
 
@@ -394,8 +413,8 @@ class ClientSession(_Session):
             self.server_hello = msg
             nonce = new_nonce()
             mac = None
-            if self._secret is not None:
-                mac = hello_proof(self._secret, "client", msg, nonce, self.holder)
+            if self._key is not None:
+                mac = hello_proof(self._key, "client", msg, nonce, self.holder)
             graph_name = self.graph_name if self.graph_name is not None else msg.graph_name
             self._hello = ClientHello(PROTOCOL_VERSION, graph_name, mac, self.holder, nonce)
             self._out.append(encode_handshake(self._hello))
@@ -412,7 +431,7 @@ class ClientSession(_Session):
                 )
             ]
         assert self.server_hello is not None and self._hello is not None
-        why = check_hello_result(msg, server=self.server_hello, client=self._hello, secret=self._secret)
+        why = check_hello_result(msg, server=self.server_hello, client=self._hello, secret=self._key)
         if why is not None:
             return [self._fail(AuthenticationError(f"server {self.name} accepted the hello but {why}"))]
         self.state = _READY
@@ -420,9 +439,9 @@ class ClientSession(_Session):
 
     def _unexpected(self, hello: ServerHello) -> str | None:
         """Why the server that sent ``hello`` is not one to answer, or None."""
-        if hello.auth_required and self._secret is None:
+        if hello.auth_required and self._key is None:
             return "requires a shared secret and none was given"
-        if self._secret is not None and not hello.auth_required:
+        if self._key is not None and not hello.auth_required:
             return "runs without a secret, so it cannot prove it is a server of this job"
         if self.part_id is not None and hello.part_id != self.part_id:
             return f"serves partition {hello.part_id}, expected {self.part_id}"

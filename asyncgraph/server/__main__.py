@@ -44,6 +44,12 @@ def build_parser() -> Parser:
     parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one")
     parser.add_argument("--num-clients", type=int, default=1, help="trainer clients in barriers")
     parser.add_argument("--secret-file", type=Path, help="shared secret clients must prove")
+    parser.add_argument(
+        "--require-holder-keys",
+        action="store_true",
+        help="a client that names a holder must prove that holder's own key (derived from the "
+        "secret), not the bare secret: the launcher's trainers get only their holder's key",
+    )
     parser.add_argument("--ready-file", type=Path, help="write the bound address here (JSON)")
     tls = parser.add_argument_group("TLS with client certificates (all three, or none: off)")
     tls.add_argument("--tls-ca-file", type=Path, help="the job's CA (it signs every certificate)")
@@ -204,6 +210,8 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
     part_config_checked(ns.part_config, ns.part_id)
     if ns.secret_file is not None and not ns.secret_file.is_file():
         raise CliError(f"--secret-file {ns.secret_file} does not exist")
+    if ns.require_holder_keys and ns.secret_file is None:
+        parser.error("--require-holder-keys needs --secret-file: holder keys are derived from it")
     if (ns.wal or ns.snapshot_interval or ns.wal_recover) and ns.state_dir is None:
         parser.error("--wal, --wal-recover and --snapshot-interval need --state-dir")
     if not ns.handshake_timeout > 0:
@@ -242,6 +250,7 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         port=ns.port,
         num_clients=ns.num_clients,
         secret=secret,
+        require_holder_keys=ns.require_holder_keys,
         ready_file=ns.ready_file,
         max_frame_size=ns.max_frame_size,
         max_inflight=ns.max_inflight,

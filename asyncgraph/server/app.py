@@ -195,6 +195,7 @@ class GraphServer:
                 handlers,
                 graph_name=graph_name, part_id=opts.part_id,
                 secret=opts.secret,
+                require_holder_keys=opts.require_holder_keys,
                 role="primary" if opts.replica_of is None else "replica",
                 max_frame_size=opts.max_frame_size,
                 max_inflight=opts.max_inflight,

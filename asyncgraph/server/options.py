@@ -30,6 +30,9 @@ class ServerOptions:
     port: int = 0
     num_clients: int = 1
     secret: bytes | None = None
+    #: A hello that names a holder must prove that holder's own key, not the bare secret
+    #: (``--require-holder-keys``; ``protocol/handshake.py``). The launcher turns it on.
+    require_holder_keys: bool = False
     ready_file: Path | None = None
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_inflight: int = 64

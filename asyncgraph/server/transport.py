@@ -76,6 +76,7 @@ class ServerConnection(asyncio.BufferedProtocol):
         admission: Admission | None = None,
         cap: ConnectionCap | None = None,
         replies: ReplyBudget | None = None,
+        require_holder_keys: bool = False,
     ) -> None:
         self._cap = cap  # issue 22: authenticated connections per server (server/budget.py)
         self._counted = False
@@ -102,6 +103,7 @@ class ServerConnection(asyncio.BufferedProtocol):
             instance=handlers.instance,
             epoch=handlers.epoch,
             role=role,
+            require_holder_keys=require_holder_keys,
         )
         self._closed = False
         self._transport: asyncio.Transport | None = None

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 
 from asyncgraph.client import Client, IpConfig
 from asyncgraph.client.replicated import ReplicatedPartition
-from asyncgraph.env import ENV_IP_CONFIG, ENV_SECRET_FILE
+from asyncgraph.env import ENV_HOLDER, ENV_HOLDER_KEY_FILE, ENV_IP_CONFIG, read_holder_key
 
 
 def main() -> None:
-    secret = Path(os.environ[ENV_SECRET_FILE]).read_bytes().strip()
+    # the launcher gives a trainer its holder's key, not the secret (issue 32); replicas check it too
     client = Client.connect(
-        IpConfig.load(os.environ[ENV_IP_CONFIG]).addresses(), secret=secret, use_shared_memory=False
+        IpConfig.load(os.environ[ENV_IP_CONFIG]).addresses(),
+        holder=os.environ[ENV_HOLDER],
+        holder_key=read_holder_key(os.environ[ENV_HOLDER_KEY_FILE]),
+        use_shared_memory=False,
     )
     try:
         kinds = [type(p).__name__ for p in client.aio.partitions]
