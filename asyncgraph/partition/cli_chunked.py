@@ -98,7 +98,10 @@ def check_npz_options(args: Any) -> None:
 def run_chunked(args: Any) -> int:
     """Partition a chunked graph; prints the stage times, the peak memory and the summary."""
     from asyncgraph.partition.chunked import read_metadata
+    from asyncgraph.partition.interrupt import install
     from asyncgraph.partition.stream import partition_chunked
+
+    install()  # SIGTERM / SIGINT keep the finished stages for --resume
 
     if args.num_trainers_per_machine != 1:
         raise CliError("--num-trainers-per-machine > 1 is not supported with chunked input yet")
