@@ -133,8 +133,12 @@ def run_chunked(args: Any) -> int:
         part_workers=pins,
     )
     stages = ", ".join(f"{k} {v:.2f} s" for k, v in report.seconds.items())
+    dask = ""
+    if report.dask_peaks:  # the workers are the cluster's, not this process' children
+        dask = (f" (this process {format_size(report.main_peak)} + {len(report.dask_peaks)} Dask workers "
+                f"{format_size(sum(report.dask_peaks.values()))})")  # fmt: skip
     print(
-        f"done in {time.perf_counter() - t0:.2f} s ({stages}); peak memory {format_size(report.peak)} "
+        f"done in {time.perf_counter() - t0:.2f} s ({stages}); peak memory {format_size(report.peak)}{dask} "
         f"of the {format_size(report.limit)} limit; read {format_size(report.bytes_read)}, wrote "
         f"{format_size(report.bytes_written)}"
         + (f"; resumed after {', '.join(report.skipped)}" if report.skipped else ""),

@@ -29,7 +29,7 @@ import signal
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +37,11 @@ import numpy as np
 
 from asyncgraph.errors import InvalidRequestError
 from asyncgraph.names import ETYPE, NTYPE, TYPE_EID
-from asyncgraph.partition.assign_stream import assign_chunked
+from asyncgraph.partition.assign_stream import assign_chunked, check_assignment_meta
 from asyncgraph.partition.chunked import ChunkedGraph, read_metadata
 from asyncgraph.partition.csc_sort import load_counts, part_sizes, plan_sort, sort_range
 from asyncgraph.partition.interrupt import Interrupted, held, signal_name
-from asyncgraph.partition.memory import PeakSampler, default_memory_limit, parse_size
+from asyncgraph.partition.memory import DaskPeaks, PeakSampler, default_memory_limit, parse_size
 from asyncgraph.partition.output import check_out_path, commit
 from asyncgraph.partition.placement import (
     build_dir,
@@ -90,6 +90,8 @@ class RunReport:
     bytes_read: int
     bytes_written: int
     skipped: list[str]
+    main_peak: int = 0  # this process and its children (the pool's workers)
+    dask_peaks: dict[str, int] = field(default_factory=dict)  # Dask worker address -> its peak
 
 
 def _input_files(g: ChunkedGraph) -> list[Path]:
@@ -171,6 +173,8 @@ def partition_chunked(
         raise InvalidRequestError("--part-worker needs --dask-scheduler: it pins parts to Dask workers")
     nw = 1 if dask_scheduler is not None else nworkers
     plan = plan_run(g, part_method, limit, nw, assignment is not None, num_parts)
+    if assignment is not None:
+        check_assignment_meta(Path(assignment), num_parts)
     out = Path(out_path)
     check_out_path(out, overwrite)
     with dask_client(dask_scheduler) as client:
@@ -199,9 +203,10 @@ def _partition(g: ChunkedGraph, name: str, num_parts: int, out: Path, placed: di
               file=sys.stderr, flush=True)  # fmt: skip
     report = RunReport({}, 0, limit, 0, 0, [])
     try:
-        with PeakSampler() as sampler:
+        with PeakSampler() as sampler, DaskPeaks(client) as dask_peaks:
             _run(g, name, num_parts, out, folder, plan, report, opts, assignment, client, progress, pins)
-        report.peak = sampler.peak
+        report.main_peak, report.dask_peaks = sampler.peak, dask_peaks.peaks
+        report.peak = sampler.peak + sum(dask_peaks.peaks.values())
     except (Interrupted, KeyboardInterrupt) as exc:  # not a failure: the finished stages are kept
         sig = signal_name(exc.signum if isinstance(exc, Interrupted) else signal.SIGINT)
         kept = ", ".join(folder.state["done"]) or "none"

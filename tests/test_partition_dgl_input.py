@@ -1,0 +1,108 @@
+"""DGL's chunked input as DGL's own tools take it (issue 33, DGL users): ``--input DIR``,
+``--assignment`` checked against its ``partition_meta.json``, the Dask run's peak with its
+workers. Real CLI runs in ``tmp_path``."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _partition_helpers import make_graph
+
+from asyncgraph.partition.chunked_write import write_chunked
+from asyncgraph.testing import subprocess_env
+
+PROG = "python -m asyncgraph.partition: error: "
+
+
+@pytest.fixture(scope="module")
+def cora_npy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_chunked(make_graph("cora"), tmp_path_factory.mktemp("cora"), 2, "numpy", "cora")
+
+
+def cli(src: Path, out: Path, *extra: str, parts: int = 2) -> subprocess.CompletedProcess[str]:
+    argv = ["--input", str(src), "--num-parts", str(parts), "--out", str(out), "--memory-limit", "1GiB",
+            *extra]  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "asyncgraph.partition", *argv], capture_output=True,
+                          text=True, timeout=180, env=subprocess_env(), check=False)  # fmt: skip
+
+
+def one_error(res: subprocess.CompletedProcess[str], pattern: str) -> None:
+    lines = res.stderr.strip().splitlines()
+    errors = [x for x in lines if "error" in x]
+    assert res.returncode == 2, res.stderr
+    assert len(errors) == 1 and errors[0] == lines[-1] and errors[0].startswith(PROG), lines
+    assert re.search(pattern, errors[0]), errors[0]
+
+
+def same_tree(a: Path, b: Path) -> None:
+    fa = sorted(str(p.relative_to(a)) for p in a.rglob("*") if p.is_file())
+    assert fa == sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file())
+    assert [f for f in fa if (a / f).read_bytes() != (b / f).read_bytes()] == []
+
+
+def test_input_dir_is_the_chunked_folder(cora_npy: Path, tmp_path: Path) -> None:
+    """``--input DIR`` (DGL's tools take the folder) reads ``DIR/metadata.json``: the same bytes."""
+    common = ("--method", "random", "--workers", "1")
+    by_file = cli(cora_npy, tmp_path / "file", *common)
+    by_dir = cli(cora_npy.parent, tmp_path / "dir", *common)
+    assert by_file.returncode == 0 and by_dir.returncode == 0, by_dir.stderr
+    same_tree(tmp_path / "file", tmp_path / "dir")
+    (tmp_path / "empty").mkdir()
+    res = cli(tmp_path / "empty", tmp_path / "o", *common)
+    one_error(res, r"--input .*empty is a folder without metadata\.json")
+    assert not (tmp_path / "o").exists()
+
+
+def _assignment(folder: Path, num_nodes: int, k: int, meta: dict[str, object] | None) -> Path:
+    folder.mkdir()
+    np.savetxt(folder / "_N.txt", np.arange(num_nodes) % k, fmt="%d")
+    if meta is not None:
+        (folder / "partition_meta.json").write_text(json.dumps(meta))
+    return folder
+
+
+def test_num_parts_checked_against_partition_meta(cora_npy: Path, tmp_path: Path) -> None:
+    """A 2-way assignment (DGL's random_partition.py writes ``partition_meta.json``) with
+    ``--num-parts 4`` is one error line, exit 2, nothing written (before: 2 empty partitions)."""
+    meta = {"version": "1.0.0", "num_parts": 2, "algo_name": "random"}
+    asg = _assignment(tmp_path / "asg", 2708, 2, meta)
+    one_error(cli(cora_npy, tmp_path / "o", "--assignment", str(asg), "--workers", "1", parts=4),
+              r"partition_meta\.json says num_parts 2 but --num-parts is 4")  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["asg"]
+    ok = cli(cora_npy, tmp_path / "o", "--assignment", str(asg), "--workers", "1", parts=2)
+    assert ok.returncode == 0, ok.stderr
+    (asg / "partition_meta.json").write_text('{"num_parts": "two"}')
+    one_error(cli(cora_npy, tmp_path / "o2", "--assignment", str(asg), "--workers", "1"),
+              r"partition_meta\.json: num_parts is not a positive integer")  # fmt: skip
+
+
+def test_assignment_without_meta_using_fewer_parts_is_refused(cora_npy: Path, tmp_path: Path) -> None:
+    """No ``partition_meta.json`` (ParMETIS' output): part IDs that stop short of ``--num-parts``
+    would leave the last parts empty; refused, naming both counts."""
+    asg = _assignment(tmp_path / "asg", 2708, 2, None)
+    one_error(cli(cora_npy, tmp_path / "o", "--assignment", str(asg), "--workers", "1", parts=4),
+              r"part IDs 0\.\.1 \(2 parts\) but --num-parts is 4")  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["asg"]
+
+
+def test_dask_peak_includes_the_workers(cora_npy: Path, tmp_path: Path) -> None:
+    """The printed peak of a ``--dask-scheduler`` run adds each Dask worker's sampled peak."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  host="127.0.0.1") as cluster:  # fmt: skip
+        address = cluster.scheduler_address
+        res = cli(cora_npy, tmp_path / "o", "--method", "random", "--dask-scheduler", address)
+    assert res.returncode == 0, res.stderr
+    m = re.search(r"peak memory ([0-9.]+) (MiB|GiB) \(this process ([0-9.]+) MiB \+ 2 Dask workers "
+                  r"([0-9.]+) MiB\)", res.stderr)  # fmt: skip
+    assert m, res.stderr
+    total = float(m[1]) * (1024 if m[2] == "GiB" else 1)
+    main, workers = float(m[3]), float(m[4])
+    assert workers > 2 * 30  # two Python processes with numpy and distributed loaded
+    assert abs(total - (main + workers)) < 0.02
