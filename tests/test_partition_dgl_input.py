@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -106,3 +107,66 @@ def test_dask_peak_includes_the_workers(cora_npy: Path, tmp_path: Path) -> None:
     main, workers = float(m[3]), float(m[4])
     assert workers > 2 * 30  # two Python processes with numpy and distributed loaded
     assert abs(total - (main + workers)) < 0.02
+
+
+# --- per-type ID maps (item 4) ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def acm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    """ACM (3 node types, 4 edge types) as chunked input partitioned 2 ways; ``(graph, config)``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    from hetero_node_classification import load_acm
+
+    from asyncgraph.partition.stream import partition_chunked
+
+    g = load_acm(words=16)
+    root = tmp_path_factory.mktemp("acm")
+    meta = write_chunked(g, root / "in", 2, "numpy", "acm")
+    partition_chunked(meta, 2, root / "out", part_method="random", workers=1)
+    return g, root / "out" / "acm.json"
+
+
+def test_per_type_orig_ids_of_a_heterogeneous_chunked_graph(acm: tuple[Any, Path]) -> None:
+    """``load_orig_ids(cfg, per_type=True)``: ``{ntype: ids}`` and ``{canonical etype: ids}`` where
+    ``ids[new per-type ID] == input per-type ID``, checked against the served rows and edges."""
+    from asyncgraph.names import ETYPE, NTYPE, TYPE_EID
+    from asyncgraph.partition import load_orig_ids, load_partition
+
+    g, cfg = acm
+    nmap, emap = load_orig_ids(cfg, per_type=True)
+    assert list(nmap) == ["author", "paper", "subject"]  # the homogeneous order: types sorted
+    assert list(emap) == g.canonical_etypes
+    for t, ids in nmap.items():
+        assert ids.dtype == np.int64 and np.array_equal(np.sort(ids), np.arange(g.num_nodes(t)))
+    parts = [load_partition(cfg, p) for p in range(2)]
+    nt = list(nmap)
+    for i, t in enumerate(nt):  # a type's served rows in new-ID order are the input rows of nmap[t]
+        served = np.concatenate([np.asarray(p.node_feats["feat"])[np.asarray(p.node_feats[NTYPE]) == i]
+                                 for p in parts])  # fmt: skip
+        assert np.array_equal(served, g.nodes[t].data["feat"][nmap[t]])
+    homo_n, _ = load_orig_ids(cfg)
+    noff = np.cumsum([0] + [g.num_nodes(t) for t in nt])
+    for p in parts:
+        indptr = np.asarray(p.indptr)
+        dst = p.node_range[0] + np.repeat(np.arange(p.num_owned_nodes), np.diff(indptr))
+        src = np.asarray(p.indices)
+        et, rank = np.asarray(p.edge_feats[ETYPE]), np.asarray(p.edge_feats[TYPE_EID])
+        for r, c in enumerate(emap):
+            sel = et == r
+            want_src, want_dst = g.edges(etype=c)
+            orig = emap[c][rank[sel]]
+            assert np.array_equal(homo_n[src[sel]] - noff[nt.index(c[0])], want_src[orig])
+            assert np.array_equal(homo_n[dst[sel]] - noff[nt.index(c[2])], want_dst[orig])
+    for c, ids in emap.items():
+        assert np.array_equal(np.sort(ids), np.arange(g.num_edges(c)))
+
+
+def test_per_type_orig_ids_homogeneous_and_default_unchanged(cora_npy: Path, tmp_path: Path) -> None:
+    from asyncgraph.partition import load_orig_ids
+    from asyncgraph.partition.stream import partition_chunked
+
+    partition_chunked(cora_npy, 2, tmp_path / "o", part_method="random", workers=1)
+    nids, eids = load_orig_ids(tmp_path / "o" / "cora.json")
+    assert isinstance(nids, np.ndarray) and nids.shape == (2708,)
+    nmap, emap = load_orig_ids(tmp_path / "o" / "cora.json", per_type=True)
+    assert list(nmap) == ["_N"] and list(emap) == [("_N", "_E", "_N")]
+    assert np.array_equal(nmap["_N"], nids) and np.array_equal(emap[("_N", "_E", "_N")], eids)
