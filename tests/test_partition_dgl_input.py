@@ -170,3 +170,49 @@ def test_per_type_orig_ids_homogeneous_and_default_unchanged(cora_npy: Path, tmp
     nmap, emap = load_orig_ids(tmp_path / "o" / "cora.json", per_type=True)
     assert list(nmap) == ["_N"] and list(emap) == [("_N", "_E", "_N")]
     assert np.array_equal(nmap["_N"], nids) and np.array_equal(emap[("_N", "_E", "_N")], eids)
+
+
+# --- DGL's partition format: recognised, refused in one line (item 3) ---------------------------
+def _dgl_partition(folder: Path) -> Path:
+    """A DGL partition config as ``dgl.distributed.partition_graph`` writes it (2 parts of cora)."""
+    folder.mkdir()
+    doc: dict[str, Any] = {
+        "graph_name": "cora", "num_nodes": 2708, "num_edges": 10556, "part_method": "metis",
+        "num_parts": 2, "halo_hops": 1, "node_map": {"_N": [[0, 1354], [1354, 2708]]},
+        "edge_map": {"_N:_E:_N": [[0, 5278], [5278, 10556]]}, "ntypes": {"_N": 0},
+        "etypes": {"_N:_E:_N": 0},
+    }  # fmt: skip
+    for p in range(2):
+        doc[f"part-{p}"] = {"node_feats": f"part{p}/node_feat.dgl", "edge_feats": f"part{p}/edge_feat.dgl",
+                            "part_graph": f"part{p}/graph.dgl"}  # fmt: skip
+        (folder / f"part{p}").mkdir()
+    (folder / "metadata.json").write_text(json.dumps(doc, indent=4))
+    return folder / "metadata.json"
+
+
+DGL_LINE = r"is a DGL partition \(dgl\.distributed\.partition_graph output\); asyncgraph cannot serve it: "
+
+
+def test_dgl_partition_config_is_named_in_one_typed_line(tmp_path: Path) -> None:
+    """``load_partition``, the partition book, the server, the launcher and the partitioner's
+    ``--input`` each say in one line that this is DGL's partition format and what to run instead
+    (before: a pydantic dump)."""
+    from asyncgraph.errors import ForeignPartitionError
+    from asyncgraph.partition import load_partition, load_partition_book
+
+    meta = _dgl_partition(tmp_path / "dglparts")
+    for call in (lambda: load_partition(meta, 0), lambda: load_partition_book(meta, 0)):
+        with pytest.raises(ForeignPartitionError, match=DGL_LINE + r".*python -m asyncgraph\.partition"):
+            call()
+    runs = {
+        "asyncgraph.server": ["--part-config", str(meta), "--part-id", "0"],
+        "asyncgraph.launch": ["--part-config", str(meta), "--num-trainers", "1", "--", "python", "-c", "0"],
+        "asyncgraph.partition": ["--input", str(meta), "--num-parts", "2", "--out", str(tmp_path / "o")],
+    }
+    for module, argv in runs.items():
+        res = subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True,
+                             timeout=60, env=subprocess_env(), check=False)  # fmt: skip
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1, (module, res.stderr)
+        assert re.search(DGL_LINE, lines[0]) and "validation error" not in lines[0], (module, lines[0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dglparts"]

@@ -38,6 +38,7 @@ from asyncgraph.partition.chunked_checks import (
 )
 from asyncgraph.partition.chunked_checks import fail as _fail
 from asyncgraph.partition.chunked_csv import iter_csv
+from asyncgraph.partition.config import dgl_partition_error
 from asyncgraph.partition.graph import Graph
 from asyncgraph.partition.hetero_graph import HeteroGraph
 
@@ -229,6 +230,9 @@ def read_metadata(meta_path: str | Path) -> ChunkedGraph:
         raise _fail(path, f"not valid metadata ({exc})") from None
     if not isinstance(meta, dict):
         raise _fail(path, "must hold a JSON object")
+    foreign = dgl_partition_error(meta, path)  # DGL's partitions are a metadata.json too
+    if foreign is not None:
+        raise foreign
     for key in ("node_type", "edge_type", "edges"):
         if key not in meta:
             raise _fail(path, f"missing key {key!r}")

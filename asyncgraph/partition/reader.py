@@ -10,7 +10,7 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from asyncgraph.errors import InvalidRequestError, OutOfRangeError
+from asyncgraph.errors import ForeignPartitionError, InvalidRequestError, OutOfRangeError
 from asyncgraph.names import DEFAULT_ETYPE, DEFAULT_NTYPE
 from asyncgraph.partition.book import IdArray, RangePartitionBook
 from asyncgraph.partition.config import PartitionConfig, TensorSpec
@@ -66,6 +66,8 @@ def _read_config(cfg_path: Path) -> PartitionConfig:
         raise InvalidRequestError(f"partition config {cfg_path} does not exist")
     try:
         return PartitionConfig.load(cfg_path)
+    except ForeignPartitionError:
+        raise
     except ValueError as exc:  # pydantic.ValidationError is a ValueError
         raise InvalidRequestError(f"partition config {cfg_path} is invalid: {exc}") from exc
 
