@@ -55,6 +55,13 @@ class Plan:
     kaminpar_room: int = 0  # kaminpar: bytes its graph may take (the choice made on the real size)
 
 
+def parquet_reader_bytes(g: ChunkedGraph) -> int:
+    """What a task's parquet reader holds besides its rows (see ``chunked_parquet.reader_bytes``)."""
+    files = [c for cs in g.edges.values() for c in cs]
+    files += [c for d in (*g.node_data.values(), *g.edge_data.values()) for cs in d.values() for c in cs]
+    return max((c.reader_bytes for c in files), default=0)
+
+
 def plan_run(
     g: ChunkedGraph, method: str, limit: int, workers: int, assignment: bool, num_parts: int = 4
 ) -> Plan:
@@ -88,7 +95,7 @@ def plan_run(
             f"{what} needs about {format_size(assign_need)} for {n:,} nodes and {e:,} edges, but "
             f"the memory limit is {format_size(limit)}; raise --memory-limit{hint}"
         )
-    budget = (limit - MAIN_BASE) // max(1, workers) - WORKER_BASE
+    budget = (limit - MAIN_BASE) // max(1, workers) - WORKER_BASE - parquet_reader_bytes(g)
     need = MIN_ROWS * SHUFFLE_BYTES + 8 * max(g.node_offsets()[-1] // max(1, 64), 1)
     if budget < need:
         raise InvalidRequestError(
