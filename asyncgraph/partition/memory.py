@@ -8,6 +8,7 @@ pipeline reads chunks and writes outputs through memory maps and plain file writ
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -184,9 +185,10 @@ class DaskPeaks:
     def __exit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self.client is not None:
-            try:
-                self.peaks = {str(k): int(v) for k, v in self.client.run(_stop_worker, self.token).items()}
-            except Exception:
-                if et is None:  # the run's own error is the one to report
-                    raise
+        if self.client is None:
+            return
+        if et is not None:  # failed or interrupted: stop the samplers, wait for nothing
+            with contextlib.suppress(Exception):
+                self.client.run(_stop_worker, self.token, wait=False)
+            return
+        self.peaks = {str(k): int(v) for k, v in self.client.run(_stop_worker, self.token).items()}
