@@ -133,8 +133,12 @@ def part_config_checked(path: Any, part_id: int | None = None) -> Any:
     path = Path(path)
     if not path.is_file():
         raise CliError(f"partition config {path} does not exist")
+    from asyncgraph.errors import ForeignPartitionError
+
     try:
         config = PartitionConfig.load(path)
+    except ForeignPartitionError as exc:
+        raise CliError(str(exc)) from None
     except ValueError as exc:
         raise CliError(f"partition config {path} is invalid: {one_line(exc)}") from None
     if part_id is not None and not 0 <= part_id < config.num_parts:

@@ -106,6 +106,13 @@ class InvalidNameError(InvalidRequestError):
     code = "bad_name"
 
 
+class ForeignPartitionError(InvalidRequestError):
+    """A partition config written by another system (DGL's ``partition_graph``): asyncgraph
+    cannot serve it; the original graph must be partitioned with asyncgraph's partitioner."""
+
+    code = "foreign_partition"
+
+
 class ProtocolError(AsyncGraphError):
     """Bytes on the wire do not form a valid frame or message."""
 
@@ -213,6 +220,7 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         TooManyTensorsError,
         MemoryBudgetError,
         InvalidNameError,
+        ForeignPartitionError,
         ProtocolError,
         FrameTooLargeError,
         AuthenticationError,

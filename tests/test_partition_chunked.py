@@ -244,9 +244,9 @@ BAD: dict[str, tuple[Any, str]] = {
         lambda m, d: m["edges"]["_N:_E:_N"]["format"].__setitem__("name", "hdf5"),
         r"unknown format 'hdf5'",
     ),
-    "parquet": (
+    "npy called parquet": (
         lambda m, d: m["node_data"]["_N"]["feat"]["format"].__setitem__("name", "parquet"),
-        r"'parquet' is not supported",
+        r"feat-0\.npy: not a readable parquet file \(ArrowInvalid in its footer\)",
     ),
     "not json": (lambda m, d: m.clear(), r"missing key 'node_type'"),
 }

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-__all__ = ["die_with_parent", "exit_status", "group_alive", "watchdog"]
+__all__ = ["bind_to_parent", "die_with_parent", "exit_status", "group_alive", "watchdog"]
 
 _PR_SET_PDEATHSIG = 1
 _libc: ctypes.CDLL | None = None
@@ -53,6 +53,19 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
             os.kill(os.getpid(), signal.SIGKILL)
 
     return preexec
+
+
+def bind_to_parent(parent: int, sig: int = signal.SIGTERM) -> bool:
+    """In a child process: receive ``sig`` when ``parent`` dies; SIGKILL itself if it is already gone.
+
+    Returns whether the parent-death signal is set (False where the platform has none: the
+    caller then watches the parent's PID itself).
+    """
+    if _libc is not None:
+        _libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _libc is not None
 
 
 def group_alive(pgid: int) -> bool:

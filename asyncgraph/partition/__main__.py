@@ -1,7 +1,7 @@
 """CLI: ``python -m asyncgraph.partition --input g.npz --graph-name g --num-parts 2 --out dir``.
 
-``--input DIR/metadata.json`` reads DGL's chunked graph format instead and partitions it out of
-core within ``--memory-limit`` on ``--workers`` processes (or a Dask cluster,
+``--input DIR/metadata.json`` (or ``--input DIR``) reads DGL's chunked graph format instead and
+partitions it out of core within ``--memory-limit`` on ``--workers`` processes (or a Dask cluster,
 ``--dask-scheduler``); ``--assignment DIR`` takes DGL's ``<ntype>.txt`` assignment files;
 ``--resume`` restarts a killed chunked run after its last finished stage; ``--part-dir P=DIR``
 writes partition P into DIR, and ``--part-worker P=ADDRESS`` writes it from that Dask worker only
@@ -62,7 +62,10 @@ def _terminate(signum: int, frame: object) -> None:
 def build_parser() -> Parser:
     ap = Parser(prog="python -m asyncgraph.partition", description=__doc__, raw_description=True)
     ap.add_argument(
-        "--input", required=True, type=Path, help="graph .npz, or DGL chunked format's metadata.json"
+        "--input",
+        required=True,
+        type=Path,
+        help="graph .npz, or DGL chunked format's metadata.json or its folder",
     )
     ap.add_argument(
         "--graph-name",
@@ -104,6 +107,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: Any) -> int:
+    if args.input.is_dir():  # DGL's tools take the chunked graph's folder
+        if not (args.input / "metadata.json").is_file():
+            raise CliError(f"--input {args.input} is a folder without metadata.json (a chunked graph's "
+                           "folder has one: DGL's chunked graph format)")  # fmt: skip
+        args.input = args.input / "metadata.json"
     if not args.input.is_file():
         raise CliError(f"--input {args.input} does not exist")
     if args.num_parts < 1:

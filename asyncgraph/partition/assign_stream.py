@@ -13,6 +13,7 @@ writes ``orig_nids.npy`` (into the output tree) and its inverse ``new_id.npy`` (
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import time
@@ -50,6 +51,27 @@ def _train_categories(g: ChunkedGraph) -> IdArray | None:
     return cat
 
 
+def check_assignment_meta(folder: Path, k: int) -> None:
+    """``--assignment``'s ``partition_meta.json`` (DGL's ``random_partition.py`` writes one; ParMETIS
+    does not) must say ``num_parts == k``: before, a 2-way assignment with ``--num-parts 4`` gave
+    two empty partitions and training ran."""
+    meta = folder / "partition_meta.json"
+    if not meta.is_file():
+        return
+    if meta.stat().st_size > 1 << 20:
+        raise InvalidRequestError(f"{meta}: larger than 1 MiB; not DGL's partition_meta.json")
+    try:
+        doc = json.loads(meta.read_bytes())
+    except ValueError as exc:
+        raise InvalidRequestError(f"{meta}: not JSON ({type(exc).__name__})") from None
+    num = doc.get("num_parts") if isinstance(doc, dict) else None
+    if isinstance(num, bool) or not isinstance(num, int) or num < 1:
+        raise InvalidRequestError(f"{meta}: num_parts is not a positive integer")
+    if num != k:
+        raise InvalidRequestError(f"{meta} says num_parts {num} but --num-parts is {k}: pass --num-parts "
+                                  f"{num}, or the assignment of a {k}-way partitioning")  # fmt: skip
+
+
 def _file_parts(g: ChunkedGraph, folder: Path, k: int) -> np.ndarray[Any, Any]:
     """Parts from DGL's partition-assignment files ``<ntype>.txt`` (checked: count and range)."""
     if not folder.is_dir():
@@ -73,6 +95,10 @@ def _file_parts(g: ChunkedGraph, folder: Path, k: int) -> np.ndarray[Any, Any]:
             raise InvalidRequestError(f"{f}: part ID {int(arr.min()) if arr.min() < 0 else int(arr.max())} "
                                       f"is outside [0, {k}) (num_parts)")  # fmt: skip
         out.append(arr.astype(np.int16 if k < 2**15 else np.int64))
+    top = max((int(a.max()) for a in out if a.size), default=-1)
+    if top + 1 < k:  # the last parts would be empty: an assignment made for fewer parts
+        raise InvalidRequestError(f"--assignment {folder}: part IDs 0..{top} ({top + 1} parts) but "
+                                  f"--num-parts is {k}; the parts above {top} would be empty")  # fmt: skip
     return np.concatenate(out)
 
 

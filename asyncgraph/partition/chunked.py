@@ -11,9 +11,10 @@ The format (DGL's ``docs/source/guide/distributed-preprocessing.rst``) is a ``me
 
 ``num_nodes_per_type``/``num_edges_per_type`` (totals) are accepted in place of, or beside, the
 per-chunk lists. Paths are relative to the folder of ``metadata.json`` (or absolute). Edge chunks
-are ``csv`` (two per-type IDs a line) or ``numpy`` (an ``(E, 2)`` integer ``.npy``); data chunks
-are ``numpy`` (DGL's dispatcher reads node/edge data as numpy only). ``parquet`` needs pyarrow,
-which asyncgraph does not depend on: it is reported as unsupported. Node types are numbered in
+are ``csv`` (two per-type IDs a line), ``parquet`` (two integer columns; DGL's dispatcher reads
+both) or ``numpy`` (an ``(E, 2)`` integer ``.npy``: asyncgraph's extension, not DGL's); data
+chunks are ``numpy`` or ``parquet`` (:mod:`asyncgraph.partition.chunked_parquet`, which needs the
+optional pyarrow). Node types are numbered in
 sorted order and edge types in ``edge_type`` order, as :class:`~asyncgraph.partition.hetero_graph.HeteroGraph`
 does, so homogeneous IDs are those of ``HeteroGraph.to_homogeneous``. Every problem raises
 :class:`ChunkedFormatError` naming the file and what is wrong.
@@ -38,12 +39,15 @@ from asyncgraph.partition.chunked_checks import (
 )
 from asyncgraph.partition.chunked_checks import fail as _fail
 from asyncgraph.partition.chunked_csv import iter_csv
+from asyncgraph.partition.chunked_parquet import parquet_header, parquet_rows
+from asyncgraph.partition.config import dgl_partition_error
 from asyncgraph.partition.graph import Graph
 from asyncgraph.partition.hetero_graph import HeteroGraph
 
 __all__ = ["ChunkFile", "ChunkedFormatError", "ChunkedGraph", "load_chunked", "read_metadata"]
 
-FORMATS = ("csv", "numpy")
+FORMATS = ("csv", "numpy", "parquet")
+DATA_FORMATS = ("numpy", "parquet")
 #: The largest ``metadata.json`` read (it is parsed whole; ten thousand chunks take ~1 MiB).
 MAX_METADATA_BYTES = 64 << 20
 
@@ -59,6 +63,7 @@ class ChunkFile:
     rows: int
     dtype: str = "int64"
     row_shape: tuple[int, ...] = ()
+    reader_bytes: int = 0  # parquet: what its reader holds besides the rows (memory planning)
 
     @property
     def row_bytes(self) -> int:
@@ -167,9 +172,7 @@ def _spec_files(spec: Any, where: str, path: Path, data: bool) -> tuple[str, str
         raise _fail(path, f"{where} must be {{'format': {{'name': ...}}, 'data': [paths]}}")
     fmt = spec["format"]
     name = fmt.get("name") if isinstance(fmt, dict) else None
-    if name == "parquet":
-        raise _fail(path, f"{where}: format 'parquet' is not supported (needs pyarrow); use csv or numpy")
-    allowed = ("numpy",) if data else FORMATS
+    allowed = DATA_FORMATS if data else FORMATS
     if name not in allowed:
         raise _fail(path, f"{where}: unknown format {name!r}; expected one of {list(allowed)}")
     delim = fmt.get("delimiter", " ") if isinstance(fmt, dict) else " "
@@ -191,7 +194,7 @@ def _layout(files: list[Path], fmt: str, delim: str, counts: list[int] | int, wh
     out: list[ChunkFile] = []
     start = 0
     for i, f in enumerate(files):
-        dtype, row_shape = "int64", tuple[int, ...]()
+        dtype, row_shape, reader = "int64", tuple[int, ...](), 0
         if fmt == "numpy":
             shape, dt, _ = _npy_header(f)
             rows = shape[0] if shape else 0
@@ -200,11 +203,14 @@ def _layout(files: list[Path], fmt: str, delim: str, counts: list[int] | int, wh
             if data and (not shape or dt.kind not in "biuf"):
                 raise _fail(f, f"data chunk must be a numeric array with rows, got {shape} {dt}")
             dtype, row_shape = dt.name, shape[1:]
+        elif fmt == "parquet":
+            rows, dtype, row_shape, reader = parquet_header(f, data)
+        if fmt != "csv":
             if isinstance(counts, list) and rows != counts[i]:
                 raise _fail(f, f"holds {rows} rows but metadata.json says {counts[i]} ({where})")
         else:
             rows = counts[i] if isinstance(counts, list) else -1  # csv: counted while reading
-        out.append(ChunkFile(f, fmt, delim, start, rows, dtype, row_shape))
+        out.append(ChunkFile(f, fmt, delim, start, rows, dtype, row_shape, reader))
         start += max(rows, 0)
     return out
 
@@ -229,6 +235,9 @@ def read_metadata(meta_path: str | Path) -> ChunkedGraph:
         raise _fail(path, f"not valid metadata ({exc})") from None
     if not isinstance(meta, dict):
         raise _fail(path, "must hold a JSON object")
+    foreign = dgl_partition_error(meta, path)  # DGL's partitions are a metadata.json too
+    if foreign is not None:
+        raise foreign
     for key in ("node_type", "edge_type", "edges"):
         if key not in meta:
             raise _fail(path, f"missing key {key!r}")
@@ -259,7 +268,7 @@ def read_metadata(meta_path: str | Path) -> ChunkedGraph:
             raise _fail(path, f"'edges' has no entry for edge type {e!r}")
         fmt, delim, files = _spec_files(spec, f"edges[{e!r}]", path, data=False)
         edges[c] = _layout(files, fmt, delim, cnt, f"edges of {e}", data=False)
-        if fmt == "numpy" and not isinstance(cnt, list) and sum(x.rows for x in edges[c]) != cnt:
+        if fmt != "csv" and not isinstance(cnt, list) and sum(x.rows for x in edges[c]) != cnt:
             raise _fail(
                 path, f"{e}: chunks hold {sum(x.rows for x in edges[c])} edges, num_edges_per_type says {cnt}"
             )
@@ -310,7 +319,8 @@ def iter_edges(
 ) -> Iterator[tuple[int, np.ndarray[Any, np.dtype[np.int64]]]]:
     """Rows ``[lo, hi)`` of an edge chunk as ``(first row, (k, 2) int64 block)`` pairs.
 
-    A numpy chunk is sliced through a memory map; a csv chunk is parsed block by block (whole
+    A numpy chunk is sliced through a memory map; a parquet chunk is decoded record batch by
+    record batch; a csv chunk is parsed block by block (whole
     lines of about ``block_rows`` rows), so memory stays bounded whatever the file's size; a csv
     chunk is always read whole (``lo == 0``, ``hi == rows``) and its line count checked.
     """
@@ -319,11 +329,20 @@ def iter_edges(
         for a in range(lo, hi, block_rows):
             yield a, np.ascontiguousarray(arr[a : min(hi, a + block_rows)], dtype=np.int64)
         return
+    if chunk.fmt == "parquet":
+        for a, block in parquet_rows(chunk.path, lo, hi, chunk.dtype, chunk.row_shape, block_rows):
+            yield a, block.astype(np.int64, copy=False)
+        return
     yield from iter_csv(chunk.path, chunk.delimiter, chunk.rows, block_rows, where)
 
 
 def read_rows(chunk: ChunkFile, lo: int, hi: int) -> np.ndarray[Any, Any]:
-    """Rows ``[lo, hi)`` of a numpy data chunk (a copy of just those rows, in native byte order)."""
+    """Rows ``[lo, hi)`` of a data chunk (a copy of just those rows, in native byte order)."""
+    if chunk.fmt == "parquet":
+        out = np.empty((hi - lo, *chunk.row_shape), dtype=chunk.dtype)
+        for a, block in parquet_rows(chunk.path, lo, hi, chunk.dtype, chunk.row_shape, max(1, hi - lo)):
+            out[a - lo : a - lo + block.shape[0]] = block
+        return out
     arr = np.load(chunk.path, mmap_mode="r")
     return native(np.array(arr[lo:hi]))
 

@@ -98,7 +98,10 @@ def check_npz_options(args: Any) -> None:
 def run_chunked(args: Any) -> int:
     """Partition a chunked graph; prints the stage times, the peak memory and the summary."""
     from asyncgraph.partition.chunked import read_metadata
+    from asyncgraph.partition.interrupt import install
     from asyncgraph.partition.stream import partition_chunked
+
+    install()  # SIGTERM / SIGINT keep the finished stages for --resume
 
     if args.num_trainers_per_machine != 1:
         raise CliError("--num-trainers-per-machine > 1 is not supported with chunked input yet")
@@ -130,8 +133,12 @@ def run_chunked(args: Any) -> int:
         part_workers=pins,
     )
     stages = ", ".join(f"{k} {v:.2f} s" for k, v in report.seconds.items())
+    dask = ""
+    if report.dask_peaks:  # the workers are the cluster's, not this process' children
+        dask = (f" (this process {format_size(report.main_peak)} + {len(report.dask_peaks)} Dask workers "
+                f"{format_size(sum(report.dask_peaks.values()))})")  # fmt: skip
     print(
-        f"done in {time.perf_counter() - t0:.2f} s ({stages}); peak memory {format_size(report.peak)} "
+        f"done in {time.perf_counter() - t0:.2f} s ({stages}); peak memory {format_size(report.peak)}{dask} "
         f"of the {format_size(report.limit)} limit; read {format_size(report.bytes_read)}, wrote "
         f"{format_size(report.bytes_written)}"
         + (f"; resumed after {', '.join(report.skipped)}" if report.skipped else ""),

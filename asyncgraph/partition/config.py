@@ -2,13 +2,36 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from asyncgraph.errors import ForeignPartitionError
 from asyncgraph.partition.book import RangePartitionBook
 
 FORMAT_VERSION = 1
+
+
+def dgl_partition_error(doc: Any, path: str | Path) -> ForeignPartitionError | None:
+    """The error to raise when ``doc`` (a parsed JSON file) is a DGL partition config, else None.
+
+    DGL's ``partition_graph`` writes ``graph_name``, ``part_method``, ``num_parts``, ``node_map``,
+    ``edge_map`` and one ``part-<i>`` entry per part naming its ``node_feats``, ``edge_feats`` and
+    ``part_graph`` files; asyncgraph's config has none of the last three kinds of key.
+    """
+    if not isinstance(doc, dict) or not ({"node_map", "edge_map"} & set(doc)):
+        return None
+    parts = [v for k, v in doc.items() if str(k).startswith("part-") and isinstance(v, dict)]
+    if not any({"part_graph", "node_feats", "edge_feats"} & set(v) for v in parts):
+        return None
+    return ForeignPartitionError(
+        f"{path} is a DGL partition (dgl.distributed.partition_graph output); asyncgraph cannot serve "
+        "it: partition the original graph with `python -m asyncgraph.partition --input GRAPH.npz "
+        "--graph-name NAME --num-parts N --out DIR` or `asyncgraph.partition_graph(g, ...)` (or DGL's "
+        "chunked input with `python -m asyncgraph.partition --input CHUNKED_DIR --num-parts N --out DIR`)"
+    )
 
 
 class TensorSpec(BaseModel):
@@ -72,7 +95,16 @@ class PartitionConfig(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path) -> PartitionConfig:
-        cfg = cls.model_validate_json(Path(path).read_text())
+        """The config at ``path``; a DGL partition config raises :class:`ForeignPartitionError`."""
+        text = Path(path).read_text()
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            doc = None  # pydantic names what is wrong below
+        foreign = dgl_partition_error(doc, path)
+        if foreign is not None:
+            raise foreign
+        cfg = cls.model_validate_json(text)
         if cfg.format_version != FORMAT_VERSION:
             raise ValueError(
                 f"{path}: partition format version {cfg.format_version} is not supported "

@@ -8,17 +8,21 @@ pipeline reads chunks and writes outputs through memory maps and plain file writ
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import sys
+import threading
+import uuid
 from types import TracebackType
+from typing import Any
 
 import psutil
 
 from asyncgraph.errors import InvalidRequestError, MemoryBudgetError
 
-__all__ = ["PeakSampler", "default_memory_limit", "format_size", "parse_size", "tree_memory"]
+__all__ = ["DaskPeaks", "PeakSampler", "default_memory_limit", "format_size", "parse_size", "tree_memory"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2,
           "mib": 1 << 20, "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30, "t": 1 << 40, "tb": 1000**4,
@@ -156,3 +160,64 @@ class PeakSampler:
                 f"--memory-limit of {format_size(limit)}; nothing was written: raise --memory-limit "
                 "or lower --workers"
             )
+
+
+_WORKER_SAMPLERS: dict[str, tuple[threading.Event, list[int], threading.Thread]] = {}
+
+
+def _sample_worker(token: str, interval: float) -> None:
+    """On a Dask worker: sample its process tree's memory on a thread until stopped."""
+    stop, peak = threading.Event(), [0]
+
+    def loop() -> None:
+        while True:
+            peak[0] = max(peak[0], tree_memory())
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=loop, daemon=True, name=f"asyncgraph-peak-{token}")
+    _WORKER_SAMPLERS[token] = (stop, peak, thread)
+    thread.start()
+
+
+def _stop_worker(token: str) -> int:
+    """On a Dask worker: stop the sampler of ``token``; its peak (0 if it never started here)."""
+    entry = _WORKER_SAMPLERS.pop(token, None)
+    if entry is None:
+        return 0
+    stop, peak, thread = entry
+    stop.set()
+    thread.join(timeout=10)
+    return max(peak[0], tree_memory())
+
+
+class DaskPeaks:
+    """The peak memory of each Dask worker (its process tree) over a ``with`` block.
+
+    Dask workers are not the run's child processes, so :class:`PeakSampler` does not see them;
+    each worker samples itself on a thread (started and stopped with ``client.run``).
+    ``peaks``: ``{worker address: bytes}``; their sum bounds the workers' joint peak from above
+    (each worker's peak may come at another moment). No client: nothing is sampled.
+    """
+
+    def __init__(self, client: Any, interval: float = 0.05) -> None:
+        self.client = client
+        self.interval = interval
+        self.token = uuid.uuid4().hex[:12]
+        self.peaks: dict[str, int] = {}
+
+    def __enter__(self) -> DaskPeaks:
+        if self.client is not None:
+            self.client.run(_sample_worker, self.token, self.interval)
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.client is None:
+            return
+        if et is not None:  # failed or interrupted: stop the samplers, wait for nothing
+            with contextlib.suppress(Exception):
+                self.client.run(_stop_worker, self.token, wait=False)
+            return
+        self.peaks = {str(k): int(v) for k, v in self.client.run(_stop_worker, self.token).items()}

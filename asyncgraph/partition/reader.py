@@ -6,11 +6,11 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
-from asyncgraph.errors import InvalidRequestError, OutOfRangeError
+from asyncgraph.errors import ForeignPartitionError, InvalidRequestError, OutOfRangeError
 from asyncgraph.names import DEFAULT_ETYPE, DEFAULT_NTYPE
 from asyncgraph.partition.book import IdArray, RangePartitionBook
 from asyncgraph.partition.config import PartitionConfig, TensorSpec
@@ -66,6 +66,8 @@ def _read_config(cfg_path: Path) -> PartitionConfig:
         raise InvalidRequestError(f"partition config {cfg_path} does not exist")
     try:
         return PartitionConfig.load(cfg_path)
+    except ForeignPartitionError:
+        raise
     except ValueError as exc:  # pydantic.ValidationError is a ValueError
         raise InvalidRequestError(f"partition config {cfg_path} is invalid: {exc}") from exc
 
@@ -96,9 +98,61 @@ def load_partition_feats(
     return (part.node_feats if load_nodes else None, part.edge_feats if load_edges else None)
 
 
-def load_orig_ids(part_config: str | os.PathLike[str]) -> tuple[IdArray, IdArray]:
-    """The ``(orig_nids, orig_eids)`` mapping written beside the config (``orig_nids[new] == old``)."""
-    cfg_path = Path(part_config)
+CanonicalEType = tuple[str, str, str]
+
+
+@overload
+def load_orig_ids(
+    part_config: str | os.PathLike[str], per_type: Literal[False] = False
+) -> tuple[IdArray, IdArray]: ...
+
+
+@overload
+def load_orig_ids(
+    part_config: str | os.PathLike[str], per_type: Literal[True]
+) -> tuple[dict[str, IdArray], dict[CanonicalEType, IdArray]]: ...
+
+
+def load_orig_ids(part_config: str | os.PathLike[str], per_type: bool = False) -> Any:
+    """The ``(orig_nids, orig_eids)`` mapping written beside the config (``orig_nids[new] == old``).
+
+    Node and edge IDs here are homogeneous: for a heterogeneous graph, node types take
+    consecutive ID ranges in ``config.ntypes`` order (sorted by name, as DGL's chunked format
+    and ``HeteroGraph`` number them) and edge types in ``config.canonical_etypes`` order (the
+    input's ``edge_type`` order), each type's IDs in its input order.
+
+    ``per_type=True`` gives DGL's per-type dictionaries instead, ``({ntype: ids},
+    {(src, rel, dst): ids})`` with ``ids[new per-type ID] == input per-type ID``; the new
+    per-type IDs are the ones a ``DistGraph`` serves (a type's nodes, or edges, in new-ID order:
+    by partition, then by input ID within the partition). A homogeneous graph gives
+    ``{"_N": orig_nids}`` and ``{("_N", "_E", "_N"): orig_eids}``.
+    """
+    nids, eids = _load_orig_ids(Path(part_config))
+    if not per_type:
+        return nids, eids
+    config = _read_config(Path(part_config))
+    if config.ntypes is None or config.canonical_etypes is None:
+        return {DEFAULT_NTYPE: nids}, {DEFAULT_ETYPE: eids}
+    nsizes = np.asarray(config.ntype_counts, dtype=np.int64).sum(axis=0)
+    esizes = np.asarray(config.etype_counts, dtype=np.int64).sum(axis=0)
+    return (_split_by_type(nids, list(config.ntypes), nsizes),
+            _split_by_type(eids, [tuple(c) for c in config.canonical_etypes], esizes))  # fmt: skip
+
+
+def _split_by_type(ids: IdArray, keys: list[Any], sizes: IdArray) -> dict[Any, IdArray]:
+    """``{key: per-type IDs}`` of homogeneous ``ids`` whose types take ranges of ``sizes`` in order."""
+    offsets = np.zeros(len(keys) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    types = np.searchsorted(offsets, ids, side="right") - 1
+    out: dict[Any, IdArray] = {}
+    for i, key in enumerate(keys):
+        mine = ids[types == i]
+        mine -= offsets[i]
+        out[key] = mine
+    return out
+
+
+def _load_orig_ids(cfg_path: Path) -> tuple[IdArray, IdArray]:
     config = _read_config(cfg_path)
     if config.orig_nids is None or config.orig_eids is None:
         raise InvalidRequestError(f"{cfg_path} names no ID mapping (partitioned by an older asyncgraph)")

@@ -3,9 +3,12 @@
 ``Runner.map(fn, args, stage)`` runs ``fn(*a)`` for every ``a`` and returns the results in
 order, with a tqdm bar per stage (tasks, bytes read and written, ETA) when ``progress`` is set.
 Workers are spawned, not forked: a forked worker would share (and be charged for) the main
-process' pages. With a ``distributed.Client`` (opened by
-:func:`asyncgraph.partition.placement.dask_client`) the same tasks go to the cluster's workers,
-which must see the input and the work folder on shared storage.
+process' pages. They die with the main process (a parent-death signal) and leave SIGTERM and
+SIGINT to it; when a stage fails or is interrupted, the main process kills them by PID rather
+than waiting for their tasks (see :mod:`asyncgraph.partition.interrupt`). With a
+``distributed.Client`` (opened by :func:`asyncgraph.partition.placement.dask_client`) the same
+tasks go to the cluster's workers, which must see the input and the work folder on shared
+storage.
 
 ``pins`` (``--part-worker P=ADDRESS``) pins partition ``P``'s tasks to one Dask worker: a task
 given ``parts[i] == P`` runs there only (``workers=[ADDRESS]``, ``allow_other_workers=False``),
@@ -16,7 +19,9 @@ so ``P``'s files may live on that worker's local disk; its key names the part
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
+import os
 import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +29,7 @@ from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from types import TracebackType
 from typing import Any
 
+from asyncgraph.partition.interrupt import paused_task, worker_init
 from asyncgraph.partition.memory import format_size
 
 __all__ = ["Runner"]
@@ -44,13 +50,17 @@ class Runner:
 
     def __enter__(self) -> Runner:
         if self._client is None and self.workers > 1:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=worker_init, initargs=(os.getpid(),))  # fmt: skip
         return self
 
     def __exit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         if self._pool is not None:
+            if et is not None:  # failed or interrupted: the tasks still running are not waited for
+                for proc in list(self._pool._processes.values()):
+                    proc.kill()
             self._pool.shutdown(wait=True, cancel_futures=True)
 
     def map(
@@ -86,6 +96,8 @@ class Runner:
                 bar.set_postfix_str(f"read {format_size(moved[0])}, wrote {format_size(moved[1])}")
 
         results: list[tuple[int, int]] = []
+        if os.environ.get("ASYNCGRAPH_PARTITION_PAUSE_IN") == stage:  # the testing hook
+            fn = functools.partial(paused_task, fn, stage)
         try:
             if self._client is not None:
                 from distributed import as_completed as dask_completed

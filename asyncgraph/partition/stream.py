@@ -28,9 +28,10 @@ import contextlib
 import os
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,11 @@ import numpy as np
 
 from asyncgraph.errors import InvalidRequestError
 from asyncgraph.names import ETYPE, NTYPE, TYPE_EID
-from asyncgraph.partition.assign_stream import assign_chunked
+from asyncgraph.partition.assign_stream import assign_chunked, check_assignment_meta
 from asyncgraph.partition.chunked import ChunkedGraph, read_metadata
 from asyncgraph.partition.csc_sort import load_counts, part_sizes, plan_sort, sort_range
-from asyncgraph.partition.memory import PeakSampler, default_memory_limit, format_size, parse_size
+from asyncgraph.partition.interrupt import Interrupted, held, signal_name
+from asyncgraph.partition.memory import DaskPeaks, PeakSampler, default_memory_limit, parse_size
 from asyncgraph.partition.output import check_out_path, commit
 from asyncgraph.partition.placement import (
     build_dir,
@@ -63,6 +65,7 @@ from asyncgraph.partition.stream_meta import (
     tensor_specs,
     type_edges_before,
 )
+from asyncgraph.partition.stream_plan import MAIN_BASE, MIN_ROWS, WORK_FORMAT, Plan, plan_run
 from asyncgraph.partition.tasks import (
     Ctx,
     copy_edge_rows,
@@ -77,43 +80,6 @@ from asyncgraph.partition.workdir import WorkFolder, fingerprint
 __all__ = ["Plan", "RunReport", "partition_chunked", "plan_run"]
 
 METHODS = ("random", "metis", "kaminpar", "fennel")
-MAIN_BASE = 96 << 20  # the main process: interpreter, numpy, the metadata, the sampler
-WORKER_BASE = 64 << 20  # a spawned worker before it holds any chunk
-SHUFFLE_BYTES = 112  # per edge row in a shuffle piece (ids, relabelled record, sort by part)
-SORT_BYTES = 80  # per edge in a sort bucket (records, packed keys, outputs)
-MIN_ROWS = 4096
-WORK_FORMAT = 2  # the work folder's layout (2: range-grouped spill + counts); in the resume fingerprint
-METIS_EDGE_BYTES = 280  # pymetis 2025.2, measured (see plan_run)
-# kaminpar 3.7 (64-bit IDs), jet, 2 threads: its peak in-process, fitted on two graphs (R-MAT 2^20:
-# 1.05M nodes, 20.0M adjacency entries, 320 MiB plain / 213 MiB compressed; partition_bench's 2^22
-# graph: 4.19M nodes, 42.8M entries, 864 / 632 MiB) is ~12 B an entry + ~96 B a node plain and
-# ~6.2 B an entry + ~95 B a node compressed (2.4x slower). An input edge gives at most two entries.
-# The phases follow one another, so the stage needs the largest of them: the lean CSR build
-# (16 B of keys an input edge + xadj, in-degrees, the degree order and its inverse), KaMinPar
-# (plus the categories, in-degrees and order it leaves alive), then the relabelling and METIS'
-# repairs (~72 B a node, + 16 B of categories and in-degrees in the file's numbering).
-KAMINPAR_EDGE_BYTES = 24
-KAMINPAR_COMPRESSED_EDGE_BYTES = 13
-KAMINPAR_GRAPH_NODE_BYTES = 96 + 24
-KAMINPAR_CSR_EDGE_BYTES = 16
-KAMINPAR_CSR_NODE_BYTES = 40
-KAMINPAR_NODE_BYTES = 88
-KAMINPAR_FIXED = 160 << 20  # the CSR build's block temporaries (2M rows) and KaMinPar's own
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Chunk sizes derived from the memory limit (edge rows per piece, edges per sort bucket)."""
-
-    limit: int
-    workers: int
-    assign_need: int
-    worker_budget: int
-    edge_rows: int
-    sort_edges: int
-    data_bytes: int
-    compress: bool = False  # kaminpar: load the structure compressed (less memory, slower)
-    kaminpar_room: int = 0  # kaminpar: bytes its graph may take (the choice made on the real size)
 
 
 @dataclass
@@ -126,71 +92,8 @@ class RunReport:
     bytes_read: int
     bytes_written: int
     skipped: list[str]
-
-
-def plan_run(
-    g: ChunkedGraph, method: str, limit: int, workers: int, assignment: bool, num_parts: int = 4
-) -> Plan:
-    """Chunk sizes for ``limit`` bytes, or an error naming the method, what it needs and the limit."""
-    n = int(g.node_offsets()[-1])
-    e = int(g.edge_offsets()[-1])
-    # assign: parts + orig_nids + new_id + the permutation or METIS' structure (src, dst, the
-    # symmetric CSR, pymetis' copy and METIS' coarse graphs: the process tree peaked at 2.79 GiB
-    # for 2^20 nodes / 10.5M edges, 0.64 GiB for 2^18 / 2.6M: ~265 B an input edge)
-    key = "assignment" if assignment else method
-    per_node = {"random": 34, "fennel": 34 + 20 * num_parts, "metis": 120, "assignment": 34}
-    compress, room = False, 0
-    if key == "kaminpar":
-        csr = KAMINPAR_CSR_EDGE_BYTES * e + KAMINPAR_CSR_NODE_BYTES * n
-        after = KAMINPAR_NODE_BYTES * n
-        solve = KAMINPAR_EDGE_BYTES * e + KAMINPAR_GRAPH_NODE_BYTES * n
-        assign_need = MAIN_BASE + KAMINPAR_FIXED + max(csr, solve, after)
-        if assign_need > limit:  # the compressed graph, if that fits
-            compress = True
-            solve = KAMINPAR_COMPRESSED_EDGE_BYTES * e + KAMINPAR_GRAPH_NODE_BYTES * n
-            assign_need = MAIN_BASE + KAMINPAR_FIXED + max(csr, solve, after)
-        room = limit - MAIN_BASE - KAMINPAR_FIXED - KAMINPAR_GRAPH_NODE_BYTES * n
-    else:
-        per_edge = METIS_EDGE_BYTES if key == "metis" else 0
-        assign_need = MAIN_BASE + per_node[key] * n + per_edge * e
-    what = "--assignment files" if assignment else f"method {method!r}"
-    if assign_need > limit:
-        hint = {"metis": " or use --method kaminpar (less memory), fennel (streamed) or random",
-                "kaminpar": " or use --method fennel (streamed) or random"}.get(key, "")  # fmt: skip
-        raise InvalidRequestError(
-            f"{what} needs about {format_size(assign_need)} for {n:,} nodes and {e:,} edges, but "
-            f"the memory limit is {format_size(limit)}; raise --memory-limit{hint}"
-        )
-    budget = (limit - MAIN_BASE) // max(1, workers) - WORKER_BASE
-    need = MIN_ROWS * SHUFFLE_BYTES + 8 * max(g.node_offsets()[-1] // max(1, 64), 1)
-    if budget < need:
-        raise InvalidRequestError(
-            f"{what} with {workers} workers needs at least "
-            f"{format_size(MAIN_BASE + workers * (WORKER_BASE + need))}, but the memory limit is "
-            f"{format_size(limit)}; raise --memory-limit or lower --workers"
-        )
-    data_bytes = max(1 << 16, budget // 3)
-    _check_rows(g, data_bytes, workers, limit)
-    return Plan(limit, workers, assign_need, budget, max(MIN_ROWS, budget // SHUFFLE_BYTES),
-                max(MIN_ROWS, budget // SORT_BYTES), data_bytes, compress, room)  # fmt: skip
-
-
-def _check_rows(g: ChunkedGraph, data_bytes: int, workers: int, limit: int) -> None:
-    """Refuse a tensor whose one row is more than a copy task may hold (it copies at least one
-    row, up to three times): before, a 512 MiB row took a run to 1.1 GiB at a 256 MiB limit."""
-    per_type: list[tuple[str, Any, dict[str, Any]]] = [("node", t, d) for t, d in g.node_data.items()]
-    per_type += [("edge", ":".join(c), d) for c, d in g.edge_data.items()]
-    for kind, key, feats in per_type:
-        for fname, chunks in feats.items():
-            row = chunks[0].row_bytes
-            if row > data_bytes:
-                need = MAIN_BASE + workers * (WORKER_BASE + 3 * row)
-                raise InvalidRequestError(
-                    f"{kind} data {key}/{fname}: one row is {format_size(row)} (row shape "
-                    f"{chunks[0].row_shape}), more than the {format_size(data_bytes)} a task may read at "
-                    f"once under the memory limit of {format_size(limit)} with {workers} workers; raise "
-                    f"--memory-limit to at least {format_size(need)} or lower --workers"
-                )
+    main_peak: int = 0  # this process and its children (the pool's workers)
+    dask_peaks: dict[str, int] = field(default_factory=dict)  # Dask worker address -> its peak
 
 
 def _input_files(g: ChunkedGraph) -> list[Path]:
@@ -272,6 +175,8 @@ def partition_chunked(
         raise InvalidRequestError("--part-worker needs --dask-scheduler: it pins parts to Dask workers")
     nw = 1 if dask_scheduler is not None else nworkers
     plan = plan_run(g, part_method, limit, nw, assignment is not None, num_parts)
+    if assignment is not None:
+        check_assignment_meta(Path(assignment), num_parts)
     out = Path(out_path)
     check_out_path(out, overwrite)
     with dask_client(dask_scheduler) as client:
@@ -295,12 +200,22 @@ def _partition(g: ChunkedGraph, name: str, num_parts: int, out: Path, placed: di
     folder = WorkFolder(out)
     folder.open(fp, resume)
     work = folder.path
+    if resume and not folder.resumed:  # a requeued job passes --resume on its first run too
+        print(f"--resume: nothing to resume ({work} holds no earlier run); starting from the first stage",
+              file=sys.stderr, flush=True)  # fmt: skip
     report = RunReport({}, 0, limit, 0, 0, [])
     try:
-        with PeakSampler() as sampler:
+        with PeakSampler() as sampler, DaskPeaks(client) as dask_peaks:
             _run(g, name, num_parts, out, folder, plan, report, opts, assignment, client, progress, pins,
                  lambda: sampler.check(limit, MAIN_BASE))  # fmt: skip
-        report.peak = sampler.peak
+        report.main_peak, report.dask_peaks = sampler.peak, dask_peaks.peaks
+        report.peak = sampler.peak + sum(dask_peaks.peaks.values())
+    except (Interrupted, KeyboardInterrupt) as exc:  # not a failure: the finished stages are kept
+        sig = signal_name(exc.signum if isinstance(exc, Interrupted) else signal.SIGINT)
+        kept = ", ".join(folder.state["done"]) or "none"
+        print(f"interrupted by {sig}: {work} keeps the finished stages ({kept}); run the same command "
+              "with --resume to go on from there", file=sys.stderr, flush=True)  # fmt: skip
+        raise
     except BaseException:
         if not resume:
             shutil.rmtree(work, ignore_errors=True)
@@ -319,11 +234,12 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, folder: WorkFold
     done: list[str] = state["done"]
 
     def finish(stage: str, t0: float, **extra: Any) -> None:
-        state.update(extra)
-        done.append(stage)
-        report.seconds[stage] = time.perf_counter() - t0
-        folder.save()
-        _stop_hook(stage)
+        with held():  # a signal now takes effect once the stage is recorded
+            state.update(extra)
+            done.append(stage)
+            report.seconds[stage] = time.perf_counter() - t0
+            folder.save()
+            _stop_hook(stage)
 
     def skip(stage: str) -> bool:
         if stage in done:
@@ -373,9 +289,10 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, folder: WorkFold
             _count(report, run.map(sort_range, [(*a, plan.sort_edges) for a in stasks], "sort",
                                    [sum(x[2] for x in a[5]) * ctx.rec_bytes for a in stasks],
                                    [a[1] for a in stasks]))  # fmt: skip
-            shutil.rmtree(work / "spill", ignore_errors=True)
-            shutil.rmtree(work / "buckets", ignore_errors=True)
-            finish("sort", t0)
+            with held():  # the shuffle's recorded spill goes only together with recording the sort
+                shutil.rmtree(work / "spill", ignore_errors=True)
+                shutil.rmtree(work / "buckets", ignore_errors=True)
+                finish("sort", t0)
         nspecs, especs = tensor_specs(g)
         if not skip("node data"):
             t0 = time.perf_counter()
@@ -435,7 +352,8 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, folder: WorkFold
         check_memory()  # a run that went over --memory-limit fails here: nothing is put in place
         placed = sorted(dirs)
         run.map(commit_part, [(ctx.part_build[p], finals[p]) for p in placed], "place parts", parts=placed)
-        commit(work / "out", out)
+        with held():
+            commit(work / "out", out)
         report.seconds["commit"] = time.perf_counter() - t0
 
 

@@ -222,14 +222,17 @@ def copy_node_rows(ctx: Ctx, key: str, name: str, ci: int, lo: int, hi: int,
     part = _part_of(ctx.node_bounds, new)
     order = np.argsort(part, kind="stable")
     counts = np.bincount(part, minlength=ctx.num_parts)
-    src = np.load(chunk.path, mmap_mode="r")
+    if chunk.fmt == "numpy":  # a memory map: only the rows gathered are read
+        src, base = np.load(chunk.path, mmap_mode="r"), lo
+    else:  # parquet: the task's rows, decoded batch by batch
+        src, base = read_rows(chunk, lo, hi), 0
     first = np.cumsum(counts) - counts
     moved = 0
     for p in np.flatnonzero(counts).tolist():
         if parts is not None and p not in parts:
             continue
         a, k = int(first[p]), int(counts[p])
-        rows = native(np.take(src, order[a : a + k] + lo, axis=0))  # raw bytes are written: native order
+        rows = native(np.take(src, order[a : a + k] + base, axis=0))  # raw bytes are written: native order
         start = int(new[order[a]]) - ctx.node_bounds[p]
         _write_rows_at(ctx.pdir(p) / "node_feat" / f"{name}.npy", start, rows)
         moved += rows.nbytes

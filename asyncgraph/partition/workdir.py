@@ -87,6 +87,7 @@ class WorkFolder:
         self.path = out.parent / f".{out.name}.work"
         self.state: dict[str, Any] = {}
         self._files: dict[str, list[Any]] = {}  # relative path -> [size, mtime_ns, sha256]
+        self.resumed = False  # open() found an earlier run's state and kept it
 
     def open(self, fp: str, resume: bool) -> dict[str, Any]:
         """Keep the folder (``resume``, same inputs and options, verified) or start afresh."""
@@ -104,6 +105,7 @@ class WorkFolder:
                 raise InvalidRequestError(f"{work} is in use by process {pid}; wait for it or kill it")
         if resume and (work / STATE).exists():
             self._verify(fp)
+            self.resumed = True
         else:
             shutil.rmtree(work, ignore_errors=True)
             if work.exists():
