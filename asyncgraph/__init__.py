@@ -9,11 +9,9 @@ Attributes are imported lazily so that a server process never pays for importing
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from asyncgraph.lazy import lazy_exports
-
-__version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     "Graph": "asyncgraph.partition.graph",
@@ -119,7 +117,22 @@ if TYPE_CHECKING:
     from asyncgraph.partition.transform import to_bidirected
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
+_lazy_getattr, __dir__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
+
+
+def __getattr__(name: str) -> Any:
+    """Lazy exports, and ``__version__``: the installed distribution's version (from the git tag
+    it was built at, by setuptools-scm), read on first use so that importing stays cheap."""
+    if name != "__version__":
+        return _lazy_getattr(name)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version("asyncgraph")
+    except PackageNotFoundError:  # a checkout on sys.path that was never installed
+        found = "0.0.0+unknown"
+    globals()["__version__"] = found
+    return found
 
 
 __all__ = [
