@@ -55,7 +55,13 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("build", reason="python -m build needs the [dev] extra")
     pytest.importorskip("setuptools_scm", reason="the version from git tags needs setuptools-scm")
     out = tmp_path_factory.mktemp("dist")
-    _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)], out, 300)
+    egg_info = ROOT / "asyncgraph.egg-info"  # the sdist step writes it into the checkout
+    made_egg_info = not egg_info.exists()
+    try:
+        _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)], out, 300)
+    finally:
+        if made_egg_info:
+            shutil.rmtree(egg_info, ignore_errors=True)
     return out
 
 
