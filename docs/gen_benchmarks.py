@@ -203,6 +203,88 @@ def render_page(results: Path = RESULTS) -> str:
     return "\n".join(lines) + "\n"
 
 
+SIDE_BY_SIDE = "<!-- generated: side-by-side -->"
+
+
+def _load(results: Path, stem: str) -> Any:
+    return json.loads((results / f"{stem}.json").read_text())
+
+
+def _mrows(runs: dict[str, Any]) -> str:
+    return " / ".join(f"{runs[size]['rows_s'] / 1e6:.2f}" for size in ("1000", "10000", "100000"))
+
+
+def side_by_side(results: Path = RESULTS) -> str:
+    """The same-day table against DGL 2.1 (``benchmarks/README.md`` §0), from its result files:
+    ours from the ``*_dgl20`` runs on DGL's graph, DGL's from ``dgl_reference.json``. A row whose
+    file or field is missing is left out rather than guessed."""
+
+    def partition() -> tuple[str, str]:
+        ours = next(r for r in _load(results, "partition_bench_dgl20")["results"] if r["method"] == "metis")
+        dgl = _load(results, "dgl_reference")["partition"]["metis2"]
+        return (f"{ours['wall_s']:.1f} s, {ours['peak_rss_gib']:.1f} GiB peak",
+                f"{dgl['wall_s']:.1f} s, {dgl['peak_rss_gib']:.1f} GiB")
+
+    def startup() -> tuple[str, str]:
+        ours = _load(results, "pull_bench_dgl20")["startup"]["clients_ready_s"]
+        return f"{ours:.1f} s", f"{_load(results, 'dgl_reference')['startup_s']:.1f} s"
+
+    def pulls(kind: str) -> tuple[str, str]:
+        ours = _load(results, "pull_bench_dgl20")[kind]["mixed"]
+        dgl = _load(results, "dgl_reference")[f"{kind}_mixed"]
+        note = (", acknowledged", ", never acknowledged") if kind == "push" else ("", "")
+        return _mrows(ours) + note[0], _mrows(dgl) + note[1]
+
+    def sampling() -> tuple[str, str]:
+        ours = _load(results, "sample_trainers_dgl20")["sample_neighbors"]
+        dgl = _load(results, "dgl_reference")["sample_neighbors"]
+        cases = ("trainers2_own_partition_shm", "trainers2_socket", "standalone")
+        return (" / ".join(f"{ours[c]['requests_per_s']:,.0f}" for c in cases),
+                f"{dgl['distributed']['requests_per_s']:,.0f} (its distributed mode: own partition in shm)"
+                f" / – / {dgl['standalone']['requests_per_s']:,.0f}")
+
+    def compute() -> tuple[str, str]:
+        run = _load(results, "compute_vs_dgl")
+        return f"{run['ours_ms_per_batch']:.1f} ms", f"{run['dgl_ms_per_batch']:.1f} ms"
+
+    def epoch() -> tuple[str, str]:
+        ours = _load(results, "train_bench_dgl20")["training"]["prefetch2"]
+        dgl = _load(results, "dgl_reference")["training"]
+        return (f"{ours['epoch_s']:.2f} s (waiting for data {ours['wait_fraction']:.1%})",
+                f"{dgl['epoch_s']:.2f} s (no overlap)")
+
+    def accelerator() -> tuple[str, str]:
+        ours = _load(results, "train_bench_dgl20")["accelerator_like"]["sim40"]
+        dgl = _load(results, "dgl_reference")["training_sim"]
+        return f"{ours['epoch_s']:.2f} s (limit {ours['limit_s']:.2f} s)", f"{dgl['epoch_s']:.2f} s"
+
+    rows = [
+        ("partition, METIS 2-way", partition),
+        ("start-up: servers started -> trainers ready", startup),
+        ("mixed pulls 1k / 10k / 100k rows (M rows/s)", lambda: pulls("pull")),
+        ("mixed pushes 1k / 10k / 100k rows (M rows/s)", lambda: pulls("push")),
+        ("`sample_neighbors` 1,024 seeds, 2 trainers at once, rates added (DGL's harness), req/s: own "
+         "partition in shm, the other over the socket / everything over the socket / standalone (1 process)",
+         sampling),
+        ("GraphSAGE compute per batch, same blocks, one thread", compute),
+        ("GraphSAGE epoch, real compute (2 trainers, 53 batches each)", epoch),
+        ("same epoch with a 40 ms accelerator-like step", accelerator),
+    ]
+    lines = ["| | asyncgraph | DGL 2.1 |", "|---|---|---|"]
+    for label, cells in rows:
+        try:
+            ours, dgl = cells()
+        except (OSError, ValueError, KeyError, StopIteration, TypeError):
+            continue
+        lines.append(f"| {label} | {ours} | {dgl} |")
+    return "\n".join(lines)
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    """MkDocs hook: the Benchmarks page's side-by-side table, generated where its marker stands."""
+    return markdown.replace(SIDE_BY_SIDE, side_by_side()) if SIDE_BY_SIDE in markdown else markdown
+
+
 def on_files(files: Any, config: Any) -> Any:
     """MkDocs hook: add the generated page to the site's files before the nav is built."""
     from mkdocs.structure.files import File
