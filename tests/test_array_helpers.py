@@ -1,4 +1,4 @@
-"""``unique_sorted``: ``np.unique``'s values without numpy 2.4's slow hash path."""
+"""Array helpers: ``unique_sorted`` (``np.unique`` without numpy 2.4's slow hash path) and ``assign_rows``."""
 
 from __future__ import annotations
 
@@ -25,3 +25,15 @@ def test_unique_sorted_does_not_change_its_input_and_takes_sorted_ranges() -> No
     np.testing.assert_array_equal(a, [5, 3, 5, 1])
     r = np.arange(1 << 16, dtype=np.int64)
     np.testing.assert_array_equal(unique_sorted(r), r)
+
+
+def test_assign_rows_writes_ranges_and_scattered_ids_as_fancy_indexing_does() -> None:
+    from asyncgraph.storage.accumulate import assign_rows
+
+    rng = np.random.default_rng(0)
+    for local in (np.arange(5, 69), np.array([3]), np.array([9, 2, 2, 7]), np.array([4, 5, 7]), np.arange(0)):
+        rows, want = np.zeros((80, 3), np.float32), np.zeros((80, 3), np.float32)
+        vals = rng.random((local.size, 3), dtype=np.float32)
+        assign_rows(rows, local, vals)
+        want[local] = vals
+        np.testing.assert_array_equal(rows, want)
