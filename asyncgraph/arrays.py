@@ -14,7 +14,7 @@ import numpy.typing as npt
 
 from asyncgraph.errors import DTypeMismatchError, OutOfRangeError, ShapeMismatchError
 
-__all__ = ["WIRE_DTYPE_KINDS", "IdArray", "as_id_array", "check_rows", "to_numpy"]
+__all__ = ["WIRE_DTYPE_KINDS", "IdArray", "as_id_array", "check_rows", "to_numpy", "unique_sorted"]
 
 IdArray = npt.NDArray[np.int64]
 
@@ -27,6 +27,21 @@ class SupportsNumpy(Protocol):
 
 # numpy dtype kinds a tensor may have: the codec can carry exactly these (bool, int, uint, float).
 WIRE_DTYPE_KINDS = "biuf"
+
+
+def unique_sorted(a: np.ndarray) -> np.ndarray:
+    """``np.unique(a)`` of a 1-D array: its sorted distinct values, by sort and mask.
+
+    numpy 2.4's ``np.unique`` without ``return_*`` takes a hash-based path that is ~50x slower on
+    many distinct values (1.1 s against 12 ms for 2**20 sorted int64 on this project's CI VM), and
+    ID sets here are mostly distinct."""
+    s = np.sort(np.asarray(a).ravel())
+    if s.size < 2:
+        return s
+    keep = np.empty(s.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
 
 
 def to_numpy(x: Any) -> np.ndarray:

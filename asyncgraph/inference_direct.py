@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from asyncgraph.arrays import unique_sorted
 from asyncgraph.inference_kernel import neighbour_sum
 from asyncgraph.inference_kernel import wait_ready as kernel_ready
 from asyncgraph.names import node_key
@@ -99,7 +100,7 @@ class DirectPass:
     def _batches(self, ids: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
         """``(partition, sorted unique IDs)`` batches of at most ``batch_size``, each in one
         partition (unique: a batch spanning as many IDs as it holds is a contiguous range)."""
-        ids = np.unique(ids)
+        ids = unique_sorted(ids)
         owners = self.book.owner(ids, "node")
         cuts = np.flatnonzero(np.diff(owners)) + 1
         for chunk in np.split(ids, cuts):
@@ -157,7 +158,7 @@ class DirectPass:
         far = ~np.isin(self.book.owner(src, "node"), np.fromiter(self.local, dtype=np.int64))
         if not far.any():
             return
-        wanted = np.unique(src[far])
+        wanted = unique_sorted(src[far])
         pulled = self.loop.run(self.client_aio.pull_numpy(key, wanted)).astype(np.float32, copy=False)
         at = np.full(src.size, -1, dtype=np.int64)
         at[far] = np.searchsorted(wanted, src[far])

@@ -178,7 +178,10 @@ def _run_case(
     seconds: float,
     chunk_mb: float | None = None,
     slow_start_after_idle: int | None = None,
+    pki: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """One host count and rate; ``pki`` (``tls_bench.make_pki``'s files): servers and clients
+    speak TLS with client certificates."""
     sys.path.insert(0, str(ROOT / "tests"))
     from nethosts import NetHosts  # type: ignore[import-not-found]
 
@@ -201,8 +204,18 @@ def _run_case(
             host = server_hosts[part % len(server_hosts)]
             ready.append(work / f"ready-{n_hosts}-{rate}-{part}.json")
             ready[-1].unlink(missing_ok=True)  # an earlier case's file names ports now closed
+            extra = ["--log-level", "WARNING"]
+            if pki is not None:
+                extra += [
+                    "--tls-ca-file",
+                    pki["ca"],
+                    "--tls-cert",
+                    pki["server_cert"],
+                    "--tls-key",
+                    pki["server_key"],
+                ]
             argv = server_argv(part_config, part, ready[-1], host=host.addr, num_clients=len(clients),
-                               secret_file=secret, extra_args=["--log-level", "WARNING"])  # fmt: skip
+                               secret_file=secret, extra_args=extra)  # fmt: skip
             procs.append(host.popen(argv, cwd=ROOT))
         servers = wait_ready_files(procs, ready, 120)
         ceiling = tcp_ceiling(server_hosts, clients)
@@ -213,7 +226,13 @@ def _run_case(
                     str(secret), str(seconds), str(start_at)]  # fmt: skip
             if chunk_mb is not None:
                 argv += ["--chunk-mb", str(chunk_mb)]
-            workers.append(host.popen(argv, stdout=subprocess.PIPE, cwd=ROOT))
+            env = None
+            if pki is not None:
+                from asyncgraph.net.tls import ENV_TLS_CA_FILE, ENV_TLS_CERT, ENV_TLS_KEY
+
+                env = {**os.environ, ENV_TLS_CA_FILE: pki["ca"], ENV_TLS_CERT: pki["client_cert"],
+                       ENV_TLS_KEY: pki["client_key"]}  # fmt: skip
+            workers.append(host.popen(argv, stdout=subprocess.PIPE, cwd=ROOT, env=env))
         results = []
         for w in workers:
             out, _ = w.communicate(timeout=600)
@@ -226,7 +245,8 @@ def _run_case(
     case: dict[str, Any] = {"hosts": n_hosts, "rate": rate, "client_hosts": len(clients),
                             "server_hosts": len(server_hosts), "link_limit_bytes_s": limit,
                             "tcp_ceiling_bytes_s": ceiling, "pull": {}, "chunk_mb": chunk_mb,
-                            "slow_start_after_idle": slow_start_after_idle}  # fmt: skip
+                            "slow_start_after_idle": slow_start_after_idle,
+                            "tls": pki is not None}  # fmt: skip
     for size in SIZES:
         rows = sum(r["pull"][str(size)]["rows_s"] for r in results)
         p50 = max(r["pull"][str(size)]["p50_ms"] for r in results)
@@ -301,6 +321,8 @@ def _show(case: dict[str, Any]) -> None:
         knobs += f", pull chunks {case['chunk_mb']:g} MB" if case["chunk_mb"] else ", pull chunks off"
     if case.get("slow_start_after_idle") is not None:
         knobs += f", tcp_slow_start_after_idle={case['slow_start_after_idle']}"
+    if case.get("tls"):
+        knobs += ", TLS with client certificates"
     print(f"{head}, raw TCP {case['tcp_ceiling_bytes_s'] / 1e6:.0f} MB/s (same run){knobs}")
     for size, fig in case["pull"].items():
         ratio = f"{fig['of_link']:.2f}x link, " if fig["of_link"] is not None else ""
@@ -335,6 +357,10 @@ def main() -> int:
         help="net.ipv4.tcp_slow_start_after_idle in the hosts' namespaces (default: as they start)",
     )  # fmt: skip
     parser.add_argument(
+        "--tls", choices=("off", "on", "both"), default="off",
+        help="servers and clients with TLS and client certificates (both: each case plain, then TLS)",
+    )  # fmt: skip
+    parser.add_argument(
         "--worker", nargs=4, metavar=("SERVERS", "SECRET", "SECONDS", "START"), help=argparse.SUPPRESS
     )
     ns = parser.parse_args()
@@ -352,13 +378,20 @@ def main() -> int:
         work = Path(tmp)
         work.chmod(0o755)
         part_config = _partition(work)
+        pkis: list[dict[str, str] | None] = [None] if ns.tls == "off" else []
+        if ns.tls != "off":
+            from benchmarks.tls_bench import make_pki
+
+            (work / "pki").mkdir()
+            pkis += ([None] if ns.tls == "both" else []) + [make_pki(work / "pki")]
         for n_hosts in ns.hosts:
             for rate in ns.rates:
                 for chunk in ns.chunk_mb:
                     for idle in ns.slow_start_after_idle:
-                        case = _run_case(n_hosts, rate, part_config, work, ns.seconds, chunk, idle)
-                        _show(case)
-                        cases.append(case)
+                        for pki in pkis:
+                            case = _run_case(n_hosts, rate, part_config, work, ns.seconds, chunk, idle, pki)
+                            _show(case)
+                            cases.append(case)
         epochs = []
         for rate in ns.rates if ns.epochs else ():
             epoch = _epoch_case(rate, part_config, ns.epochs, ns.batch_size, ns.num_threads)

@@ -623,3 +623,31 @@ def test_link_prediction_example_learns() -> None:
     line = next(line for line in out.stdout.splitlines() if "held-out AUC" in line)
     auc = float(line.split("held-out AUC", 1)[1].split()[0])
     assert auc > 0.75, line  # chance is 0.5
+
+
+def test_typed_edge_batches_from_worker_processes_equal_the_loop_threads(acms: list[DistGraph]) -> None:
+    """``num_workers=2`` over typed edges (standalone, shared memory, socket): every tensor of
+    every batch equals ``num_workers=0``'s, in the same order."""
+    from asyncgraph.dataloading.device import map_tensors
+
+    def flat(batch: object) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        map_tensors(batch, lambda t: out.append(t) or t)
+        return out
+
+    for g in acms[:2]:
+        eids = {c: np.arange(0, g.num_edges(c), 7) for c in g.canonical_etypes[:2]}
+        kwargs = {"negative_sampler": Uniform(1), "exclude": "self", "seed": 3}
+        ref = DistEdgeDataLoader(g, eids, NeighborSampler([3, 2]), 64, **kwargs)
+        loader = DistEdgeDataLoader(g, eids, NeighborSampler([3, 2]), 64, num_workers=2, **kwargs)
+        try:
+            expected = [flat(b) for b in ref]
+            got = [flat(b) for b in loader]
+            assert len(got) == len(expected) > 1
+            for e, b in zip(expected, got, strict=True):
+                assert len(e) == len(b)
+                for x, y in zip(e, b, strict=True):
+                    assert x.dtype == y.dtype and torch.equal(x, y)
+            assert loader.stats.sample > 0 and loader.stats.pull > 0
+        finally:
+            loader.close()

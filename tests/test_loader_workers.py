@@ -147,3 +147,39 @@ def test_bad_arguments_are_refused(standalone: DistGraph) -> None:
             DistNodeDataLoader(g, np.arange(10), NeighborSampler([2]), 5, num_workers=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="gather_threads"):
         DistNodeDataLoader(g, np.arange(10), NeighborSampler([2]), 5, num_workers=1, gather_threads=0)
+
+
+def _flat_edges(batch: Any) -> list[torch.Tensor]:
+    input_nodes, pair, neg, blocks = batch
+    out = [input_nodes, pair.src, pair.dst, pair.nodes, pair.eids, neg.src, neg.dst, neg.nodes]
+    for block in blocks:
+        out += [block.srcnodes, block.dstnodes, block.edge_index, block.eids]
+        out += [block.srcdata[k] for k in sorted(block.srcdata.keys())]
+    return out
+
+
+def test_edge_loader_workers_build_the_batches_the_loop_thread_builds(graph: DistGraph) -> None:
+    from asyncgraph.dataloading import DistEdgeDataLoader
+    from asyncgraph.dataloading.negative import Uniform
+
+    eids = np.arange(0, graph.num_edges(), 37)
+    sampler = NeighborSampler([4, 3])
+    kwargs: dict[str, Any] = {"negative_sampler": Uniform(2), "exclude": "self", "seed": 11}
+    ref = DistEdgeDataLoader(graph, eids, sampler, 256, **kwargs)
+    loader = DistEdgeDataLoader(graph, eids, sampler, 256, num_workers=2, **kwargs)
+    assert loader._pool is not None
+    pids = loader._pool.pids
+    try:
+        for _ in range(2):
+            expected = [_flat_edges(b) for b in ref]
+            got = [_flat_edges(b) for b in loader]
+            assert len(got) == len(expected) == -(-eids.size // 256)
+            for e, g in zip(expected, got, strict=True):
+                for a, b in zip(e, g, strict=True):
+                    assert a.dtype == b.dtype and torch.equal(a, b)
+            stats = loader.stats
+            assert stats.feature_bytes > 0 and stats.host_copy_bytes == stats.feature_bytes
+            assert stats.feature_bytes == ref.stats.feature_bytes
+    finally:
+        loader.close()
+    assert not any(_alive(p) for p in pids)

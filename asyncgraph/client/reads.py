@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from asyncgraph.arrays import as_id_array
+from asyncgraph.arrays import as_id_array, unique_sorted
 from asyncgraph.errors import InvalidRequestError, ShapeMismatchError
 from asyncgraph.protocol.ops import Op
 from asyncgraph.service.base import Partition
@@ -220,7 +220,7 @@ class TensorReads:
         the cache. Only cache tensors no other process writes while the cache is in use.
         """
         meta = await self.catalog.tensor_meta(name)
-        gids = np.unique(as_id_array(ids))
+        gids = unique_sorted(as_id_array(ids))
         self.state.caches.pop(name, None)
         rows = await self._pull_uncached(name, meta, gids, None)
         cache = FeatureCache(name, gids, np.ascontiguousarray(rows))

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from asyncgraph.arrays import as_id_array
+from asyncgraph.arrays import as_id_array, unique_sorted
 from asyncgraph.errors import InvalidRequestError, OutOfRangeError
 from asyncgraph.kernels.edge_queries import merge_samples
 from asyncgraph.names import edge_key
@@ -158,7 +158,7 @@ class StructureQueries:
         for i in owners:
             if i in done:
                 continue
-            ids_i = np.unique(src_here[owner_here == i])
+            ids_i = unique_sorted(src_here[owner_here == i])
             if ids_i.size and all(c is not None for c in caches):
                 cached = np.ones(ids_i.size, dtype=bool)
                 for c in caches:

@@ -13,6 +13,7 @@ import torch
 from asyncgraph.client.async_client import AsyncClient
 from asyncgraph.dataloading.fetch import (
     AUTO,
+    Allocate,
     Auto,
     client_of,
     mask_or_ids,
@@ -31,11 +32,12 @@ from asyncgraph.dataloading.hetero_pair import HeteroPairGraph
 from asyncgraph.dataloading.negative import NegativeSampler
 from asyncgraph.dataloading.prefetch import PrefetchingLoader
 from asyncgraph.dataloading.sampler import NeighborSampler
+from asyncgraph.dataloading.stats import LoaderStats
 from asyncgraph.distributed.edge_ids import attach_edge_ids
 from asyncgraph.errors import InvalidRequestError
 from asyncgraph.partition.book import as_id_array
 
-__all__ = ["DistEdgeDataLoader", "EdgeMiniBatch", "PairGraph"]
+__all__ = ["DistEdgeDataLoader", "EdgeBatchRecipe", "EdgeMiniBatch", "PairGraph"]
 
 
 @dataclass
@@ -172,6 +174,10 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
     ``HeteroBlock``; ``exclude`` is ``"self"``, ``"reverse_id"`` with ``reverse_eids={etype:
     reverse per-type IDs}`` or ``"reverse_types"`` with ``reverse_etypes={etype: reverse etype}``
     (see ``asyncgraph.dataloading.hetero_edge_loader``).
+
+    ``num_workers``, ``gather_threads`` and ``worker_mode`` as ``DistNodeDataLoader``'s: batches
+    are built in worker processes, their feature rows gathered once into shared slots; the
+    results equal ``num_workers=0``'s.
     """
 
     def __init__(
@@ -191,6 +197,9 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
         overlap: bool = True,
         reverse_eids: Any = None,
         reverse_etypes: Any = None,
+        num_workers: int = 0,
+        gather_threads: int = 1,
+        worker_mode: str = "process",
     ) -> None:
         client = client_of(g)
         typed = isinstance(eids, Mapping)
@@ -221,7 +230,18 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
             self.eids = as_id_array(mask_or_ids(eids), "eids")
             client.book.owner(self.eids, "edge")  # OutOfRangeError now rather than mid-epoch
         super().__init__(
-            client.loop, self.eids.size, batch_size, shuffle, drop_last, prefetch, seed, device, overlap
+            client.loop,
+            self.eids.size,
+            batch_size,
+            shuffle,
+            drop_last,
+            prefetch,
+            seed,
+            device,
+            overlap,
+            num_workers=num_workers,
+            gather_threads=gather_threads,
+            worker_mode=worker_mode,
         )
         self.client = client
         self.async_client: AsyncClient = client.async_client
@@ -230,6 +250,44 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
         self.exclude = exclude
         self.node_feats, _ = node_tensor_names(client, node_feats, None)
         self.typed_prob = typed_prob(g, client.book, getattr(sampler, "prob", None))
+        self._recipe = EdgeBatchRecipe(
+            sampler,
+            negative_sampler,
+            exclude,
+            self.reverse_eids,
+            self.node_feats,
+            self.typed,
+            self.typed_prob,
+        )
+        if num_workers > 0:  # they start now, while the caller sets up its model
+            self._worker_pool()
+
+    def _make_batch(self, positions: np.ndarray, epoch: int, index: int) -> Awaitable[EdgeMiniBatch]:
+        seeds, batch_seed = self._worker_task(positions, epoch, index)
+        return self._recipe.build(self.async_client, seeds, batch_seed, self.stats, None)
+
+    def _worker_task(self, positions: np.ndarray, epoch: int, index: int) -> tuple[np.ndarray, int]:
+        """Typed batches are named by their positions in the typed seed arrays, others by eids."""
+        return (positions if self.typed is not None else self.eids[positions]), self._batch_seed(epoch, index)
+
+    def _client_for_workers(self) -> Any:
+        return self.client
+
+    def _worker_recipe(self) -> EdgeBatchRecipe:
+        return self._recipe
+
+
+@dataclass
+class EdgeBatchRecipe:
+    """What an edge batch is made of (picklable: a loader worker builds batches from it)."""
+
+    sampler: NeighborSampler
+    negative_sampler: NegativeSampler | None
+    exclude: str | None
+    reverse_eids: np.ndarray | None
+    node_feats: tuple[str, ...]
+    typed: TypedEdgeSeeds | None
+    typed_prob: Any
 
     def _excluded(self, eids: np.ndarray) -> np.ndarray | None:
         """Edge IDs no block of this batch may contain."""
@@ -239,16 +297,26 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
             return np.union1d(eids, self.reverse_eids[eids])
         return None
 
-    def _make_batch(self, positions: np.ndarray, epoch: int, index: int) -> Awaitable[EdgeMiniBatch]:
+    async def build(
+        self,
+        aio: AsyncClient,
+        seeds: np.ndarray,
+        batch_seed: int,
+        stats: LoaderStats,
+        allocate: Allocate | None,
+    ) -> EdgeMiniBatch:
+        """The batch of edge IDs ``seeds`` (typed: positions in the typed seed arrays)."""
         if self.typed is not None:
-            return self._build_typed(positions, self._batch_seed(epoch, index))
-        return self._build(self.eids[positions], self._batch_seed(epoch, index))
+            return await self._build_typed(aio, seeds, batch_seed, stats)
+        return await self._build(aio, seeds, batch_seed, stats, allocate)
 
-    async def _build_typed(self, positions: np.ndarray, batch_seed: int) -> EdgeMiniBatch:
+    async def _build_typed(
+        self, aio: AsyncClient, positions: np.ndarray, batch_seed: int, stats: LoaderStats
+    ) -> EdgeMiniBatch:
         assert self.typed is not None
         rng = np.random.default_rng([batch_seed, _NEG_STREAM])
         inputs, pair, neg, blocks, t_sample, t_pull = await build_typed_batch(
-            self.async_client,
+            aio,
             self.typed,
             positions,
             self.sampler,
@@ -259,10 +327,18 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
             excluded(self.typed, self.exclude, positions),
             self.typed_prob,
         )
+        stats.sample += t_sample
+        stats.pull += t_pull
         return EdgeMiniBatch(inputs, pair, neg, blocks, sample_time=t_sample, pull_time=t_pull)
 
-    async def _build(self, eids: np.ndarray, batch_seed: int) -> EdgeMiniBatch:
-        aio = self.async_client
+    async def _build(
+        self,
+        aio: AsyncClient,
+        eids: np.ndarray,
+        batch_seed: int,
+        stats: LoaderStats,
+        allocate: Allocate | None,
+    ) -> EdgeMiniBatch:
         t0 = time.perf_counter()
         pos_src, pos_dst = await aio.find_edges(eids)
         ends = [pos_src, pos_dst]
@@ -277,10 +353,11 @@ class DistEdgeDataLoader(PrefetchingLoader[EdgeMiniBatch]):
             self.sampler,
             seeds,
             batch_seed,
-            self.stats,
+            stats,
             node_feats=self.node_feats,
             exclude=self._excluded(eids),
             started=t0,
+            allocate=allocate,
         )
         nodes = torch.from_numpy(np.asarray(s.output_nodes))
         pair = PairGraph(

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from asyncgraph.arrays import IdArray, as_id_array
+from asyncgraph.arrays import IdArray, as_id_array, unique_sorted
 from asyncgraph.errors import InvalidRequestError, ShapeMismatchError
 from asyncgraph.partition.book import RangePartitionBook
 
@@ -149,7 +149,7 @@ async def build_typed_batch(
                 book.map_to_homo_nid(as_id_array(nd, "neg_dst"), d_t),
             )
     ends = [a for p in pos.values() for a in p[:2]] + [a for n in neg.values() for a in n]
-    unique = np.unique(np.concatenate(ends))
+    unique = unique_sorted(np.concatenate(ends))
     types, per = book.map_to_per_ntype(unique)
     seed_dict = {t: per[types == i] for i, t in enumerate(book.ntypes)}
     inputs, _, blocks, sample_time, pull_time = await sample_and_pull_hetero(

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from asyncgraph.arrays import to_numpy
+from asyncgraph.arrays import to_numpy, unique_sorted
 from asyncgraph.client.sync_client import Client
 from asyncgraph.errors import InvalidRequestError, ShapeMismatchError
 from asyncgraph.storage.store import TensorMeta
@@ -37,7 +37,7 @@ def _mapping(orig_ids: Any, rows: int, what: str) -> np.ndarray | None:
             f"{what}: orig_ids must be {rows} integer IDs (new -> original), got {ids.dtype} {ids.shape}"
         )
     ids = ids.astype(np.int64, copy=False)
-    if rows and (int(ids.min()) < 0 or int(ids.max()) >= rows or np.unique(ids).size != rows):
+    if rows and (int(ids.min()) < 0 or int(ids.max()) >= rows or unique_sorted(ids).size != rows):
         raise InvalidRequestError(f"{what}: orig_ids is not a permutation of 0..{rows - 1}")
     return ids
 

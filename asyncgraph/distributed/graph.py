@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from asyncgraph.arrays import as_id_array
+from asyncgraph.arrays import as_id_array, unique_sorted
 from asyncgraph.client.sync_client import Client
 from asyncgraph.errors import InvalidRequestError, UnknownTensorError
 from asyncgraph.names import is_state_key, tensor_prefix
@@ -256,7 +256,7 @@ class DistGraph:
 
     def in_subgraph(self, nodes: Any, relabel_nodes: bool = False) -> SampledSubgraph:
         """Every in-edge of ``nodes`` (global IDs; ``relabel_nodes`` compacts the node set)."""
-        seeds = np.unique(as_id_array(nodes, "nodes"))
+        seeds = unique_sorted(as_id_array(nodes, "nodes"))
         src, dst, eids = self._client.sample_neighbors(seeds, -1)
         if relabel_nodes:
             nids, lsrc, ldst = relabel(src, dst)

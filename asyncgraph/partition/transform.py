@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from asyncgraph.arrays import unique_sorted
 from asyncgraph.errors import InvalidRequestError
 
 from .graph import Graph
@@ -29,7 +30,7 @@ def to_bidirected(g: Graph, copy_ndata: bool = False, readonly: Any = None) -> G
         raise InvalidRequestError(f"to_bidirected takes a homogeneous Graph, got {type(g).__name__}")
     n = g.num_nodes()
     src, dst = g.edges()
-    keys = np.unique(np.concatenate([src * n + dst, dst * n + src])) if n else np.empty(0, np.int64)
+    keys = unique_sorted(np.concatenate([src * n + dst, dst * n + src])) if n else np.empty(0, np.int64)
     out = Graph(n, keys // max(n, 1), keys % max(n, 1))
     if copy_ndata:
         for name, value in g.ndata.items():

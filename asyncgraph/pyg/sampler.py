@@ -34,7 +34,7 @@ from torch_geometric.sampler import (
 )
 from torch_geometric.sampler.neighbor_sampler import edge_sample, node_sample
 
-from asyncgraph.arrays import as_id_array
+from asyncgraph.arrays import as_id_array, unique_sorted
 from asyncgraph.client.async_client import AsyncClient
 from asyncgraph.client.sync_client import Client
 from asyncgraph.dataloading.fetch import AUTO, Auto, client_of, node_tensor_names
@@ -126,7 +126,7 @@ async def sample_hops(
 ) -> Hops:
     """Expand ``seeds`` hop by hop as PyG does (see the module docstring); seeds must be unique."""
     seeds = as_id_array(seeds, "seeds")
-    if np.unique(seeds).size != seeds.size:
+    if unique_sorted(seeds).size != seeds.size:
         raise InvalidRequestError("seeds must be unique (disjoint sampling is not supported)")
     order = np.argsort(seeds, kind="stable")
     known, known_local = seeds[order], order.astype(np.int64)  # sorted IDs -> local index

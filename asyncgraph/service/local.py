@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from asyncgraph.arrays import unique_sorted
 from asyncgraph.errors import InvalidRequestError
 from asyncgraph.kernels.edge_queries import OutIndex, degrees, sample_edges
 from asyncgraph.kernels.edges import find_edges_partition
@@ -251,7 +252,7 @@ class PartitionService:
         parts = [np.asarray(seeds, dtype=np.int64), owned_src]
         if extra is not None:
             parts.append(np.asarray(extra, dtype=np.int64))
-        ids = np.unique(np.concatenate(parts))
+        ids = unique_sorted(np.concatenate(parts))
         limits = self.limits
         if limits is not None:
             row_bytes = sum(self.store.row_bytes(m.name) for m in metas)

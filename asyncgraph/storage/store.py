@@ -22,7 +22,7 @@ from asyncgraph.errors import (
     UnknownTensorError,
 )
 from asyncgraph.partition.book import RangePartitionBook
-from asyncgraph.storage.accumulate import scatter_add as _scatter_add
+from asyncgraph.storage.accumulate import assign_rows, scatter_add
 from asyncgraph.storage.initializers import InitSpec, validate_init
 from asyncgraph.storage.memfd import SharedArray
 from asyncgraph.storage.meta import Policy, TensorMeta, check_policy
@@ -368,9 +368,9 @@ class PartitionStore:
         rows = acc.rows
         with self._lock.write():
             if op == "assign":
-                rows[local] = vals
+                assign_rows(rows, local, vals)
             else:
-                _scatter_add(rows, local, vals)
+                scatter_add(rows, local, vals)
 
     def protect(self, *, writable_base: bool = False) -> None:
         """Make the partition's own tensors read-only for every later ``push``, unless
