@@ -23,7 +23,7 @@ fanouts 10,25, batch 1000, hidden 256), starts 2 servers per case and measures:
   GPU's busy time from CUDA events (its utilisation = busy / epoch) and the host bytes per batch.
 
 Writes ``benchmarks/results/gpu_suite.json`` and ``gpu_suite.png``. Needs only the project's
-dependencies (a GPU image lacking some of them: README "Measuring on a GPU host").
+dependencies (a GPU image lacking some of them: docs/benchmarks/index.md, "Measuring on a GPU host").
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ rest trains a 2-layer heterogeneous GraphSAGE encoder with DGL's link-prediction
 exclude="self")`` gives typed pair graphs, ``pair.apply_edges(fn.u_dot_v("h", "h", "score"),
 etype=...)`` scores them. At the end every held-out pair is scored against ``k`` pairs with the
 same paper and a uniform random author (as ``Uniform`` draws them): the held-out ROC-AUC (0.5 is
-chance). Measured 2026-11-25, defaults (5 epochs, 1 partition), --seed 0-2: see the README.
+chance). Measured 2026-11-25, defaults (5 epochs, 1 partition), --seed 0-2: see docs/guides/train.md.
 
 ``exclude="reverse_types"`` (``reverse_etypes={"written-by": "writes"}``) is DGL's option for
 graphs whose reverse relation numbers its edges like the forward one; partitioning renumbers

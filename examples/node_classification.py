@@ -1,4 +1,4 @@
-"""Node classification with GraphSAGE: the README's "Train (DGL-like API)" section, runnable.
+"""Node classification with GraphSAGE: the "Train" guide (docs/guides/train.md), runnable.
 
 Standalone on Cora (partitioned into a temporary folder):
     python examples/node_classification.py --epochs 5
