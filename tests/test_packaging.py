@@ -21,7 +21,9 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import build  # noqa: F401  ([dev]: python -m build, without isolation so nothing is downloaded)
 import pytest
+import setuptools_scm  # noqa: F401  ([dev]: the version from git tags)
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = (
@@ -52,8 +54,6 @@ def _tracked_package_files() -> set[str]:
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel and sdist of this checkout, built without isolation (no download)."""
-    pytest.importorskip("build", reason="python -m build needs the [dev] extra")
-    pytest.importorskip("setuptools_scm", reason="the version from git tags needs setuptools-scm")
     out = tmp_path_factory.mktemp("dist")
     egg_info = ROOT / "asyncgraph.egg-info"  # the sdist step writes it into the checkout
     made_egg_info = not egg_info.exists()
@@ -116,7 +116,6 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(dist: Path, tmp_path: Path) -
 def test_version_comes_from_the_git_tag(tmp_path: Path) -> None:
     """A tag ``vX.Y.Z`` at HEAD is the version; a copy without git metadata gets the fallback.
     The tag is made in a throwaway clone, never in this repository."""
-    pytest.importorskip("setuptools_scm", reason="the version from git tags needs setuptools-scm")
     head = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True, timeout=30
     ).stdout.strip()
