@@ -51,6 +51,7 @@ _EXPORTS: dict[str, str] = {
     "ALL": "asyncgraph.distributed.queries",
     "node_split": "asyncgraph.distributed.split",
     "edge_split": "asyncgraph.distributed.split",
+    "split_masks": "asyncgraph.distributed.split",
     "Block": "asyncgraph.dataloading",
     "to_block": "asyncgraph.dataloading",
     "NeighborSampler": "asyncgraph.dataloading",
@@ -105,7 +106,7 @@ if TYPE_CHECKING:
         SampledSubgraph,
     )
     from asyncgraph.distributed.sampling import sample_neighbors
-    from asyncgraph.distributed.split import edge_split, node_split
+    from asyncgraph.distributed.split import edge_split, node_split, split_masks
     from asyncgraph.partition import (
         Partition,
         PartitionConfig,
@@ -163,6 +164,7 @@ __all__ = [
     "sample_etype_neighbors",
     "sample_neighbors",
     "shutdown_servers",
+    "split_masks",
     "to_bidirected",
     "to_block",
     "uniform_init",
