@@ -75,6 +75,19 @@ def _pss(pid: int) -> int:
     return 0
 
 
+def process_start(pid: int) -> float | None:
+    """When ``pid`` started, in epoch seconds, to a clock tick (psutil's ``create_time`` adds the
+    boot time, known to a whole second only): its age on the boot clock subtracted from now."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return time.time() - (uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))  # field 22: starttime
+
+
 def tree_pids(root: int) -> list[int]:
     """``root`` and every live descendant."""
     try:
@@ -123,12 +136,13 @@ class TreeSampler:
     def sample(self) -> None:
         """One sample: the tree and the machine, folded into ``peak`` and ``series``."""
         for pid in tree_pids(self.root):
-            if pid not in self.procs:
-                try:
-                    p = psutil.Process(pid)
-                    self.procs[pid] = {"start": p.create_time(), "cmdline": p.cmdline()}
-                except psutil.Error:
-                    pass
+            try:  # the command line again each time: a child seen between fork and exec changes it
+                cmdline = psutil.Process(pid).cmdline()
+            except psutil.Error:
+                continue
+            start = self.procs.get(pid, {}).get("start") or process_start(pid)
+            if start is not None:
+                self.procs[pid] = {"start": start, "cmdline": cmdline}
         tree = tree_memory(self.root, self.pss)
         machine = meminfo()
         now = {**{f"tree_{k}": v for k, v in tree.items()}, **machine}

@@ -40,19 +40,21 @@ def plot(doc: dict[str, Any], path: Path) -> None:
                     t, [p[j] / gib for p in pts], color=color, lw=1.2, label=labels[key] if i == 0 else None
                 )
         top.axvline(offset, color="0.6", lw=0.6, ls=":")
-        top.text(offset, 1.0, f" {name}", transform=top.get_xaxis_transform(), va="bottom", fontsize=8)
+        top.text(
+            offset, 0.98, f" {name}", transform=top.get_xaxis_transform(), va="top", rotation=90, fontsize=8
+        )
         offset += float(row.get("wall_s", 0.0))
     g = doc["graph"]
     top.set_ylabel("GiB")
     top.set_xlabel("seconds (stages one after the other)")
     top.set_title(
-        f"{doc['benchmark']}: 2^{g['scale']} nodes, {g.get('edges', 0) / 1e6:.0f}M edges, "
+        f"{doc['benchmark']}: 2^{g['scale']} nodes, {g.get('edges', 0):,} edges, "
         f"input {g.get('input_bytes', 0) / gib:.1f} GiB ({doc['date'][:10]})",
         fontsize=9,
         pad=14,
     )
     top.grid(True, alpha=0.3)
-    top.legend(fontsize=8, loc="upper left")
+    top.legend(fontsize=8, loc="upper right")
     names = [n for n, _ in stages]
     walls = [float(r.get("wall_s", 0.0)) for _, r in stages]
     bars = bottom.barh(names, walls, color="C1")

@@ -117,6 +117,8 @@ class LogWatch:
     def _run(self) -> None:
         import psutil
 
+        from benchmarks.e2e_memory import process_start
+
         while not self._stop.wait(0.1):
             for p in self.logdir.glob("server_*.log"):
                 sid = int(p.stem.split("_")[1])
@@ -130,7 +132,8 @@ class LogWatch:
                 try:
                     if any("dgl_server.py" in a for a in k.cmdline()):
                         sid = int(k.environ().get("DGL_SERVER_ID", "-1"))
-                        self.started.setdefault(sid, k.create_time())
+                        if sid not in self.started:
+                            self.started[sid] = process_start(k.pid) or k.create_time()
                 except (psutil.Error, ValueError):
                     continue
 

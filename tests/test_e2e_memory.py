@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.e2e_memory import meminfo, run_stage
+from benchmarks.e2e_memory import meminfo, process_start, run_stage
 
 MIB = 1 << 20
 
@@ -63,3 +63,20 @@ def test_a_stage_past_its_timeout_is_ended_with_its_children(tmp_path: Path) -> 
 def test_meminfo_reads_the_machine_figures() -> None:
     m = meminfo()
     assert m["MemTotal"] > m["used"] > 0 and m["MemAvailable"] > 0 and "Shmem" in m and "Cached" in m
+
+
+def test_process_start_is_the_moment_the_process_was_started() -> None:
+    """To a clock tick (server start-up is measured from it; psutil's create_time is off by up
+    to a second)."""
+    import subprocess
+
+    before = time.time()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    after = time.time()
+    try:
+        start = process_start(child.pid)
+        assert start is not None and before - 0.05 <= start <= after + 0.05, (before, start, after)
+    finally:
+        child.kill()
+        child.wait()
+    assert process_start(child.pid) is None  # gone (reaped)
