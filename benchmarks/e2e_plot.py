@@ -49,7 +49,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     top.set_xlabel("seconds (stages one after the other)")
     top.set_title(
         f"{doc['benchmark']}: 2^{g['scale']} nodes, {g.get('edges', 0):,} edges, "
-        f"input {g.get('input_bytes', 0) / gib:.1f} GiB ({doc['date'][:10]})",
+        f"input {g.get('input_bytes', 0) / gib:.2f} GiB ({doc['date'][:10]})",
         fontsize=9,
         pad=14,
     )

@@ -243,11 +243,17 @@ def main() -> int:
                 interval=args.interval,
             )
         per = [json.loads(x.split("RESULT ", 1)[1]) for _, x in run.lines if "RESULT {" in x]
+        imports = {  # dgl_server.py's own line: how much of the start-up is "import dgl"
+            int(p.stem.split("_")[1]): float(m[1])
+            for p in logdir.glob("server_*.log")
+            if (m := re.search(r"import dgl ([0-9.]+)s", p.read_text(errors="replace")))
+        }
         servers = [
             {
                 "server": sid,
                 "ready_since_launch_s": round(t - t_launch, 3),
                 **({"start_to_ready_s": round(t - watch.started[sid], 3)} if sid in watch.started else {}),
+                **({"import_dgl_s": imports[sid]} if sid in imports else {}),
             }
             for sid, t in sorted(watch.ready.items())
         ]
