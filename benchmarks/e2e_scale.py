@@ -217,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
             made.append(parts)
             row["output_bytes"] = tree_bytes(parts)
             row["stages_line"] = next((line for _, line in run.lines if line.startswith("done in")), None)
+        elif not config.is_file():
+            raise SystemExit(f"no partitioning at {config}: run the gen and partition stages first (--keep)")
         elif name == "train":
             trainer = [
                 str(ROOT / "examples" / "train_dist.py"),
