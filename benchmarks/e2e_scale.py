@@ -269,17 +269,28 @@ def write_results(
     series: dict[str, list[list[float]]],
     meta: Path,
 ) -> None:
-    """The results JSON (stages, machine, the memory series) and its plot."""
+    """The results JSON (stages, machine, the memory series) and its plot; stages not run now (or
+    reused from the cache) keep their rows from the JSON already there, each row with its date."""
     out: Path = args.out or RESULTS / f"e2e_scale_{args.scale}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    for row in rows.values():
+        row.setdefault("date", now)
+    old: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}
+    if old:  # a rerun of some stages keeps the earlier run's rows of the others
+        for name, row in old.get("stages", {}).items():
+            if (name not in rows or rows[name].get("cached")) and not row.get("cached"):
+                rows[name], series[name] = row, old.get("series", {}).get(name, [])
+        rows = {name: rows[name] for name in STAGES if name in rows}
     graph: dict[str, Any] = {"scale": args.scale, "nodes": 1 << args.scale, "feat_dim": 128}
     if meta.is_file():
         m = json.loads(meta.read_text())
         graph["edges"] = sum(sum(c) for c in m["num_edges_per_chunk"])
         graph["input_bytes"] = tree_bytes(meta.parent)
+    graph = {**old.get("graph", {}), **graph}  # the input may be gone by now
     doc = {
         "benchmark": "e2e_scale",
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "date": now,
         "machine": {
             "host": platform.node(),
             "cores": os.cpu_count(),
