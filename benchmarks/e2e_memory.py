@@ -140,9 +140,10 @@ class TreeSampler:
                 cmdline = psutil.Process(pid).cmdline()
             except psutil.Error:
                 continue
-            start = self.procs.get(pid, {}).get("start") or process_start(pid)
-            if start is not None:
-                self.procs[pid] = {"start": start, "cmdline": cmdline}
+            seen = self.procs.get(pid, {})
+            start = seen.get("start") or process_start(pid)
+            if start is not None:  # an exiting process (a zombie) reads as []: keep what it was
+                self.procs[pid] = {"start": start, "cmdline": cmdline or seen.get("cmdline", [])}
         tree = tree_memory(self.root, self.pss)
         machine = meminfo()
         now = {**{f"tree_{k}": v for k, v in tree.items()}, **machine}

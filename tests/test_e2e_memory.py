@@ -44,6 +44,7 @@ def test_a_stage_counts_its_whole_process_tree_and_shared_memory(tmp_path: Path)
     assert [line for _, line in run.lines] == ["ready"]
     assert (tmp_path / "tree.log").read_text() == "ready\n"
     assert len(run.series) >= 3 and all(len(row) == 5 for row in run.series)
+    assert len(run.procs) == 2 and all(p["cmdline"][0] == sys.executable for p in run.procs.values())
 
 
 def test_a_stage_past_its_timeout_is_ended_with_its_children(tmp_path: Path) -> None:
