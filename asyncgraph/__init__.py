@@ -49,6 +49,7 @@ _EXPORTS: dict[str, str] = {
     "ALL": "asyncgraph.distributed.queries",
     "node_split": "asyncgraph.distributed.split",
     "edge_split": "asyncgraph.distributed.split",
+    "split_masks": "asyncgraph.distributed.split",
     "Block": "asyncgraph.dataloading",
     "to_block": "asyncgraph.dataloading",
     "NeighborSampler": "asyncgraph.dataloading",
@@ -103,7 +104,7 @@ if TYPE_CHECKING:
         SampledSubgraph,
     )
     from asyncgraph.distributed.sampling import sample_neighbors
-    from asyncgraph.distributed.split import edge_split, node_split
+    from asyncgraph.distributed.split import edge_split, node_split, split_masks
     from asyncgraph.partition import (
         Partition,
         PartitionConfig,
@@ -176,6 +177,7 @@ __all__ = [
     "sample_etype_neighbors",
     "sample_neighbors",
     "shutdown_servers",
+    "split_masks",
     "to_bidirected",
     "to_block",
     "uniform_init",

@@ -60,7 +60,10 @@ def train(rank: int, args: argparse.Namespace) -> None:
     train_nids = asyncgraph.node_split(
         g.ndata["train_mask"][0:n], book, rank=rank, world_size=world, force_even=True
     )
-    val_nids = asyncgraph.node_split(g.ndata["val_mask"][0:n], book, rank=rank, world_size=world)
+    # a graph without a val mask trains without validation (split_masks says so once)
+    val_nids = asyncgraph.split_masks(g, ["val_mask"], rank=rank, world_size=world).get(
+        "val_mask", torch.empty(0, dtype=torch.int64)
+    )
     num_classes = int(g.ndata["label"][0:n].max()) + 1
     fanouts = [int(f) for f in args.fanouts.split(",")]
     sampler = NeighborSampler(fanouts)

@@ -173,14 +173,16 @@ def main() -> None:
             sys.exit("give --part-config (standalone) or launch with asyncgraph.launch")
         graph_name = asyncgraph.PartitionConfig.load(args.part_config).graph_name
     g = asyncgraph.DistGraph(graph_name, part_config=args.part_config)
-    book = g.get_partition_book()
     n = g.num_nodes()
 
-    def split(mask_name: str) -> torch.Tensor:
-        mask = g.ndata[mask_name][0:n]
-        return asyncgraph.node_split(mask, book, rank=rank, world_size=world_size, force_even=True)
-
-    train_nids, val_nids, test_nids = split("train_mask"), split("val_mask"), split("test_mask")
+    # a graph may come with a train mask only: what is missing is skipped (one warning on rank 0);
+    # without evaluation the val/test masks are not read at all
+    wanted = ("train_mask", "val_mask", "test_mask") if args.eval_every > 0 else ("train_mask",)
+    splits = asyncgraph.split_masks(g, wanted, rank=rank, world_size=world_size, force_even=True)
+    if "train_mask" not in splits:
+        sys.exit(f"graph {graph_name!r} has no 'train_mask' node tensor; known: {sorted(g.ndata)}")
+    train_nids = splits["train_mask"]
+    val_nids, test_nids = splits.get("val_mask"), splits.get("test_mask")
     feat = g.ndata["feat"]
     labels = g.ndata["label"][0:n]
     num_classes = int(labels.max()) + 1
@@ -215,30 +217,31 @@ def main() -> None:
         worker_mode=args.worker_mode,
         **on_device,
     )
-    val_loader = DistNodeDataLoader(
-        g,
-        val_nids,
-        sampler,
-        args.eval_batch_size,
-        shuffle=False,
-        prefetch=args.prefetch,
-        seed=7 + rank,
-        **on_device,
-    )
-    test_loader = DistNodeDataLoader(
-        g,
-        test_nids,
-        sampler,
-        args.eval_batch_size,
-        shuffle=False,
-        prefetch=args.prefetch,
-        seed=11 + rank,
-        **on_device,
-    )
+
+    def eval_loader(nids: torch.Tensor | None, seed: int) -> DistNodeDataLoader | None:
+        if nids is None:
+            return None
+        return DistNodeDataLoader(
+            g,
+            nids,
+            sampler,
+            args.eval_batch_size,
+            shuffle=False,
+            prefetch=args.prefetch,
+            seed=seed,
+            **on_device,
+        )
+
+    val_loader, test_loader = eval_loader(val_nids, 7 + rank), eval_loader(test_nids, 11 + rank)
+
+    def how_many(nids: torch.Tensor | None) -> str:
+        return "no" if nids is None else str(len(nids))
+
     if rank == 0:
         print(
-            f"{g!r}: {len(train_nids)} train / {len(val_nids)} val / {len(test_nids)} test nodes on rank 0, "
-            f"{world_size} trainer(s), fanouts {fanouts}, prefetch {args.prefetch}, device {device}"
+            f"{g!r}: {len(train_nids)} train / {how_many(val_nids)} val / {how_many(test_nids)} test "
+            f"nodes on rank 0, {world_size} trainer(s), fanouts {fanouts}, prefetch {args.prefetch}, "
+            f"device {device}"
             + (" (synchronous copies)" if args.sync_copy and device.type != "cpu" else ""),
             flush=True,
         )
@@ -325,12 +328,16 @@ def main() -> None:
         loss_total, n_total = all_reduce_sum([loss_sum, count], distributed, device)
         record = {"epoch": epoch, "loss": loss_total / max(n_total, 1), "time": epoch_time}
         if args.eval_every > 0 and ((epoch + 1) % args.eval_every == 0 or epoch == args.epochs - 1):
-            vc, vt = evaluate(model, val_loader, distributed, device)
-            record["val_acc"] = vc / max(vt, 1)
-            if record["val_acc"] > best_val:
-                best_val = record["val_acc"]
-                tc, tt = evaluate(model, test_loader, distributed, device)
-                best = {"epoch": epoch, "val_acc": record["val_acc"], "test_acc": tc / max(tt, 1)}
+            if val_loader is not None:
+                vc, vt = evaluate(model, val_loader, distributed, device)
+                record["val_acc"] = vc / max(vt, 1)
+            # without a val mask the latest evaluation is the one reported
+            if val_loader is None or record["val_acc"] > best_val:
+                best_val = record.get("val_acc", best_val)
+                best = {"epoch": epoch, "val_acc": record.get("val_acc", 0.0), "test_acc": 0.0}
+                if test_loader is not None:
+                    tc, tt = evaluate(model, test_loader, distributed, device)
+                    best["test_acc"] = tc / max(tt, 1)
         history.append(record)
         if progress is not None:
             progress.set_postfix(

@@ -152,3 +152,50 @@ def test_launcher_refuses_restarts_without_a_state_folder(cora2) -> None:
     proc = run([*LAUNCH, "--part-config", str(cora2.part_config), "--restart-servers", "1", "--", "true"])
     assert proc.returncode == 2
     assert "needs servers with a state folder" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def cora_train_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Cora in 2 partitions with ``train_mask`` as its only mask, as many real data sets come."""
+    from asyncgraph.partition import partition_graph
+    from asyncgraph.partition.graph import Graph
+
+    with np.load(ROOT / "examples" / "data" / "cora.npz") as z:
+        ndata = {k: z[k] for k in ("feat", "label", "train_mask")}
+        graph = Graph(ndata["label"].shape[0], z["src"], z["dst"], ndata)
+    out = tmp_path_factory.mktemp("cora_train_only")
+    partition_graph(graph, "cora", 2, out)
+    return out / "cora.json"
+
+
+def test_train_dist_trains_a_graph_with_a_train_mask_only(cora_train_only: Path) -> None:
+    """The issue's command (--eval-every 0) read val_mask anyway and failed; standalone it now
+    trains without reading the masks it does not need."""
+    common = [
+        "--epochs",
+        "1",
+        "--max-batches",
+        "2",
+        "--eval-every",
+        "0",
+        "--no-progress",
+        "--num-threads",
+        "1",
+    ]
+    alone = result_of(run([*TRAIN, "--part-config", str(cora_train_only), *common], timeout=180))
+    assert alone["world_size"] == 1 and alone["final_loss"] is not None
+
+
+def test_launched_training_skips_the_missing_masks_and_says_so_once(cora_train_only: Path) -> None:
+    """2 servers x 1 trainer with evaluation on: validation and test are skipped, and the skipped
+    masks are named in one line (rank 0's), not once per trainer."""
+    common = ["--epochs", "2", "--max-batches", "2", "--no-progress", "--num-threads", "1"]
+    proc = run(
+        [*LAUNCH, "--part-config", str(cora_train_only), "--num-trainers", "1", "--", *TRAIN, *common],
+        timeout=180,
+    )
+    result = result_of(proc)
+    assert result["world_size"] == 2 and result["final_loss"] is not None
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if "has no val_mask, test_mask" in line]
+    assert len(said) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert shm_entries() == set()

@@ -28,7 +28,7 @@ from .hetero import sample_etype_neighbors
 from .optim import SparseAdagrad, SparseAdam, SparseOptimizer
 from .queries import EdgePartitionPolicy, NodePartitionPolicy
 from .sampling import find_edges, in_subgraph, sample_neighbors
-from .split import edge_split, node_split
+from .split import edge_split, node_split, split_masks
 from .tensor import DistTensor, Initializer, normal_init, uniform_init, zeros_init
 from .trainers import ddp_backend, resolve_device, spawn_trainers, trainer_device
 
@@ -83,6 +83,7 @@ __all__ = [
     "shutdown_servers",
     "snapshot",
     "spawn_trainers",
+    "split_masks",
     "trainer_device",
     "uniform_init",
     "zeros_init",

@@ -24,6 +24,8 @@ of the graph this process is initialised for when the sizes match, else one part
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -37,9 +39,11 @@ from asyncgraph.partition.book import RangePartitionBook
 from .context import current_client, rank_world
 from .tensor import DistTensor
 
-__all__ = ["edge_split", "node_split"]
+__all__ = ["edge_split", "node_split", "split_masks"]
 
 IdArray = npt.NDArray[np.int64]
+
+log = logging.getLogger("asyncgraph")
 
 
 _PULL_CHUNK = 1 << 24  # mask rows per pull
@@ -266,3 +270,33 @@ def edge_split(
         tb = book.etype_bounds(etype)
         return _split(mask, None, rank, world_size, force_even, "edge", type_bounds=tb)
     return _split(mask, partition_book, rank, world_size, force_even, "edge", trainer_ids=edge_trainer_ids)
+
+
+def split_masks(
+    g: Any,
+    names: Sequence[str] = ("train_mask", "val_mask", "test_mask"),
+    rank: int | None = None,
+    world_size: int | None = None,
+    force_even: bool = True,
+) -> dict[str, torch.Tensor]:
+    """This rank's ``node_split`` share of each named node mask that ``g`` (a ``DistGraph``) has.
+
+    Real data sets often come with a train mask only: a mask the graph lacks is left out of the
+    result (callers skip what it was for) and named in one warning, on rank 0 only, so a run says
+    once what it skipped.
+    """
+    missing = [name for name in names if name not in g.ndata]
+    rank, world = rank_world(rank, world_size)
+    if missing and rank == 0:
+        log.warning(
+            "graph %r has no %s; skipping what needs %s",
+            getattr(g, "graph_name", "?"),
+            ", ".join(missing),
+            "it" if len(missing) == 1 else "them",
+        )
+    book = g.get_partition_book()
+    return {
+        name: node_split(g.ndata[name], book, rank=rank, world_size=world, force_even=force_even)
+        for name in names
+        if name not in missing
+    }
