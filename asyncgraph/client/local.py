@@ -161,10 +161,20 @@ class LocalPartition:
         self.service.push(name, ids, values, op)
         return None
 
+    def _live_elsewhere(self) -> Partition | None:
+        """The server, when its structure has an overlay this process does not map yet
+        (issue 35): structure reads are then its to answer."""
+        store = self.service.store
+        if self.server is not None and isinstance(store, AttachedStore) and store.live_elsewhere:
+            return self.server
+        return None
+
     async def sample(
         self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         await self._current()
+        if (server := self._live_elsewhere()) is not None:
+            return await server.sample(seeds, fanout, replace, seed)
         return self.service.sample(seeds, fanout, replace, seed)
 
     async def sample_with_features(
@@ -177,6 +187,8 @@ class LocalPartition:
         extra: np.ndarray | None = None,
     ) -> SampledRows:
         await self._current()
+        if (server := self._live_elsewhere()) is not None:
+            return await server.sample_with_features(seeds, fanout, replace, seed, features, extra)
         if self.shm is not None:
             for name in features:
                 if not self.service.store.has_tensor(name):
@@ -185,14 +197,35 @@ class LocalPartition:
 
     async def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         await self._current()
+        if (server := self._live_elsewhere()) is not None:
+            return await server.find_edges(eids)
         return self.service.find_edges(eids)
+
+    async def add_edges(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        if self.server is not None:  # a structure write: the server's, logged
+            return await self.server.add_edges(src, dst)
+        return self.service.add_edges(src, dst)
+
+    async def remove_edges(self, eids: np.ndarray) -> None:
+        if self.server is not None:
+            return await self.server.remove_edges(eids)
+        self.service.remove_edges(eids)
+        return None
 
     async def degrees(self, ids: np.ndarray | None, edge_dir: str) -> np.ndarray:
         self._check_alive()
+        if self.server is not None:
+            await self._current()
+            if (server := self._live_elsewhere()) is not None:
+                return await server.degrees(ids, edge_dir)
         return self.service.degrees(ids, edge_dir)
 
     async def sample_edges(self, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
         self._check_alive()
+        if self.server is not None:
+            await self._current()
+            if (server := self._live_elsewhere()) is not None:
+                return await server.sample_edges(args)
         if args.prob is not None and self.shm is not None:
             key = args.prob if args.prob.startswith("edge:") else f"edge:{args.prob}"
             if not self.service.store.has_tensor(key):

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from asyncgraph.errors import AsyncGraphError, ServerUnavailableError
+from asyncgraph.errors import AsyncGraphError, LiveGraphError, ServerUnavailableError
 from asyncgraph.protocol.info import ServerInfo
 from asyncgraph.protocol.ops import Op, SampleEdgesArgs
 from asyncgraph.service.base import SampledRows
@@ -57,6 +57,8 @@ class ReplicatedPartition:
         self.primary = primary
         self.writes_via_primary = writes_via_primary
         self._members: list[RemotePartition] = [primary, *replicas]
+        #: The graph's structure has an overlay: structure reads go to the primary (issue 35).
+        self.live = False
         self._turn = 0
         self._reopen = reopen
         self.refresh_interval = refresh_interval
@@ -139,6 +141,25 @@ class ReplicatedPartition:
             self._drop(member)
             return await call(self.primary)
 
+    async def _structure(self, call: Callable[[RemotePartition], Awaitable[T]]) -> T:
+        """A structure read: by the primary once the graph is live (replicas do not map the
+        overlay yet and refuse with ``LiveGraphError``), else like any read (issue 35)."""
+        if self.live:
+            return await call(self.primary)
+        try:
+            return await self._read(call)
+        except LiveGraphError:
+            self.live = True
+            return await call(self.primary)
+
+    async def add_edges(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        self.live = True
+        return await self.primary.add_edges(src, dst)
+
+    async def remove_edges(self, eids: np.ndarray) -> None:
+        self.live = True
+        await self.primary.remove_edges(eids)
+
     async def pull(
         self,
         name: str,
@@ -162,7 +183,7 @@ class ReplicatedPartition:
     async def sample(
         self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return await self._read(lambda p: p.sample(seeds, fanout, replace, seed))
+        return await self._structure(lambda p: p.sample(seeds, fanout, replace, seed))
 
     async def sample_with_features(
         self,
@@ -173,18 +194,18 @@ class ReplicatedPartition:
         features: Sequence[str],
         extra: np.ndarray | None = None,
     ) -> SampledRows:
-        return await self._read(
+        return await self._structure(
             lambda p: p.sample_with_features(seeds, fanout, replace, seed, features, extra)
         )
 
     async def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return await self._read(lambda p: p.find_edges(eids))
+        return await self._structure(lambda p: p.find_edges(eids))
 
     async def degrees(self, ids: np.ndarray | None, edge_dir: str) -> np.ndarray:
-        return await self._read(lambda p: p.degrees(ids, edge_dir))
+        return await self._structure(lambda p: p.degrees(ids, edge_dir))
 
     async def sample_edges(self, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
-        return await self._read(lambda p: p.sample_edges(args))
+        return await self._structure(lambda p: p.sample_edges(args))
 
     async def sparse_update(
         self, name: str, ids: np.ndarray, grads: np.ndarray, spec: Mapping[str, Any]

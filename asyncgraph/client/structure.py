@@ -23,6 +23,7 @@ from asyncgraph.service.base import SampledRows
 
 from .cache import meta_row_bytes
 from .catalog import TensorCatalog
+from .edge_routing import edge_positions
 from .scatter import broadcast, gather_rows, scatter, take
 from .state import ClientState
 from .traffic import Traffic, count_remote
@@ -294,11 +295,11 @@ class StructureQueries:
     async def find_edges(self, eids: Any) -> tuple[np.ndarray, np.ndarray]:
         """Global int64 ``(src, dst)`` of global edge IDs, in the caller's order.
 
-        Duplicates are allowed; an ID outside ``[0, num_edges)`` raises ``OutOfRangeError``
-        before any request is sent.
+        Duplicates are allowed; a negative ID raises ``OutOfRangeError`` before any request is
+        sent, an ID that names no live edge (never added, or removed) ``UnknownEdgeError``.
         """
         gids = as_id_array(eids, "eids")
-        parts = self.state.book.positions(gids, "edge")
+        parts = edge_positions(self.state.book, gids)
         results = await scatter(
             self.state.partitions, parts, Op.FIND_EDGES, lambda p, pos: p.find_edges(take(gids, pos))
         )

@@ -252,6 +252,8 @@ class Client:
     sample_etypes = blocking(AsyncClient.sample_etypes)
     degrees = blocking(AsyncClient.degrees)
     find_edges = blocking(AsyncClient.find_edges)
+    add_edges = blocking(AsyncClient.add_edges)
+    remove_edges = blocking(AsyncClient.remove_edges)
 
     # --- coordination -------------------------------------------------------------------------
     barrier = blocking(AsyncClient.barrier)

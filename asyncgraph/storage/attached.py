@@ -32,6 +32,9 @@ class AttachedStore(PartitionStore):
 
     #: The owner's catalog generation when this store's tensors were last synced.
     seen_generation: int = 0
+    #: Whether the owner's structure had an overlay (added or removed edges) at the last sync:
+    #: its structure reads are then the owner's to answer (issue 35).
+    live_elsewhere: bool = False
 
     @classmethod
     def attach(cls, descriptor: Mapping[str, Any], fds: Sequence[int]) -> AttachedStore:
@@ -63,6 +66,7 @@ class AttachedStore(PartitionStore):
                     attached=True,
                 )
                 store.seen_generation = int(descriptor.get("generation", 0))
+                store.live_elsewhere = bool(descriptor.get("live", False))
             except BaseException:
                 lock.close()
                 for sa in structure.values():
@@ -151,6 +155,7 @@ class AttachedStore(PartitionStore):
         for name in [n for n in self.tensor_names() if n not in live]:
             self.unmap(name)
         self.seen_generation = int(descriptor.get("generation", 0))
+        self.live_elsewhere = bool(descriptor.get("live", False))
 
     def forget_tensor(self, name: str) -> None:
         """Unmap tensor ``name`` (e.g. after the server deleted it); no-op if unknown."""

@@ -47,6 +47,7 @@ def export(
         "part_id": store.part_id,
         "book": store.book.to_dict(),
         "generation": store.catalog_generation,
+        "live": store.overlay is not None,  # the structure has an overlay (issue 35)
     }
     if structure:
         assert isinstance(store.lock, SharedRWLock)

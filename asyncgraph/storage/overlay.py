@@ -1,0 +1,225 @@
+"""A live graph's overlay on one partition's immutable CSC (issue 35; ``docs/design.md``).
+
+The base structure (``indptr``/``indices``/``eids``) never changes. Updates the partition owns
+(edges whose destination it owns) land here: ``dead`` marks removed base edges (one byte per
+base edge), appended edges are kept in log order (``add_src`` global, ``add_dst`` local,
+``add_dead``), and ``add_indptr``/``add_order`` index them by destination (a counting sort,
+rebuilt per applied batch). The ``k``-th appended edge of partition ``p`` has the global ID
+``E_base + p + k * P`` (:func:`new_edge_ids`): owner and slot are arithmetic, the partition
+book stays as it is. ``header`` holds the counts (appended, removed base, removed appended)
+and a version that moves with every applied batch.
+
+Only the owner (the server, or a standalone store) writes, under the store's write lock;
+readers hold the read lock, so they see whole batches. With ``shared`` every array is a memfd
+(``SharedArray``), so co-located processes can map it; arrays grow by doubling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from asyncgraph.errors import OutOfRangeError, UnknownEdgeError
+from asyncgraph.storage.memfd import SharedArray
+
+__all__ = ["HEADER", "Overlay", "edge_owner", "new_edge_ids"]
+
+#: The header's words: appended edges, removed base edges, removed appended edges, version.
+HEADER = ("added", "dead_base", "dead_added", "version")
+_FIRST_CAPACITY = 1024
+#: Most request-id answers kept (``rid -> first slot, count``); older resends answer nothing.
+_MAX_ANSWERS = 1 << 16
+
+
+def new_edge_ids(edge_base: int, part_id: int, num_parts: int, slots: np.ndarray) -> np.ndarray:
+    """Global IDs of appended edges ``slots`` of partition ``part_id``: ``E_base + p + k * P``."""
+    return (edge_base + part_id + slots.astype(np.int64) * num_parts).astype(np.int64)
+
+
+def edge_owner(eids: np.ndarray, edge_base: int, base_owner: np.ndarray, num_parts: int) -> np.ndarray:
+    """The owner of every edge ID: the book's for base IDs (``base_owner``, computed by the
+    caller on the clipped IDs), ``(eid - E_base) % P`` above the base."""
+    above = eids >= edge_base
+    return np.where(above, (eids - edge_base) % num_parts, base_owner).astype(np.int64)
+
+
+class Overlay:
+    """One partition's appended and removed edges (see the module docstring)."""
+
+    def __init__(
+        self,
+        label: str,
+        *,
+        part_id: int,
+        num_parts: int,
+        node_start: int,
+        num_local_nodes: int,
+        edge_base: int,
+        edge_start: int,
+        num_base_edges: int,
+        shared: bool,
+    ) -> None:
+        self.label = label
+        self.part_id = part_id
+        self.num_parts = num_parts
+        self.node_start = node_start
+        self.num_local_nodes = num_local_nodes
+        self.edge_base = edge_base
+        self.edge_start = edge_start
+        self.num_base_edges = num_base_edges
+        self.shared = shared
+        self._arrays: dict[str, SharedArray | np.ndarray] = {}
+        self.header = self._new("header", len(HEADER), np.int64)
+        self.dead = self._new("dead", max(1, num_base_edges), np.uint8)
+        self.add_indptr = self._new("add_indptr", num_local_nodes + 1, np.int64)
+        self.capacity = 0
+        self.add_src = self.add_dst = self.add_order = np.empty(0, np.int64)
+        self.add_dead = np.empty(0, np.uint8)
+        self._grow(_FIRST_CAPACITY)
+        #: ``rid -> (first slot, count)`` of applied ``add_edges``: a resend answers the same IDs.
+        self.answers: dict[str, tuple[int, int]] = {}
+
+    # --- memory ------------------------------------------------------------------------
+    def _new(self, name: str, size: int, dtype: Any) -> np.ndarray:
+        data: SharedArray | np.ndarray
+        if self.shared:
+            data = SharedArray.create(f"{self.label}.{name}", (size,), dtype, final=False)
+        else:
+            data = np.zeros(size, dtype=dtype)
+        old = self._arrays.get(name)
+        if isinstance(old, SharedArray):
+            old.close()  # readers' views keep their mapping until dropped
+        self._arrays[name] = data
+        return data.array if isinstance(data, SharedArray) else data
+
+    def _grow(self, need: int) -> None:
+        """Make room for ``need`` appended edges (doubling), copying what is there."""
+        if need <= self.capacity:
+            return
+        cap = max(_FIRST_CAPACITY, self.capacity)
+        while cap < need:
+            cap *= 2
+        n = self.added
+        grown = (
+            ("add_src", np.int64),
+            ("add_dst", np.int64),
+            ("add_order", np.int64),
+            ("add_dead", np.uint8),
+        )
+        kept = {name: getattr(self, name)[:n].copy() for name, _ in grown}
+        for name, dtype in grown:
+            arr = self._new(name, cap, dtype)
+            arr[:n] = kept[name]
+            setattr(self, name, arr)
+        self.capacity = cap
+        self.layout_changes = getattr(self, "layout_changes", 0) + 1
+
+    @property
+    def arrays(self) -> Mapping[str, SharedArray | np.ndarray]:
+        """Every array as stored (memfds when shared), by name."""
+        return self._arrays
+
+    def close(self) -> None:
+        for data in self._arrays.values():
+            if isinstance(data, SharedArray):
+                data.close()
+        self._arrays.clear()
+
+    # --- counts ------------------------------------------------------------------------
+    @property
+    def added(self) -> int:
+        return int(self.header[0])
+
+    @property
+    def removed(self) -> int:
+        return int(self.header[1] + self.header[2])
+
+    def stats(self) -> dict[str, int]:
+        """The overlay's size, for metrics: appended edges, removed edges, bytes held."""
+        held = sum(int((d.array if isinstance(d, SharedArray) else d).nbytes) for d in self._arrays.values())
+        return {"overlay_edges": self.added, "overlay_removed": self.removed, "overlay_bytes": held}
+
+    # --- checks (nothing changes) ------------------------------------------------------
+    def locate(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(base positions, appended slots)`` of owned live edges ``eids``, each sorted unique;
+        ``OutOfRangeError`` for an ID another partition owns, ``UnknownEdgeError`` for one that
+        is not a live edge (never added, or removed)."""
+        ids = np.asarray(eids, dtype=np.int64)
+        above = ids >= self.edge_base
+        base = ids[~above] - self.edge_start
+        if base.size and (base.min() < 0 or base.max() >= self.num_base_edges):
+            bad = ids[~above][(base < 0) | (base >= self.num_base_edges)][0]
+            raise OutOfRangeError(f"edge {int(bad)} is not owned by partition {self.part_id}")
+        rel = ids[above] - self.edge_base
+        if rel.size and np.any(rel % self.num_parts != self.part_id):
+            bad = ids[above][rel % self.num_parts != self.part_id][0]
+            raise OutOfRangeError(f"edge {int(bad)} is not owned by partition {self.part_id}")
+        slots = rel // self.num_parts
+        n = self.added
+        if slots.size and slots.max() >= n:
+            bad = ids[above][slots >= n][0]
+            raise UnknownEdgeError(f"edge {int(bad)} was never added (partition {self.part_id} has {n})")
+        if base.size and np.any(self.dead[base]):
+            bad = ids[~above][self.dead[base] != 0][0]
+            raise UnknownEdgeError(f"edge {int(bad)} was removed")
+        if slots.size and np.any(self.add_dead[slots]):
+            bad = ids[above][self.add_dead[slots] != 0][0]
+            raise UnknownEdgeError(f"edge {int(bad)} was removed")
+        return np.unique(base), np.unique(slots)
+
+    # --- updates (the owner, under the store's write lock) ------------------------------
+    def append(self, src: np.ndarray, dst_local: np.ndarray, rid: str | None = None) -> int:
+        """Append edges ``src -> node_start + dst_local`` (checked by the caller); their first
+        slot. The destination index is rebuilt over every appended edge."""
+        m = int(src.size)
+        n = self.added
+        self._grow(n + m)
+        self.add_src[n : n + m] = src
+        self.add_dst[n : n + m] = dst_local
+        self.add_dead[n : n + m] = 0
+        dst = self.add_dst[: n + m]
+        counts = np.bincount(dst, minlength=self.num_local_nodes)
+        self.add_indptr[0] = 0
+        np.cumsum(counts, out=self.add_indptr[1:])
+        self.add_order[: n + m] = np.argsort(dst, kind="stable")
+        self.header[0] = n + m
+        self.header[3] += 1
+        if rid is not None:
+            self.remember(rid, n, m)
+        return n
+
+    def remember(self, rid: str, first: int, count: int) -> None:
+        if len(self.answers) >= _MAX_ANSWERS:
+            self.answers.pop(next(iter(self.answers)))
+        self.answers[rid] = (first, count)
+
+    def kill(self, base: np.ndarray, slots: np.ndarray) -> None:
+        """Mark live base positions ``base`` and appended ``slots`` removed (``locate``'s answer)."""
+        self.dead[base] = 1
+        self.add_dead[slots] = 1
+        self.header[1] += base.size
+        self.header[2] += slots.size
+        self.header[3] += 1
+
+    # --- snapshots ---------------------------------------------------------------------
+    def state(self) -> dict[str, np.ndarray]:
+        """What a snapshot keeps: the appended edges in slot order and the removed edges."""
+        n = self.added
+        return {
+            "add_src": self.add_src[:n],
+            "add_dst": self.add_dst[:n],
+            "add_dead": self.add_dead[:n],
+            "dead_base": np.flatnonzero(self.dead[: self.num_base_edges]).astype(np.int64),
+        }
+
+    def load(self, state: Mapping[str, np.ndarray], answers: Mapping[str, Any]) -> None:
+        """Make this (new) overlay hold a snapshot's ``state`` and request-id answers."""
+        n = int(state["add_src"].size)
+        if n:
+            self.append(np.asarray(state["add_src"]), np.asarray(state["add_dst"]))
+        slots = np.flatnonzero(np.asarray(state["add_dead"]))
+        self.kill(np.asarray(state["dead_base"], dtype=np.int64), slots)
+        for rid, (first, count) in answers.items():
+            self.remember(str(rid), int(first), int(count))

@@ -1,0 +1,253 @@
+"""A live graph (issue 35): edges added and removed while clients sample, on real servers.
+
+Cora in two partitions, served by real server processes (co-located clients through shared
+memory, and clients over the socket only) and standalone. Every check compares against a
+model of the live edge set built from the base graph and the acknowledged updates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asyncgraph.client import AsyncClient
+from asyncgraph.errors import (
+    DTypeMismatchError,
+    LiveGraphError,
+    OutOfRangeError,
+    ShapeMismatchError,
+    UnknownEdgeError,
+)
+from asyncgraph.net.connection import Connection
+from asyncgraph.protocol.ops import AddEdgesArgs, Op
+from asyncgraph.testing import ServerGroup, start_servers
+
+T = 20.0
+
+
+class Model:
+    """The live edge set: ``eid -> (src, dst)``, from the base graph and acknowledged updates."""
+
+    def __init__(self, src: np.ndarray, dst: np.ndarray, num_nodes: int) -> None:
+        self.edges = {int(e): (int(s), int(d)) for e, (s, d) in enumerate(zip(src, dst, strict=True))}
+        self.num_nodes = num_nodes
+        self.num_base_edges = len(self.edges)
+        self.removed: list[int] = []
+
+    def add(self, eids: np.ndarray, src: np.ndarray, dst: np.ndarray) -> None:
+        for e, s, d in zip(eids.tolist(), src.tolist(), dst.tolist(), strict=True):
+            assert e not in self.edges
+            self.edges[e] = (s, d)
+
+    def remove(self, eids: np.ndarray) -> None:
+        for e in eids.tolist():
+            del self.edges[e]
+            self.removed.append(e)
+
+    def in_degrees(self) -> np.ndarray:
+        dst = np.array([d for _, d in self.edges.values()], dtype=np.int64)
+        return np.bincount(dst, minlength=self.num_nodes)
+
+
+async def check_equals_model(client: AsyncClient, model: Model) -> None:
+    """Degrees, endpoints and a full-neighbourhood sample of every node match the model, and
+    no removed edge is found or sampled."""
+    np.testing.assert_array_equal(await client.degrees(None, "in"), model.in_degrees())
+    eids = np.array(sorted(model.edges), dtype=np.int64)
+    src, dst = await client.find_edges(eids)
+    expect = np.array([model.edges[e] for e in eids.tolist()], dtype=np.int64)
+    np.testing.assert_array_equal(np.stack([src, dst], 1), expect)
+    s, d, e = await client.sample_neighbors(np.arange(model.num_nodes), -1)
+    order = np.argsort(e)
+    np.testing.assert_array_equal(e[order], eids)
+    np.testing.assert_array_equal(np.stack([s[order], d[order]], 1), expect)
+    for gone in model.removed[:5]:
+        with pytest.raises(UnknownEdgeError):
+            await client.find_edges([gone])
+
+
+async def update_sequence(client: AsyncClient, model: Model, rng: np.random.Generator) -> None:
+    """Adds across both owners, removals of base and of new edges, adds after removals."""
+    n = model.num_nodes
+    for size in (1, 40, 300):
+        src, dst = rng.integers(0, n, size), rng.integers(0, n, size)
+        model.add(await client.add_edges(src, dst), src, dst)
+    live = np.array(sorted(model.edges), dtype=np.int64)
+    base = live[live < 1000][::37]
+    new = live[live >= model.num_base_edges][::5]
+    await client.remove_edges(np.concatenate([base, new]))
+    model.remove(np.concatenate([base, new]))
+    hub = np.array([0, 0, 0, 5], dtype=np.int64)  # a node with several new in-edges
+    model.add(await client.add_edges(np.array([1, 2, 3, 4]), hub), np.array([1, 2, 3, 4]), hub)
+
+
+@pytest.fixture
+async def base_model(cora2: Any) -> AsyncIterator[Model]:
+    client = AsyncClient.standalone(cora2.part_config)
+    try:
+        e = np.arange(client.book.num_edges)
+        src, dst = await client.find_edges(e)
+        yield Model(src, dst, client.book.num_nodes)
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+def servers(cora2: Any, tmp_path: Path) -> Any:
+    group = start_servers(
+        cora2.part_config, tmp_path / "run", num_parts=2, extra_args=["--log-level", "WARNING"]
+    )
+    yield group
+    group.stop()
+
+
+def _copy(model: Model) -> Model:
+    out = Model(np.empty(0), np.empty(0), model.num_nodes)
+    out.edges, out.num_base_edges = dict(model.edges), model.num_base_edges
+    return out
+
+
+@pytest.mark.timeout(180)
+async def test_served_equals_standalone_after_the_same_updates(
+    cora2: Any, servers: ServerGroup, base_model: Model
+) -> None:
+    standalone = AsyncClient.standalone(cora2.part_config)
+    shm = await AsyncClient.connect(servers.addresses, use_shared_memory=True)
+    sock = await AsyncClient.connect(servers.addresses, use_shared_memory=False)
+    try:
+        assert shm.local_partitions() == [0, 1]  # co-located: reads through shared memory
+        served_model, alone_model = _copy(base_model), _copy(base_model)
+        await shm.sample_neighbors(np.arange(50), 3, seed=1)  # attached before the updates
+        await update_sequence(shm, served_model, np.random.default_rng(5))
+        await update_sequence(standalone, alone_model, np.random.default_rng(5))
+        assert served_model.edges == alone_model.edges  # the same new IDs
+        for client in (shm, sock):
+            await check_equals_model(client, served_model)
+        await check_equals_model(standalone, alone_model)
+        seeds = np.arange(0, base_model.num_nodes, 3)
+        for fanout, replace in ((2, False), (5, True), (-1, False)):
+            want = await standalone.sample_neighbors(seeds, fanout, replace=replace, seed=11)
+            for client in (shm, sock):
+                got = await client.sample_neighbors(seeds, fanout, replace=replace, seed=11)
+                for a, b in zip(got, want, strict=True):
+                    np.testing.assert_array_equal(a, b)
+        info = await sock.server_stats()
+        assert sum(i["overlay_edges"] for i in info) == 341 + 4
+        with pytest.raises(LiveGraphError):  # no live form yet: refused, not answered from the base
+            await sock.degrees(None, "out")
+    finally:
+        for c in (shm, sock, standalone):
+            await c.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_removed_edge_is_never_sampled_after_its_ack(servers: ServerGroup) -> None:
+    writer = await AsyncClient.connect(servers.addresses, use_shared_memory=False)
+    reader = await AsyncClient.connect(servers.addresses, use_shared_memory=True)
+    try:
+        degrees = await writer.degrees(None, "in")
+        hubs = np.argsort(degrees)[-20:]
+        await reader.sample_neighbors(hubs, 2, seed=0)  # mapped before any update
+        _, _, eids = await writer.sample_neighbors(hubs, -1)
+        rng = np.random.default_rng(0)
+        for round_ in range(5):
+            gone = rng.choice(eids, size=eids.size // 8, replace=False)
+            await writer.remove_edges(gone)
+            eids = np.setdiff1d(eids, gone)
+            for client in (reader, writer):
+                for seed in range(3):
+                    for fanout in (1, 4, -1):
+                        _, _, got = await client.sample_neighbors(hubs, fanout, seed=seed + 10 * round_)
+                        assert not np.isin(got, gone).any()
+                        assert np.isin(got, eids).all()
+            with pytest.raises(UnknownEdgeError):
+                await writer.remove_edges(gone[:1])  # removed already: refused, nothing changes
+    finally:
+        await writer.close()
+        await reader.close()
+
+
+@pytest.mark.timeout(120)
+async def test_bad_updates_are_typed_and_change_nothing(servers: ServerGroup, base_model: Model) -> None:
+    client = await AsyncClient.connect(servers.addresses, use_shared_memory=True)
+    try:
+        model = _copy(base_model)
+        model.add(await client.add_edges([1, 2], [3, 2000]), np.array([1, 2]), np.array([3, 2000]))
+        n, e = model.num_nodes, model.num_base_edges
+        bad: list[tuple[type[Exception], Any]] = [
+            (OutOfRangeError, client.add_edges([n], [0])),  # unknown source node
+            (OutOfRangeError, client.add_edges([0], [n + 5])),  # unknown destination node
+            (OutOfRangeError, client.add_edges([-1], [0])),
+            (ShapeMismatchError, client.add_edges([0, 1], [2])),
+            (DTypeMismatchError, client.add_edges(np.array([0.5]), np.array([1.0]))),
+            (UnknownEdgeError, client.remove_edges([e + 2 * 1000])),  # a new ID never allocated
+            (UnknownEdgeError, client.remove_edges([5, e + 9999])),  # one live, one unknown
+            (OutOfRangeError, client.remove_edges([-3])),
+        ]
+        for kind, call in bad:
+            with pytest.raises(kind):
+                await call
+        await check_equals_model(client, model)
+        # a hostile request straight to a server: checked there too, nothing changes
+        host, port = servers.addresses[0]
+        conn = await Connection.open(host, port, graph_name=None, timeout=T)
+        try:
+            foreign = np.array([n - 1], dtype=np.int64)  # owned by partition 1
+            with pytest.raises(OutOfRangeError):
+                await conn.call(Op.ADD_EDGES, {**AddEdgesArgs(foreign, foreign).encode(), "rid": "x1"}, T)
+            with pytest.raises(ShapeMismatchError):
+                args = {"src": np.array([0, 1]), "dst": np.array([0]), "rid": "x2"}
+                await conn.call(Op.ADD_EDGES, args, T)
+        finally:
+            conn.close()
+        await check_equals_model(client, model)
+    finally:
+        await client.close()
+
+
+@pytest.mark.timeout(180)
+async def test_updates_survive_kill9_with_wal_exactly(cora2: Any, tmp_path: Path, base_model: Model) -> None:
+    state = tmp_path / "state"
+    group = start_servers(
+        cora2.part_config,
+        tmp_path / "run",
+        num_parts=2,
+        extra_args=["--log-level", "WARNING", "--state-dir", str(state), "--wal"],
+    )
+    try:
+        client = await AsyncClient.connect(group.addresses, use_shared_memory=False, reconnect_window=30.0)
+        model = _copy(base_model)
+        rng = np.random.default_rng(3)
+        await update_sequence(client, model, rng)
+        await client.snapshot()  # half the history in a snapshot, half in the log after it
+        await update_sequence(client, model, rng)
+        seeds = np.arange(0, model.num_nodes, 7)
+        before = await client.sample_neighbors(seeds, 3, seed=4)
+        for index in (0, 1):
+            group.kill(index)
+            group.restart(index)
+        await check_equals_model(client, model)
+        after = await client.sample_neighbors(seeds, 3, seed=4)
+        for a, b in zip(after, before, strict=True):
+            np.testing.assert_array_equal(a, b)
+        # a resend of an applied add_edges (same request id) answers the same IDs, adds nothing
+        host, port = group.addresses[0]
+        conn = await Connection.open(host, port, graph_name=None, timeout=T)
+        try:
+            args = {**AddEdgesArgs(np.array([7]), np.array([8])).encode(), "rid": "once"}
+            first = np.asarray(await conn.call(Op.ADD_EDGES, args, T))
+            again = np.asarray(await conn.call(Op.ADD_EDGES, args, T))
+            np.testing.assert_array_equal(first, again)
+            model.add(first, np.array([7]), np.array([8]))
+        finally:
+            conn.close()
+        group.kill(0)
+        group.restart(0)
+        await check_equals_model(client, model)
+        await client.close()
+    finally:
+        group.stop()
