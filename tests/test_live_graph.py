@@ -7,6 +7,9 @@ model of the live edge set built from the base graph and the acknowledged update
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -248,6 +251,68 @@ async def test_updates_survive_kill9_with_wal_exactly(cora2: Any, tmp_path: Path
         group.kill(0)
         group.restart(0)
         await check_equals_model(client, model)
+        await client.close()
+    finally:
+        group.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_colocated_readers_see_updates_without_the_socket(
+    servers: ServerGroup, base_model: Model
+) -> None:
+    """A co-located reader maps the owner's overlay: after a growth (new memfds) it maps it
+    again, and within a layout it reads each update from shared memory. Proven with both
+    servers stopped (SIGSTOP): the reader still answers every structure read."""
+    writer = await AsyncClient.connect(servers.addresses, use_shared_memory=False)
+    reader = await AsyncClient.connect(servers.addresses, use_shared_memory=True)
+    model = _copy(base_model)
+    rng = np.random.default_rng(8)
+    try:
+        await reader.sample_neighbors(np.arange(10), 2, seed=0)  # mapped before any update
+        src, dst = rng.integers(0, model.num_nodes, 3000), rng.integers(0, model.num_nodes, 3000)
+        model.add(await writer.add_edges(src, dst), src, dst)  # > the first capacity: grown
+        await check_equals_model(reader, model)  # re-mapped
+        assert all(p.store is not None and p.store.overlay is not None for p in reader.partitions)
+        src, dst = rng.integers(0, model.num_nodes, 20), rng.integers(0, model.num_nodes, 20)
+        model.add(await writer.add_edges(src, dst), src, dst)
+        gone = np.array(sorted(model.edges), dtype=np.int64)[::50]
+        await writer.remove_edges(gone)
+        model.remove(gone)
+        for proc in servers.procs:
+            os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            await asyncio.wait_for(check_equals_model(reader, model), 30.0)
+        finally:
+            for proc in servers.procs:
+                os.kill(proc.pid, signal.SIGCONT)
+    finally:
+        await writer.close()
+        await reader.close()
+
+
+@pytest.mark.timeout(180)
+async def test_replicas_agree_with_their_primary(cora2: Any, tmp_path: Path, base_model: Model) -> None:
+    group = start_servers(
+        cora2.part_config, tmp_path / "run", num_parts=2, num_servers=2, extra_args=["--log-level", "WARNING"]
+    )
+    try:
+        client = await AsyncClient.connect(group.addresses, use_shared_memory=False, use_replicas=True)
+        model = _copy(base_model)
+        await client.degrees(None, "in")  # replicas in use before the updates
+        await update_sequence(client, model, np.random.default_rng(2))
+        for _ in range(3):  # reads take turns over primary and replica
+            await check_equals_model(client, model)
+        expect = model.in_degrees()
+        for index in range(2, len(group.bound)):  # each replica, asked directly
+            host, port = group.bound[index]
+            conn = await Connection.open(host, port, graph_name=None, timeout=T)
+            try:
+                info = await conn.call(Op.INFO, {}, T)
+                lo, hi = client.book.node_range(int(info["part_id"]))
+                got = await conn.call(Op.DEGREES, {"ids": None, "edge_dir": "in"}, T)
+                np.testing.assert_array_equal(np.asarray(got), expect[lo:hi])
+            finally:
+                conn.close()
         await client.close()
     finally:
         group.stop()

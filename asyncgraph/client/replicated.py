@@ -57,8 +57,6 @@ class ReplicatedPartition:
         self.primary = primary
         self.writes_via_primary = writes_via_primary
         self._members: list[RemotePartition] = [primary, *replicas]
-        #: The graph's structure has an overlay: structure reads go to the primary (issue 35).
-        self.live = False
         self._turn = 0
         self._reopen = reopen
         self.refresh_interval = refresh_interval
@@ -142,22 +140,17 @@ class ReplicatedPartition:
             return await call(self.primary)
 
     async def _structure(self, call: Callable[[RemotePartition], Awaitable[T]]) -> T:
-        """A structure read: by the primary once the graph is live (replicas do not map the
-        overlay yet and refuse with ``LiveGraphError``), else like any read (issue 35)."""
-        if self.live:
-            return await call(self.primary)
+        """A structure read, like any read; a replica whose view of the primary's overlay is
+        not mapped or stale refuses it (``LiveGraphError``): the primary answers (issue 35)."""
         try:
             return await self._read(call)
         except LiveGraphError:
-            self.live = True
             return await call(self.primary)
 
     async def add_edges(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-        self.live = True
         return await self.primary.add_edges(src, dst)
 
     async def remove_edges(self, eids: np.ndarray) -> None:
-        self.live = True
         await self.primary.remove_edges(eids)
 
     async def pull(

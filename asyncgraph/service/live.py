@@ -21,7 +21,12 @@ from asyncgraph.kernels.partition_sampling import keyed_rng
 from asyncgraph.storage.overlay import Overlay, new_edge_ids
 from asyncgraph.storage.store import PartitionStore
 
-__all__ = ["LiveStructure"]
+__all__ = ["LiveStructure", "OverlayMovedError"]
+
+
+class OverlayMovedError(LiveGraphError):
+    """A co-located view of an owner's overlay is stale (the owner grew its arrays since this
+    process mapped them): the caller re-maps it, and meanwhile asks the owner."""
 
 
 class LiveStructure:
@@ -102,8 +107,11 @@ class LiveStructure:
         """Append edges ``src -> dst`` (every ``dst`` owned here); their new global IDs."""
         s, local = self.check_add(src, dst)
         overlay = self._made()
+        capacity = overlay.capacity
         with self.store.lock.write():
             first = overlay.append(s, local, rid)
+        if overlay.capacity != capacity:
+            self.store.catalog_changed()  # new memfds: co-located readers map them again
         return self.ids_of(first, int(s.size))
 
     def answered(self, rid: str) -> np.ndarray | None:
@@ -124,7 +132,17 @@ class LiveStructure:
         with self.store.lock.write():
             overlay.kill(base, slots)
 
-    # --- reads of base + overlay (only when ``active``) --------------------------------
+    # --- reads of base + overlay (only when ``active``), under the store's read lock ------
+    def _current(self) -> Overlay:
+        overlay = self.overlay
+        assert overlay is not None
+        if overlay.stale:
+            raise OverlayMovedError(
+                f"partition {self.store.part_id}'s overlay grew since this process mapped it; "
+                "map it again (the owner answers meanwhile)"
+            )
+        return overlay
+
     def sample(
         self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -133,6 +151,7 @@ class LiveStructure:
         local = store.book.nid2localnid(seeds, store.part_id)
         rng = keyed_rng(seed, store.part_id)
         with store.lock.read():
+            overlay = self._current()
             return sample_live(
                 store.indptr, store.indices, store.eids, overlay, local, seeds, int(fanout), replace, rng
             )
@@ -145,13 +164,14 @@ class LiveStructure:
         else:
             local = np.asarray(store.book.nid2localnid(ids, store.part_id), dtype=np.int64)
         with store.lock.read():
-            return live_degrees(store.indptr, overlay, local)
+            return live_degrees(store.indptr, self._current(), local)
 
     def find_edges(self, eids: Any) -> tuple[np.ndarray, np.ndarray]:
         store, overlay = self.store, self.overlay
         assert overlay is not None
         ids = as_id_array(eids, "eids").astype(np.int64, copy=False)
         with store.lock.read():
+            overlay = self._current()
             overlay.locate(ids)  # owned and live, else a typed error
             above = ids >= overlay.edge_base
             src = np.empty(ids.size, np.int64)

@@ -24,10 +24,13 @@ import numpy as np
 from asyncgraph.errors import OutOfRangeError, UnknownEdgeError
 from asyncgraph.storage.memfd import SharedArray
 
-__all__ = ["HEADER", "Overlay", "edge_owner", "new_edge_ids"]
+__all__ = ["HEADER", "MAPPED", "Overlay", "edge_owner", "new_edge_ids"]
 
-#: The header's words: appended edges, removed base edges, removed appended edges, version.
-HEADER = ("added", "dead_base", "dead_added", "version")
+#: The header's words: appended edges, removed base edges, removed appended edges, version,
+#: and the capacity of the appended arrays (a mapped view whose arrays are smaller is stale).
+HEADER = ("added", "dead_base", "dead_added", "version", "capacity")
+#: The arrays a co-located process maps, read-only.
+MAPPED = ("header", "dead", "add_indptr", "add_src", "add_dst", "add_order", "add_dead")
 _FIRST_CAPACITY = 1024
 #: Most request-id answers kept (``rid -> first slot, count``); older resends answer nothing.
 _MAX_ANSWERS = 1 << 16
@@ -114,7 +117,31 @@ class Overlay:
             arr[:n] = kept[name]
             setattr(self, name, arr)
         self.capacity = cap
-        self.layout_changes = getattr(self, "layout_changes", 0) + 1
+        self.header[4] = cap
+
+    def params(self) -> dict[str, int]:
+        """What a mapped view needs besides the arrays (``view``)."""
+        names = ("part_id", "num_parts", "node_start", "num_local_nodes", "edge_base", "edge_start")
+        return {name: int(getattr(self, name)) for name in (*names, "num_base_edges")}
+
+    @classmethod
+    def view(cls, params: Mapping[str, Any], arrays: Mapping[str, SharedArray]) -> Overlay:
+        """A read-only view of an owner's overlay mapped from its memfds (a co-located process):
+        it reads under the owner's lock and never writes; ``stale`` once the owner grew it."""
+        self = cls.__new__(cls)
+        for name, value in params.items():
+            setattr(self, name, int(value))
+        self.label, self.shared, self.answers = "view", True, {}
+        self._arrays = dict(arrays)
+        for name in MAPPED:
+            setattr(self, name, arrays[name].array)
+        self.capacity = int(self.add_src.size)
+        return self
+
+    @property
+    def stale(self) -> bool:
+        """True when the owner replaced the arrays (it grew them): this view must be re-mapped."""
+        return int(self.header[4]) != self.capacity
 
     @property
     def arrays(self) -> Mapping[str, SharedArray | np.ndarray]:

@@ -17,6 +17,7 @@ import numpy as np
 
 from asyncgraph.errors import InvalidRequestError
 from asyncgraph.storage.memfd import SharedArray
+from asyncgraph.storage.overlay import MAPPED
 from asyncgraph.storage.rwlock import SharedRWLock
 from asyncgraph.storage.store import PartitionStore
 
@@ -77,6 +78,19 @@ def export(
         )
         order.append(f"tensor:{t.meta.name}")
         fds.append(t.data.fd)
+    overlay = store.overlay
+    if names is None and overlay is not None and overlay.shared and not store.attached:
+        desc["overlay"] = {"params": overlay.params(), "arrays": {}}  # a live graph's (issue 35)
+        for key in MAPPED:
+            sa = overlay.arrays[key]
+            assert isinstance(sa, SharedArray)
+            desc["overlay"]["arrays"][key] = {
+                "shape": list(sa.shape),
+                "dtype": sa.dtype.name,
+                "fd_index": len(fds),
+            }
+            order.append(f"overlay:{key}")
+            fds.append(sa.fd)
     desc["fds"] = order
     return desc, fds
 
