@@ -20,6 +20,7 @@ import pytest
 from asyncgraph.client import AsyncClient
 from asyncgraph.errors import (
     DTypeMismatchError,
+    InvalidRequestError,
     LiveGraphError,
     OutOfRangeError,
     ShapeMismatchError,
@@ -40,6 +41,7 @@ class Model:
         self.num_nodes = num_nodes
         self.num_base_edges = len(self.edges)
         self.removed: list[int] = []
+        self.new_nodes: list[int] = []
 
     def add(self, eids: np.ndarray, src: np.ndarray, dst: np.ndarray) -> None:
         for e, s, d in zip(eids.tolist(), src.tolist(), dst.tolist(), strict=True):
@@ -52,19 +54,25 @@ class Model:
             self.removed.append(e)
 
     def in_degrees(self) -> np.ndarray:
+        """Indexed by node ID, added nodes included (IDs in between are not nodes)."""
         dst = np.array([d for _, d in self.edges.values()], dtype=np.int64)
-        return np.bincount(dst, minlength=self.num_nodes)
+        return np.bincount(dst, minlength=max([self.num_nodes, *self.new_nodes]) + 1)
+
+    def nodes(self) -> np.ndarray:
+        return np.concatenate([np.arange(self.num_nodes), np.array(self.new_nodes, dtype=np.int64)])
 
 
 async def check_equals_model(client: AsyncClient, model: Model) -> None:
     """Degrees, endpoints and a full-neighbourhood sample of every node match the model, and
     no removed edge is found or sampled."""
-    np.testing.assert_array_equal(await client.degrees(None, "in"), model.in_degrees())
+    degrees = model.in_degrees()
+    np.testing.assert_array_equal(await client.degrees(None, "in"), degrees[: model.num_nodes])
+    np.testing.assert_array_equal(await client.degrees(model.nodes(), "in"), degrees[model.nodes()])
     eids = np.array(sorted(model.edges), dtype=np.int64)
     src, dst = await client.find_edges(eids)
     expect = np.array([model.edges[e] for e in eids.tolist()], dtype=np.int64)
     np.testing.assert_array_equal(np.stack([src, dst], 1), expect)
-    s, d, e = await client.sample_neighbors(np.arange(model.num_nodes), -1)
+    s, d, e = await client.sample_neighbors(model.nodes(), -1)
     order = np.argsort(e)
     np.testing.assert_array_equal(e[order], eids)
     np.testing.assert_array_equal(np.stack([s[order], d[order]], 1), expect)
@@ -86,6 +94,13 @@ async def update_sequence(client: AsyncClient, model: Model, rng: np.random.Gene
     model.remove(np.concatenate([base, new]))
     hub = np.array([0, 0, 0, 5], dtype=np.int64)  # a node with several new in-edges
     model.add(await client.add_edges(np.array([1, 2, 3, 4]), hub), np.array([1, 2, 3, 4]), hub)
+    # added nodes: on a given partition and on the least loaded one, wired to old and new nodes
+    new = [await client.add_nodes(3, part=0), await client.add_nodes(2, part=1), await client.add_nodes(4)]
+    ids = np.concatenate(new)
+    model.new_nodes.extend(ids.tolist())
+    src = np.concatenate([ids, rng.integers(0, n, ids.size), ids[::-1]])
+    dst = np.concatenate([rng.integers(0, n, ids.size), ids, ids])
+    model.add(await client.add_edges(src, dst), src, dst)
 
 
 @pytest.fixture
@@ -128,6 +143,8 @@ async def test_served_equals_standalone_after_the_same_updates(
         await update_sequence(shm, served_model, np.random.default_rng(5))
         await update_sequence(standalone, alone_model, np.random.default_rng(5))
         assert served_model.edges == alone_model.edges  # the same new IDs
+        n = base_model.num_nodes
+        assert served_model.new_nodes[:5] == [n, n + 2, n + 4, n + 1, n + 3]  # N + p + k * P
         for client in (shm, sock):
             await check_equals_model(client, served_model)
         await check_equals_model(standalone, alone_model)
@@ -139,7 +156,8 @@ async def test_served_equals_standalone_after_the_same_updates(
                 for a, b in zip(got, want, strict=True):
                     np.testing.assert_array_equal(a, b)
         info = await sock.server_stats()
-        assert sum(i["overlay_edges"] for i in info) == 341 + 4
+        assert sum(i["overlay_edges"] for i in info) == 341 + 4 + 27
+        assert sum(i["overlay_nodes"] for i in info) == 9
         with pytest.raises(LiveGraphError):  # no live form yet: refused, not answered from the base
             await sock.degrees(None, "out")
     finally:
@@ -190,6 +208,11 @@ async def test_bad_updates_are_typed_and_change_nothing(servers: ServerGroup, ba
             (UnknownEdgeError, client.remove_edges([e + 2 * 1000])),  # a new ID never allocated
             (UnknownEdgeError, client.remove_edges([5, e + 9999])),  # one live, one unknown
             (OutOfRangeError, client.remove_edges([-3])),
+            (OutOfRangeError, client.add_edges([n + 2 * 50], [0])),  # a source never added
+            (OutOfRangeError, client.add_edges([0], [n + 1 + 2 * 50])),  # a destination never added
+            (OutOfRangeError, client.sample_neighbors([n + 2 * 50], 2)),
+            (InvalidRequestError, client.add_nodes(-1)),
+            (OutOfRangeError, client.add_nodes(1, part=2)),
         ]
         for kind, call in bad:
             with pytest.raises(kind):

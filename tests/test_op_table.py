@@ -31,6 +31,7 @@ from asyncgraph.protocol.ops import (
     RETRYABLE_OPS,
     WRITE_OPS,
     AddEdgesArgs,
+    AddNodesArgs,
     CreateTensorArgs,
     DeleteTensorArgs,
     Op,
@@ -256,6 +257,22 @@ async def scenario_remove_edges(c: Cluster) -> Callable[[], Awaitable[None]]:
     return check
 
 
+async def scenario_add_nodes(c: Cluster) -> Callable[[], Awaitable[None]]:
+    args = AddNodesArgs(2).encode()
+    await _twice(c, Op.ADD_NODES, args, "nodes-1")  # two nodes, not four
+    added = np.asarray(await c.call(Op.ADD_NODES, _with_rid(args, "nodes-1")))  # the same IDs
+    np.testing.assert_array_equal(added, [c.num_nodes, c.num_nodes + 2])  # N + p + k * P, p = 0
+    await c.call(Op.ADD_EDGES, AddEdgesArgs(np.array([c.lo]), added[1:]).encode())
+
+    async def check() -> None:
+        assert list(await _in_edges(c, int(added[1]))) != []
+        assert list(await _in_edges(c, int(added[0]))) == []
+        with pytest.raises(InvalidRequestError):  # a third node was never added
+            await _in_edges(c, c.num_nodes + 4)
+
+    return check
+
+
 SCENARIOS: dict[Op, list[Callable[[Cluster], Awaitable[Callable[[], Awaitable[None]]]]]] = {
     Op.PUSH: [scenario_push],
     Op.CREATE_TENSOR: [scenario_create_tensor, scenario_create_takes_one_reference_when_resent],
@@ -264,6 +281,7 @@ SCENARIOS: dict[Op, list[Callable[[Cluster], Awaitable[Callable[[], Awaitable[No
     Op.SPARSE_UPDATE: [scenario_sparse_update],
     Op.ADD_EDGES: [scenario_add_edges],
     Op.REMOVE_EDGES: [scenario_remove_edges],
+    Op.ADD_NODES: [scenario_add_nodes],
 }
 
 
@@ -327,6 +345,7 @@ MINIMAL_ARGS: dict[Op, dict[str, Any]] = {
     Op.ADD_REPLICA: {"port": 1, "pid": 1},
     Op.ADD_EDGES: AddEdgesArgs(np.array([0]), np.array([0])).encode(),
     Op.REMOVE_EDGES: RemoveEdgesArgs(np.array([0])).encode(),
+    Op.ADD_NODES: AddNodesArgs(1).encode(),
 }
 
 

@@ -278,6 +278,7 @@ class AsyncClient:
     find_edges = forward("structure", StructureQueries.find_edges)
     add_edges = forward("live", LiveUpdates.add_edges)
     remove_edges = forward("live", LiveUpdates.remove_edges)
+    add_nodes = forward("live", LiveUpdates.add_nodes)
 
     # --- coordination -------------------------------------------------------------------------
     async def barrier(self, name: str = "default", timeout: float = 300.0) -> None:

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from asyncgraph.arrays import as_id_array
-from asyncgraph.errors import OutOfRangeError, ShapeMismatchError
+from asyncgraph.errors import InvalidRequestError, OutOfRangeError, ShapeMismatchError
 from asyncgraph.protocol.ops import Op
 
-from .edge_routing import edge_positions
+from .edge_routing import edge_positions, node_positions
 from .scatter import gather_rows, scatter, take
 from .state import ClientState
 from .structure import StructureQueries
@@ -32,6 +32,7 @@ class LiveUpdates:
     def __init__(self, state: ClientState, structure: StructureQueries) -> None:
         self.state = state
         self.structure = structure
+        self._added = [0] * state.book.num_partitions()  # nodes this client added, per partition
 
     async def add_edges(self, src: Any, dst: Any) -> np.ndarray:
         """Add the edges ``src[i] -> dst[i]`` (global node IDs); their new global edge IDs, in
@@ -39,15 +40,35 @@ class LiveUpdates:
         s, d = as_id_array(src, "src"), as_id_array(dst, "dst")
         if s.shape != d.shape:
             raise ShapeMismatchError(f"add_edges: {s.size} sources and {d.size} destinations")
-        n = self.state.book.num_nodes
-        if s.size and (int(s.min()) < 0 or int(s.max()) >= n):
-            bad = s[(s < 0) | (s >= n)][0]
-            raise OutOfRangeError(f"add_edges: source {int(bad)} is not a node (the graph has {n})")
-        parts = self.state.book.positions(d, "node")  # OutOfRangeError for a destination
+        if s.size and int(s.min()) < 0:
+            raise OutOfRangeError(f"add_edges: source {int(s.min())} is not a node")
+        added = np.unique(s[s >= self.state.book.num_nodes])
+        if added.size:  # added nodes: their owners say whether they exist (OutOfRangeError)
+            await self.structure.degrees(added, "in")
+        parts = node_positions(self.state.book, d)  # each destination's owner checks it
         results = await scatter(
             self.state.partitions, parts, Op.ADD_EDGES, lambda p, pos: p.add_edges(take(s, pos), take(d, pos))
         )
         return gather_rows(results, s.size, (), np.int64)
+
+    async def add_nodes(self, num: int, part: int | None = None) -> np.ndarray:
+        """Add ``num`` nodes owned by partition ``part``: their new global IDs
+        (``num_nodes + part + k * num_parts``). ``part=None`` picks the partition with the fewest
+        nodes, counting the base and what this client added."""
+        if isinstance(num, bool) or not isinstance(num, int | np.integer) or num < 0:
+            raise InvalidRequestError(f"add_nodes: num must be a non-negative int, got {num!r}")
+        book = self.state.book
+        parts = book.num_partitions()
+        if part is None:
+            sizes = [
+                hi - lo + self._added[p] for p, (lo, hi) in enumerate(map(book.node_range, range(parts)))
+            ]
+            part = int(np.argmin(sizes))
+        if isinstance(part, bool) or not isinstance(part, int | np.integer) or not 0 <= part < parts:
+            raise OutOfRangeError(f"add_nodes: part must be a partition ID in [0, {parts}), got {part!r}")
+        ids = await self.state.partitions[int(part)].add_nodes(int(num))
+        self._added[int(part)] += int(num)
+        return ids
 
     async def remove_edges(self, eids: Any) -> None:
         """Remove the live edges ``eids`` (global IDs; IDs of the others do not change).

@@ -222,6 +222,11 @@ class LocalPartition:
             return await self.server.add_edges(src, dst)
         return self.service.add_edges(src, dst)
 
+    async def add_nodes(self, num: int) -> np.ndarray:
+        if self.server is not None:
+            return await self.server.add_nodes(num)
+        return self.service.add_nodes(num)
+
     async def remove_edges(self, eids: np.ndarray) -> None:
         if self.server is not None:
             return await self.server.remove_edges(eids)

@@ -24,6 +24,7 @@ from asyncgraph.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.protocol.info import ServerInfo
 from asyncgraph.protocol.ops import (
     AddEdgesArgs,
+    AddNodesArgs,
     CreateTensorArgs,
     DegreesArgs,
     DeleteTensorArgs,
@@ -205,6 +206,11 @@ class RemotePartition:
             calls.append(self.conn.call(Op.ADD_EDGES, args, self.timeout))
         out = await asyncio.gather(*calls)
         return np.concatenate([np.asarray(o, dtype=np.int64) for o in out])
+
+    async def add_nodes(self, num: int) -> np.ndarray:
+        args = AddNodesArgs(num).encode()
+        args["rid"] = self._rid()
+        return np.asarray(await self.conn.call(Op.ADD_NODES, args, self.timeout), dtype=np.int64)
 
     async def remove_edges(self, eids: np.ndarray) -> None:
         n = int(eids.size)

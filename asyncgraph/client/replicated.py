@@ -150,6 +150,9 @@ class ReplicatedPartition:
     async def add_edges(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         return await self.primary.add_edges(src, dst)
 
+    async def add_nodes(self, num: int) -> np.ndarray:
+        return await self.primary.add_nodes(num)
+
     async def remove_edges(self, eids: np.ndarray) -> None:
         await self.primary.remove_edges(eids)
 

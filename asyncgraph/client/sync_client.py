@@ -254,6 +254,7 @@ class Client:
     find_edges = blocking(AsyncClient.find_edges)
     add_edges = blocking(AsyncClient.add_edges)
     remove_edges = blocking(AsyncClient.remove_edges)
+    add_nodes = blocking(AsyncClient.add_nodes)
 
     # --- coordination -------------------------------------------------------------------------
     barrier = blocking(AsyncClient.barrier)

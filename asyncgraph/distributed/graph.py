@@ -336,7 +336,7 @@ class DistGraph:
         if etype is not None:
             book.etype_id(etype)  # UnknownTypeError for an unknown type
         if data:
-            raise LiveGraphError(f"{op}: edge data of new edges is not stored yet (issue 35)")
+            raise LiveGraphError(f"{op}: data of new nodes and edges is not stored yet (issue 35)")
 
     def add_edges(self, u: Any, v: Any, etype: Any = None, data: Any = None) -> torch.Tensor:
         """Add the edges ``u[i] -> v[i]`` while others sample (DGL's ``add_edges``); returns
@@ -344,6 +344,17 @@ class DistGraph:
         stores its share atomically: see the README's "Live graph (preview)"."""
         self._homogeneous_update("add_edges", etype, data)
         return torch.from_numpy(self._client.add_edges(u, v))
+
+    def add_nodes(
+        self, num: int, ntype: Any = None, data: Any = None, part: int | None = None
+    ) -> torch.Tensor:
+        """Add ``num`` nodes (DGL's ``add_nodes``) owned by partition ``part`` (None: the one
+        with the fewest nodes); returns their IDs, ``num_nodes() + part + k * num_parts``.
+        They take edges at once; ``num_nodes()`` and node data cover the base nodes only."""
+        if ntype is not None:
+            self._client.book.ntype_id(ntype)  # UnknownTypeError for an unknown type
+        self._homogeneous_update("add_nodes", None, data)
+        return torch.from_numpy(self._client.add_nodes(num, part))
 
     def remove_edges(self, eids: Any, etype: Any = None) -> None:
         """Remove edges ``eids`` (DGL's ``remove_edges``; the other edges keep their IDs).

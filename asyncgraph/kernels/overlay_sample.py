@@ -46,7 +46,10 @@ def _live_counts(
     for i in range(local.size):
         v = local[i]
         d = 0
-        for j in range(indptr[v], indptr[v + 1]):
+        start, end = (
+            (indptr[v], indptr[v + 1]) if v < indptr.size - 1 else (0, 0)
+        )  # an added node: no base edges
+        for j in range(start, end):
             if dead[j] == 0:
                 d += 1
         for q in range(add_indptr[v], add_indptr[v + 1]):
@@ -94,7 +97,8 @@ def _pick(
     for i in range(local.size):
         v = local[i]
         d = 0
-        for j in range(indptr[v], indptr[v + 1]):
+        start, end = (indptr[v], indptr[v + 1]) if v < indptr.size - 1 else (0, 0)
+        for j in range(start, end):
             if dead[j] == 0:
                 cand[d] = j
                 d += 1

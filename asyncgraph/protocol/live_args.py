@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from asyncgraph.errors import ShapeMismatchError
-from asyncgraph.protocol.args import _ids, request_id
+from asyncgraph.protocol.args import _get, _ids, request_id
 
-__all__ = ["AddEdgesArgs", "RemoveEdgesArgs"]
+__all__ = ["AddEdgesArgs", "AddNodesArgs", "RemoveEdgesArgs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +37,21 @@ class AddEdgesArgs:
 
     def encode(self) -> dict[str, Any]:
         return {"src": self.src, "dst": self.dst}
+
+
+@dataclass(frozen=True, slots=True)
+class AddNodesArgs:
+    """Add ``num`` nodes to the partition the request is sent to (``rid``: as ``AddEdgesArgs``)."""
+
+    num: int
+    rid: str | None = None
+
+    @classmethod
+    def decode(cls, args: Mapping[str, Any]) -> AddNodesArgs:
+        return cls(_get(args, "add_nodes", "num", int), request_id(args, "add_nodes"))
+
+    def encode(self) -> dict[str, Any]:
+        return {"num": self.num}
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from asyncgraph.protocol.args import (
     SparseUpdateArgs,
     request_id,
 )
-from asyncgraph.protocol.live_args import AddEdgesArgs, RemoveEdgesArgs
+from asyncgraph.protocol.live_args import AddEdgesArgs, AddNodesArgs, RemoveEdgesArgs
 
 __all__ = [
     "ANSWERED_AGAIN_OPS",
@@ -42,6 +42,7 @@ __all__ = [
     "RETRYABLE_OPS",
     "WRITE_OPS",
     "AddEdgesArgs",
+    "AddNodesArgs",
     "AddReplicaArgs",
     "BarrierArgs",
     "CreateTensorArgs",
@@ -85,6 +86,7 @@ class Op(enum.StrEnum):
     ADD_REPLICA = "add_replica"
     ADD_EDGES = "add_edges"
     REMOVE_EDGES = "remove_edges"
+    ADD_NODES = "add_nodes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +140,7 @@ _TABLE = (
     # a live graph's structure (issue 35): the owner's overlay, written by its primary only
     OpSpec(Op.ADD_EDGES, AddEdgesArgs, writes=True, primary_only=True),
     OpSpec(Op.REMOVE_EDGES, RemoveEdgesArgs, writes=True, primary_only=True),
+    OpSpec(Op.ADD_NODES, AddNodesArgs, writes=True, primary_only=True),
 )
 
 #: One declaration per op (a test checks every ``Op`` has one).
@@ -159,7 +162,7 @@ ATTACHED_OPS = _ops_where("attached")
 #: Ops that read the tensor catalog (a replica syncs it first).
 CATALOG_OPS = _ops_where("catalog")
 #: Writes whose resend (same request id) answers again, with what the first one answered: a
-#: create its tensor's description, ``add_edges`` the edge IDs it allocated.
-ANSWERED_AGAIN_OPS = frozenset({Op.CREATE_TENSOR, Op.ADD_EDGES})
+#: create its tensor's description, ``add_edges`` / ``add_nodes`` the IDs they allocated.
+ANSWERED_AGAIN_OPS = frozenset({Op.CREATE_TENSOR, Op.ADD_EDGES, Op.ADD_NODES})
 #: Ops that may run off the event loop when big.
 OFFLOADED_OPS = _ops_where("offload")

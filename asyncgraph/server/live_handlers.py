@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from asyncgraph.errors import InvalidRequestError
-from asyncgraph.protocol.ops import AddEdgesArgs, Op, RemoveEdgesArgs
+from asyncgraph.protocol.ops import AddEdgesArgs, AddNodesArgs, Op, RemoveEdgesArgs
 from asyncgraph.server.writes import Apply
 from asyncgraph.service.local import PartitionService
 
@@ -23,7 +23,7 @@ __all__ = ["live_applies"]
 
 
 def live_applies(partition: PartitionService, metrics: ServerMetrics | None = None) -> dict[Op, Apply]:
-    """``{op: apply}`` for ``add_edges`` and ``remove_edges`` on ``partition``."""
+    """``{op: apply}`` for ``add_edges``, ``remove_edges`` and ``add_nodes`` on ``partition``."""
 
     def add_edges(a: AddEdgesArgs, retried: bool) -> np.ndarray:
         if retried:  # the first one was applied: answer the IDs it allocated
@@ -37,4 +37,13 @@ def live_applies(partition: PartitionService, metrics: ServerMetrics | None = No
     def remove_edges(a: RemoveEdgesArgs, retried: bool) -> None:
         partition.remove_edges(a.eids)
 
-    return {Op.ADD_EDGES: add_edges, Op.REMOVE_EDGES: remove_edges}
+    def add_nodes(a: AddNodesArgs, retried: bool) -> np.ndarray:
+        if retried:
+            assert a.rid is not None
+            ids = partition.live.answered_nodes(a.rid)
+            if ids is None:
+                raise InvalidRequestError(f"add_nodes {a.rid!r} was applied long ago; its answer is gone")
+            return ids
+        return partition.add_nodes(a.num, a.rid)
+
+    return {Op.ADD_EDGES: add_edges, Op.REMOVE_EDGES: remove_edges, Op.ADD_NODES: add_nodes}

@@ -86,6 +86,10 @@ class Partition(Protocol):
         """Remove the live edges ``eids`` owned here."""
         ...
 
+    async def add_nodes(self, num: int) -> np.ndarray:
+        """Add ``num`` nodes owned here: their new global IDs."""
+        ...
+
     async def degrees(self, ids: np.ndarray | None, edge_dir: str) -> np.ndarray:
         """In-degrees of owned ``ids``, or this partition's out-edge counts of ``ids`` (None: all)."""
         ...

@@ -15,13 +15,17 @@ from typing import Any
 import numpy as np
 
 from asyncgraph.arrays import as_id_array
-from asyncgraph.errors import LiveGraphError, OutOfRangeError
+from asyncgraph.errors import InvalidRequestError, LiveGraphError, OutOfRangeError, ShapeMismatchError
 from asyncgraph.kernels.overlay_sample import live_degrees, sample_live
 from asyncgraph.kernels.partition_sampling import keyed_rng
+from asyncgraph.service.limits import WorkLimits
 from asyncgraph.storage.overlay import Overlay, new_edge_ids
 from asyncgraph.storage.store import PartitionStore
 
-__all__ = ["LiveStructure", "OverlayMovedError"]
+__all__ = ["MAX_ADDED_NODES", "LiveStructure", "OverlayMovedError"]
+
+#: Most nodes one ``add_nodes`` request may add (the destination index grows with them).
+MAX_ADDED_NODES = 1 << 22
 
 
 class OverlayMovedError(LiveGraphError):
@@ -82,6 +86,7 @@ class LiveStructure:
                 edge_base=book.num_edges,
                 edge_start=elo,
                 num_base_edges=ehi - elo,
+                node_base=book.num_nodes,
                 shared=store.shared and not store.attached,
             )
             store.catalog_changed()  # co-located readers re-sync: the graph is live now
@@ -89,19 +94,30 @@ class LiveStructure:
         return store.overlay
 
     # --- updates -----------------------------------------------------------------------
+    def local_nodes(self, ids: Any) -> np.ndarray:
+        """Local indices of owned nodes ``ids`` (added ones included); ``OutOfRangeError``."""
+        gids = as_id_array(ids, "ids")
+        if self.overlay is None:  # no node was added: the book's range
+            return np.asarray(self.store.book.nid2localnid(gids, self.store.part_id), dtype=np.int64)
+        return self.overlay.local_nodes(gids)
+
     def check_add(self, src: Any, dst: Any) -> tuple[np.ndarray, np.ndarray]:
-        """``(src, local dst)`` of edges to append here, checked (nothing changes on error)."""
+        """``(src, local dst)`` of edges to append here, checked (nothing changes on error).
+
+        A source above the base another partition added cannot be checked here (its owner
+        knows); the client checks it with that owner before sending (``client/live.py``)."""
         s, d = as_id_array(src, "src"), as_id_array(dst, "dst")
         if s.shape != d.shape:
-            from asyncgraph.errors import ShapeMismatchError
-
             raise ShapeMismatchError(f"add_edges: {s.size} sources and {d.size} destinations")
         n = self.store.book.num_nodes
-        if s.size and (int(s.min()) < 0 or int(s.max()) >= n):
-            bad = s[(s < 0) | (s >= n)][0]
-            raise OutOfRangeError(f"add_edges: source {int(bad)} is not a node (the graph has {n})")
-        local = self.store.book.nid2localnid(d, self.store.part_id)  # OutOfRangeError: not ours
-        return s.astype(np.int64, copy=False), np.asarray(local, dtype=np.int64)
+        if s.size and int(s.min()) < 0:
+            raise OutOfRangeError(f"add_edges: source {int(s.min())} is not a node")
+        book = self.store.book
+        mine = (s >= n) & ((s - n) % book.num_partitions() == self.store.part_id)
+        if mine.any():
+            self.local_nodes(s[mine])  # our added nodes: they must exist
+        local = self.local_nodes(d)  # OutOfRangeError: not ours, or no such node
+        return s.astype(np.int64, copy=False), local
 
     def add_edges(self, src: Any, dst: Any, rid: str | None = None) -> np.ndarray:
         """Append edges ``src -> dst`` (every ``dst`` owned here); their new global IDs."""
@@ -113,6 +129,29 @@ class LiveStructure:
         if overlay.capacity != capacity:
             self.store.catalog_changed()  # new memfds: co-located readers map them again
         return self.ids_of(first, int(s.size))
+
+    def add_nodes(self, num: int, rid: str | None = None) -> np.ndarray:
+        """Add ``num`` nodes owned here (no edges, no data yet); their new global IDs
+        ``N_base + p + k * P``."""
+        if not 0 <= num <= MAX_ADDED_NODES:
+            raise InvalidRequestError(f"add_nodes: num must be 0 to {MAX_ADDED_NODES}, got {num}")
+        overlay = self._made()
+        capacity = overlay.node_capacity
+        with self.store.lock.write():
+            first = overlay.add_nodes(num, rid)
+        if overlay.node_capacity != capacity:
+            self.store.catalog_changed()
+        return self.node_ids_of(first, num)
+
+    def node_ids_of(self, first: int, count: int) -> np.ndarray:
+        book, part = self.store.book, self.store.part_id
+        slots = np.arange(first, first + count, dtype=np.int64)
+        return (book.num_nodes + part + slots * book.num_partitions()).astype(np.int64)
+
+    def answered_nodes(self, rid: str) -> np.ndarray | None:
+        """The IDs an applied ``add_nodes`` with request id ``rid`` answered, if still known."""
+        got = self.overlay.answers.get(f"nodes:{rid}") if self.overlay is not None else None
+        return None if got is None else self.node_ids_of(*got)
 
     def answered(self, rid: str) -> np.ndarray | None:
         """The IDs an applied ``add_edges`` with request id ``rid`` answered, if still known."""
@@ -144,27 +183,37 @@ class LiveStructure:
         return overlay
 
     def sample(
-        self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None
+        self,
+        seeds: np.ndarray,
+        fanout: int,
+        replace: bool,
+        seed: int | None,
+        limits: WorkLimits | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        store, overlay = self.store, self.overlay
-        assert overlay is not None
-        local = store.book.nid2localnid(seeds, store.part_id)
+        store = self.store
         rng = keyed_rng(seed, store.part_id)
         with store.lock.read():
             overlay = self._current()
+            local = overlay.local_nodes(seeds)
+            if limits is not None and isinstance(fanout, int):
+                deg = live_degrees(store.indptr, overlay, local)
+                most = int(deg.sum()) if fanout < 0 else int(np.minimum(deg, fanout).sum())
+                if replace and fanout >= 0:
+                    most = int(np.count_nonzero(deg)) * fanout
+                limits.check_sample(local.size, fanout, most)
             return sample_live(
                 store.indptr, store.indices, store.eids, overlay, local, seeds, int(fanout), replace, rng
             )
 
     def in_degrees(self, ids: np.ndarray | None) -> np.ndarray:
-        store, overlay = self.store, self.overlay
-        assert overlay is not None
-        if ids is None:
-            local = np.arange(store.indptr.size - 1, dtype=np.int64)
-        else:
-            local = np.asarray(store.book.nid2localnid(ids, store.part_id), dtype=np.int64)
+        store = self.store
         with store.lock.read():
-            return live_degrees(store.indptr, self._current(), local)
+            overlay = self._current()
+            if ids is None:  # the base nodes, as the book numbers them (added ones: by ID)
+                local = np.arange(overlay.num_local_nodes, dtype=np.int64)
+            else:
+                local = overlay.local_nodes(as_id_array(ids, "ids"))
+            return live_degrees(store.indptr, overlay, local)
 
     def find_edges(self, eids: Any) -> tuple[np.ndarray, np.ndarray]:
         store, overlay = self.store, self.overlay
@@ -182,7 +231,7 @@ class LiveStructure:
             dst[~above] = row + overlay.node_start
             slots = (ids[above] - overlay.edge_base) // overlay.num_parts
             src[above] = overlay.add_src[slots]
-            dst[above] = overlay.add_dst[slots] + overlay.node_start
+            dst[above] = overlay.global_nodes(overlay.add_dst[slots])
         return src, dst
 
     # --- snapshots ---------------------------------------------------------------------

@@ -208,6 +208,8 @@ class PartitionService:
         self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         limits = self.limits
+        if self.live.active:  # checks its own bound: seeds may be added nodes
+            return self.live.sample(seeds, fanout, replace, seed, limits)
         if (
             limits is not None
             and isinstance(fanout, int)
@@ -216,8 +218,6 @@ class PartitionService:
             # over the cheap bound: count what the seeds' degrees allow (invalid seeds raise here)
             local = self.store.book.nid2localnid(seeds, self.store.part_id)
             limits.check_sample(local.size, fanout, sample_bound(self.store.indptr, local, fanout, replace))
-        if self.live.active:
-            return self.live.sample(seeds, fanout, replace, seed)
         self.live.check_mapped("sample")
         out = sample_partition(self.store, seeds, fanout, replace, seed)
         return out["src"], out["dst"], out["eids"]
@@ -276,6 +276,10 @@ class PartitionService:
     def add_edges(self, src: np.ndarray, dst: np.ndarray, rid: str | None = None) -> np.ndarray:
         """Append edges ``src -> dst`` (every ``dst`` owned here): their new global edge IDs."""
         return self.live.add_edges(src, dst, rid)
+
+    def add_nodes(self, num: int, rid: str | None = None) -> np.ndarray:
+        """Add ``num`` nodes owned here: their new global IDs (``N_base + p + k * P``)."""
+        return self.live.add_nodes(num, rid)
 
     def remove_edges(self, eids: np.ndarray) -> None:
         """Remove the live edges ``eids`` owned here (``UnknownEdgeError`` if one is not live)."""

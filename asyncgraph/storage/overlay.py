@@ -27,8 +27,9 @@ from asyncgraph.storage.memfd import SharedArray
 __all__ = ["HEADER", "MAPPED", "Overlay", "edge_owner", "new_edge_ids"]
 
 #: The header's words: appended edges, removed base edges, removed appended edges, version,
-#: and the capacity of the appended arrays (a mapped view whose arrays are smaller is stale).
-HEADER = ("added", "dead_base", "dead_added", "version", "capacity")
+#: the capacity of the appended arrays (a mapped view whose arrays are smaller is stale), added
+#: nodes and the capacity for them in the destination index.
+HEADER = ("added", "dead_base", "dead_added", "version", "capacity", "nodes", "node_capacity")
 #: The arrays a co-located process maps, read-only.
 MAPPED = ("header", "dead", "add_indptr", "add_src", "add_dst", "add_order", "add_dead")
 _FIRST_CAPACITY = 1024
@@ -62,6 +63,7 @@ class Overlay:
         edge_base: int,
         edge_start: int,
         num_base_edges: int,
+        node_base: int,
         shared: bool,
     ) -> None:
         self.label = label
@@ -72,11 +74,14 @@ class Overlay:
         self.edge_base = edge_base
         self.edge_start = edge_start
         self.num_base_edges = num_base_edges
+        self.node_base = node_base
         self.shared = shared
         self._arrays: dict[str, SharedArray | np.ndarray] = {}
         self.header = self._new("header", len(HEADER), np.int64)
         self.dead = self._new("dead", max(1, num_base_edges), np.uint8)
-        self.add_indptr = self._new("add_indptr", num_local_nodes + 1, np.int64)
+        self.node_capacity = 0
+        self.add_indptr = np.zeros(1, np.int64)
+        self._grow_nodes(_FIRST_CAPACITY)
         self.capacity = 0
         self.add_src = self.add_dst = self.add_order = np.empty(0, np.int64)
         self.add_dead = np.empty(0, np.uint8)
@@ -119,10 +124,25 @@ class Overlay:
         self.capacity = cap
         self.header[4] = cap
 
+    def _grow_nodes(self, need: int) -> None:
+        """Room in the destination index for ``need`` added nodes (doubling)."""
+        if need <= self.node_capacity:
+            return
+        cap = max(_FIRST_CAPACITY, self.node_capacity)
+        while cap < need:
+            cap *= 2
+        old = self.add_indptr
+        arr = self._new("add_indptr", self.num_local_nodes + cap + 1, np.int64)
+        arr[: old.size] = old
+        arr[old.size :] = old[-1]
+        self.add_indptr = arr
+        self.node_capacity = cap
+        self.header[6] = cap
+
     def params(self) -> dict[str, int]:
         """What a mapped view needs besides the arrays (``view``)."""
         names = ("part_id", "num_parts", "node_start", "num_local_nodes", "edge_base", "edge_start")
-        return {name: int(getattr(self, name)) for name in (*names, "num_base_edges")}
+        return {name: int(getattr(self, name)) for name in (*names, "num_base_edges", "node_base")}
 
     @classmethod
     def view(cls, params: Mapping[str, Any], arrays: Mapping[str, SharedArray]) -> Overlay:
@@ -136,12 +156,13 @@ class Overlay:
         for name in MAPPED:
             setattr(self, name, arrays[name].array)
         self.capacity = int(self.add_src.size)
+        self.node_capacity = int(self.add_indptr.size) - 1 - self.num_local_nodes
         return self
 
     @property
     def stale(self) -> bool:
         """True when the owner replaced the arrays (it grew them): this view must be re-mapped."""
-        return int(self.header[4]) != self.capacity
+        return int(self.header[4]) != self.capacity or int(self.header[6]) != self.node_capacity
 
     @property
     def arrays(self) -> Mapping[str, SharedArray | np.ndarray]:
@@ -160,15 +181,45 @@ class Overlay:
         return int(self.header[0])
 
     @property
+    def nodes(self) -> int:
+        """Nodes added here (their local indices follow the base's: ``num_local_nodes + k``)."""
+        return int(self.header[5])
+
+    @property
     def removed(self) -> int:
         return int(self.header[1] + self.header[2])
 
     def stats(self) -> dict[str, int]:
         """The overlay's size, for metrics: appended edges, removed edges, bytes held."""
         held = sum(int((d.array if isinstance(d, SharedArray) else d).nbytes) for d in self._arrays.values())
-        return {"overlay_edges": self.added, "overlay_removed": self.removed, "overlay_bytes": held}
+        return {
+            "overlay_edges": self.added,
+            "overlay_removed": self.removed,
+            "overlay_nodes": self.nodes,
+            "overlay_bytes": held,
+        }
 
     # --- checks (nothing changes) ------------------------------------------------------
+    def local_nodes(self, ids: np.ndarray) -> np.ndarray:
+        """Local indices of owned nodes ``ids`` (base nodes, then added ones); ``OutOfRangeError``
+        for a node another partition owns or that does not exist."""
+        ids = np.asarray(ids, dtype=np.int64)
+        local = ids - self.node_start
+        base = (local >= 0) & (local < self.num_local_nodes)
+        rel = ids - self.node_base
+        slot = rel // self.num_parts
+        new = (rel >= 0) & (rel % self.num_parts == self.part_id) & (slot < self.nodes)
+        if not np.all(base | new):
+            bad = int(ids[~(base | new)][0])
+            raise OutOfRangeError(f"node {bad} is not a node partition {self.part_id} holds")
+        return np.where(base, local, self.num_local_nodes + slot)
+
+    def global_nodes(self, local: np.ndarray) -> np.ndarray:
+        """Global IDs of local node indices (``local_nodes``'s inverse)."""
+        nl = self.num_local_nodes
+        added = self.node_base + self.part_id + (local - nl) * self.num_parts
+        return np.where(local < nl, self.node_start + local, added).astype(np.int64)
+
     def locate(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(base positions, appended slots)`` of owned live edges ``eids``, each sorted unique;
         ``OutOfRangeError`` for an ID another partition owns, ``UnknownEdgeError`` for one that
@@ -206,16 +257,31 @@ class Overlay:
         self.add_src[n : n + m] = src
         self.add_dst[n : n + m] = dst_local
         self.add_dead[n : n + m] = 0
-        dst = self.add_dst[: n + m]
-        counts = np.bincount(dst, minlength=self.num_local_nodes)
-        self.add_indptr[0] = 0
-        np.cumsum(counts, out=self.add_indptr[1:])
-        self.add_order[: n + m] = np.argsort(dst, kind="stable")
         self.header[0] = n + m
-        self.header[3] += 1
+        self._reindex()
         if rid is not None:
             self.remember(rid, n, m)
         return n
+
+    def _reindex(self) -> None:
+        """Rebuild the destination index of the appended edges (a counting sort)."""
+        n = self.added
+        dst = self.add_dst[:n]
+        counts = np.bincount(dst, minlength=self.add_indptr.size - 1)
+        self.add_indptr[0] = 0
+        np.cumsum(counts, out=self.add_indptr[1:])
+        self.add_order[:n] = np.argsort(dst, kind="stable")
+        self.header[3] += 1
+
+    def add_nodes(self, num: int, rid: str | None = None) -> int:
+        """Add ``num`` nodes (no in-edges yet); the first one's slot."""
+        first = self.nodes
+        self._grow_nodes(first + num)
+        self.header[5] = first + num
+        self._reindex()
+        if rid is not None:
+            self.remember(f"nodes:{rid}", first, num)
+        return first
 
     def remember(self, rid: str, first: int, count: int) -> None:
         if len(self.answers) >= _MAX_ANSWERS:
@@ -239,10 +305,14 @@ class Overlay:
             "add_dst": self.add_dst[:n],
             "add_dead": self.add_dead[:n],
             "dead_base": np.flatnonzero(self.dead[: self.num_base_edges]).astype(np.int64),
+            "nodes": np.array([self.nodes], dtype=np.int64),
         }
 
     def load(self, state: Mapping[str, np.ndarray], answers: Mapping[str, Any]) -> None:
         """Make this (new) overlay hold a snapshot's ``state`` and request-id answers."""
+        nodes = int(np.asarray(state.get("nodes", np.zeros(1, np.int64)))[0])
+        if nodes:
+            self.add_nodes(nodes)
         n = int(state["add_src"].size)
         if n:
             self.append(np.asarray(state["add_src"]), np.asarray(state["add_dst"]))
