@@ -339,3 +339,63 @@ async def test_replicas_agree_with_their_primary(cora2: Any, tmp_path: Path, bas
         await client.close()
     finally:
         group.stop()
+
+
+@pytest.mark.timeout(180)
+async def test_ten_writers_and_four_samplers(servers: ServerGroup, base_model: Model) -> None:
+    """10 writers add and remove edges while 4 samplers sample, for a bounded number of rounds:
+    no error, no sample holds an edge whose removal was acknowledged before it started, and
+    the final graph is the base plus every acknowledged update."""
+    n = base_model.num_nodes
+    model = _copy(base_model)
+    removed_acked: set[int] = set()
+    writing = True
+
+    async def writer(index: int) -> None:
+        client = await AsyncClient.connect(servers.addresses, use_shared_memory=index % 2 == 0)
+        rng = np.random.default_rng(100 + index)
+        mine: list[int] = []
+        try:
+            for round_ in range(12):
+                size = int(rng.integers(1, 60))
+                src, dst = rng.integers(0, n, size), rng.integers(0, n, size)
+                eids = await client.add_edges(src, dst)
+                model.add(eids, src, dst)
+                mine.extend(eids.tolist())
+                if round_ % 3 == 2:  # remove some of its own edges, and a base edge of its own
+                    gone = np.array([*mine[::4], index * 1000 + round_], dtype=np.int64)
+                    await client.remove_edges(gone)
+                    model.remove(gone)
+                    removed_acked.update(gone.tolist())
+                    mine = [e for e in mine if e not in removed_acked]
+        finally:
+            await client.close()
+
+    async def sampler(index: int) -> int:
+        client = await AsyncClient.connect(servers.addresses, use_shared_memory=index < 3)
+        rng = np.random.default_rng(200 + index)
+        samples = 0
+        try:
+            while writing and samples < 5000:  # bounded; a co-located sample never waits on I/O,
+                await asyncio.sleep(0.002)  # so give the writers' tasks the loop between samples
+                before = set(removed_acked)
+                seeds = rng.integers(0, n, 200)
+                _, _, eids = await client.sample_neighbors(seeds, int(rng.choice([-1, 3])), seed=samples)
+                assert not before.intersection(eids.tolist())
+                samples += 1
+        finally:
+            await client.close()
+        return samples
+
+    samplers = [asyncio.ensure_future(sampler(i)) for i in range(4)]
+    try:
+        await asyncio.gather(*(writer(i) for i in range(10)))
+    finally:
+        writing = False
+    counts = await asyncio.gather(*samplers)
+    assert all(c > 0 for c in counts)
+    check = await AsyncClient.connect(servers.addresses, use_shared_memory=True)
+    try:
+        await check_equals_model(check, model)
+    finally:
+        await check.close()
