@@ -399,3 +399,42 @@ async def test_ten_writers_and_four_samplers(servers: ServerGroup, base_model: M
         await check_equals_model(check, model)
     finally:
         await check.close()
+
+
+def test_a_stale_overlay_view_is_refused_then_mapped_again(cora2: Any) -> None:
+    """A process mapping an owner's overlay reads it in place; once the owner grows it (new
+    memfds) the old view is refused (never read past its arrays) until mapped again."""
+    from test_storage import ExporterThread
+
+    from asyncgraph.partition import load_partition
+    from asyncgraph.service import PartitionService
+    from asyncgraph.service.live import OverlayMovedError
+    from asyncgraph.storage.fdpass import attach_store, fetch_catalog
+    from asyncgraph.storage.store import PartitionStore
+
+    owner = PartitionService(PartitionStore.from_partition(load_partition(cora2.part_config, 0), shared=True))
+    exported = ExporterThread(owner.store, label="live.p0")
+    lo, hi = owner.store.node_range
+    try:
+        owner.add_edges(np.array([hi - 1]), np.array([lo]))
+        reader_store = attach_store(exported.exporter.address, exported.exporter.token)
+        reader = PartitionService(reader_store)
+        try:
+            seeds = np.array([lo, lo + 1])
+            np.testing.assert_array_equal(reader.degrees(seeds, "in"), owner.degrees(seeds, "in"))
+            owner.add_edges(np.full(3000, hi - 2), np.full(3000, lo + 1))  # past the capacity: grown
+            assert reader_store.catalog_stale
+            with pytest.raises(OverlayMovedError):
+                reader.degrees(seeds, "in")
+            reader_store.sync_catalog(*fetch_catalog(exported.exporter.address, exported.exporter.token))
+            np.testing.assert_array_equal(reader.degrees(seeds, "in"), owner.degrees(seeds, "in"))
+            owner.add_edges(np.array([hi - 3]), np.array([lo]))  # in place: read without re-mapping
+            assert not reader_store.catalog_stale
+            np.testing.assert_array_equal(
+                reader.sample(seeds, -1, False, 1), owner.sample(seeds, -1, False, 1)
+            )
+        finally:
+            reader_store.close()
+    finally:
+        exported.close()
+        owner.store.close()
