@@ -22,6 +22,7 @@ from asyncgraph.errors import (
     DTypeMismatchError,
     InvalidRequestError,
     LiveGraphError,
+    MemoryBudgetError,
     OutOfRangeError,
     ShapeMismatchError,
     UnknownEdgeError,
@@ -438,3 +439,40 @@ def test_a_stale_overlay_view_is_refused_then_mapped_again(cora2: Any) -> None:
     finally:
         exported.close()
         owner.store.close()
+
+
+@pytest.mark.timeout(120)
+async def test_the_overlay_counts_against_the_memory_budget(
+    cora2: Any, tmp_path: Path, base_model: Model
+) -> None:
+    """An update whose overlay growth would pass ``--memory-budget`` is refused with
+    ``MemoryBudgetError`` and changes nothing; smaller ones go on."""
+    from asyncgraph.partition import load_partition
+    from asyncgraph.storage.store import PartitionStore
+
+    held = []
+    for part in (0, 1):
+        with PartitionStore.from_partition(load_partition(cora2.part_config, part), shared=False) as store:
+            held.append(sum(size for _, size in store.local_sizes().values()))
+    budget = max(held) + 300_000  # room for a first overlay (~60 kB), not for 20k more edges
+    group = start_servers(
+        cora2.part_config,
+        tmp_path / "run",
+        num_parts=2,
+        extra_args=["--log-level", "WARNING", "--memory-budget", str(budget)],
+    )
+    client = await AsyncClient.connect(group.addresses, use_shared_memory=False)
+    try:
+        model = _copy(base_model)
+        model.add(await client.add_edges([1, 2], [3, 4]), np.array([1, 2]), np.array([3, 4]))
+        many = np.full(20_000, 3)
+        with pytest.raises(MemoryBudgetError):
+            await client.add_edges(many, many)
+        with pytest.raises(MemoryBudgetError):
+            await client.add_nodes(1 << 20, part=0)
+        await check_equals_model(client, model)
+        model.add(await client.add_edges([5] * 100, [6] * 100), np.full(100, 5), np.full(100, 6))
+        await check_equals_model(client, model)
+    finally:
+        await client.close()
+        group.stop()

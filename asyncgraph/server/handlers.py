@@ -113,7 +113,8 @@ class RequestHandlers:
         )
         self.partition = PartitionService(store, num_clients=num_clients, shm=shm, limits=limits)
         self.barriers = Barriers(num_clients, room=self._barrier_room)
-        store.rules.held_elsewhere = lambda: self.barriers.held_bytes
+        live = self.partition.live  # a live graph's overlay counts against the budget too
+        store.rules.held_elsewhere = lambda: self.barriers.held_bytes + live.held_bytes()
         self.replicas = ReplicaRegistry()
         #: Holder leases (``--holder-lease``, server/leases.py; set by the server; None: off).
         self.leases: HolderLeases | None = None

@@ -71,6 +71,27 @@ class LiveStructure:
                 f"{self.overlay.removed} removed"
             )
 
+    def held_bytes(self) -> int:
+        """Bytes the overlay holds (counted against the server's memory budget)."""
+        return self.overlay.stats()["overlay_bytes"] if self.overlay is not None else 0
+
+    def _check_room(self, what: str, edges: int = 0, nodes: int = 0) -> None:
+        """``MemoryBudgetError`` (nothing changes) when the overlay's growth would pass the
+        store's memory budget (``--memory-budget``; its tensors and the overlay count)."""
+        store = self.store
+        if not store.rules.memory_budget:
+            return
+        overlay = self.overlay
+        if overlay is None:
+            lo, hi = store.node_range
+            elo, ehi = store.edge_range
+            need = Overlay.first_bytes(hi - lo, ehi - elo, edges, nodes)
+        else:
+            need = overlay.growth_bytes(edges, nodes)
+        if need:
+            tensors = sum(size for _, size in store.local_sizes().values())
+            store.rules.check_room(f"{what} (the live graph's overlay)", need, tensors)
+
     def _made(self) -> Overlay:
         store = self.store
         if store.overlay is None:
@@ -122,6 +143,7 @@ class LiveStructure:
     def add_edges(self, src: Any, dst: Any, rid: str | None = None) -> np.ndarray:
         """Append edges ``src -> dst`` (every ``dst`` owned here); their new global IDs."""
         s, local = self.check_add(src, dst)
+        self._check_room("add_edges", edges=int(s.size))
         overlay = self._made()
         capacity = overlay.capacity
         with self.store.lock.write():
@@ -135,6 +157,7 @@ class LiveStructure:
         ``N_base + p + k * P``."""
         if not 0 <= num <= MAX_ADDED_NODES:
             raise InvalidRequestError(f"add_nodes: num must be 0 to {MAX_ADDED_NODES}, got {num}")
+        self._check_room("add_nodes", nodes=num)
         overlay = self._made()
         capacity = overlay.node_capacity
         with self.store.lock.write():

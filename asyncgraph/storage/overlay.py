@@ -33,6 +33,8 @@ HEADER = ("added", "dead_base", "dead_added", "version", "capacity", "nodes", "n
 #: The arrays a co-located process maps, read-only.
 MAPPED = ("header", "dead", "add_indptr", "add_src", "add_dst", "add_order", "add_dead")
 _FIRST_CAPACITY = 1024
+#: Bytes per appended edge: source, destination, index order (int64) and tombstone (uint8).
+_EDGE_BYTES = 8 * 3 + 1
 #: Most request-id answers kept (``rid -> first slot, count``); older resends answer nothing.
 _MAX_ANSWERS = 1 << 16
 
@@ -47,6 +49,13 @@ def edge_owner(eids: np.ndarray, edge_base: int, base_owner: np.ndarray, num_par
     caller on the clipped IDs), ``(eid - E_base) % P`` above the base."""
     above = eids >= edge_base
     return np.where(above, (eids - edge_base) % num_parts, base_owner).astype(np.int64)
+
+
+def _doubled(capacity: int, need: int) -> int:
+    cap = max(_FIRST_CAPACITY, capacity)
+    while cap < need:
+        cap *= 2
+    return cap
 
 
 class Overlay:
@@ -138,6 +147,22 @@ class Overlay:
         self.add_indptr = arr
         self.node_capacity = cap
         self.header[6] = cap
+
+    @staticmethod
+    def first_bytes(num_local_nodes: int, num_base_edges: int, edges: int = 0, nodes: int = 0) -> int:
+        """Bytes a new overlay holds once it has room for ``edges`` and ``nodes``."""
+        index = (num_local_nodes + _doubled(0, nodes) + 1) * 8
+        return len(HEADER) * 8 + max(1, num_base_edges) + index + _doubled(0, edges) * _EDGE_BYTES
+
+    def growth_bytes(self, edges: int = 0, nodes: int = 0) -> int:
+        """Bytes more that ``edges`` more appended edges and ``nodes`` more added nodes would
+        allocate (new arrays, before the old ones are freed): what the memory budget checks."""
+        need = 0
+        if self.added + edges > self.capacity:
+            need += _doubled(self.capacity, self.added + edges) * _EDGE_BYTES
+        if self.nodes + nodes > self.node_capacity:
+            need += (self.num_local_nodes + _doubled(self.node_capacity, self.nodes + nodes) + 1) * 8
+        return need
 
     def params(self) -> dict[str, int]:
         """What a mapped view needs besides the arrays (``view``)."""
