@@ -275,7 +275,7 @@ class Overlay:
     # --- updates (the owner, under the store's write lock) ------------------------------
     def append(self, src: np.ndarray, dst_local: np.ndarray, rid: str | None = None) -> int:
         """Append edges ``src -> node_start + dst_local`` (checked by the caller); their first
-        slot. The destination index is rebuilt over every appended edge."""
+        slot. The destination index takes them in (linear in the appended edges)."""
         m = int(src.size)
         n = self.added
         self._grow(n + m)
@@ -283,19 +283,25 @@ class Overlay:
         self.add_dst[n : n + m] = dst_local
         self.add_dead[n : n + m] = 0
         self.header[0] = n + m
-        self._reindex()
+        self._reindex(n)
         if rid is not None:
             self.remember(rid, n, m)
         return n
 
-    def _reindex(self) -> None:
-        """Rebuild the destination index of the appended edges (a counting sort)."""
+    def _reindex(self, first: int | None = None) -> None:
+        """Rebuild the destination index of the appended edges: the counts by destination, and
+        the slots ordered by destination (stable: by slot within one) with slots ``first`` on
+        merged into those before, which are in that order already (two sorted runs: the stable
+        sort merges them in linear time)."""
         n = self.added
         dst = self.add_dst[:n]
         counts = np.bincount(dst, minlength=self.add_indptr.size - 1)
         self.add_indptr[0] = 0
         np.cumsum(counts, out=self.add_indptr[1:])
-        self.add_order[:n] = np.argsort(dst, kind="stable")
+        if first is not None and first < n:
+            new = first + np.argsort(dst[first:], kind="stable")
+            merged = np.concatenate([self.add_order[:first], new])
+            self.add_order[:n] = merged[np.argsort(dst[merged], kind="stable")]
         self.header[3] += 1
 
     def add_nodes(self, num: int, rid: str | None = None) -> int:
