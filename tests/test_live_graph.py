@@ -476,3 +476,47 @@ async def test_the_overlay_counts_against_the_memory_budget(
     finally:
         await client.close()
         group.stop()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["served", "standalone"])
+def test_distgraph_updates_with_dgl_names(mode: str, cora2: Any, tmp_path: Path) -> None:
+    """``DistGraph.add_edges`` / ``remove_edges`` / ``add_nodes`` (DGL's names, torch in and out)."""
+    import torch
+
+    import asyncgraph
+
+    group = None
+    if mode == "served":
+        group = start_servers(
+            cora2.part_config, tmp_path / "run", num_parts=2, extra_args=["--log-level", "WARNING"]
+        )
+        asyncgraph.initialize(group.ip_config())
+        g = asyncgraph.DistGraph("cora")
+    else:
+        asyncgraph.initialize()
+        g = asyncgraph.DistGraph("cora", part_config=cora2.part_config)
+    try:
+        n, e = g.num_nodes(), g.num_edges()
+        before = g.in_degrees(torch.tensor([0, 1]))
+        eids = g.add_edges(torch.tensor([5, 6, 7]), torch.tensor([0, 0, 1]))
+        assert eids.dtype == torch.int64 and bool((eids >= e).all())
+        assert g.in_degrees(torch.tensor([0, 1])).tolist() == [int(before[0]) + 2, int(before[1]) + 1]
+        src, dst = g.find_edges(eids)
+        assert src.tolist() == [5, 6, 7] and dst.tolist() == [0, 0, 1]
+        g.remove_edges(eids[:1])
+        assert g.in_degrees(0) == int(before[0]) + 1
+        new = g.add_nodes(2, part=1)
+        assert new.tolist() == [n + 1, n + 3]
+        g.add_edges(torch.tensor([0, 1]), new)
+        sampled_src, _, _ = g.sample_neighbors(new, -1, output="tuple")
+        assert sorted(sampled_src.tolist()) == [0, 1]
+        assert g.num_nodes() == n  # the base nodes; added ones are reached by ID
+        with pytest.raises(LiveGraphError):
+            g.add_edges(torch.tensor([0]), torch.tensor([1]), data={"w": torch.ones(1)})
+        with pytest.raises(UnknownEdgeError):
+            g.remove_edges(eids[:1])
+    finally:
+        asyncgraph.finalize()
+        if group is not None:
+            group.stop()
