@@ -511,6 +511,7 @@ def test_distgraph_updates_with_dgl_names(mode: str, cora2: Any, tmp_path: Path)
         g.add_edges(torch.tensor([0, 1]), new)
         sampled_src, _, _ = g.sample_neighbors(new, -1, output="tuple")
         assert sorted(sampled_src.tolist()) == [0, 1]
+        assert g.sample_neighbors(new, -1).num_nodes() == n + 4  # it holds the added nodes
         assert g.num_nodes() == n  # the base nodes; added ones are reached by ID
         with pytest.raises(LiveGraphError):
             g.add_edges(torch.tensor([0]), torch.tensor([1]), data={"w": torch.ones(1)})

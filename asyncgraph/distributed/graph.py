@@ -221,7 +221,10 @@ class DistGraph:
         else:
             opts = {"edge_dir": edge_dir, "replace": replace, "seed": seed, "prob": prob, "exclude": exclude}
             src, dst, eids = self._client.sample_edges(seeds, fanout, **opts)
-        sub = SampledSubgraph(src, dst, eids, self.num_nodes())
+        num = self.num_nodes()
+        if src.size and max(int(src.max()), int(dst.max())) >= num:  # added nodes (issue 35)
+            num = max(int(src.max()), int(dst.max())) + 1
+        sub = SampledSubgraph(src, dst, eids, num)
         return sub.to_tuple() if output == "tuple" else sub
 
     # --- structure queries --------------------------------------------------------------------
