@@ -113,6 +113,19 @@ class ForeignPartitionError(InvalidRequestError):
     code = "foreign_partition"
 
 
+class UnknownEdgeError(OutOfRangeError):
+    """An edge ID names no live edge: never added, or removed (``remove_edges``, ``find_edges``)."""
+
+    code = "unknown_edge"
+
+
+class LiveGraphError(InvalidRequestError):
+    """The op has no form that reads a live graph's overlay yet (added or removed edges), so it
+    is refused rather than answered from the partition's original structure."""
+
+    code = "live_graph"
+
+
 class ProtocolError(AsyncGraphError):
     """Bytes on the wire do not form a valid frame or message."""
 
@@ -221,6 +234,8 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         MemoryBudgetError,
         InvalidNameError,
         ForeignPartitionError,
+        UnknownEdgeError,
+        LiveGraphError,
         ProtocolError,
         FrameTooLargeError,
         AuthenticationError,

@@ -30,11 +30,14 @@ from asyncgraph.protocol.ops import (
     PRIMARY_ONLY_OPS,
     RETRYABLE_OPS,
     WRITE_OPS,
+    AddEdgesArgs,
+    AddNodesArgs,
     CreateTensorArgs,
     DeleteTensorArgs,
     Op,
     PushArgs,
     ReleaseTensorsArgs,
+    RemoveEdgesArgs,
     SnapshotArgs,
     SparseUpdateArgs,
 )
@@ -226,12 +229,59 @@ async def scenario_sparse_update(c: Cluster) -> Callable[[], Awaitable[None]]:
     return check
 
 
+async def _in_edges(c: Cluster, node: int) -> np.ndarray:
+    out = await c.call(Op.SAMPLE, {"seeds": np.array([node]), "fanout": -1, "replace": False, "seed": None})
+    return np.sort(np.asarray(out["eids"]))
+
+
+async def scenario_add_edges(c: Cluster) -> Callable[[], Awaitable[None]]:
+    args = AddEdgesArgs(np.array([c.hi, c.lo]), np.array([c.lo + 3, c.lo + 3])).encode()
+    await _twice(c, Op.ADD_EDGES, args, "add-1")  # one edge pair, not two
+    added = np.asarray(await c.call(Op.ADD_EDGES, _with_rid(args, "add-1")))  # answers the same IDs
+    edges = await _in_edges(c, c.lo + 3)
+
+    async def check() -> None:
+        np.testing.assert_array_equal(await _in_edges(c, c.lo + 3), edges)
+        assert np.isin(added, edges).all() and np.unique(added).size == 2
+
+    return check
+
+
+async def scenario_remove_edges(c: Cluster) -> Callable[[], Awaitable[None]]:
+    before = await _in_edges(c, c.lo + 4)
+    await _twice(c, Op.REMOVE_EDGES, RemoveEdgesArgs(before[:1]).encode(), "remove-1")  # no error resent
+
+    async def check() -> None:
+        np.testing.assert_array_equal(await _in_edges(c, c.lo + 4), before[1:])
+
+    return check
+
+
+async def scenario_add_nodes(c: Cluster) -> Callable[[], Awaitable[None]]:
+    args = AddNodesArgs(2).encode()
+    await _twice(c, Op.ADD_NODES, args, "nodes-1")  # two nodes, not four
+    added = np.asarray(await c.call(Op.ADD_NODES, _with_rid(args, "nodes-1")))  # the same IDs
+    np.testing.assert_array_equal(added, [c.num_nodes, c.num_nodes + 2])  # N + p + k * P, p = 0
+    await c.call(Op.ADD_EDGES, AddEdgesArgs(np.array([c.lo]), added[1:]).encode())
+
+    async def check() -> None:
+        assert list(await _in_edges(c, int(added[1]))) != []
+        assert list(await _in_edges(c, int(added[0]))) == []
+        with pytest.raises(InvalidRequestError):  # a third node was never added
+            await _in_edges(c, c.num_nodes + 4)
+
+    return check
+
+
 SCENARIOS: dict[Op, list[Callable[[Cluster], Awaitable[Callable[[], Awaitable[None]]]]]] = {
     Op.PUSH: [scenario_push],
     Op.CREATE_TENSOR: [scenario_create_tensor, scenario_create_takes_one_reference_when_resent],
     Op.DELETE_TENSOR: [scenario_delete_tensor],
     Op.RELEASE_TENSORS: [scenario_release_tensors],
     Op.SPARSE_UPDATE: [scenario_sparse_update],
+    Op.ADD_EDGES: [scenario_add_edges],
+    Op.REMOVE_EDGES: [scenario_remove_edges],
+    Op.ADD_NODES: [scenario_add_nodes],
 }
 
 
@@ -293,6 +343,9 @@ MINIMAL_ARGS: dict[Op, dict[str, Any]] = {
         "node:x", np.array([0]), np.ones((1, 1), np.float32), {"kind": "adagrad", "lr": 0.1}
     ).encode(),
     Op.ADD_REPLICA: {"port": 1, "pid": 1},
+    Op.ADD_EDGES: AddEdgesArgs(np.array([0]), np.array([0])).encode(),
+    Op.REMOVE_EDGES: RemoveEdgesArgs(np.array([0])).encode(),
+    Op.ADD_NODES: AddNodesArgs(1).encode(),
 }
 
 

@@ -36,6 +36,7 @@ from asyncgraph.storage.store import PartitionStore
 
 from .catalog import TensorCatalog
 from .forward import forward
+from .live import LiveUpdates
 from .local import LocalPartition
 from .partitions import open_partitions
 from .reads import TensorReads
@@ -77,6 +78,7 @@ class AsyncClient:
         self.reads = TensorReads(self.state, self.catalog)
         self.writes = TensorWrites(self.state, self.catalog)
         self.structure = StructureQueries(self.state, self.catalog)
+        self.live = LiveUpdates(self.state, self.structure)
 
     # --- construction -----------------------------------------------------------------------
     @classmethod
@@ -288,6 +290,9 @@ class AsyncClient:
     sample_etypes = forward("structure", StructureQueries.sample_etypes)
     degrees = forward("structure", StructureQueries.degrees)
     find_edges = forward("structure", StructureQueries.find_edges)
+    add_edges = forward("live", LiveUpdates.add_edges)
+    remove_edges = forward("live", LiveUpdates.remove_edges)
+    add_nodes = forward("live", LiveUpdates.add_nodes)
 
     # --- coordination -------------------------------------------------------------------------
     async def barrier(self, name: str = "default", timeout: float = 300.0) -> None:

@@ -6,8 +6,8 @@ it drives the server's connection (reconnect, generation) the way a remote parti
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -16,11 +16,14 @@ from asyncgraph.names import ETYPE, TYPE_EID, edge_key, tensor_key
 from asyncgraph.protocol.info import ServerInfo, SharedMemoryInfo
 from asyncgraph.protocol.ops import ATTACHED_OPS, Op, SampleEdgesArgs
 from asyncgraph.service.base import Partition, SampledRows
+from asyncgraph.service.live import OverlayMovedError
 from asyncgraph.service.local import PartitionService
 from asyncgraph.storage.attached import AttachedStore
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
 __all__ = ["LocalPartition"]
+
+T = TypeVar("T")
 
 
 class LocalPartition:
@@ -161,11 +164,35 @@ class LocalPartition:
         self.service.push(name, ids, values, op)
         return None
 
+    def _live_elsewhere(self) -> Partition | None:
+        """The server, when its structure has an overlay this process does not map (issue 35):
+        structure reads are then its to answer."""
+        store = self.service.store
+        unmapped = isinstance(store, AttachedStore) and store.live_elsewhere and store.overlay is None
+        return self.server if unmapped else None
+
+    async def _structure(self, here: Callable[[], T], there: Callable[[Partition], Awaitable[T]]) -> T:
+        """A structure read: here, over the (mapped) base and overlay; by the server when this
+        process does not map its overlay, or when the server grew it since it was mapped (it is
+        mapped again for the next read)."""
+        if (server := self._live_elsewhere()) is not None:
+            return await there(server)
+        try:
+            return here()
+        except OverlayMovedError:
+            if self.server is None or self.shm is None:
+                raise
+            await self._refresh_catalog(self.shm)
+            return await there(self.server)
+
     async def sample(
         self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         await self._current()
-        return self.service.sample(seeds, fanout, replace, seed)
+        return await self._structure(
+            lambda: self.service.sample(seeds, fanout, replace, seed),
+            lambda server: server.sample(seeds, fanout, replace, seed),
+        )
 
     async def sample_with_features(
         self,
@@ -181,18 +208,43 @@ class LocalPartition:
             for name in features:
                 if not self.service.store.has_tensor(name):
                     await self._map(self.shm, name)
-        return self.service.sample_with_features(seeds, fanout, replace, seed, features, extra)
+        return await self._structure(
+            lambda: self.service.sample_with_features(seeds, fanout, replace, seed, features, extra),
+            lambda server: server.sample_with_features(seeds, fanout, replace, seed, features, extra),
+        )
 
     async def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         await self._current()
-        return self.service.find_edges(eids)
+        return await self._structure(lambda: self.service.find_edges(eids), lambda s: s.find_edges(eids))
+
+    async def add_edges(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        if self.server is not None:  # a structure write: the server's, logged
+            return await self.server.add_edges(src, dst)
+        return self.service.add_edges(src, dst)
+
+    async def add_nodes(self, num: int) -> np.ndarray:
+        if self.server is not None:
+            return await self.server.add_nodes(num)
+        return self.service.add_nodes(num)
+
+    async def remove_edges(self, eids: np.ndarray) -> None:
+        if self.server is not None:
+            return await self.server.remove_edges(eids)
+        self.service.remove_edges(eids)
+        return None
 
     async def degrees(self, ids: np.ndarray | None, edge_dir: str) -> np.ndarray:
         self._check_alive()
-        return self.service.degrees(ids, edge_dir)
+        if self.server is not None:
+            await self._current()
+        return await self._structure(
+            lambda: self.service.degrees(ids, edge_dir), lambda s: s.degrees(ids, edge_dir)
+        )
 
     async def sample_edges(self, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
         self._check_alive()
+        if self.server is not None:
+            await self._current()
         if args.prob is not None and self.shm is not None:
             key = args.prob if args.prob.startswith("edge:") else f"edge:{args.prob}"
             if not self.service.store.has_tensor(key):
@@ -202,7 +254,7 @@ class LocalPartition:
             for key in (tensor_key("edge", ETYPE), tensor_key("edge", TYPE_EID), *probs):
                 if not self.service.store.has_tensor(key):
                     await self._map(self.shm, key)
-        return self.service.sample_edges(args)
+        return await self._structure(lambda: self.service.sample_edges(args), lambda s: s.sample_edges(args))
 
     async def sparse_update(
         self, name: str, ids: np.ndarray, grads: np.ndarray, spec: Mapping[str, Any]

@@ -23,6 +23,8 @@ from asyncgraph.net.connection import Connection
 from asyncgraph.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from asyncgraph.protocol.info import ServerInfo
 from asyncgraph.protocol.ops import (
+    AddEdgesArgs,
+    AddNodesArgs,
     CreateTensorArgs,
     DegreesArgs,
     DeleteTensorArgs,
@@ -31,6 +33,7 @@ from asyncgraph.protocol.ops import (
     PullArgs,
     PushArgs,
     ReleaseTensorsArgs,
+    RemoveEdgesArgs,
     SampleArgs,
     SampleEdgesArgs,
     SparseUpdateArgs,
@@ -192,6 +195,31 @@ class RemotePartition:
     async def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         out = await self.conn.call(Op.FIND_EDGES, FindEdgesArgs(eids).encode(), self.timeout)
         return np.asarray(out["src"]), np.asarray(out["dst"])
+
+    async def add_edges(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """One write per frame-sized chunk, each with its own request id (applied once)."""
+        n = int(src.size)
+        calls = []
+        for s in row_chunks(n, 16, self.budget) if n else [slice(0, 0)]:
+            args = AddEdgesArgs(src[s], dst[s]).encode()
+            args["rid"] = self._rid()
+            calls.append(self.conn.call(Op.ADD_EDGES, args, self.timeout))
+        out = await asyncio.gather(*calls)
+        return np.concatenate([np.asarray(o, dtype=np.int64) for o in out])
+
+    async def add_nodes(self, num: int) -> np.ndarray:
+        args = AddNodesArgs(num).encode()
+        args["rid"] = self._rid()
+        return np.asarray(await self.conn.call(Op.ADD_NODES, args, self.timeout), dtype=np.int64)
+
+    async def remove_edges(self, eids: np.ndarray) -> None:
+        n = int(eids.size)
+        calls = []
+        for s in row_chunks(n, 8, self.budget) if n else [slice(0, 0)]:
+            args = RemoveEdgesArgs(eids[s]).encode()
+            args["rid"] = self._rid()
+            calls.append(self.conn.call(Op.REMOVE_EDGES, args, self.timeout))
+        await asyncio.gather(*calls)
 
     async def degrees(self, ids: np.ndarray | None, edge_dir: str) -> np.ndarray:
         out = await self.conn.call(Op.DEGREES, DegreesArgs(ids, edge_dir).encode(), self.timeout)

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from asyncgraph.errors import AsyncGraphError, ServerUnavailableError
+from asyncgraph.errors import AsyncGraphError, LiveGraphError, ServerUnavailableError
 from asyncgraph.protocol.info import ServerInfo
 from asyncgraph.protocol.ops import Op, SampleEdgesArgs
 from asyncgraph.service.base import SampledRows
@@ -139,6 +139,23 @@ class ReplicatedPartition:
             self._drop(member)
             return await call(self.primary)
 
+    async def _structure(self, call: Callable[[RemotePartition], Awaitable[T]]) -> T:
+        """A structure read, like any read; a replica whose view of the primary's overlay is
+        not mapped or stale refuses it (``LiveGraphError``): the primary answers (issue 35)."""
+        try:
+            return await self._read(call)
+        except LiveGraphError:
+            return await call(self.primary)
+
+    async def add_edges(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        return await self.primary.add_edges(src, dst)
+
+    async def add_nodes(self, num: int) -> np.ndarray:
+        return await self.primary.add_nodes(num)
+
+    async def remove_edges(self, eids: np.ndarray) -> None:
+        await self.primary.remove_edges(eids)
+
     async def pull(
         self,
         name: str,
@@ -162,7 +179,7 @@ class ReplicatedPartition:
     async def sample(
         self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return await self._read(lambda p: p.sample(seeds, fanout, replace, seed))
+        return await self._structure(lambda p: p.sample(seeds, fanout, replace, seed))
 
     async def sample_with_features(
         self,
@@ -173,18 +190,18 @@ class ReplicatedPartition:
         features: Sequence[str],
         extra: np.ndarray | None = None,
     ) -> SampledRows:
-        return await self._read(
+        return await self._structure(
             lambda p: p.sample_with_features(seeds, fanout, replace, seed, features, extra)
         )
 
     async def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return await self._read(lambda p: p.find_edges(eids))
+        return await self._structure(lambda p: p.find_edges(eids))
 
     async def degrees(self, ids: np.ndarray | None, edge_dir: str) -> np.ndarray:
-        return await self._read(lambda p: p.degrees(ids, edge_dir))
+        return await self._structure(lambda p: p.degrees(ids, edge_dir))
 
     async def sample_edges(self, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
-        return await self._read(lambda p: p.sample_edges(args))
+        return await self._structure(lambda p: p.sample_edges(args))
 
     async def sparse_update(
         self, name: str, ids: np.ndarray, grads: np.ndarray, spec: Mapping[str, Any]

@@ -23,6 +23,7 @@ from asyncgraph.service.base import SampledRows
 
 from .cache import meta_row_bytes
 from .catalog import TensorCatalog
+from .edge_routing import edge_positions, node_positions
 from .scatter import broadcast, gather_rows, scatter, take
 from .state import ClientState
 from .traffic import Traffic, count_remote
@@ -52,7 +53,7 @@ class StructureQueries:
         ``traffic`` (optional) counts the requests sent over a socket.
         """
         gids = as_id_array(seeds, "seeds")
-        parts = self.state.book.positions(gids, "node")
+        parts = node_positions(self.state.book, gids)  # added nodes too (issue 35)
         if traffic is not None:
             count_remote(self.state.partitions, parts, Op.SAMPLE, traffic)
         fan, rep = int(fanout), bool(replace)
@@ -275,7 +276,7 @@ class StructureQueries:
         gids = None if ids is None else as_id_array(ids)
         if gids is not None and gids.size:
             lo, hi = int(gids.min()), int(gids.max())
-            if lo < 0 or hi >= self.state.book.num_nodes:
+            if lo < 0 or (hi >= self.state.book.num_nodes and edge_dir == "out"):
                 raise OutOfRangeError(
                     f"node ID {lo if lo < 0 else hi} outside [0, {self.state.book.num_nodes})"
                 )
@@ -285,7 +286,7 @@ class StructureQueries:
             return total
         if gids is None:
             return np.concatenate(await broadcast(self.state.partitions, lambda p: p.degrees(None, "in")))
-        parts = self.state.book.positions(gids, "node")
+        parts = node_positions(self.state.book, gids)  # added nodes: their owner checks them
         results = await scatter(
             self.state.partitions, parts, Op.DEGREES, lambda p, pos: p.degrees(take(gids, pos), "in")
         )
@@ -294,11 +295,11 @@ class StructureQueries:
     async def find_edges(self, eids: Any) -> tuple[np.ndarray, np.ndarray]:
         """Global int64 ``(src, dst)`` of global edge IDs, in the caller's order.
 
-        Duplicates are allowed; an ID outside ``[0, num_edges)`` raises ``OutOfRangeError``
-        before any request is sent.
+        Duplicates are allowed; a negative ID raises ``OutOfRangeError`` before any request is
+        sent, an ID that names no live edge (never added, or removed) ``UnknownEdgeError``.
         """
         gids = as_id_array(eids, "eids")
-        parts = self.state.book.positions(gids, "edge")
+        parts = edge_positions(self.state.book, gids)
         results = await scatter(
             self.state.partitions, parts, Op.FIND_EDGES, lambda p, pos: p.find_edges(take(gids, pos))
         )

@@ -256,6 +256,9 @@ class Client:
     sample_etypes = blocking(AsyncClient.sample_etypes)
     degrees = blocking(AsyncClient.degrees)
     find_edges = blocking(AsyncClient.find_edges)
+    add_edges = blocking(AsyncClient.add_edges)
+    remove_edges = blocking(AsyncClient.remove_edges)
+    add_nodes = blocking(AsyncClient.add_nodes)
 
     # --- coordination -------------------------------------------------------------------------
     barrier = blocking(AsyncClient.barrier)

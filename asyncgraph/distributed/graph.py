@@ -11,7 +11,7 @@ import torch
 
 from asyncgraph.arrays import as_id_array, unique_sorted
 from asyncgraph.client.sync_client import Client
-from asyncgraph.errors import InvalidRequestError, UnknownTensorError
+from asyncgraph.errors import InvalidRequestError, LiveGraphError, UnknownTensorError
 from asyncgraph.names import is_state_key, tensor_prefix
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.storage.store import PartitionStore
@@ -221,7 +221,10 @@ class DistGraph:
         else:
             opts = {"edge_dir": edge_dir, "replace": replace, "seed": seed, "prob": prob, "exclude": exclude}
             src, dst, eids = self._client.sample_edges(seeds, fanout, **opts)
-        sub = SampledSubgraph(src, dst, eids, self.num_nodes())
+        num = self.num_nodes()
+        if src.size and max(int(src.max()), int(dst.max())) >= num:  # added nodes (issue 35)
+            num = max(int(src.max()), int(dst.max())) + 1
+        sub = SampledSubgraph(src, dst, eids, num)
         return sub.to_tuple() if output == "tuple" else sub
 
     # --- structure queries --------------------------------------------------------------------
@@ -327,6 +330,40 @@ class DistGraph:
         homo = book.map_to_homo_eid(as_id_array(eids, "eids"), etype)
         src, dst = self._client.find_edges(homo)
         return typed_endpoints(book, src, dst)
+
+    def _homogeneous_update(self, op: str, etype: Any, data: Any = None) -> None:
+        """This round of issue 35 updates homogeneous graphs' structure, without edge data."""
+        book = self._client.book
+        if book.is_hetero:
+            raise LiveGraphError(f"{op}: heterogeneous graphs cannot be updated yet (issue 35)")
+        if etype is not None:
+            book.etype_id(etype)  # UnknownTypeError for an unknown type
+        if data:
+            raise LiveGraphError(f"{op}: data of new nodes and edges is not stored yet (issue 35)")
+
+    def add_edges(self, u: Any, v: Any, etype: Any = None, data: Any = None) -> torch.Tensor:
+        """Add the edges ``u[i] -> v[i]`` while others sample (DGL's ``add_edges``); returns
+        their new edge IDs (IDs of existing edges never change). Each destination's owner
+        stores its share atomically: see the README's "Live graph (preview)"."""
+        self._homogeneous_update("add_edges", etype, data)
+        return torch.from_numpy(self._client.add_edges(u, v))
+
+    def add_nodes(
+        self, num: int, ntype: Any = None, data: Any = None, part: int | None = None
+    ) -> torch.Tensor:
+        """Add ``num`` nodes (DGL's ``add_nodes``) owned by partition ``part`` (None: the one
+        with the fewest nodes); returns their IDs, ``num_nodes() + part + k * num_parts``.
+        They take edges at once; ``num_nodes()`` and node data cover the base nodes only."""
+        if ntype is not None:
+            self._client.book.ntype_id(ntype)  # UnknownTypeError for an unknown type
+        self._homogeneous_update("add_nodes", None, data)
+        return torch.from_numpy(self._client.add_nodes(num, part))
+
+    def remove_edges(self, eids: Any, etype: Any = None) -> None:
+        """Remove edges ``eids`` (DGL's ``remove_edges``; the other edges keep their IDs).
+        ``UnknownEdgeError``, with nothing removed, for an ID that is not a live edge."""
+        self._homogeneous_update("remove_edges", etype)
+        self._client.remove_edges(eids)
 
     def __repr__(self) -> str:
         mode = "standalone" if self._client.is_standalone else "distributed"

@@ -29,8 +29,10 @@ from asyncgraph.protocol.args import (
     SparseUpdateArgs,
     request_id,
 )
+from asyncgraph.protocol.live_args import AddEdgesArgs, AddNodesArgs, RemoveEdgesArgs
 
 __all__ = [
+    "ANSWERED_AGAIN_OPS",
     "ATTACHED_OPS",
     "CATALOG_OPS",
     "MAX_EPOCH",
@@ -39,6 +41,8 @@ __all__ = [
     "PRIMARY_ONLY_OPS",
     "RETRYABLE_OPS",
     "WRITE_OPS",
+    "AddEdgesArgs",
+    "AddNodesArgs",
     "AddReplicaArgs",
     "BarrierArgs",
     "CreateTensorArgs",
@@ -50,6 +54,7 @@ __all__ = [
     "PullArgs",
     "PushArgs",
     "ReleaseTensorsArgs",
+    "RemoveEdgesArgs",
     "SampleArgs",
     "SampleEdgesArgs",
     "SnapshotArgs",
@@ -79,6 +84,9 @@ class Op(enum.StrEnum):
     SAMPLE_EDGES = "sample_edges"
     SNAPSHOT = "snapshot"
     ADD_REPLICA = "add_replica"
+    ADD_EDGES = "add_edges"
+    REMOVE_EDGES = "remove_edges"
+    ADD_NODES = "add_nodes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +137,10 @@ _TABLE = (
     OpSpec(Op.SAMPLE_EDGES, SampleEdgesArgs, catalog=True, attached=True),
     OpSpec(Op.SNAPSHOT, SnapshotArgs, primary_only=True),
     OpSpec(Op.ADD_REPLICA, AddReplicaArgs, retryable=False, primary_only=True),
+    # a live graph's structure (issue 35): the owner's overlay, written by its primary only
+    OpSpec(Op.ADD_EDGES, AddEdgesArgs, writes=True, primary_only=True),
+    OpSpec(Op.REMOVE_EDGES, RemoveEdgesArgs, writes=True, primary_only=True),
+    OpSpec(Op.ADD_NODES, AddNodesArgs, writes=True, primary_only=True),
 )
 
 #: One declaration per op (a test checks every ``Op`` has one).
@@ -149,5 +161,8 @@ PRIMARY_ONLY_OPS = _ops_where("primary_only")
 ATTACHED_OPS = _ops_where("attached")
 #: Ops that read the tensor catalog (a replica syncs it first).
 CATALOG_OPS = _ops_where("catalog")
+#: Writes whose resend (same request id) answers again, with what the first one answered: a
+#: create its tensor's description, ``add_edges`` / ``add_nodes`` the IDs they allocated.
+ANSWERED_AGAIN_OPS = frozenset({Op.CREATE_TENSOR, Op.ADD_EDGES, Op.ADD_NODES})
 #: Ops that may run off the event loop when big.
 OFFLOADED_OPS = _ops_where("offload")

@@ -21,12 +21,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncgraph import failpoints
 from asyncgraph.errors import AsyncGraphError, SnapshotFailedError, StorageFullError
 from asyncgraph.server.request_log import RequestLog
-from asyncgraph.server.snapshot_restore import restore_rows
+from asyncgraph.server.snapshot_restore import read_overlay, restore_rows
 from asyncgraph.server.snapshots import (
     MAX_EPOCH_STEP,
     References,
@@ -39,6 +39,9 @@ from asyncgraph.server.snapshots import (
 )
 from asyncgraph.server.wal import FsyncPolicy, WriteAheadLog
 from asyncgraph.storage.store import PartitionStore
+
+if TYPE_CHECKING:
+    from asyncgraph.service.live import LiveStructure
 
 __all__ = [
     "MAX_EPOCH_STEP",
@@ -105,6 +108,9 @@ class DurableState:
         #: The reference counts of non-persistent tensors, read at each snapshot (set by the
         #: server's handlers; ``None``: none are kept).
         self.references: References | None = None
+        #: The partition's live structure (issue 35), whose overlay a snapshot keeps (set by the
+        #: server's handlers; None: not kept).
+        self.live: LiveStructure | None = None
 
     def restore(
         self,
@@ -126,6 +132,7 @@ class DurableState:
         base = 0
         if snap is not None:
             restore_rows(store, snap, self.fingerprint)
+            self._restore_overlay(snap)
             self.requests.load(snap.manifest.get("request_ids", []))
             if load_references is not None:
                 load_references(snap.manifest.get("references", {}))
@@ -205,7 +212,9 @@ class DurableState:
                 try:
                     self.sync()
                     offset = self._wal_offset(epoch)
-                    described = describe(store, self.requests, self.fingerprint, self.references, offset)
+                    described = describe(
+                        store, self.requests, self.fingerprint, self.references, offset, self._overlay()
+                    )
                     path = await asyncio.to_thread(self.dir.write_streamed, store, described, epoch)
                 except OSError as exc:
                     raise snapshot_failed(epoch, self.dir.path, exc) from None
@@ -215,6 +224,14 @@ class DurableState:
                 hold.set_result(None)
             self._prune(epoch)
             return path
+
+    def _overlay(self) -> Any:
+        return self.live.state() if self.live is not None else None
+
+    def _restore_overlay(self, snap: Any) -> None:
+        state = read_overlay(snap)
+        if state is not None and self.live is not None:
+            self.live.load(*state)
 
     def held(self) -> asyncio.Future[None] | None:
         """While a snapshot is being written: a future done when it is (await it before
@@ -281,7 +298,7 @@ class DurableState:
         try:
             offset = self._wal_offset(epoch)
             path = self.dir.write_snapshot(
-                store, epoch, self.requests, self.fingerprint, self.references, offset
+                store, epoch, self.requests, self.fingerprint, self.references, offset, self._overlay()
             )
         except OSError as exc:
             raise snapshot_failed(epoch, self.dir.path, exc) from None

@@ -54,6 +54,7 @@ from asyncgraph.protocol.ops import OPS, Op
 from asyncgraph.server.barriers import Barriers
 from asyncgraph.server.durable import DurableState
 from asyncgraph.server.leases import HolderLeases
+from asyncgraph.server.live_handlers import live_applies
 from asyncgraph.server.peers import bound_holder, current_connection
 from asyncgraph.server.replica_registry import ReplicaRegistry
 from asyncgraph.server.writes import WritePath
@@ -112,7 +113,8 @@ class RequestHandlers:
         )
         self.partition = PartitionService(store, num_clients=num_clients, shm=shm, limits=limits)
         self.barriers = Barriers(num_clients, room=self._barrier_room)
-        store.rules.held_elsewhere = lambda: self.barriers.held_bytes
+        live = self.partition.live  # a live graph's overlay counts against the budget too
+        store.rules.held_elsewhere = lambda: self.barriers.held_bytes + live.held_bytes()
         self.replicas = ReplicaRegistry()
         #: Holder leases (``--holder-lease``, server/leases.py; set by the server; None: off).
         self.leases: HolderLeases | None = None
@@ -129,11 +131,13 @@ class RequestHandlers:
                 Op.DELETE_TENSOR: self._apply_delete_tensor,
                 Op.RELEASE_TENSORS: self._apply_release_tensors,
                 Op.SPARSE_UPDATE: self._apply_sparse_update,
+                **live_applies(self.partition, metrics),
             },
             durable,
         )
         if durable is not None:
             durable.references = self.partition.references
+            durable.live = self.partition.live
         #: The dispatch, derived from the op table: writes through the write path, unless the op
         #: has a handler of its own (create: it may fill off the loop first).
         self.ops: dict[str, Handler] = {}
@@ -228,6 +232,7 @@ class RequestHandlers:
             "cpu_system": cpu.system,
             "uptime": time.time() - self.started,
             "requests_served": self.requests_served,
+            **self.partition.live.stats(),  # a live graph's overlay (issue 35)
         }
 
     # --- tensors ------------------------------------------------------------------------

@@ -3,12 +3,15 @@ checks the folder; this makes the store hold exactly what it describes)."""
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
+from asyncgraph.server.live_snapshot import OverlayState
 from asyncgraph.server.snapshots import Snapshot, SnapshotError
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
-__all__ = ["restore_rows"]
+__all__ = ["read_overlay", "restore_rows"]
 
 
 def restore_rows(store: PartitionStore, snap: Snapshot, fingerprint: str | None = None) -> None:
@@ -43,3 +46,27 @@ def restore_rows(store: PartitionStore, snap: Snapshot, fingerprint: str | None 
         data = np.fromfile(snap.path / entry["file"], dtype=meta.dtype).reshape(rows.shape)
         with store.lock.write():
             rows[...] = data
+
+
+def read_overlay(snap: Snapshot) -> OverlayState | None:
+    """The overlay a snapshot holds (None: the graph had never been updated); ``SnapshotError``
+    when a file is missing or does not match its checksum."""
+    entry = snap.manifest.get("overlay")
+    if not entry:
+        return None
+    arrays: dict[str, np.ndarray] = {}
+    for name, meta in entry["arrays"].items():
+        path = snap.path / meta["file"]
+        try:
+            raw = path.read_bytes()
+        except OSError:
+            raise SnapshotError(f"snapshot {snap.path}: overlay file {meta['file']} is missing") from None
+        if hashlib.sha256(raw).hexdigest() != meta["sha256"]:
+            raise SnapshotError(f"snapshot {snap.path}: checksum mismatch in {meta['file']}")
+        arr = np.frombuffer(raw, dtype=meta["dtype"])
+        if arr.size != int(meta["size"]):
+            raise SnapshotError(
+                f"snapshot {snap.path}: {meta['file']} holds {arr.size} values, not {meta['size']}"
+            )
+        arrays[str(name)] = arr.copy()
+    return arrays, {str(k): [int(v[0]), int(v[1])] for k, v in entry.get("answers", {}).items()}

@@ -45,6 +45,7 @@ import numpy as np
 from asyncgraph import failpoints
 from asyncgraph.errors import AsyncGraphError, InvalidRequestError
 from asyncgraph.protocol.ops import MAX_EPOCH
+from asyncgraph.server.live_snapshot import write_overlay
 from asyncgraph.server.request_log import RequestLog
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
@@ -199,6 +200,8 @@ class Described:
     #: Bytes of ``wal-<epoch>`` already inside the snapshot (a snapshot taken at the epoch of
     #: the log being written, which goes on after it): a restore replays that log from there.
     wal_offset: int = 0
+    #: A live graph's overlay (``server/live_snapshot.py``), None when never updated.
+    overlay: Any = None
 
 
 References = Callable[[], dict[str, dict[str, int]]]
@@ -213,12 +216,12 @@ def describe(
     fingerprint: str | None = None,
     references: References | None = None,
     wal_offset: int = 0,
+    overlay: Any = None,
 ) -> Described:
     """The tensor list, request ids and reference counts of this instant (no rows copied)."""
     refs = references() if references is not None else {}
-    return Described(
-        store.graph_name, store.part_id, store.list_tensors(), requests.items(), fingerprint, refs, wal_offset
-    )
+    tensors, rids = store.list_tensors(), requests.items()
+    return Described(store.graph_name, store.part_id, tensors, rids, fingerprint, refs, wal_offset, overlay)
 
 
 def _stream_rows(rows: np.ndarray, path: Path) -> str:
@@ -310,13 +313,14 @@ class StateDir:
         fingerprint: str | None = None,
         references: References | None = None,
         wal_offset: int = 0,
+        overlay: Any = None,
     ) -> Path:
         """Write every tensor's rows atomically as ``snap-<epoch>``; returns its folder."""
         final = self.snapshot_path(epoch)
         if final.exists():
             read_snapshot(final)  # already taken (a retried SNAPSHOT): keep it if it verifies
             return final
-        described = describe(store, requests, fingerprint, references, wal_offset)
+        described = describe(store, requests, fingerprint, references, wal_offset, overlay)
         return self.write_streamed(store, described, epoch)
 
     def write_streamed(self, store: PartitionStore, described: Described, epoch: int) -> Path:
@@ -384,6 +388,8 @@ class StateDir:
             "references": described.references,
             "wal_offset": described.wal_offset,
         }
+        if described.overlay is not None:
+            manifest["overlay"] = write_overlay(tmp, described.overlay)
         if failpoints.enabled:
             failpoints.hit("snapshot.rows_written")
         manifest["manifest_sha256"] = manifest_checksum(manifest)

@@ -18,7 +18,7 @@ from typing import Any
 
 from asyncgraph.errors import StateLogError
 from asyncgraph.protocol.args import ArgsRecord, request_id
-from asyncgraph.protocol.ops import OPS, WRITE_OPS, Op
+from asyncgraph.protocol.ops import ANSWERED_AGAIN_OPS, OPS, WRITE_OPS, Op
 from asyncgraph.server.durable import DurableState, RequestLog
 
 log = logging.getLogger("asyncgraph.server")
@@ -26,7 +26,7 @@ log = logging.getLogger("asyncgraph.server")
 __all__ = ["Apply", "WritePath"]
 
 #: Applies one decoded write to memory; ``retried`` says its request id was applied before
-#: (only a create, which answers with the tensor's description, runs again then).
+#: (only the ``ANSWERED_AGAIN_OPS`` run again then, to answer as the first time did).
 Apply = Callable[[Any, bool], Any]
 
 
@@ -55,7 +55,7 @@ class WritePath:
             return self._after(hold, op, args, decoded)
         rid = request_id(args, op)
         retried = rid is not None and rid in self.requests
-        if retried and op != Op.CREATE_TENSOR:
+        if retried and op not in ANSWERED_AGAIN_OPS:
             return None  # applied before; the client retried after losing our reply
         self.check_healthy(op)
         result = self._apply[op](decoded, retried)

@@ -78,6 +78,18 @@ class Partition(Protocol):
 
     async def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
+    async def add_edges(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Append edges ``src -> dst`` (every ``dst`` owned here): their new global edge IDs."""
+        ...
+
+    async def remove_edges(self, eids: np.ndarray) -> None:
+        """Remove the live edges ``eids`` owned here."""
+        ...
+
+    async def add_nodes(self, num: int) -> np.ndarray:
+        """Add ``num`` nodes owned here: their new global IDs."""
+        ...
+
     async def degrees(self, ids: np.ndarray | None, edge_dir: str) -> np.ndarray:
         """In-degrees of owned ``ids``, or this partition's out-edge counts of ``ids`` (None: all)."""
         ...

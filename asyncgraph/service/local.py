@@ -22,6 +22,7 @@ from asyncgraph.protocol.info import ServerInfo, SharedMemoryInfo
 from asyncgraph.protocol.ops import SampleEdgesArgs
 from asyncgraph.service.base import SampledRows
 from asyncgraph.service.limits import WorkLimits, sample_bound
+from asyncgraph.service.live import LiveStructure
 from asyncgraph.storage.store import PartitionStore, PendingTensor, Policy, TensorMeta
 
 __all__ = ["PartitionService", "boot_id"]
@@ -57,6 +58,8 @@ class PartitionService:
         self.limits = limits
         self._out_index: OutIndex | None = None
         self._refs: dict[str, dict[str, int]] = {}  # non-persistent tensor -> holder -> references
+        #: Added and removed edges (issue 35); reads go through it once the graph was updated.
+        self.live = LiveStructure(store)
 
     @property
     def out_index(self) -> OutIndex:
@@ -206,6 +209,8 @@ class PartitionService:
         self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         limits = self.limits
+        if self.live.active:  # checks its own bound: seeds may be added nodes
+            return self.live.sample(seeds, fanout, replace, seed, limits)
         if (
             limits is not None
             and isinstance(fanout, int)
@@ -214,6 +219,7 @@ class PartitionService:
             # over the cheap bound: count what the seeds' degrees allow (invalid seeds raise here)
             local = self.store.book.nid2localnid(seeds, self.store.part_id)
             limits.check_sample(local.size, fanout, sample_bound(self.store.indptr, local, fanout, replace))
+        self.live.check_mapped("sample")
         out = sample_partition(self.store, seeds, fanout, replace, seed)
         return out["src"], out["dst"], out["eids"]
 
@@ -263,15 +269,37 @@ class PartitionService:
         return ids, [self.store.pull(name, ids) for name in features]
 
     def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.live.active:
+            return self.live.find_edges(eids)
+        self.live.check_mapped("find_edges")
         return find_edges_partition(self.store, eids)
+
+    def add_edges(self, src: np.ndarray, dst: np.ndarray, rid: str | None = None) -> np.ndarray:
+        """Append edges ``src -> dst`` (every ``dst`` owned here): their new global edge IDs."""
+        return self.live.add_edges(src, dst, rid)
+
+    def add_nodes(self, num: int, rid: str | None = None) -> np.ndarray:
+        """Add ``num`` nodes owned here: their new global IDs (``N_base + p + k * P``)."""
+        return self.live.add_nodes(num, rid)
+
+    def remove_edges(self, eids: np.ndarray) -> None:
+        """Remove the live edges ``eids`` owned here (``UnknownEdgeError`` if one is not live)."""
+        self.live.remove_edges(eids)
 
     def sparse_update(self, name: str, ids: np.ndarray, grads: np.ndarray, spec: Mapping[str, Any]) -> None:
         apply_sparse_update(self.store, name, ids, grads, spec)
 
     def degrees(self, ids: np.ndarray | None, edge_dir: str) -> np.ndarray:
+        if self.live.active and edge_dir == "in":
+            return self.live.in_degrees(ids)
+        if edge_dir == "out":
+            self.live.refuse("out-degrees")
+        self.live.check_mapped("degrees")
         return degrees(self.store, self.out_index if edge_dir == "out" else None, ids, edge_dir)
 
     def sample_edges(self, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
+        self.live.refuse("sample_edges (out-edges, prob, exclude, edge types)")
+        self.live.check_mapped("sample_edges")
         out_index = self.out_index if args.edge_dir == "out" else None
         return sample_edges(
             self.store,

@@ -20,6 +20,7 @@ from asyncgraph.errors import InvalidRequestError
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.storage.memfd import SharedArray
 from asyncgraph.storage.meta import TensorMeta
+from asyncgraph.storage.overlay import Overlay
 from asyncgraph.storage.rwlock import SharedRWLock
 from asyncgraph.storage.sharing import check_descriptor, close_quietly, same_file
 from asyncgraph.storage.store import STRUCTURE_KEYS, PartitionStore
@@ -32,6 +33,9 @@ class AttachedStore(PartitionStore):
 
     #: The owner's catalog generation when this store's tensors were last synced.
     seen_generation: int = 0
+    #: Whether the owner's structure had an overlay (added or removed edges) at the last sync:
+    #: its structure reads are then the owner's to answer (issue 35).
+    live_elsewhere: bool = False
 
     @classmethod
     def attach(cls, descriptor: Mapping[str, Any], fds: Sequence[int]) -> AttachedStore:
@@ -63,6 +67,7 @@ class AttachedStore(PartitionStore):
                     attached=True,
                 )
                 store.seen_generation = int(descriptor.get("generation", 0))
+                store.live_elsewhere = bool(descriptor.get("live", False))
             except BaseException:
                 lock.close()
                 for sa in structure.values():
@@ -70,13 +75,20 @@ class AttachedStore(PartitionStore):
                         sa.close()
                 raise
             tensor_fds = {int(e["fd_index"]): fds[int(e["fd_index"])] for e in descriptor["tensors"]}
-            owned -= set(tensor_fds)
+            owned -= set(tensor_fds) | set(_overlay_indices(descriptor))
         except BaseException:
             for i in owned:
                 fds[i] = close_quietly(fds[i])
             raise
         try:
             store._add_tensors(descriptor, fds, sorted(tensor_fds))
+        except BaseException:
+            for i in _overlay_indices(descriptor):
+                close_quietly(fds[i])
+            store.close()
+            raise
+        try:
+            store._map_overlay(descriptor, fds)
         except BaseException:
             store.close()
             raise
@@ -99,13 +111,47 @@ class AttachedStore(PartitionStore):
                     f"this store is {self.graph_name!r} partition {self.part_id}"
                 )
             indices = [int(e["fd_index"]) for e in descriptor["tensors"]]
+            mapped = _overlay_indices(descriptor)
         except BaseException:
             for fd in fds:
                 close_quietly(fd)
             raise
-        for i in set(range(len(fds))) - set(indices):
+        for i in set(range(len(fds))) - set(indices) - set(mapped):
             close_quietly(fds[i])
-        return self._add_tensors(descriptor, fds, indices)
+        try:
+            metas = self._add_tensors(descriptor, fds, indices)
+        except BaseException:
+            for i in mapped:
+                close_quietly(fds[i])
+            raise
+        self._map_overlay(descriptor, fds)
+        return metas
+
+    def _map_overlay(self, descriptor: Mapping[str, Any], fds: list[int]) -> None:
+        """Map the owner's overlay (a live graph, issue 35) if the export has one, read-only,
+        replacing the one mapped before; takes its fds, also on error."""
+        entry = descriptor.get("overlay")
+        if not entry:
+            return
+        arrays: dict[str, SharedArray] = {}
+        pending = _overlay_indices(descriptor)
+        try:
+            for key, ent in entry["arrays"].items():
+                i = int(ent["fd_index"])
+                pending.remove(i)
+                arrays[str(key)] = SharedArray.from_fd(
+                    fds[i], tuple(ent["shape"]), ent["dtype"], writable=False
+                )
+            view = Overlay.view(entry["params"], arrays)
+        except BaseException:
+            for sa in arrays.values():
+                sa.close()
+            for i in pending:
+                close_quietly(fds[i])
+            raise
+        if self.overlay is not None:
+            self.overlay.close()
+        self.overlay = view
 
     def _add_tensors(
         self, descriptor: Mapping[str, Any], fds: list[int], indices: list[int]
@@ -151,9 +197,16 @@ class AttachedStore(PartitionStore):
         for name in [n for n in self.tensor_names() if n not in live]:
             self.unmap(name)
         self.seen_generation = int(descriptor.get("generation", 0))
+        self.live_elsewhere = bool(descriptor.get("live", False))
 
     def forget_tensor(self, name: str) -> None:
         """Unmap tensor ``name`` (e.g. after the server deleted it); no-op if unknown."""
         self.check_open()
         if self.has_tensor(name):
             self.unmap(name)  # in-flight pulls keep their view alive: unmapped when they finish
+
+
+def _overlay_indices(descriptor: Mapping[str, Any]) -> list[int]:
+    """The fd indices of the overlay's arrays in an export (none when it has no overlay)."""
+    entry = descriptor.get("overlay") or {}
+    return [int(e["fd_index"]) for e in entry.get("arrays", {}).values()]

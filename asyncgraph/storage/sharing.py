@@ -17,6 +17,7 @@ import numpy as np
 
 from asyncgraph.errors import InvalidRequestError
 from asyncgraph.storage.memfd import SharedArray
+from asyncgraph.storage.overlay import MAPPED
 from asyncgraph.storage.rwlock import SharedRWLock
 from asyncgraph.storage.store import PartitionStore
 
@@ -47,6 +48,7 @@ def export(
         "part_id": store.part_id,
         "book": store.book.to_dict(),
         "generation": store.catalog_generation,
+        "live": store.overlay is not None,  # the structure has an overlay (issue 35)
     }
     if structure:
         assert isinstance(store.lock, SharedRWLock)
@@ -76,6 +78,19 @@ def export(
         )
         order.append(f"tensor:{t.meta.name}")
         fds.append(t.data.fd)
+    overlay = store.overlay
+    if names is None and overlay is not None and overlay.shared and not store.attached:
+        desc["overlay"] = {"params": overlay.params(), "arrays": {}}  # a live graph's (issue 35)
+        for key in MAPPED:
+            sa = overlay.arrays[key]
+            assert isinstance(sa, SharedArray)
+            desc["overlay"]["arrays"][key] = {
+                "shape": list(sa.shape),
+                "dtype": sa.dtype.name,
+                "fd_index": len(fds),
+            }
+            order.append(f"overlay:{key}")
+            fds.append(sa.fd)
     desc["fds"] = order
     return desc, fds
 

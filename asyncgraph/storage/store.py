@@ -41,6 +41,7 @@ from asyncgraph.storage.typed_edges import with_type_order
 
 if TYPE_CHECKING:
     from asyncgraph.partition.reader import Partition
+    from asyncgraph.storage.overlay import Overlay
 
 __all__ = ["InitSpec", "PartitionStore", "PendingTensor", "Policy", "TensorMeta", "validate_init"]
 
@@ -64,6 +65,8 @@ class PartitionStore:
     indptr: np.ndarray
     indices: np.ndarray
     eids: np.ndarray
+    #: A live graph's added and removed edges (``service/live.py``; None: never updated).
+    overlay: Overlay | None = None
 
     def __init__(
         self,
@@ -249,7 +252,7 @@ class PartitionStore:
             pending.discard()
             return existing
         self._tensors[t.meta.name] = t
-        self._catalog_changed()
+        self.catalog_changed()
         return t.meta
 
     def _existing(self, meta: TensorMeta) -> TensorMeta | None:
@@ -273,9 +276,9 @@ class PartitionStore:
         self._get(name)
         self.rules.check_delete(name)
         self._drop(name)  # in-flight pulls keep their view alive: unmapped when they finish
-        self._catalog_changed()
+        self.catalog_changed()
 
-    def _catalog_changed(self) -> None:
+    def catalog_changed(self) -> None:
         """Tell processes mapping this store that a tensor came or went (owner only)."""
         if not self._attached and isinstance(self._lock, SharedRWLock):
             self._lock.advance_generation()
@@ -376,7 +379,7 @@ class PartitionStore:
         """Make the partition's own tensors read-only for every later ``push``, unless
         ``writable_base`` (DGL's writable ``ndata``). They can never be deleted either way."""
         self.rules.protect(self._tensors, writable_base=writable_base)
-        self._catalog_changed()
+        self.catalog_changed()
 
     def local_rows(self, name: str) -> np.ndarray:
         """The owned-rows array itself (writable; hold ``lock`` while using it)."""
@@ -387,13 +390,8 @@ class PartitionStore:
         """The store's reader/writer lock (cross-process when shared)."""
         return self._lock
 
-    @property
-    def shared(self) -> bool:
-        return self._shared
-
-    @property
-    def attached(self) -> bool:
-        return self._attached
+    shared = property(lambda self: self._shared, doc="Whether the arrays are memfds.")
+    attached = property(lambda self: self._attached, doc="Whether mapped from another process.")
 
     # --- what sharing needs (asyncgraph.storage.sharing exports; AttachedStore maps) -----
     def check_open(self) -> None:
@@ -444,6 +442,8 @@ class PartitionStore:
             if isinstance(a, SharedArray):
                 a.close()
         self._structure.clear()
+        if self.overlay is not None:
+            self.overlay.close()
         if isinstance(self._lock, SharedRWLock):
             self._lock.close()
 

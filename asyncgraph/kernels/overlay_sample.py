@@ -1,0 +1,208 @@
+"""Reads of a live partition, base CSC + overlay (``storage/overlay.py``), in numba kernels.
+
+A seed's live in-edges are its base positions whose ``dead`` byte is 0, then its live appended
+edges (in slot order). Uniform sampling draws numpy's uniforms from the request's keyed
+generator (``keyed_rng(seed, part)``), so a served and a standalone partition holding the same
+overlay return the same sample. Without replacement it runs Floyd's algorithm over the live
+candidates (as the base kernel does over a CSC row); with replacement ``fanout`` independent
+picks; ``fanout = -1`` (or a live degree within the fanout) every live edge. The caller holds
+the store's read lock. Without numba (``ASYNCGRAPH_NO_JIT``) the same functions run as Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from asyncgraph.kernels.jit import disabled
+from asyncgraph.storage.overlay import Overlay
+
+__all__ = ["live_degrees", "sample_live"]
+
+
+def _jit(fn: Callable[..., Any]) -> Callable[..., Any]:
+    if disabled():
+        return fn
+    try:
+        import numba
+    except ImportError:  # pragma: no cover - numba is a dependency
+        return fn
+    compiled: Callable[..., Any] = numba.njit(cache=True, nogil=True)(fn)
+    return compiled
+
+
+@_jit
+def _live_counts(
+    indptr: np.ndarray,
+    dead: np.ndarray,
+    add_indptr: np.ndarray,
+    add_order: np.ndarray,
+    add_dead: np.ndarray,
+    local: np.ndarray,
+) -> np.ndarray:  # pragma: no cover - compiled
+    out = np.empty(local.size, np.int64)
+    for i in range(local.size):
+        v = local[i]
+        d = 0
+        start, end = (
+            (indptr[v], indptr[v + 1]) if v < indptr.size - 1 else (0, 0)
+        )  # an added node: no base edges
+        for j in range(start, end):
+            if dead[j] == 0:
+                d += 1
+        for q in range(add_indptr[v], add_indptr[v + 1]):
+            if add_dead[add_order[q]] == 0:
+                d += 1
+        out[i] = d
+    return out
+
+
+@_jit
+def _pick(
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    eids: np.ndarray,
+    dead: np.ndarray,
+    add_indptr: np.ndarray,
+    add_order: np.ndarray,
+    add_src: np.ndarray,
+    add_dead: np.ndarray,
+    first_new: int,
+    stride: int,
+    local: np.ndarray,
+    global_seeds: np.ndarray,
+    degs: np.ndarray,
+    fanout: int,
+    replace: bool,
+    u: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - compiled
+    total = 0
+    widest = 0
+    for i in range(local.size):
+        d = degs[i]
+        widest = max(widest, d)
+        if fanout < 0 or (not replace and d <= fanout):
+            total += d
+        elif d > 0:
+            total += fanout
+    src = np.empty(total, np.int64)
+    dst = np.empty(total, np.int64)
+    eid = np.empty(total, np.int64)
+    cand = np.empty(widest, np.int64)  # base position j as j, appended slot k as -(k + 1)
+    chosen = np.empty(max(fanout, 0), np.int64)
+    p = 0
+    r = 0  # next uniform
+    for i in range(local.size):
+        v = local[i]
+        d = 0
+        start, end = (indptr[v], indptr[v + 1]) if v < indptr.size - 1 else (0, 0)
+        for j in range(start, end):
+            if dead[j] == 0:
+                cand[d] = j
+                d += 1
+        for q in range(add_indptr[v], add_indptr[v + 1]):
+            k = add_order[q]
+            if add_dead[k] == 0:
+                cand[d] = -(k + 1)
+                d += 1
+        if d == 0:
+            continue
+        take = d
+        picked = False  # True: the edges are chosen[:take], else cand[:d]
+        if fanout >= 0 and replace:
+            take = fanout
+            picked = True
+            for step in range(fanout):
+                t = int(u[r] * d)
+                r += 1
+                if t > d - 1:  # the float rounding of u * d up to d
+                    t = d - 1
+                chosen[step] = cand[t]
+        elif fanout >= 0 and d > fanout:
+            take = fanout
+            picked = True
+            for step in range(fanout):
+                top = d - fanout + step  # Floyd's j
+                t = int(u[r] * (top + 1))
+                r += 1
+                if t > top:
+                    t = top
+                pick = cand[t]
+                for s in range(step):
+                    if chosen[s] == pick:
+                        pick = cand[top]
+                        break
+                chosen[step] = pick
+        for step in range(take):
+            c = chosen[step] if picked else cand[step]
+            if c >= 0:
+                src[p] = indices[c]
+                eid[p] = eids[c]
+            else:
+                k = -c - 1
+                src[p] = add_src[k]
+                eid[p] = first_new + k * stride
+            dst[p] = global_seeds[i]
+            p += 1
+    return src, dst, eid
+
+
+def live_degrees(indptr: np.ndarray, overlay: Overlay, local: np.ndarray) -> np.ndarray:
+    """Live in-degrees of owned local nodes ``local`` (int64)."""
+    n = overlay.added
+    out: np.ndarray = _live_counts(
+        np.asarray(indptr, dtype=np.int64),
+        overlay.dead,
+        overlay.add_indptr,
+        overlay.add_order[:n],
+        overlay.add_dead[:n],
+        np.asarray(local, dtype=np.int64),
+    )
+    return out
+
+
+def sample_live(
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    eids: np.ndarray,
+    overlay: Overlay,
+    local: np.ndarray,
+    global_seeds: np.ndarray,
+    fanout: int,
+    replace: bool,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Global ``(src, dst, eids)`` of a uniform sample of the live in-edges of ``local``."""
+    local = np.asarray(local, dtype=np.int64)
+    indptr = np.asarray(indptr, dtype=np.int64)
+    degs = live_degrees(indptr, overlay, local)
+    fan = int(fanout)
+    if fan < 0:
+        draws = 0
+    elif replace:
+        draws = fan * int(np.count_nonzero(degs))
+    else:
+        draws = fan * int(np.count_nonzero(degs > fan))
+    u = rng.random(draws)
+    n = overlay.added
+    out: tuple[np.ndarray, np.ndarray, np.ndarray] = _pick(
+        indptr,
+        np.asarray(indices, dtype=np.int64),
+        np.asarray(eids, dtype=np.int64),
+        overlay.dead,
+        overlay.add_indptr,
+        overlay.add_order[:n],
+        overlay.add_src[:n],
+        overlay.add_dead[:n],
+        overlay.edge_base + overlay.part_id,
+        overlay.num_parts,
+        local,
+        np.asarray(global_seeds, dtype=np.int64),
+        degs,
+        fan,
+        bool(replace),
+        u,
+    )
+    return out

@@ -1,0 +1,275 @@
+"""A partition's live structure (issue 35): its overlay's updates and the reads of base + overlay.
+
+``PartitionService`` holds one ``LiveStructure``; the overlay is made on the first update, so
+a graph nobody updates keeps today's kernels and their exact answers. Updates are checked in
+full before anything changes (``OutOfRangeError`` for a node that does not exist or a
+destination another partition owns, ``UnknownEdgeError`` for an edge that is not live) and
+applied under the store's write lock; reads of the overlay hold its read lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from asyncgraph.arrays import as_id_array
+from asyncgraph.errors import InvalidRequestError, LiveGraphError, OutOfRangeError, ShapeMismatchError
+from asyncgraph.kernels.overlay_sample import live_degrees, sample_live
+from asyncgraph.kernels.partition_sampling import keyed_rng
+from asyncgraph.service.limits import WorkLimits
+from asyncgraph.storage.overlay import Overlay, new_edge_ids
+from asyncgraph.storage.store import PartitionStore
+
+__all__ = ["MAX_ADDED_NODES", "LiveStructure", "OverlayMovedError"]
+
+#: Most nodes one ``add_nodes`` request may add (the destination index grows with them).
+MAX_ADDED_NODES = 1 << 22
+
+
+class OverlayMovedError(LiveGraphError):
+    """A co-located view of an owner's overlay is stale (the owner grew its arrays since this
+    process mapped them): the caller re-maps it, and meanwhile asks the owner."""
+
+
+class LiveStructure:
+    """One partition's overlay and the ops over base + overlay."""
+
+    def __init__(self, store: PartitionStore) -> None:
+        self.store = store
+
+    @property
+    def overlay(self) -> Overlay | None:
+        """The store's overlay (kept on the store, so that its export can share it)."""
+        return self.store.overlay
+
+    @property
+    def active(self) -> bool:
+        """True once an update was applied: reads must include the overlay."""
+        return self.overlay is not None
+
+    def stats(self) -> dict[str, int]:
+        """The overlay's size (a metric: when it holds a large share of the partition's edges,
+        partition again): appended and removed edges, bytes held."""
+        if self.overlay is None:
+            return {"overlay_edges": 0, "overlay_removed": 0, "overlay_bytes": 0}
+        return self.overlay.stats()
+
+    def check_mapped(self, op: str) -> None:
+        """``LiveGraphError`` on a store mapped from an owner whose graph is live (a replica
+        server): the overlay is not mapped here yet, so the base alone would answer wrongly."""
+        if getattr(self.store, "live_elsewhere", False):
+            raise LiveGraphError(f"{op}: this process does not map the partition's overlay; ask its primary")
+
+    def refuse(self, op: str) -> None:
+        """``LiveGraphError`` for an op without a live form, once the graph was updated."""
+        if self.overlay is not None:
+            raise LiveGraphError(
+                f"{op} does not read a live graph's added and removed edges yet (issue 35); "
+                f"partition {self.store.part_id} has {self.overlay.added} added and "
+                f"{self.overlay.removed} removed"
+            )
+
+    def held_bytes(self) -> int:
+        """Bytes the overlay holds (counted against the server's memory budget)."""
+        return self.overlay.stats()["overlay_bytes"] if self.overlay is not None else 0
+
+    def _check_room(self, what: str, edges: int = 0, nodes: int = 0) -> None:
+        """``MemoryBudgetError`` (nothing changes) when the overlay's growth would pass the
+        store's memory budget (``--memory-budget``; its tensors and the overlay count)."""
+        store = self.store
+        if not store.rules.memory_budget:
+            return
+        overlay = self.overlay
+        if overlay is None:
+            lo, hi = store.node_range
+            elo, ehi = store.edge_range
+            need = Overlay.first_bytes(hi - lo, ehi - elo, edges, nodes)
+        else:
+            need = overlay.growth_bytes(edges, nodes)
+        if need:
+            tensors = sum(size for _, size in store.local_sizes().values())
+            store.rules.check_room(f"{what} (the live graph's overlay)", need, tensors)
+
+    def _made(self) -> Overlay:
+        store = self.store
+        if store.overlay is None:
+            book = store.book
+            lo, hi = store.node_range
+            elo, ehi = store.edge_range
+            made = store.overlay = Overlay(
+                f"asyncgraph.{store.graph_name}.p{store.part_id}.overlay",
+                part_id=store.part_id,
+                num_parts=book.num_partitions(),
+                node_start=lo,
+                num_local_nodes=hi - lo,
+                edge_base=book.num_edges,
+                edge_start=elo,
+                num_base_edges=ehi - elo,
+                node_base=book.num_nodes,
+                shared=store.shared and not store.attached,
+            )
+            store.catalog_changed()  # co-located readers re-sync: the graph is live now
+            return made
+        return store.overlay
+
+    # --- updates -----------------------------------------------------------------------
+    def local_nodes(self, ids: Any) -> np.ndarray:
+        """Local indices of owned nodes ``ids`` (added ones included); ``OutOfRangeError``."""
+        gids = as_id_array(ids, "ids")
+        if self.overlay is None:  # no node was added: the book's range
+            return np.asarray(self.store.book.nid2localnid(gids, self.store.part_id), dtype=np.int64)
+        return self.overlay.local_nodes(gids)
+
+    def check_add(self, src: Any, dst: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(src, local dst)`` of edges to append here, checked (nothing changes on error).
+
+        A source above the base another partition added cannot be checked here (its owner
+        knows); the client checks it with that owner before sending (``client/live.py``)."""
+        s, d = as_id_array(src, "src"), as_id_array(dst, "dst")
+        if s.shape != d.shape:
+            raise ShapeMismatchError(f"add_edges: {s.size} sources and {d.size} destinations")
+        n = self.store.book.num_nodes
+        if s.size and int(s.min()) < 0:
+            raise OutOfRangeError(f"add_edges: source {int(s.min())} is not a node")
+        book = self.store.book
+        mine = (s >= n) & ((s - n) % book.num_partitions() == self.store.part_id)
+        if mine.any():
+            self.local_nodes(s[mine])  # our added nodes: they must exist
+        local = self.local_nodes(d)  # OutOfRangeError: not ours, or no such node
+        return s.astype(np.int64, copy=False), local
+
+    def add_edges(self, src: Any, dst: Any, rid: str | None = None) -> np.ndarray:
+        """Append edges ``src -> dst`` (every ``dst`` owned here); their new global IDs."""
+        s, local = self.check_add(src, dst)
+        self._check_room("add_edges", edges=int(s.size))
+        overlay = self._made()
+        capacity = overlay.capacity
+        with self.store.lock.write():
+            first = overlay.append(s, local, rid)
+        if overlay.capacity != capacity:
+            self.store.catalog_changed()  # new memfds: co-located readers map them again
+        return self.ids_of(first, int(s.size))
+
+    def add_nodes(self, num: int, rid: str | None = None) -> np.ndarray:
+        """Add ``num`` nodes owned here (no edges, no data yet); their new global IDs
+        ``N_base + p + k * P``."""
+        if not 0 <= num <= MAX_ADDED_NODES:
+            raise InvalidRequestError(f"add_nodes: num must be 0 to {MAX_ADDED_NODES}, got {num}")
+        self._check_room("add_nodes", nodes=num)
+        overlay = self._made()
+        capacity = overlay.node_capacity
+        with self.store.lock.write():
+            first = overlay.add_nodes(num, rid)
+        if overlay.node_capacity != capacity:
+            self.store.catalog_changed()
+        return self.node_ids_of(first, num)
+
+    def node_ids_of(self, first: int, count: int) -> np.ndarray:
+        book, part = self.store.book, self.store.part_id
+        slots = np.arange(first, first + count, dtype=np.int64)
+        return (book.num_nodes + part + slots * book.num_partitions()).astype(np.int64)
+
+    def answered_nodes(self, rid: str) -> np.ndarray | None:
+        """The IDs an applied ``add_nodes`` with request id ``rid`` answered, if still known."""
+        got = self.overlay.answers.get(f"nodes:{rid}") if self.overlay is not None else None
+        return None if got is None else self.node_ids_of(*got)
+
+    def answered(self, rid: str) -> np.ndarray | None:
+        """The IDs an applied ``add_edges`` with request id ``rid`` answered, if still known."""
+        got = self.overlay.answers.get(rid) if self.overlay is not None else None
+        return None if got is None else self.ids_of(*got)
+
+    def ids_of(self, first: int, count: int) -> np.ndarray:
+        store = self.store
+        slots = np.arange(first, first + count, dtype=np.int64)
+        return new_edge_ids(store.book.num_edges, store.part_id, store.book.num_partitions(), slots)
+
+    def remove_edges(self, eids: Any) -> None:
+        """Remove live edges ``eids`` owned here (duplicates allowed; each removed once)."""
+        ids = as_id_array(eids, "eids")
+        overlay = self._made()
+        base, slots = overlay.locate(ids)  # raises before anything changes
+        with self.store.lock.write():
+            overlay.kill(base, slots)
+
+    # --- reads of base + overlay (only when ``active``), under the store's read lock ------
+    def _current(self) -> Overlay:
+        overlay = self.overlay
+        assert overlay is not None
+        if overlay.stale:
+            raise OverlayMovedError(
+                f"partition {self.store.part_id}'s overlay grew since this process mapped it; "
+                "map it again (the owner answers meanwhile)"
+            )
+        return overlay
+
+    def sample(
+        self,
+        seeds: np.ndarray,
+        fanout: int,
+        replace: bool,
+        seed: int | None,
+        limits: WorkLimits | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        store = self.store
+        rng = keyed_rng(seed, store.part_id)
+        with store.lock.read():
+            overlay = self._current()
+            local = overlay.local_nodes(seeds)
+            if limits is not None and isinstance(fanout, int):
+                deg = live_degrees(store.indptr, overlay, local)
+                most = int(deg.sum()) if fanout < 0 else int(np.minimum(deg, fanout).sum())
+                if replace and fanout >= 0:
+                    most = int(np.count_nonzero(deg)) * fanout
+                limits.check_sample(local.size, fanout, most)
+            return sample_live(
+                store.indptr, store.indices, store.eids, overlay, local, seeds, int(fanout), replace, rng
+            )
+
+    def in_degrees(self, ids: np.ndarray | None) -> np.ndarray:
+        store = self.store
+        with store.lock.read():
+            overlay = self._current()
+            if ids is None:  # the base nodes, as the book numbers them (added ones: by ID)
+                local = np.arange(overlay.num_local_nodes, dtype=np.int64)
+            else:
+                local = overlay.local_nodes(as_id_array(ids, "ids"))
+            return live_degrees(store.indptr, overlay, local)
+
+    def find_edges(self, eids: Any) -> tuple[np.ndarray, np.ndarray]:
+        store, overlay = self.store, self.overlay
+        assert overlay is not None
+        ids = as_id_array(eids, "eids").astype(np.int64, copy=False)
+        with store.lock.read():
+            overlay = self._current()
+            overlay.locate(ids)  # owned and live, else a typed error
+            above = ids >= overlay.edge_base
+            src = np.empty(ids.size, np.int64)
+            dst = np.empty(ids.size, np.int64)
+            base = ids[~above] - overlay.edge_start
+            src[~above] = store.indices[base]
+            row = np.searchsorted(store.indptr, base, side="right") - 1
+            dst[~above] = row + overlay.node_start
+            slots = (ids[above] - overlay.edge_base) // overlay.num_parts
+            src[above] = overlay.add_src[slots]
+            dst[above] = overlay.global_nodes(overlay.add_dst[slots])
+        return src, dst
+
+    # --- snapshots ---------------------------------------------------------------------
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, list[int]]] | None:
+        """The overlay's arrays and request-id answers, for a snapshot (None: never updated)."""
+        if self.overlay is None:
+            return None
+        answers = {rid: [first, count] for rid, (first, count) in self.overlay.answers.items()}
+        return self.overlay.state(), answers
+
+    def load(self, state: Mapping[str, np.ndarray], answers: Mapping[str, Any]) -> None:
+        """Replace the overlay with a snapshot's (an empty state leaves none)."""
+        if self.store.overlay is not None:
+            self.store.overlay.close()
+            self.store.overlay = None
+        overlay = self._made()
+        with self.store.lock.write():
+            overlay.load(state, answers)
