@@ -299,3 +299,20 @@ def test_pyg_nodeloader_with_worker_processes(g: Any, context: str) -> None:
     assert time.monotonic() - started < 300
     # the parent's stores still answer
     assert fs[None, "x", torch.tensor([1])].shape == (1, 500)
+
+
+def test_readme_pyg_snippet_runs(pubmed1: Any) -> None:
+    """The README's "Coming from PyG" snippet, as printed but for its partition path."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start = readme.index("A PyG script changes only where its data comes from:")
+    block = readme[readme.index("```python\n", start) + len("```python\n") :]
+    code = block[: block.index("```")]
+    assert "import torch\n" in code
+    code = code.replace("data/pubmed1/pubmed.json", str(pubmed1.part_config))
+    try:
+        scope: dict[str, Any] = {}
+        exec(compile(code, "README.md", "exec"), scope)
+        assert scope["batch"].batch_size == 20 and scope["loss"].item() > 0
+        assert "train_mask" in scope["batch"]
+    finally:
+        asyncgraph.finalize()
