@@ -316,3 +316,31 @@ def test_readme_pyg_snippet_runs(pubmed1: Any) -> None:
         assert "train_mask" in scope["batch"]
     finally:
         asyncgraph.finalize()
+
+
+def test_partition_data_read_only_standalone_as_served(
+    g: Any, pubmed2: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes to a partition's own tensors raise ReadOnlyTensorError standalone as served (before:
+    standalone wrote them); tensors made at run time stay writable; the opt-in is the server's."""
+    from asyncgraph.client import Client
+    from asyncgraph.errors import ReadOnlyTensorError
+
+    fs = DistFeatureStore(g)
+    before = fs[None, "x", torch.tensor([0, 1])]
+    with pytest.raises(ReadOnlyTensorError, match="read-only"):
+        fs.update_tensor(torch.zeros(2, 500), group_name=None, attr_name="x", index=torch.tensor([0, 1]))
+    with pytest.raises(ReadOnlyTensorError):
+        g.ndata["feat"][0:1] = torch.zeros(1, 500)
+    assert torch.equal(fs[None, "x", torch.tensor([0, 1])], before)  # nothing changed
+    fs[None, "compat_h", None] = torch.zeros(19717, 2)
+    fs.update_tensor(torch.ones(1, 2), group_name=None, attr_name="compat_h", index=torch.tensor([3]))
+    assert fs[None, "compat_h", torch.tensor([3])].tolist() == [[1.0, 1.0]]
+    fs.remove_tensor(None, "compat_h", None)
+    monkeypatch.setenv("ASYNCGRAPH_WRITABLE_PARTITION_DATA", "1")
+    own = Client.standalone(pubmed2.part_config)
+    try:
+        own.push("node:feat", np.array([0]), np.zeros((1, 500), np.float32))
+        assert not own.pull("node:feat", np.array([0])).any()
+    finally:
+        own.close()
