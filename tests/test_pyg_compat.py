@@ -344,3 +344,51 @@ def test_partition_data_read_only_standalone_as_served(
         assert not own.pull("node:feat", np.array([0])).any()
     finally:
         own.close()
+
+
+def test_hetero_link_loader_lays_out_batches_as_pyg(acm_g: Any) -> None:
+    """Heterogeneous DistLinkNeighborLoader: PyG's (edge type, edge_label_index) input and PyG's
+    LinkLoader's batch layout (compared with PyG's own LinkLoader over our stores)."""
+    et = ("paper", "written-by", "author")
+    fs, gs = DistFeatureStore(acm_g), DistGraphStore(acm_g)
+    src, dst = gs[et, "coo"]
+    pick = torch.arange(0, src.numel(), 97)[:40]
+    eli = torch.stack([src[pick], dst[pick]])
+    fan = {c: [3] for c in acm_g.canonical_etypes}
+    theirs = next(
+        iter(
+            LinkLoader(
+                (fs, gs),
+                link_sampler=DistNeighborSampler(acm_g, fan),
+                edge_label_index=(et, eli),
+                neg_sampling="binary",
+                batch_size=20,
+            )
+        )
+    )
+    ours = next(
+        iter(
+            DistLinkNeighborLoader(
+                acm_g, fan, edge_label_index=(et, eli), neg_sampling="binary", batch_size=20
+            )
+        )
+    )
+    for b in (theirs, ours):
+        got = b[et].edge_label_index
+        assert got.shape == (2, 40) and b[et].edge_label.tolist() == [1.0] * 20 + [0.0] * 20
+        assert torch.equal(b["paper"].n_id[got[0, :20]], eli[0, :20])
+        assert torch.equal(b["author"].n_id[got[1, :20]], eli[1, :20])
+        assert b["author"].x.shape[1] == 32
+    trip = next(
+        iter(
+            DistLinkNeighborLoader(
+                acm_g, fan, edge_label_index=(et, None), neg_sampling=("triplet", 2), batch_size=8
+            )
+        )
+    )
+    assert trip["paper"].src_index.shape == (8,) and trip["author"].dst_neg_index.shape == (8, 2)
+    assert torch.equal(trip["author"].n_id[trip["author"].dst_pos_index], dst[:8])
+    with pytest.raises(KeyError, match="edge type"):
+        DistLinkNeighborLoader(acm_g, fan, edge_label_index=(("paper", "cites", "paper"), None))
+    with pytest.raises(InvalidRequestError, match=r"\(edge type, \[2, M\] or None\)"):
+        DistLinkNeighborLoader(acm_g, fan, edge_label_index=eli)

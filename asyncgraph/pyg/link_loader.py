@@ -19,9 +19,9 @@ from torch_geometric.sampler import NegativeSampling
 
 from asyncgraph.dataloading.fetch import AUTO, Auto, client_of
 from asyncgraph.dataloading.stats import LoaderStats
-from asyncgraph.errors import InvalidRequestError, OutOfRangeError
+from asyncgraph.errors import InvalidRequestError, OutOfRangeError, UnknownTypeError
 
-from .loader import _graph_of, _PyGLoader, homo_payload, timed_sample
+from .loader import _graph_of, _hetero_payload, _PyGLoader, homo_payload, timed_sample
 from .sampler import DistNeighborSampler
 
 __all__ = ["DistLinkNeighborLoader"]
@@ -29,33 +29,56 @@ __all__ = ["DistLinkNeighborLoader"]
 _NEG_STREAM = 0x6E65675F  # keys the negatives' generator apart from the sampling seeds
 
 
-def _label_index(edge_label_index: Any, n: int) -> torch.Tensor | None:
-    """``[2, M]`` int64 node IDs from a tensor or ``(None | edge type, tensor)``, range-checked."""
-    if isinstance(edge_label_index, (tuple, list)) and len(edge_label_index) == 2:
+def _split_input(edge_label_index: Any, book: Any) -> tuple[tuple[str, str, str] | None, Any]:
+    """``(canonical edge type or None, [2, M] or None)`` of PyG's ``edge_label_index`` forms."""
+    etype: Any = None
+    if isinstance(edge_label_index, (tuple, list)) and len(edge_label_index) == 3:
+        etype, edge_label_index = edge_label_index, None  # PyG: an edge type alone, all its edges
+    elif isinstance(edge_label_index, (tuple, list)) and len(edge_label_index) == 2:
         etype, edge_label_index = edge_label_index
+    if not book.is_hetero:
         if etype is not None:
             raise InvalidRequestError(
-                "edge_label_index: DistLinkNeighborLoader supports homogeneous graphs only "
-                f"(edge type {etype!r}; use None)"
+                f"edge_label_index: edge type {etype!r} given for a homogeneous graph (use None)"
             )
-    if edge_label_index is None:
-        return None
+        return None, edge_label_index
+    if etype is None:
+        raise InvalidRequestError(
+            "edge_label_index of a heterogeneous graph must be (edge type, [2, M] or None); "
+            f"edge types: {book.canonical_etypes}"
+        )
+    try:
+        canon = book.canonical_etypes[book.etype_id(tuple(etype) if isinstance(etype, list) else etype)]
+    except (KeyError, ValueError) as exc:
+        raise UnknownTypeError(
+            f"edge_label_index: unknown edge type {etype!r}; edge types: {book.canonical_etypes}"
+        ) from exc
+    return canon, edge_label_index
+
+
+def _label_index(edge_label_index: Any, n_src: int, n_dst: int) -> torch.Tensor:
+    """``[2, M]`` int64 node IDs, range-checked (sources below ``n_src``, destinations ``n_dst``)."""
     eli = torch.as_tensor(edge_label_index)
     if eli.dim() != 2 or eli.shape[0] != 2:
         raise InvalidRequestError(f"edge_label_index must have shape [2, M], got {tuple(eli.shape)}")
     if eli.is_floating_point() or eli.dtype == torch.bool:
         raise InvalidRequestError(f"edge_label_index must hold integer node IDs, got {eli.dtype}")
     eli = eli.to(torch.int64)
-    if eli.numel() and (int(eli.min()) < 0 or int(eli.max()) >= n):
-        raise OutOfRangeError(f"edge_label_index: node IDs must be in [0, {n})")
+    for row, n, what in ((0, n_src, "source"), (1, n_dst, "destination")):
+        ids = eli[row]
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
+            raise OutOfRangeError(f"edge_label_index: {what} node IDs must be in [0, {n})")
     return eli
 
 
 class DistLinkNeighborLoader(_PyGLoader):
-    """Link mini-batches as PyG ``Data``, sampled by the servers and prefetched (homogeneous graphs).
+    """Link mini-batches as PyG ``Data`` / ``HeteroData``, sampled by the servers and prefetched.
 
-    PyG's ``LinkNeighborLoader`` arguments: ``edge_label_index`` (``[2, M]`` global node IDs, or
-    ``(None, [2, M])`` as PyG's ``LinkLoader`` takes it over stores; ``None``: every edge),
+    PyG's ``LinkNeighborLoader`` arguments: ``edge_label_index`` (``[2, M]`` node IDs, or
+    ``(None, [2, M])`` as PyG's ``LinkLoader`` takes it over stores; ``None``: every edge; on a
+    heterogeneous graph ``(edge type, [2, M] per-type IDs)`` or ``(edge type, None)``, the batch
+    a ``HeteroData`` with ``edge_label_index``/``edge_label`` on that edge type and
+    ``src_index`` / ``dst_pos_index`` / ``dst_neg_index`` on its node types, as PyG's),
     ``edge_label`` and ``neg_sampling`` (PyG's ``NegativeSampling``, ``"binary"`` or
     ``"triplet"``, or ``neg_sampling_ratio``), with PyG's label rules (module docstring). Each
     batch carries PyG's ``edge_label_index`` (local, into ``n_id``) and ``edge_label`` (binary),
@@ -98,8 +121,8 @@ class DistLinkNeighborLoader(_PyGLoader):
         )
         g = _graph_of(data)
         client = client_of(g)
-        if client.book.is_hetero:
-            raise InvalidRequestError("DistLinkNeighborLoader supports homogeneous graphs only (for now)")
+        book = client.book
+        self.input_type, edge_label_index = _split_input(edge_label_index, book)
         self.sampler = DistNeighborSampler(
             g,
             num_neighbors,
@@ -110,10 +133,20 @@ class DistLinkNeighborLoader(_PyGLoader):
             y=y,
             attrs=attrs,
         )
-        eli = _label_index(edge_label_index, client.book.num_nodes)
-        if eli is None:
-            src, dst = client.find_edges(np.arange(client.book.num_edges, dtype=np.int64))
-            eli = torch.from_numpy(np.stack([src, dst]))
+        et = self.input_type
+        self._sizes = (
+            (book.num_nodes, book.num_nodes)
+            if et is None
+            else (book.num_nodes_of(et[0]), book.num_nodes_of(et[2]))
+        )
+        if edge_label_index is not None:
+            eli = _label_index(edge_label_index, *self._sizes)
+        elif et is None:
+            eli = torch.from_numpy(np.stack(client.find_edges(np.arange(book.num_edges, dtype=np.int64))))
+        else:
+            from .graph_store import DistGraphStore
+
+            eli = torch.from_numpy(np.stack(DistGraphStore(g)._coo(et)))
         self.edge_label_index = eli
         if neg_sampling is None and neg_sampling_ratio is not None and neg_sampling_ratio > 0:
             neg_sampling = NegativeSampling("binary", neg_sampling_ratio)
@@ -150,16 +183,18 @@ class DistLinkNeighborLoader(_PyGLoader):
         label = torch.ones(num_pos) if self.edge_label is None else self.edge_label[pos]
         neg = self.neg_sampling
         rng = np.random.default_rng([batch_seed, _NEG_STREAM])
-        n = self.client.book.num_nodes
+        n_src, n_dst = self._sizes
         if neg is not None:  # uniform negatives as PyG's neg_sample draws them, seeded per batch
             num_neg = math.ceil(num_pos * neg.amount)
-            dst_neg = torch.from_numpy(rng.integers(0, n, num_neg, dtype=np.int64))
+            dst_neg = torch.from_numpy(rng.integers(0, n_dst, num_neg, dtype=np.int64))
             if neg.is_binary():
-                src = torch.cat([src, torch.from_numpy(rng.integers(0, n, num_neg, dtype=np.int64))])
+                src = torch.cat([src, torch.from_numpy(rng.integers(0, n_src, num_neg, dtype=np.int64))])
                 dst = torch.cat([dst, dst_neg])
                 label = torch.cat([label, label.new_zeros((num_neg, *label.shape[1:]))])
             else:
                 dst = torch.cat([dst, dst_neg])
+        if self.input_type is not None:
+            return await self._build_hetero(pos, src, dst, label, num_pos, batch_seed, stats)
         uniq, inv = np.unique(torch.cat([src, dst]).numpy(), return_inverse=True)
         seeds, inverse = torch.from_numpy(uniq), torch.from_numpy(inv.reshape(-1))
         out, feats = await timed_sample(self.sampler, stats, seeds, batch_seed)
@@ -174,4 +209,40 @@ class DistLinkNeighborLoader(_PyGLoader):
                 dst_pos_index=inverse[ns : ns + num_pos],
                 dst_neg_index=inverse[ns + num_pos :].view(num_pos, -1).squeeze(-1),
             )
+        return payload
+
+    async def _build_hetero(
+        self,
+        pos: torch.Tensor,
+        src: torch.Tensor,
+        dst: torch.Tensor,
+        label: torch.Tensor,
+        num_pos: int,
+        batch_seed: int,
+        stats: LoaderStats,
+    ) -> dict[str, Any]:
+        """A heterogeneous batch laid out as PyG's ``LinkLoader`` lays it out."""
+        etype = self.input_type
+        assert etype is not None
+        st, dt = etype[0], etype[2]
+        if st == dt:
+            uniq, inv = np.unique(torch.cat([src, dst]).numpy(), return_inverse=True)
+            seeds = {st: uniq}
+            src_idx, dst_idx = torch.from_numpy(inv[: src.numel()]), torch.from_numpy(inv[src.numel() :])
+        else:
+            us, inv_s = np.unique(src.numpy(), return_inverse=True)
+            ud, inv_d = np.unique(dst.numpy(), return_inverse=True)
+            seeds = {st: us, dt: ud}
+            src_idx, dst_idx = torch.from_numpy(inv_s), torch.from_numpy(inv_d)
+        out, feats = await timed_sample(self.sampler, stats, seeds, batch_seed)
+        payload = _hetero_payload(out, feats)
+        neg = self.neg_sampling
+        edges = payload["edges"].setdefault(etype, {})
+        edges.update(input_id=pos)
+        if neg is None or neg.is_binary():
+            edges.update(edge_label_index=torch.stack([src_idx, dst_idx]), edge_label=label)
+        else:
+            payload["nodes"][st]["src_index"] = src_idx
+            payload["nodes"][dt]["dst_pos_index"] = dst_idx[:num_pos]
+            payload["nodes"][dt]["dst_neg_index"] = dst_idx[num_pos:].view(num_pos, -1).squeeze(-1)
         return payload
