@@ -269,6 +269,8 @@ def test_pyg_loader_arguments_stats_and_initialize_twice(g: Any, caplog: pytest.
     assert loader.stats.sample > 0 and loader.stats.pull > 0, loader.stats
     with pytest.raises(TypeError, match="num_wrokers"):
         DistNeighborLoader(g, [5], num_wrokers=2)
+    with pytest.raises(InvalidRequestError, match="temporal"):  # PyG's argument, named
+        DistLinkNeighborLoader(g, [5], edge_label_time=torch.zeros(3))
     link = DistLinkNeighborLoader(g, [5], batch_size=64, num_workers=1, persistent_workers=False)
     next(iter(link))
     assert link.num_workers == 1 and link.stats.sample > 0 and link.stats.pull > 0

@@ -22,7 +22,7 @@ from asyncgraph.dataloading.stats import LoaderStats
 from asyncgraph.errors import InvalidRequestError, OutOfRangeError, UnknownTypeError
 
 from .loader import _graph_of, _hetero_payload, _PyGLoader, homo_payload, timed_sample
-from .sampler import DistNeighborSampler
+from .sampler import DistNeighborSampler, check_options
 
 __all__ = ["DistLinkNeighborLoader"]
 
@@ -103,6 +103,10 @@ class DistLinkNeighborLoader(_PyGLoader):
         replace: bool = False,
         subgraph_type: Any = "directional",
         disjoint: bool = False,
+        temporal_strategy: str = "uniform",
+        time_attr: str | None = None,
+        weight_attr: str | None = None,
+        edge_label_time: Any = None,
         x: str | Auto | None = AUTO,
         y: str | Auto | None = AUTO,
         attrs: Any = AUTO,
@@ -122,6 +126,12 @@ class DistLinkNeighborLoader(_PyGLoader):
         g = _graph_of(data)
         client = client_of(g)
         book = client.book
+        check_options(
+            temporal_strategy=temporal_strategy,
+            time_attr=time_attr,
+            weight_attr=weight_attr,
+            input_time=edge_label_time,
+        )
         self.input_type, edge_label_index = _split_input(edge_label_index, book)
         self.sampler = DistNeighborSampler(
             g,
