@@ -21,6 +21,7 @@ __all__ = [
     "ENV_RECONNECT_WINDOW",
     "ENV_SECRET_FILE",
     "ENV_SERVERS",
+    "ENV_WRITABLE_PARTITION_DATA",
     "ProcessRank",
     "process_rank",
     "read_holder_key",
@@ -54,6 +55,9 @@ ENV_DEVICE = "ASYNCGRAPH_DEVICE"
 
 #: Seconds ``initialize`` keeps retrying to reach every server before it gives up.
 ENV_CONNECT_TIMEOUT = "ASYNCGRAPH_CONNECT_TIMEOUT"
+#: Set (to anything but "0"): a standalone process may write its partitions' own tensors, as a
+#: server started with ``--writable-partition-data`` (default: read-only, as a server keeps them).
+ENV_WRITABLE_PARTITION_DATA = "ASYNCGRAPH_WRITABLE_PARTITION_DATA"
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from asyncgraph.env import ENV_MALLOC_TUNING, ENV_RECONNECT_WINDOW
+from asyncgraph.env import ENV_MALLOC_TUNING, ENV_RECONNECT_WINDOW, ENV_WRITABLE_PARTITION_DATA
 from asyncgraph.errors import AsyncGraphError, InvalidRequestError
 from asyncgraph.net.connection import Connection
 from asyncgraph.net.tls import TlsConfig
@@ -184,7 +184,8 @@ class AsyncClient:
 
     @classmethod
     def standalone(cls, part_config: str | Path) -> AsyncClient:
-        """Every partition of ``part_config`` held in this process: no server, same API."""
+        """Every partition of ``part_config`` held in this process: no server, same API (its own
+        tensors read-only, as a server's, unless ``$ASYNCGRAPH_WRITABLE_PARTITION_DATA``)."""
         from asyncgraph.partition import PartitionConfig, load_partition
 
         config = PartitionConfig.load(part_config)
@@ -193,6 +194,11 @@ class AsyncClient:
             PartitionService(PartitionStore.from_partition(load_partition(part_config, p), shared=True))
             for p in range(config.num_parts)
         ]
+        # the partition's own tensors are read-only, as a server keeps them (issue 33), unless
+        # $ASYNCGRAPH_WRITABLE_PARTITION_DATA (the server's --writable-partition-data)
+        writable = os.environ.get(ENV_WRITABLE_PARTITION_DATA, "0") not in ("", "0")
+        for service in services:
+            service.store.protect(writable_base=writable)
         client = cls(config.graph_name, config.book(), [LocalPartition(s) for s in services])
         client.catalog.remember(services[0].list_tensors())
         client.state.origin = {"kind": "standalone", "part_config": str(part_config)}

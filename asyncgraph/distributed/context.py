@@ -109,11 +109,15 @@ def initialize(
     co-located partitions (``None``: every co-located one; see ``AsyncClient.connect``).
     ``tls`` (default ``$ASYNCGRAPH_TLS_CA_FILE``/``_CERT``/``_KEY``, else off): TLS with this
     trainer's certificate, for servers started with ``--tls-*`` (``asyncgraph.net.tls``).
+    Once connected, a second call changes nothing (call ``finalize()`` first to reconnect).
     Without a secret, ``$ASYNCGRAPH_HOLDER`` and ``$ASYNCGRAPH_HOLDER_KEY_FILE`` (what the
     launcher gives its trainers) connect as that holder, proved by its own key (issue 32).
     """
     if _STATE.client is not None:
-        raise AsyncGraphError("asyncgraph is already initialised in this process; call finalize() first")
+        # a second call is a no-op (PyG's Sequential re-imports the calling script, which calls
+        # initialize() again); finalize() first to connect elsewhere
+        _log.info("initialize(): this process is set up already; this call changes nothing")
+        return
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise InvalidRequestError(f"num_workers must be a non-negative int, got {num_workers!r}")
     if num_workers > 0:

@@ -35,6 +35,7 @@ from asyncgraph.names import ETYPE, NTYPE, TYPE_EID
 from asyncgraph.partition.assign import METHODS, assign_parts, balance_categories
 from asyncgraph.partition.book import IdArray
 from asyncgraph.partition.config import PartitionConfig, PartSpec, TensorSpec
+from asyncgraph.partition.from_pyg import from_pyg, is_pyg_data
 from asyncgraph.partition.graph import Graph
 from asyncgraph.partition.hetero_graph import HeteroGraph
 from asyncgraph.partition.layout import ORIG_EIDS_FILE, ORIG_NIDS_FILE, PartFiles, config_file, part_dir_name
@@ -217,10 +218,13 @@ def partition_graph(
     Invalid arguments raise ``InvalidRequestError`` (a ``ValueError``) before anything is written;
     a failed run leaves ``out_path`` as it was.
 
-    ``graph`` may also be the path of a DGL chunked-format ``metadata.json``: the graph is then
+    ``graph`` may also be PyG's ``Data`` / ``HeteroData`` (``from_pyg.py``), or the path of a
+    DGL chunked-format ``metadata.json``: the graph is then
     partitioned out of core by :func:`asyncgraph.partition.stream.partition_chunked` (default
     memory limit and workers; call it directly for those, ``balance_train`` or ``fennel``).
     """
+    if is_pyg_data(graph):  # PyG's Data / HeteroData, tensors under PyG's names
+        graph = from_pyg(graph)
     if isinstance(graph, (str, os.PathLike)):
         return _partition_path(graph, graph_name, num_parts, out_path, part_method, balance_ntypes,
                                balance_edges, return_mapping, seed, overwrite, progress,

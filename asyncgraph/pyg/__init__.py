@@ -15,9 +15,11 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("asyncgraph.pyg needs torch_geometric: pip install 'asyncgraph[pyg]'") from exc
 
-from .feature_store import PYG_ALIASES, DistFeatureStore
+from .attrs import PYG_ALIASES
+from .feature_store import DistFeatureStore
 from .graph_store import DistGraphStore
-from .loader import DistLinkNeighborLoader, DistNeighborLoader
+from .link_loader import DistLinkNeighborLoader
+from .loader import DistNeighborLoader
 from .sampler import DistNeighborSampler, sample_hops
 
 __all__ = [

@@ -2,13 +2,17 @@
 
 Keys are PyG's ``TensorAttr(group_name, attr_name, index)``: ``group_name`` is the node type of a
 heterogeneous graph (``None`` for a homogeneous one), ``attr_name`` a node tensor and ``index``
-the rows (``None`` = every row of the group). PyG's conventional names are aliases of ours:
-``x`` reads ``feat`` and ``y`` reads ``label``, so PyG code runs on asyncgraph partitions
-unchanged. Every read goes through the client's one pull path (split by owner, all servers at
-once); ``multi_get_tensor`` gathers every attribute of a batch in one concurrent wave. A read
-whose rows would take more than ``max_get_bytes`` (default: half the memory available when it is
-asked) is refused before anything is allocated or sent (issue 32: a 2e8-row index was a
-``MemoryError`` deep in the pull path), as a typed ``MemoryBudgetError``.
+the rows (``None`` = every row of the group). A tensor named ``x`` or ``y`` is read as is;
+where there is none, PyG's conventional names are aliases of ours: ``x`` reads ``feat`` and
+``y`` reads ``label``, so PyG code runs on asyncgraph partitions unchanged. On a heterogeneous
+graph a node type that was not given a tensor has none (``fs["author", "y"]`` on a graph
+labelling papers only raises ``UnknownTensorError``, a ``KeyError``, naming the types that have
+it; before, the zero rows stored for it were returned). Every read goes through the client's
+one pull path (split by owner, all servers at once); ``multi_get_tensor`` gathers every
+attribute of a batch in one concurrent wave. A read whose rows would take more than
+``max_get_bytes`` (default: half the memory available when it is asked) is refused before
+anything is allocated or sent (issue 32: a 2e8-row index was a ``MemoryError`` deep in the pull
+path), as a typed ``MemoryBudgetError``.
 """
 
 from __future__ import annotations
@@ -32,13 +36,13 @@ from asyncgraph.errors import (
     UnknownTensorError,
     UnknownTypeError,
 )
-from asyncgraph.names import is_state_key, node_key, tensor_prefix
+from asyncgraph.names import node_key, tensor_prefix
 from asyncgraph.partition.book import RangePartitionBook
 
-__all__ = ["PYG_ALIASES", "DistFeatureStore"]
+from .attrs import PYG_ALIASES, node_tensors
+from .link import ClientLink
 
-PYG_ALIASES: dict[str, str] = {"x": "feat", "y": "label"}
-"""PyG attribute name -> asyncgraph node tensor read for it (when the graph has no tensor so named)."""
+__all__ = ["PYG_ALIASES", "DistFeatureStore"]
 
 
 class DistFeatureStore(FeatureStore):  # type: ignore[misc]
@@ -46,8 +50,10 @@ class DistFeatureStore(FeatureStore):  # type: ignore[misc]
 
     ``attrs`` names the PyG attributes ``get_all_tensor_attrs`` lists (what PyG's loaders fetch
     for every batch); by default ``x``/``y`` (for ``feat``/``label``) and every other node
-    tensor under its own name, or only ``x`` on a heterogeneous graph (labels of the seed type
-    reach a batch through the sampler). Any node tensor can still be read by name.
+    tensor under its own name, or only ``x`` on a heterogeneous graph, for the types that have
+    it (PyG's loaders give every listed attribute of a type the sampler's ``x`` rows; labels of
+    the seed type reach a batch through the sampler). Any node tensor can still be read by name.
+    Picklable and fork-safe (``link.py``): PyG's loaders may use it in ``num_workers`` processes.
     """
 
     def __init__(self, g: Any, attrs: Sequence[str] | None = None, max_get_bytes: int | None = None) -> None:
@@ -55,9 +61,8 @@ class DistFeatureStore(FeatureStore):  # type: ignore[misc]
         returns (None: half the memory available at the time of the call)."""
         super().__init__()
         self.max_get_bytes = max_get_bytes
-        self.graph = g
-        self.client: Client = client_of(g)
-        self.book: RangePartitionBook = self.client.book
+        self._graph: Any = g
+        self._link = ClientLink(client_of(g))
         self.hetero = bool(self.book.is_hetero)
         if attrs is not None:
             for a in attrs:
@@ -65,13 +70,33 @@ class DistFeatureStore(FeatureStore):  # type: ignore[misc]
         self._attrs = None if attrs is None else list(attrs)
         self._created: list[Any] = []
 
+    @property
+    def client(self) -> Client:
+        """This process's client (a worker process opens its own: ``link.py``)."""
+        return self._link.client
+
+    @property
+    def book(self) -> RangePartitionBook:
+        return self.client.book
+
+    @property
+    def graph(self) -> Any:
+        """The ``DistGraph`` (in a worker process, one over that process's client)."""
+        if self._graph is None or client_of(self._graph) is not self.client:
+            from asyncgraph.distributed import DistGraph
+
+            self._graph = DistGraph(self.client.graph_name, client=self.client)
+        return self._graph
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_graph"] = None  # a DistGraph holds a client: the link carries it instead
+        state["_created"] = []
+        return state
+
     # --- names ------------------------------------------------------------------------------
     def _node_tensors(self) -> list[str]:
-        prefix = tensor_prefix("node")
-        metas = self.client.refresh_tensors()
-        return sorted(
-            m.name[len(prefix) :] for m in metas if m.name.startswith(prefix) and not is_state_key(m.name)
-        )
+        return node_tensors(self.client)
 
     def _tensor_name(self, attr_name: Any) -> str:
         """Our tensor behind PyG's ``attr_name`` (``UnknownTensorError`` listing what exists)."""
@@ -103,6 +128,14 @@ class DistFeatureStore(FeatureStore):  # type: ignore[misc]
         if group_name not in self.book.ntypes:
             raise UnknownTypeError(f"unknown node type {group_name!r}; node types: {self.book.ntypes}")
         return str(group_name)
+
+    def _check_type_has(self, ntype: str | None, attr_name: str, name: str) -> None:
+        """``UnknownTensorError`` when node type ``ntype`` was not given tensor ``name``."""
+        if ntype is None or self.book.ntype_has(ntype, name):
+            return
+        having = [t for t in self.book.ntypes if self.book.ntype_has(t, name)]
+        shown = attr_name if attr_name == name else f"{attr_name} ({name})"
+        raise UnknownTensorError(f"node type {ntype!r} has no tensor {shown}; node types with it: {having}")
 
     def _num_rows(self, ntype: str | None) -> int:
         return self.book.num_nodes if ntype is None else self.book.num_nodes_of(ntype)
@@ -137,7 +170,9 @@ class DistFeatureStore(FeatureStore):  # type: ignore[misc]
         keys: list[tuple[str, np.ndarray]] = []
         for attr in attrs:  # validate everything before any request is sent
             ntype = self._group(attr.group_name)
-            keys.append((node_key(self._tensor_name(attr.attr_name)), self._ids(attr, ntype)))
+            name = self._tensor_name(attr.attr_name)
+            self._check_type_has(ntype, attr.attr_name, name)
+            keys.append((node_key(name), self._ids(attr, ntype)))
         self._check_size(keys)
         aio = self.client.async_client
 
@@ -177,6 +212,7 @@ class DistFeatureStore(FeatureStore):  # type: ignore[misc]
             if attr.index is not None or ntype is not None:
                 raise
             return self._create(str(attr.attr_name), values)
+        self._check_type_has(ntype, attr.attr_name, name)
         ids = self._ids(attr, ntype)
         if values.shape[0] != ids.size:
             raise ShapeMismatchError(f"{values.shape[0]} rows given for {ids.size} indices")
@@ -214,6 +250,7 @@ class DistFeatureStore(FeatureStore):  # type: ignore[misc]
     def _get_tensor_size(self, attr: TensorAttr) -> tuple[int, ...]:
         ntype = self._group(attr.group_name)
         name = self._tensor_name(attr.attr_name)
+        self._check_type_has(ntype, attr.attr_name, name)
         meta = self.client.async_client.cached_meta(node_key(name))
         assert meta is not None  # _tensor_name found it
         return (self._num_rows(ntype), *meta.row_shape)
@@ -228,8 +265,15 @@ class DistFeatureStore(FeatureStore):  # type: ignore[misc]
         else:
             shown = {a: PYG_ALIASES[a] for a in PYG_ALIASES if a not in have and PYG_ALIASES[a] in have}
             names = list(shown) + [n for n in have if n not in shown.values()]
-        groups: Sequence[str | None] = self.book.ntypes if self.hetero else [None]
-        return [TensorAttr(group_name=t, attr_name=n, index=None) for t in groups for n in names]
+        if not self.hetero:
+            return [TensorAttr(group_name=None, attr_name=n, index=None) for n in names]
+        book = self.book
+        return [
+            TensorAttr(group_name=t, attr_name=n, index=None)
+            for t in book.ntypes
+            for n in names
+            if book.ntype_has(t, self._tensor_name(n))
+        ]
 
     def __repr__(self) -> str:
         return f"DistFeatureStore({self.graph!r})"

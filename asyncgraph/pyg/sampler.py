@@ -18,6 +18,7 @@ so a batch's features are pulled in the same coroutine as its sample (one pull p
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,12 +38,14 @@ from torch_geometric.sampler.neighbor_sampler import edge_sample, node_sample
 from asyncgraph.arrays import as_id_array, unique_sorted
 from asyncgraph.client.async_client import AsyncClient
 from asyncgraph.client.sync_client import Client
-from asyncgraph.dataloading.fetch import AUTO, Auto, client_of, node_tensor_names
+from asyncgraph.dataloading.fetch import AUTO, Auto, client_of
 from asyncgraph.dataloading.hetero_block import _type_local
-from asyncgraph.distributed.hetero import etype_fanouts
-from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, UnknownTypeError
+from asyncgraph.errors import InvalidRequestError
 from asyncgraph.names import node_key
 from asyncgraph.partition.book import RangePartitionBook
+
+from .attrs import fanouts, resolve_attrs
+from .link import ClientLink
 
 __all__ = ["DistNeighborSampler", "Hops", "check_options", "sample_hops"]
 
@@ -76,36 +79,6 @@ def check_options(
         raise InvalidRequestError("weight_attr is not supported: neighbours are sampled uniformly")
     if replace and hetero:
         raise InvalidRequestError("replace=True is not supported on heterogeneous graphs")
-
-
-def _fanouts(num_neighbors: Any, book: RangePartitionBook) -> list[int] | list[np.ndarray]:
-    """Homogeneous: a list of ints (hop order). Heterogeneous: one per-edge-type array per hop."""
-    if isinstance(num_neighbors, Mapping):
-        if not book.is_hetero:
-            raise InvalidRequestError("num_neighbors per edge type needs a heterogeneous graph")
-        hops = max((len(v) for v in num_neighbors.values()), default=0)
-        per_hop = []
-        for h in range(hops):
-            layer = {}
-            for key, values in num_neighbors.items():
-                try:
-                    book.etype_id(tuple(key) if isinstance(key, list) else key)
-                except (KeyError, ValueError) as exc:
-                    raise UnknownTypeError(f"num_neighbors: unknown edge type {key!r}") from exc
-                layer[tuple(key) if isinstance(key, list) else key] = int(values[h]) if h < len(values) else 0
-            per_hop.append(etype_fanouts(book, layer))
-        return per_hop
-    values = list(getattr(num_neighbors, "values", num_neighbors))
-    if not values:
-        raise InvalidRequestError("num_neighbors must name at least one hop")
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise DTypeMismatchError(f"num_neighbors must be integers, got {v!r}")
-        if int(v) < -1:
-            raise InvalidRequestError(f"num_neighbors must be -1 (all) or >= 0, got {v}")
-    if book.is_hetero:
-        return [etype_fanouts(book, int(v)) for v in values]
-    return [int(v) for v in values]
 
 
 @dataclass
@@ -228,11 +201,15 @@ class DistNeighborSampler(BaseSampler):  # type: ignore[misc]
     """PyG's ``BaseSampler`` over a ``DistGraph`` (or a ``(DistFeatureStore, DistGraphStore)`` pair).
 
     ``num_neighbors`` is PyG's: a list per hop (``-1`` = every in-edge), or on a heterogeneous
-    graph a dict ``{edge type: list}``. ``x``/``y`` name the node tensors carried as the batch's
-    ``x`` and ``y`` (defaults: ``feat``/``label`` if the graph has them; ``None`` for none).
-    Options the servers do not offer (``disjoint``, ``subgraph_type`` other than
-    ``'directional'``, temporal or weighted sampling, ``replace`` on a heterogeneous graph) raise
-    ``InvalidRequestError`` naming them. ``seed`` makes every call's sample reproducible.
+    graph a dict ``{edge type: list}`` naming every edge type with the same number of hops
+    (else PyG's ``ValueError``, as ``InvalidRequestError``). ``x``/``y`` name the node tensors
+    carried as the batch's ``x`` and ``y`` (defaults: tensors named ``x``/``y``, else
+    ``feat``/``label``; ``None`` for none); on a heterogeneous graph each is carried for the
+    node types that have it. Options the servers do not offer (``disjoint``, ``subgraph_type``
+    other than ``'directional'``, temporal or weighted sampling, ``replace`` on a heterogeneous
+    graph) raise ``InvalidRequestError`` naming them. ``seed`` makes every call's sample
+    reproducible. Picklable and fork-safe (``link.py``): PyG's loaders may run it in
+    ``num_workers`` processes.
     """
 
     def __init__(
@@ -249,10 +226,10 @@ class DistNeighborSampler(BaseSampler):  # type: ignore[misc]
         x: str | Auto | None = AUTO,
         y: str | Auto | None = AUTO,
         seed: int | None = None,
+        attrs: Sequence[str] | Auto | None = None,
     ) -> None:
         graph = data[1].graph if isinstance(data, tuple) else data
-        self.client: Client = client_of(graph)
-        self.book: RangePartitionBook = self.client.book
+        self._link = ClientLink(client_of(graph))
         self.is_hetero = bool(self.book.is_hetero)
         check_options(
             replace=replace,
@@ -263,11 +240,22 @@ class DistNeighborSampler(BaseSampler):  # type: ignore[misc]
             weight_attr=weight_attr,
             hetero=self.is_hetero,
         )
-        self.fanouts = _fanouts(num_neighbors, self.book)
+        self.fanouts = fanouts(num_neighbors, self.book)
         self.replace = bool(replace)
-        feats, self.y = node_tensor_names(self.client, AUTO if x is AUTO else ([] if x is None else [x]), y)
-        self.x: str | None = feats[0] if feats else None
+        #: batch attribute -> node tensor: ``x``, ``y``, then ``attrs`` (the loaders' extra ones)
+        self.attrs = resolve_attrs(self.client, x, y, attrs)
+        self.x: str | None = self.attrs.get("x")
+        self.y: str | None = self.attrs.get("y")
         self._rng = np.random.default_rng(seed)
+
+    @property
+    def client(self) -> Client:
+        """This process's client (a worker process opens its own: ``link.py``)."""
+        return self._link.client
+
+    @property
+    def book(self) -> RangePartitionBook:
+        return self.client.book
 
     @property
     def edge_permutation(self) -> None:
@@ -284,42 +272,61 @@ class DistNeighborSampler(BaseSampler):  # type: ignore[misc]
         return int(self._rng.integers(1 << 62))
 
     async def sample_async(
-        self, seeds: Any, seed: int, input_type: str | None = None
-    ) -> tuple[SamplerOutput | HeteroSamplerOutput, tuple[Any, Any]]:
-        """A sample of ``seeds`` (tensor, or ``{ntype: ids}``) and its ``(x, y)`` in PyG's layout."""
-        aio = self.client.async_client
+        self, seeds: Any, seed: int, input_type: str | None = None, *, sample_time: list[float] | None = None
+    ) -> tuple[SamplerOutput | HeteroSamplerOutput, dict[str, Any]]:
+        """A sample of ``seeds`` (tensor, or ``{ntype: ids}``) and its node attributes in PyG's
+        layout: ``{name: rows}`` (homogeneous) or ``{name: {ntype: rows}}`` (types that have it).
+        ``sample_time`` gets the seconds spent sampling (the rest is the pull)."""
+        client = self.client
+        aio, book = client.async_client, client.book
         if self.is_hetero:
             if not isinstance(seeds, Mapping):
                 raise InvalidRequestError("seeds of a heterogeneous graph must be {node type: ids}")
             from asyncgraph.distributed.hetero import seeds_to_homo
 
-            gids = seeds_to_homo(self.book, seeds)
+            gids = seeds_to_homo(book, seeds)
         else:
             gids = as_id_array(seeds, "seeds")
         if gids.size:
-            self.book.owner(gids, "node")  # OutOfRangeError names the ID before any request
+            book.owner(gids, "node")  # OutOfRangeError names the ID before any request
+        started = time.perf_counter()
         hops = await sample_hops(aio, gids, self.fanouts, replace=self.replace, seed=seed)
-        names = [n for n in (self.x, self.y) if n is not None]
-        rows = await asyncio.gather(*(aio.pull_numpy(node_key(n), hops.nodes) for n in names))
-        pulled = dict(zip(names, (torch.from_numpy(r) for r in rows), strict=True))
+        if sample_time is not None:
+            sample_time.append(time.perf_counter() - started)
         if not self.is_hetero:
-            x = pulled.get(self.x) if self.x else None
-            y = pulled.get(self.y) if self.y else None
-            return to_sampler_output(hops), (x, y)
-        out, parts = to_hetero_output(self.book, hops)
-        pos = {t: torch.from_numpy(parts["pos"][i]) for i, t in enumerate(self.book.ntypes)}
-        xs = {t: pulled[self.x][p] for t, p in pos.items()} if self.x else None
-        ys = None
-        if self.y and input_type is not None:
-            ys = {input_type: pulled[self.y][pos[input_type]]}
-        return out, (xs, ys)
+            rows = await asyncio.gather(
+                *(aio.pull_numpy(node_key(t), hops.nodes) for t in self.attrs.values())
+            )
+            return to_sampler_output(hops), {
+                a: torch.from_numpy(r) for a, r in zip(self.attrs, rows, strict=True)
+            }
+        out, parts = to_hetero_output(book, hops)
+        pos = dict(zip(book.ntypes, parts["pos"], strict=True))
+        plan = {a: [nt for nt in book.ntypes if book.ntype_has(nt, t)] for a, t in self.attrs.items()}
+        wanted = {a: np.concatenate([pos[nt] for nt in ts]) if ts else None for a, ts in plan.items()}
+        rows = await asyncio.gather(
+            *(
+                aio.pull_numpy(node_key(self.attrs[a]), hops.nodes[w])
+                for a, w in wanted.items()
+                if w is not None
+            )
+        )
+        pulled = dict(zip([a for a, w in wanted.items() if w is not None], rows, strict=True))
+        feats: dict[str, Any] = {}
+        for a, got in pulled.items():
+            bounds = np.cumsum([0, *(pos[nt].size for nt in plan[a])])
+            feats[a] = {nt: torch.from_numpy(got[bounds[i] : bounds[i + 1]]) for i, nt in enumerate(plan[a])}
+        return out, feats
 
     def _sample(self, seed: Any, seed_time: Any = None, **kwargs: Any) -> Any:
         if seed_time is not None:
             check_options(input_time=seed_time)
         input_type = next(iter(seed)) if isinstance(seed, Mapping) else None
         out, feats = self.client.loop.run(self.sample_async(seed, self._next_seed(), input_type))
-        out.metadata = feats  # completed by sample_from_*
+        y = feats.get("y")
+        if input_type is not None:  # PyG's loaders read the labels of the seeds' type only
+            y = {input_type: y[input_type]} if y and input_type in y else None
+        out.metadata = (feats.get("x"), y)  # completed by sample_from_*
         return out
 
     def sample_from_nodes(self, index: NodeSamplerInput, **kwargs: Any) -> Any:

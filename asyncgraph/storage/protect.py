@@ -127,5 +127,6 @@ class TensorRules:
         if name in self.read_only:
             raise ReadOnlyTensorError(
                 f"tensor {name!r} is {self.owner}'s own data and this server keeps it read-only "
-                "(start the server with --writable-partition-data to allow writes, as DGL's ndata)"
+                "(start the server with --writable-partition-data to allow writes, as DGL's ndata; "
+                "standalone: set ASYNCGRAPH_WRITABLE_PARTITION_DATA=1)"
             )
