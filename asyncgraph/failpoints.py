@@ -53,6 +53,9 @@ POINTS: tuple[str, ...] = (
     "reply.snapshot",
     # a connection: the server's hello result sent (a client reconnecting right then)
     "reply.hello",
+    # a server rehashing its partition's structure files (--verify, or a config without a
+    # recorded fingerprint): tests check that a server trusting the config never does
+    "partition.rehash",
 )
 
 _ACTIONS = ("off", "crash", "enospc", "eio")

@@ -55,8 +55,8 @@ from asyncgraph.partition.placement import (
 )
 from asyncgraph.partition.runner import Runner
 from asyncgraph.partition.stream_meta import (
+    check_and_stamp,
     check_config,
-    check_part,
     finalize,
     tensor_specs,
     type_edges_before,
@@ -427,7 +427,7 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, folder: WorkFold
         finals = [str(dirs[p] / f"{name}-part{p}") if p in dirs else "" for p in range(num_parts)]
         finalize(ctx, name, opts, nspecs, especs, state, plan.edge_rows, finals)
         check = check_config(ctx, name)  # every part loads as a server loads it, before any rename
-        run.at_parts(check_part, [(check, p) for p in parts], parts, "check parts")
+        check_and_stamp(ctx, name, check, parts, run.at_parts)  # + fingerprints, where the parts are
         (work / "check.json").unlink()
         placed = sorted(dirs)
         run.map(commit_part, [(ctx.part_build[p], finals[p]) for p in placed], "place parts", parts=placed)
