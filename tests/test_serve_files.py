@@ -327,3 +327,20 @@ def test_without_verify_a_server_does_not_hash_the_structure(
     old.write_text(json.dumps(raw))
     with pytest.raises(RuntimeError, match="status 86"):
         start_servers(old, tmp_path / "old", num_parts=1, extra_args=["--state-dir", str(tmp_path / "s2")])
+
+
+@pytest.mark.timeout(120)
+def test_the_out_of_core_partitioner_records_the_same_fingerprints(tmp_path: Path) -> None:
+    """The chunked pipeline computes each part's fingerprint where the part is built (its
+    check task) and records the value a server computes by hashing the finished output."""
+    from _partition_helpers import make_graph
+
+    from asyncgraph.partition.chunked_write import write_chunked
+    from asyncgraph.partition.fingerprint import partition_fingerprint
+    from asyncgraph.partition.stream import partition_chunked
+
+    meta = write_chunked(make_graph("cora"), tmp_path / "chunks", 2, "numpy", "cora")
+    partition_chunked(meta, 2, tmp_path / "out", part_method="random", seed=1, workers=1)
+    config = tmp_path / "out" / "cora.json"
+    recorded = [p["fingerprint"] for p in json.loads(config.read_text())["parts"]]
+    assert recorded == [partition_fingerprint(config, p) for p in range(2)]
