@@ -344,3 +344,48 @@ def test_the_out_of_core_partitioner_records_the_same_fingerprints(tmp_path: Pat
     config = tmp_path / "out" / "cora.json"
     recorded = [p["fingerprint"] for p in json.loads(config.read_text())["parts"]]
     assert recorded == [partition_fingerprint(config, p) for p in range(2)]
+
+
+def _open_files(folder: str) -> list[str]:
+    """The files under ``folder`` this process holds descriptors of (one entry per descriptor)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(folder + "/"):
+            out.append(target)
+    return sorted(out)
+
+
+def test_a_store_of_files_holds_one_descriptor_each_and_closes_them(cora2: Any) -> None:
+    """A store served from files (standalone mode's) holds one read-only descriptor per array
+    and mapping per file, and closing it releases every descriptor (the mappings go with the
+    last view); none of its arrays is writable, a push copies the tensor into memory first."""
+    import gc
+
+    from asyncgraph.partition import load_partition
+    from asyncgraph.storage.filemap import FileArray
+    from asyncgraph.storage.store import PartitionStore
+
+    folder = str((Path(cora2.part_config).parent / "part0").resolve())
+    assert _open_files(folder) == []
+    store = PartitionStore.from_partition(load_partition(cora2.part_config, 0))
+    gc.collect()
+    feat = store.stored(FEAT).data
+    assert isinstance(feat, FileArray) and not store.local_rows(FEAT).flags.writeable
+    assert isinstance(store.structure_arrays["indices"], FileArray)
+    held = _open_files(folder)
+    assert len(held) == len(set(held)) == 3 + len(store.tensor_names())  # one each, no duplicates
+    digest = _sha(Path(cora2.part_config).parent / "part0" / "node_feat" / "feat.npy")
+    row = np.full((1, store.local_rows(FEAT).shape[1]), 2.0, dtype=np.float32)
+    store.push(FEAT, np.array([3]), row)  # standalone stores take writes: into a copy
+    np.testing.assert_array_equal(store.pull(FEAT, np.array([3])), row)
+    assert not isinstance(store.stored(FEAT).data, FileArray)
+    assert _sha(Path(cora2.part_config).parent / "part0" / "node_feat" / "feat.npy") == digest
+    store.close()
+    gc.collect()
+    assert _open_files(folder) == []
+    maps = Path("/proc/self/maps").read_text()
+    assert str((Path(cora2.part_config).parent / "part0" / "indices.npy").resolve()) not in maps
