@@ -55,7 +55,6 @@ __all__ = [
 ]
 
 
-
 class PartitionStore(StoreBase):
     """One partition's in-edges (CSC) and named tensors, with validated access (``StoreBase``
     holds them). The server calls it from its event loop; standalone mode and co-located
