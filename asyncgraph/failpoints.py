@@ -26,7 +26,17 @@ import errno
 import os
 from dataclasses import dataclass
 
-__all__ = ["CRASH_EXIT", "ENV", "POINTS", "FailpointSpecError", "configure", "enabled", "hit", "hits"]
+__all__ = [
+    "CRASH_EXIT",
+    "ENV",
+    "POINTS",
+    "START_POINTS",
+    "FailpointSpecError",
+    "configure",
+    "enabled",
+    "hit",
+    "hits",
+]
 
 ENV = "ASYNCGRAPH_FAILPOINTS"
 #: Exit status of a ``crash`` action (what a test checks to tell it from another death).
@@ -57,6 +67,8 @@ POINTS: tuple[str, ...] = (
     # recorded fingerprint): tests check that a server trusting the config never does
     "partition.rehash",
 )
+#: Points hit only while a server starts (not by requests): a crash soak over requests skips them.
+START_POINTS: tuple[str, ...] = ("partition.rehash",)
 
 _ACTIONS = ("off", "crash", "enospc", "eio")
 
