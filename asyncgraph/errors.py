@@ -126,6 +126,21 @@ class LiveGraphError(InvalidRequestError):
     code = "live_graph"
 
 
+class PartitionFileError(InvalidRequestError):
+    """A partition file cannot be served as stored: a wrong size, an ``.npy`` header that
+    disagrees with the config, or a layout that cannot be mapped (Fortran order, foreign byte
+    order); a server refuses to start on it (issue 34)."""
+
+    code = "bad_partition_file"
+
+
+class FingerprintMismatchError(PartitionFileError):
+    """``--verify``: the partition's structure files do not hash to the fingerprint its
+    config records (a flipped byte, a file from another partitioning)."""
+
+    code = "fingerprint_mismatch"
+
+
 class ProtocolError(AsyncGraphError):
     """Bytes on the wire do not form a valid frame or message."""
 
@@ -236,6 +251,8 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         ForeignPartitionError,
         UnknownEdgeError,
         LiveGraphError,
+        PartitionFileError,
+        FingerprintMismatchError,
         ProtocolError,
         FrameTooLargeError,
         AuthenticationError,

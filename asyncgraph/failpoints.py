@@ -26,7 +26,17 @@ import errno
 import os
 from dataclasses import dataclass
 
-__all__ = ["CRASH_EXIT", "ENV", "POINTS", "FailpointSpecError", "configure", "enabled", "hit", "hits"]
+__all__ = [
+    "CRASH_EXIT",
+    "ENV",
+    "POINTS",
+    "START_POINTS",
+    "FailpointSpecError",
+    "configure",
+    "enabled",
+    "hit",
+    "hits",
+]
 
 ENV = "ASYNCGRAPH_FAILPOINTS"
 #: Exit status of a ``crash`` action (what a test checks to tell it from another death).
@@ -53,7 +63,12 @@ POINTS: tuple[str, ...] = (
     "reply.snapshot",
     # a connection: the server's hello result sent (a client reconnecting right then)
     "reply.hello",
+    # a server rehashing its partition's structure files (--verify, or a config without a
+    # recorded fingerprint): tests check that a server trusting the config never does
+    "partition.rehash",
 )
+#: Points hit only while a server starts (not by requests): a crash soak over requests skips them.
+START_POINTS: tuple[str, ...] = ("partition.rehash",)
 
 _ACTIONS = ("off", "crash", "enospc", "eio")
 

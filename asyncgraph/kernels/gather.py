@@ -51,6 +51,8 @@ def _build() -> Callable[..., Any] | None:
     for word in (np.uint64, np.uint32, np.uint16, np.uint8):  # every row width's specialisation
         a = np.zeros((2, 8), dtype=word)
         gather_rows(a, ix, a.copy(), ix)
+        a.flags.writeable = False  # rows served read-only from partition files (issue 34)
+        gather_rows(a, ix, a.copy(), ix)
     return gather_rows
 
 

@@ -50,6 +50,9 @@ class PartSpec(BaseModel):
     node_range: tuple[int, int]
     edge_range: tuple[int, int]
     path: str
+    #: SHA-256 of the config and this part's structure files, computed by the partitioner
+    #: (``partition/fingerprint.py``); None in configs written before issue 34.
+    fingerprint: str | None = None
 
 
 class PartitionConfig(BaseModel):

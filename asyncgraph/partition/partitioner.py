@@ -35,6 +35,7 @@ from asyncgraph.names import ETYPE, NTYPE, TYPE_EID
 from asyncgraph.partition.assign import METHODS, assign_parts, balance_categories
 from asyncgraph.partition.book import IdArray
 from asyncgraph.partition.config import PartitionConfig, PartSpec, TensorSpec
+from asyncgraph.partition.fingerprint import partition_fingerprint, stamp_fingerprints
 from asyncgraph.partition.from_pyg import from_pyg, is_pyg_data
 from asyncgraph.partition.graph import Graph
 from asyncgraph.partition.hetero_graph import HeteroGraph
@@ -383,7 +384,10 @@ def partition_graph(
             config.etype_counts = etype_counts.tolist()
             config.ntype_feats = hetero.ntype_data_names()
             config.etype_feats = hetero.etype_data_names()
-        config_file(tmp, graph_name).write_text(config.model_dump_json(indent=2))
+        cfg_path = config_file(tmp, graph_name)
+        cfg_path.write_text(config.model_dump_json(indent=2))
+        with stage("fingerprinting"):  # issue 34: servers trust it instead of hashing at start
+            stamp_fingerprints(cfg_path, [partition_fingerprint(cfg_path, p) for p in range(num_parts)])
         with stage("committing"):
             commit(tmp, out)
     except BaseException:

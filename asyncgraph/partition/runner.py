@@ -125,8 +125,9 @@ class Runner:
         return results
 
     def at_parts(self, fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], parts: Sequence[int],
-                 stage: str) -> None:  # fmt: skip
-        """``fn(*a)`` for each part's set-up: on the part's pinned worker, else in this process.
+                 stage: str) -> list[Any]:  # fmt: skip
+        """``fn(*a)`` for each part's set-up: on the part's pinned worker, else in this process;
+        the results in ``parts`` order.
 
         Without pins this is what the partitioner always did (the main process creates the
         parts' folders and preallocates their files); a pinned part's folder may exist only on
@@ -134,11 +135,13 @@ class Runner:
         """
         remote = [i for i, p in enumerate(parts) if p in self.pins]
         futs = self._submit(fn, [args[i] for i in remote], stage, [parts[i] for i in remote])
+        results: list[Any] = [None] * len(parts)
         for i, p in enumerate(parts):
             if p not in self.pins:
-                fn(*args[i])
-        for f in futs:
-            f.result()
+                results[i] = fn(*args[i])
+        for i, f in zip(remote, futs, strict=True):
+            results[i] = f.result()
+        return results
 
     def _submit(self, fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], stage: str,
                 parts: Sequence[int | None] | None) -> list[Any]:  # fmt: skip

@@ -59,8 +59,8 @@ from asyncgraph.partition.placement import (
 )
 from asyncgraph.partition.runner import Runner
 from asyncgraph.partition.stream_meta import (
+    check_and_stamp,
     check_config,
-    check_part,
     finalize,
     tensor_specs,
     type_edges_before,
@@ -347,7 +347,7 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, folder: WorkFold
         finals = [str(dirs[p] / f"{name}-part{p}") if p in dirs else "" for p in range(num_parts)]
         finalize(ctx, name, opts, nspecs, especs, state, plan.edge_rows, finals)
         check = check_config(ctx, name)  # every part loads as a server loads it, before any rename
-        run.at_parts(check_part, [(check, p) for p in parts], parts, "check parts")
+        check_and_stamp(ctx, name, check, parts, run.at_parts)  # + fingerprints, where the parts are
         (work / "check.json").unlink()
         check_memory()  # a run that went over --memory-limit fails here: nothing is put in place
         placed = sorted(dirs)

@@ -6,6 +6,8 @@ stages call these); everything here matches what :func:`partition_graph` writes.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -13,11 +15,12 @@ import numpy as np
 from asyncgraph.names import ETYPE, NTYPE, TYPE_EID
 from asyncgraph.partition.chunked import ChunkedGraph
 from asyncgraph.partition.config import PartitionConfig, PartSpec, TensorSpec
+from asyncgraph.partition.fingerprint import canonical_config, fingerprint_part, stamp_fingerprints
 from asyncgraph.partition.layout import ORIG_EIDS_FILE, ORIG_NIDS_FILE, config_file, part_dir_name
 from asyncgraph.partition.reader import load_partition
 from asyncgraph.partition.tasks import Ctx
 
-__all__ = ["check_config", "check_part", "finalize", "tensor_specs", "type_edges_before"]
+__all__ = ["check_and_stamp", "check_config", "check_part", "finalize", "tensor_specs", "type_edges_before"]
 
 
 def tensor_specs(
@@ -102,7 +105,20 @@ def check_config(ctx: Ctx, name: str) -> str:
     return str(path)
 
 
-def check_part(check_json: str, p: int) -> None:
-    """Task: load part ``p`` as a server will (shapes, dtypes, ranges), raising what is wrong;
-    run before the output is renamed into place, so a failed run leaves no output."""
-    load_partition(check_json, p)
+def check_part(check_json: str, p: int, config_json: bytes) -> str:
+    """Task: load part ``p`` as a server will (shapes, dtypes, ranges), raising what is wrong,
+    and return its fingerprint (``config_json``: the final config's ``canonical_config``); run
+    before the output is renamed into place, so a failed run leaves no output."""
+    part = load_partition(check_json, p)
+    return fingerprint_part(config_json, p, part.config.part_dir(check_json, p))
+
+
+def check_and_stamp(
+    ctx: Ctx, name: str, check_json: str, parts: list[int], at_parts: Callable[..., list[Any]]
+) -> None:
+    """Run :func:`check_part` for every part where its files are (``Runner.at_parts``) and record
+    the fingerprints they return in the finished config (issue 34: servers trust them)."""
+    final = config_file(ctx.out, name)
+    canon = canonical_config(json.loads(final.read_text()))
+    prints = at_parts(check_part, [(check_json, p, canon) for p in parts], parts, "check parts")
+    stamp_fingerprints(final, prints)

@@ -146,8 +146,10 @@ def build_parser() -> Parser:
         "--memory-budget",
         type=int,
         default=0,
-        help="most bytes all tensors of this server take together, the partition's own included "
-        "(0: the cgroup's memory limit, else physical memory)",
+        help="most bytes the tensors of this server hold in memory together: run-time tensors and "
+        "copies of partition data (--writable-partition-data, --copy-partition-data); the partition "
+        "files served in place are page cache and not counted (0: the cgroup's memory limit, else "
+        "physical memory)",
     )
     parser.add_argument(
         "--holder-lease",
@@ -161,13 +163,27 @@ def build_parser() -> Parser:
         type=int,
         default=0,
         help="most tensors this server holds, the partition's own included (0: up to 4096, fewer when "
-        "the descriptor limit is low: each tensor holds 2 descriptors)",
+        "the descriptor limit is low: each tensor holds a descriptor)",
     )
     parser.add_argument(
         "--writable-partition-data",
         action="store_true",
         help="let clients write the partition's own tensors (features, labels: DGL's writable ndata); "
         "by default they are read-only. They can never be deleted",
+    )
+    parser.add_argument(
+        "--copy-partition-data",
+        action="store_true",
+        help="copy the partition's files into memory at start instead of serving them in place "
+        "(read-only mappings of the .npy files, the default): for files on a slow or network "
+        "file system, or stored in a layout that cannot be mapped (Fortran order)",
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="at start, rehash every byte of the partition's structure files and refuse to serve "
+        "(FingerprintMismatchError) unless they match the fingerprint the partitioner recorded; "
+        "without it only sizes and .npy headers are checked",
     )
     parser.add_argument(
         "--wal-recover",
@@ -265,6 +281,8 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         snapshot_interval=ns.snapshot_interval,
         wal_recover=ns.wal_recover,
         writable_partition_data=ns.writable_partition_data,
+        copy_partition_data=ns.copy_partition_data,
+        verify=ns.verify,
         max_tensors=ns.max_tensors,
         max_connections=ns.max_connections,
         max_connections_per_holder=ns.max_connections_per_holder,

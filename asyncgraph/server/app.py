@@ -1,4 +1,5 @@
-"""The graph server: load one partition into shared memory and serve it over TCP."""
+"""The graph server: map one partition's files (memory of its own for what is written) and serve
+it over TCP and to co-located processes."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from asyncgraph.errors import AsyncGraphError
 from asyncgraph.kernels import compiled
 from asyncgraph.launch.processes import process_alive
 from asyncgraph.partition import load_partition
+from asyncgraph.partition.fingerprint import verify_partition
 from asyncgraph.server.admission import Admission
 from asyncgraph.server.budget import (
     ConnectionCap,
@@ -24,7 +26,7 @@ from asyncgraph.server.budget import (
     memory_budget,
     raise_fd_limit,
 )
-from asyncgraph.server.durable import DurableState, partition_fingerprint
+from asyncgraph.server.durable import DurableState
 from asyncgraph.server.handlers import RequestHandlers
 from asyncgraph.server.leases import HolderLeases
 from asyncgraph.server.options import ServerOptions
@@ -84,8 +86,13 @@ class GraphServer:
         retain_large_allocations()
         if opts.replica_of is not None:
             return await self._start_replica(opts.replica_of, t0)
-        part = load_partition(opts.part_config, opts.part_id)
-        self.store = PartitionStore.from_partition(part, shared=opts.shared_memory)
+        part = load_partition(opts.part_config, opts.part_id)  # headers only: files memory-mapped
+        if opts.verify:  # rehash every structure byte (not by default: issue 34)
+            await asyncio.to_thread(verify_partition, opts.part_config, opts.part_id)
+        self.store = PartitionStore.from_partition(
+            part, shared=opts.shared_memory, copy=opts.copy_partition_data
+        )
+        del part
         fd_limit = raise_fd_limit()  # issue 22: tensors hold descriptors; cap them (server/budget.py)
         self.store.rules.max_tensors = opts.max_tensors or default_max_tensors(fd_limit)
         self.store.rules.memory_budget = opts.memory_budget or memory_budget()
@@ -282,7 +289,7 @@ class GraphServer:
         self.handlers.primary_alive = lambda: not primary_conn.closed and process_alive(primary_pid)
         await self._listen(self.handlers, self.store.graph_name)
         assert self.address is not None
-        fingerprint = await asyncio.to_thread(partition_fingerprint, opts.part_config, opts.part_id)
+        fingerprint = await asyncio.to_thread(fingerprint_of(opts.part_config, opts.part_id))
         args = AddReplicaArgs(self.address[1], os.getpid(), fingerprint).encode()
         await self.primary.call(Op.ADD_REPLICA, args, REPLICA_CALL_TIMEOUT)
         self._watcher = asyncio.ensure_future(self._watch_primary(where))

@@ -8,10 +8,12 @@ Each cap is one number per server, not per request or per tensor:
   soft descriptor limit to the hard one at start and, by default, allows as many tensors as
   leave ``FD_RESERVE`` descriptors for connections, logs and snapshots; a restore then needs no
   more descriptors than the state that was accepted.
-- memory (``--memory-budget``): every tensor's rows together, the partition's own included
+- memory (``--memory-budget``): every tensor's rows held in memory of the server's own
+  (memfds: run-time tensors, copies of partition data; ``PartitionStore.memory_bytes``) together
   (before, the only limit was one tensor's rows: a 21 GiB zeros tensor was accepted at once,
-  its pages untouched). Default: the cgroup's memory limit when there is one, else physical
-  memory.
+  its pages untouched). Partition files served in place (issue 34) are page cache, which the
+  kernel drops and rereads under pressure: not counted. Default: the cgroup's memory limit
+  when there is one, else physical memory.
 - bytes queued for replies nobody reads (``--max-queued-reply-bytes``): ``ReplyBudget``. Each
   connection already stops reading once its own write buffer passes 64 MiB; 2,000 clients that
   never read could still pin 64 MiB each. Over the budget, the connections with the most queued

@@ -377,8 +377,7 @@ class RequestHandlers:
 
     def _barrier_room(self, need: int) -> None:
         """A waiting barrier arrival counts against the memory budget (issue 32)."""
-        tensors = sum(size for _, size in self.store.local_sizes().values())
-        self.store.rules.check_room("a waiting barrier arrival", need, tensors)
+        self.store.rules.check_room("a waiting barrier arrival", need, self.store.memory_bytes())
 
     def shutdown(self, args: Mapping[str, Any]) -> None:
         if self.on_shutdown is not None:

@@ -59,6 +59,11 @@ class ServerOptions:
     #: Let requests write the partition's own tensors (features, labels), as DGL's writable
     #: ``ndata``; by default they are read-only (``PartitionStore.protect``). Never deletable.
     writable_partition_data: bool = False
+    #: Copy the partition's files into memory at start (before issue 34, always) instead of
+    #: mapping them read-only in place.
+    copy_partition_data: bool = False
+    #: Rehash the structure files at start and refuse a mismatch with the recorded fingerprint.
+    verify: bool = False
     #: Most tensors this server holds (issue 22); 0: as many as its descriptor limit allows.
     max_tensors: int = 0
     #: Authenticated connections held at once, and per holder (issue 22; 0: no cap per holder).

@@ -11,7 +11,7 @@ computed fingerprint was). A primary now registers a replica only when
   expecting a replica of this partition, and the server there must prove the job's secret in
   the handshake (``protocol/handshake.py``); its ``info`` must name *this* primary (instance);
 - the announced pid is that server and maps this primary's memory (``server/replica_proof.py``:
-  it listens on the port, the primary's structure memfds are in its maps).
+  it listens on the port, the primary's lock memfd and structure are in its maps).
 
 A refusal is a ``ReplicaProofError`` naming the failed check; nothing is listed.
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import ipaddress
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,7 @@ from asyncgraph.errors import AsyncGraphError, AuthenticationError, ReplicaProof
 from asyncgraph.protocol.ops import AddReplicaArgs, Op
 from asyncgraph.server.replica_proof import unproven
 from asyncgraph.storage.memfd import SharedArray
+from asyncgraph.storage.rwlock import SharedRWLock
 
 if TYPE_CHECKING:
     from asyncgraph.net.tls import TlsConfig
@@ -38,13 +40,28 @@ if TYPE_CHECKING:
 __all__ = ["ReplicaCheck", "fingerprint_of"]
 
 CHECK_TIMEOUT = 10.0
+log = logging.getLogger("asyncgraph.server")
 
 
 def fingerprint_of(part_config: Path, part_id: int) -> Callable[[], str]:
-    """The partition's fingerprint, computed once on first use (it hashes the structure files)."""
-    from asyncgraph.server.durable import partition_fingerprint
+    """The partition's fingerprint: the one its config records (issue 34: the partitioner
+    computed it), else computed once on first use by hashing the structure files (logged)."""
+    from asyncgraph.partition.fingerprint import partition_fingerprint, recorded_fingerprint
 
-    return functools.cache(lambda: partition_fingerprint(part_config, part_id))
+    recorded = recorded_fingerprint(part_config, part_id)
+    if recorded is not None:
+        return lambda: recorded
+
+    def compute() -> str:
+        log.info(
+            "%s records no fingerprint for partition %d (partitioned before asyncgraph recorded them): "
+            "hashing its structure files",
+            part_config,
+            part_id,
+        )
+        return partition_fingerprint(part_config, part_id)
+
+    return functools.cache(compute)
 
 
 class ReplicaCheck:
@@ -114,11 +131,16 @@ class ReplicaCheck:
             raise ReplicaProofError(f"add_replica: {where} is not a replica of this server: {why}")
 
     def _memory(self) -> set[int]:
-        """Inodes of this primary's structure memfds (every replica maps them)."""
+        """Inodes of what every replica maps of this primary: the lock's memfd (only processes
+        sent it can map it) and the structure (memfds, or the partition files served in place)."""
         if self.store is None:
             return set()
         arrays = self.store.structure_arrays.values()
-        return {os.fstat(a.fd).st_ino for a in arrays if isinstance(a, SharedArray) and a.array.nbytes}
+        inodes = {os.fstat(a.fd).st_ino for a in arrays if isinstance(a, SharedArray) and a.array.nbytes}
+        lock = self.store.lock
+        if isinstance(lock, SharedRWLock):
+            inodes.add(os.fstat(lock.fd).st_ino)
+        return inodes
 
 
 def _this_host(host: str) -> bool:

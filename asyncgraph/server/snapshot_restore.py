@@ -9,6 +9,7 @@ import numpy as np
 
 from asyncgraph.server.live_snapshot import OverlayState
 from asyncgraph.server.snapshots import Snapshot, SnapshotError
+from asyncgraph.storage.filemap import is_file_backed
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
 __all__ = ["read_overlay", "restore_rows"]
@@ -43,6 +44,9 @@ def restore_rows(store: PartitionStore, snap: Snapshot, fingerprint: str | None 
                 f"snapshot {snap.path}: tensor {meta.name!r} has {entry['nbytes']} bytes, "
                 f"this partition holds {rows.nbytes}"
             )
+        if entry.get("from_file") and is_file_backed(store.stored(meta.name).data):
+            continue  # the partition file's rows, unwritten then and served from the file now
+        rows = store.writable_rows(meta.name)  # a base tensor written before: copied into memory
         data = np.fromfile(snap.path / entry["file"], dtype=meta.dtype).reshape(rows.shape)
         with store.lock.write():
             rows[...] = data

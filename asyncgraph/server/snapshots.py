@@ -44,9 +44,11 @@ import numpy as np
 
 from asyncgraph import failpoints
 from asyncgraph.errors import AsyncGraphError, InvalidRequestError
+from asyncgraph.partition.fingerprint import partition_fingerprint
 from asyncgraph.protocol.ops import MAX_EPOCH
 from asyncgraph.server.live_snapshot import write_overlay
 from asyncgraph.server.request_log import RequestLog
+from asyncgraph.storage.filemap import is_file_backed
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
 __all__ = [
@@ -117,27 +119,6 @@ def manifest_checksum(manifest: Mapping[str, Any]) -> str:
     """SHA-256 of a manifest's canonical JSON, without its own ``manifest_sha256``."""
     body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
     return hashlib.sha256(_canonical(body)).hexdigest()
-
-
-def partition_fingerprint(part_config: Path, part_id: int) -> str:
-    """SHA-256 of partition ``part_id``: its config (canonical JSON) and structure files.
-
-    A re-partitioned graph gets another fingerprint even under the same name, so state written
-    for the old partition is refused instead of serving old rows against the new structure.
-    """
-    from asyncgraph.partition.config import PartitionConfig
-    from asyncgraph.partition.layout import PartFiles
-
-    h = hashlib.sha256()
-    h.update(_canonical(json.loads(Path(part_config).read_text())))
-    h.update(f"|part {part_id}|".encode())
-    files = PartFiles(PartitionConfig.load(Path(part_config)).part_dir(part_config, part_id))
-    for path in (files.indptr, files.indices, files.eids):
-        h.update(path.name.encode())
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 22):
-                h.update(chunk)
-    return h.hexdigest()
 
 
 # --- snapshots ------------------------------------------------------------------------------
@@ -374,6 +355,9 @@ class StateDir:
                         "nbytes": int(rows.nbytes),
                         "local_rows": int(rows.shape[0]),
                         "sha256": digest,
+                        # rows still those of the partition file (issue 34): a restore keeps
+                        # serving the file instead of copying them into memory
+                        "from_file": is_file_backed(store.stored(meta.name).data),
                     }
                 )
         manifest = {

@@ -54,8 +54,9 @@ class AttachedStore(PartitionStore):
                     ent = descriptor["structure"][key]
                     i = int(ent["fd_index"])
                     owned.discard(i)
+                    offset = int(ent.get("offset", 0))
                     structure[key] = SharedArray.from_fd(
-                        fds[i], tuple(ent["shape"]), ent["dtype"], writable=False
+                        fds[i], tuple(ent["shape"]), ent["dtype"], writable=False, offset=offset
                     )
                 store = cls(
                     str(descriptor["graph_name"]),
@@ -163,7 +164,7 @@ class AttachedStore(PartitionStore):
             while pending:
                 i = pending.pop(0)
                 meta = TensorMeta.from_dict(entries[i]["meta"])
-                read_only = bool(entries[i].get("read_only", False))
+                read_only = bool(entries[i].get("read_only", False)) or bool(entries[i].get("file", False))
                 self.rules.mark(meta.name, base=bool(entries[i].get("base", False)), read_only=read_only)
                 old = self.stored(meta.name) if self.has_tensor(meta.name) else None
                 if old is not None and old.meta == meta and same_file(old.data, fds[i]):
@@ -172,7 +173,8 @@ class AttachedStore(PartitionStore):
                     continue
                 lo, hi = self.owned_range(meta.policy)
                 shape = (hi - lo, *meta.shape[1:])
-                sa = SharedArray.from_fd(fds[i], shape, meta.dtype, writable=not read_only)
+                offset = int(entries[i].get("offset", 0))
+                sa = SharedArray.from_fd(fds[i], shape, meta.dtype, writable=not read_only, offset=offset)
                 self.map_rows(meta, sa)
                 metas.append(meta)
         except BaseException:

@@ -89,21 +89,26 @@ class _Mapping:
 
     __slots__ = ("__array_interface__", "_addr", "_nbytes")
 
-    def __init__(self, fd: int, nbytes: int, *, writable: bool) -> None:
+    def __init__(self, fd: int, nbytes: int, *, writable: bool, offset: int = 0, huge: bool = True) -> None:
+        # mmap takes a page-aligned file offset: map from the page that holds ``offset`` (an
+        # ``.npy`` file's data starts after its header) and point the array past the gap.
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        length = offset - start + nbytes
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-        addr = _libc.mmap(None, nbytes, prot, mmap.MAP_SHARED, fd, 0)
+        addr = _libc.mmap(None, length, prot, mmap.MAP_SHARED, fd, start)
         if addr is None or addr == _MAP_FAILED:
             err = ctypes.get_errno()
             raise OSError(err, f"mmap of {nbytes} bytes failed: {os.strerror(err)}")
         self._addr: int = addr
-        self._nbytes = nbytes
+        self._nbytes = length
         self.__array_interface__ = {
             "version": 3,
             "shape": (nbytes,),
             "typestr": "|u1",
-            "data": (addr, not writable),
+            "data": (addr + offset - start, not writable),
         }
-        _advise_huge_pages(addr, nbytes)
+        if huge:
+            _advise_huge_pages(addr, length)
 
     def __del__(self) -> None:
         addr, self._addr = getattr(self, "_addr", 0), 0  # no attribute when mmap failed
@@ -129,6 +134,12 @@ class SharedArray:
     (``_Mapping``, through libc) keeps none. Empty arrays (any zero dimension) cannot be mapped;
     they get a plain empty numpy array and a size-0 memfd.
     """
+
+    #: Where the array's bytes start in the file ``fd`` refers to (0 for a memfd; an ``.npy``
+    #: header's length for a ``FileArray``); co-located processes map it at that offset.
+    offset = 0
+    #: Whether the bytes are a file's (page cache, read-only) rather than memory of their own.
+    file_backed = False
 
     def __init__(self, fd: int, array: np.ndarray, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
         self._fd = fd
@@ -175,32 +186,52 @@ class SharedArray:
 
     @classmethod
     def from_fd(
-        cls, fd: int, shape: tuple[int, ...], dtype: np.dtype[Any] | str, *, writable: bool = True
+        cls,
+        fd: int,
+        shape: tuple[int, ...],
+        dtype: np.dtype[Any] | str,
+        *,
+        writable: bool = True,
+        offset: int = 0,
     ) -> SharedArray:
-        """Map an array another process created; takes ownership of ``fd`` (closed on error too)."""
+        """Map an array another process created (at byte ``offset`` of the file ``fd`` refers
+        to: a served partition file's data); takes ownership of ``fd`` (closed on error too)."""
         try:
             dt = np.dtype(dtype)
             shape = tuple(int(d) for d in shape)
             need = _nbytes(shape, dt)
+            offset = int(offset)
             have = os.fstat(fd).st_size
-            if have < need:
+            if offset < 0 or have < offset + need:
                 raise InvalidRequestError(
-                    f"shared memory fd {fd} holds {have} bytes, array {shape} {dt} needs {need}"
+                    f"shared fd {fd} holds {have} bytes, array {shape} {dt} at offset {offset} needs "
+                    f"{offset + need}"
                 )
         except BaseException:
             os.close(fd)
             raise
-        return cls._map(fd, shape, dt, writable=writable)
+        arr = cls._map(fd, shape, dt, writable=writable, offset=offset, huge=offset == 0)
+        arr.offset = offset
+        return arr
 
     @classmethod
-    def _map(cls, fd: int, shape: tuple[int, ...], dt: np.dtype[Any], *, writable: bool) -> SharedArray:
+    def _map(
+        cls,
+        fd: int,
+        shape: tuple[int, ...],
+        dt: np.dtype[Any],
+        *,
+        writable: bool,
+        offset: int = 0,
+        huge: bool = True,
+    ) -> SharedArray:
         nbytes = _nbytes(shape, dt)
         if nbytes == 0:
             arr = np.empty(shape, dtype=dt)
             arr.flags.writeable = writable
             return cls(fd, arr, shape, dt)
         try:
-            mapping = _Mapping(fd, nbytes, writable=writable)
+            mapping = _Mapping(fd, nbytes, writable=writable, offset=offset, huge=huge)
         except BaseException:
             os.close(fd)
             raise

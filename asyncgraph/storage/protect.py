@@ -16,6 +16,7 @@ import numpy as np
 
 from asyncgraph.errors import MemoryBudgetError, ReadOnlyTensorError, TooManyTensorsError
 from asyncgraph.names import ADAGRAD_STATE_SUFFIX, ADAM_M_SUFFIX, ADAM_STEP_SUFFIX, ADAM_V_SUFFIX
+from asyncgraph.storage.filemap import is_file_backed
 from asyncgraph.storage.memfd import SharedArray
 from asyncgraph.storage.meta import TensorMeta
 from asyncgraph.storage.tensors import StoredTensor
@@ -104,7 +105,8 @@ class TensorRules:
                 f"(server option --max-tensors {self.max_tensors}); delete or release some first"
             )
         need = (owned[1] - owned[0]) * math.prod(meta.shape[1:]) * np.dtype(meta.dtype).itemsize
-        self.check_room(f"tensor {meta.name!r}", need, sum(t.rows.nbytes for t in tensors))
+        held = sum(t.rows.nbytes for t in tensors if not is_file_backed(t.data))  # page cache is not counted
+        self.check_room(f"tensor {meta.name!r}", need, held)
 
     def check_room(self, what: str, need: int, tensor_bytes: int) -> None:
         """Refuse ``need`` more bytes when the tensors (``tensor_bytes``) and what else is held

@@ -1,7 +1,8 @@
 """Sharing a PartitionStore with co-located processes: the export side and the descriptor.
 
 A shared store describes its lock, structure and tensors in a msgpack-able descriptor and
-hands out the matching fds (``export``); a co-located process maps them as an
+hands out the matching fds (``export``): memfds, and for data served from partition files the
+file's read-only descriptor with the data's offset; a co-located process maps them as an
 :class:`~asyncgraph.storage.attached.AttachedStore`. ``export`` reads the store only through its
 public view (``structure_arrays``, ``stored``, ``tensor_names``, ``lock``).
 """
@@ -23,7 +24,9 @@ from asyncgraph.storage.store import PartitionStore
 
 __all__ = ["DESCRIPTOR_VERSION", "check_descriptor", "close_quietly", "export", "same_file"]
 
-DESCRIPTOR_VERSION = 1
+#: 2 (issue 34): entries carry ``offset`` and ``file`` (a read-only partition file's descriptor,
+#: its data at that offset); a version-1 attacher would have mapped the ``.npy`` header as data.
+DESCRIPTOR_VERSION = 2
 
 
 def export(
@@ -61,6 +64,8 @@ def export(
                 "shape": list(sa.shape),
                 "dtype": sa.dtype.name,
                 "fd_index": len(fds),
+                "offset": sa.offset,
+                "file": sa.file_backed,
             }
             order.append(key)
             fds.append(sa.fd)
@@ -74,6 +79,8 @@ def export(
                 "fd_index": len(fds),
                 "base": t.meta.name in base,  # the partition's own data
                 "read_only": t.meta.name in read_only,  # mapped read-only by attachers
+                "offset": t.data.offset,
+                "file": t.data.file_backed,  # a partition file's O_RDONLY descriptor
             }
         )
         order.append(f"tensor:{t.meta.name}")

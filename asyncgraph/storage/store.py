@@ -1,8 +1,10 @@
 """PartitionStore: one partition's in-edges (CSC) and named tensors, with validated access.
 
 The server owns a store and calls it from its event loop; standalone mode and co-located
-trainers call it in-process. With ``shared=True`` every array lives in a memfd (``SharedArray``)
-so co-located processes map the same memory (``sharing.export`` on the server,
+trainers call it in-process. The partition's own arrays are served read-only from their
+``.npy`` files (``FileArray``, issue 34); with ``shared=True`` everything else (tensors made at
+run time, partition data copied to be written) lives in a memfd (``SharedArray``), so
+co-located processes map the same memory and pages (``sharing.export`` on the server,
 ``AttachedStore.attach`` on the client) and read/write it without the socket, under one lock
 (pulls read, pushes write). A rejection (``InvalidRequestError``) changes nothing.
 """
@@ -17,17 +19,17 @@ import numpy as np
 
 from asyncgraph.errors import (
     InvalidRequestError,
+    ReadOnlyTensorError,
     ShapeMismatchError,
     TensorExistsError,
-    UnknownTensorError,
 )
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.storage.accumulate import assign_rows, scatter_add
+from asyncgraph.storage.filemap import FileArray, is_file_backed
 from asyncgraph.storage.initializers import InitSpec, validate_init
 from asyncgraph.storage.memfd import SharedArray
 from asyncgraph.storage.meta import Policy, TensorMeta, check_policy
-from asyncgraph.storage.protect import TensorRules
-from asyncgraph.storage.rwlock import LocalRWLock, RWLock, SharedRWLock
+from asyncgraph.storage.store_base import STRUCTURE_KEYS, StoreBase
 from asyncgraph.storage.tensors import (
     PendingTensor,
     StoredTensor,
@@ -41,68 +43,23 @@ from asyncgraph.storage.typed_edges import with_type_order
 
 if TYPE_CHECKING:
     from asyncgraph.partition.reader import Partition
-    from asyncgraph.storage.overlay import Overlay
 
-__all__ = ["InitSpec", "PartitionStore", "PendingTensor", "Policy", "TensorMeta", "validate_init"]
+__all__ = [
+    "STRUCTURE_KEYS",
+    "InitSpec",
+    "PartitionStore",
+    "PendingTensor",
+    "Policy",
+    "TensorMeta",
+    "validate_init",
+]
 
-#: The structure arrays every store holds, in this order.
-STRUCTURE_KEYS = ("indptr", "indices", "eids")
 
-
-class PartitionStore:
-    """One partition's in-edges (CSC) and named tensors, in shared memory, with validated access.
-
-    The server calls it from its event loop; standalone mode and co-located clients call it
-    in-process. ``indptr``/``indices``/``eids`` are read-only. Tensor rows are sharded by
-    policy: a "node" tensor holds rows ``node_range``, an "edge" tensor rows ``edge_range``.
+class PartitionStore(StoreBase):
+    """One partition's in-edges (CSC) and named tensors, with validated access (``StoreBase``
+    holds them). The server calls it from its event loop; standalone mode and co-located
+    clients call it in-process.
     """
-
-    graph_name: str
-    part_id: int
-    book: RangePartitionBook
-    node_range: tuple[int, int]
-    edge_range: tuple[int, int]
-    indptr: np.ndarray
-    indices: np.ndarray
-    eids: np.ndarray
-    #: A live graph's added and removed edges (``service/live.py``; None: never updated).
-    overlay: Overlay | None = None
-
-    def __init__(
-        self,
-        graph_name: str,
-        part_id: int,
-        book: RangePartitionBook,
-        structure: Mapping[str, SharedArray | np.ndarray],
-        lock: RWLock,
-        *,
-        shared: bool,
-        attached: bool,
-    ) -> None:
-        """Low-level: use ``create``, ``from_partition`` or ``attach``."""
-        self.graph_name = graph_name
-        self.part_id = part_id
-        self.book = book
-        self.node_range = book.node_range(part_id)
-        self.edge_range = book.edge_range(part_id)
-        self._structure = dict(structure)
-        self.indptr, self.indices, self.eids = (self._plain(self._structure[k]) for k in STRUCTURE_KEYS)
-        self._lock = lock
-        # our own locks are entered without a context manager on the pull path (one call less)
-        self._read_pair = (lock.acquire_read, lock.release_read) if isinstance(lock, LocalRWLock) else None
-        self._owner = f"graph {graph_name!r} partition {part_id}"
-        self._shared = shared
-        self._attached = attached
-        self._tensors: dict[str, StoredTensor] = {}
-        #: What requests may do with which tensor: the partition's own tensors (never deleted, no
-        #: optimizer state), read-only ones, the tensor cap and the memory budget (``protect``).
-        self.rules = TensorRules(self._owner)
-        self._closed = False
-        self._final_seals = True  # False while loading the partition's own tensors: see protect
-
-    @staticmethod
-    def _plain(a: SharedArray | np.ndarray) -> np.ndarray:
-        return a.array if isinstance(a, SharedArray) else a
 
     # --- construction ----------------------------------------------------------------
     @classmethod
@@ -118,25 +75,35 @@ class PartitionStore:
         edge_feats: Mapping[str, np.ndarray],
         *,
         shared: bool = True,
+        files: Mapping[str, str] | None = None,
     ) -> PartitionStore:
-        """Copy a partition (arrays may be memory-mapped files) into a new store.
+        """A store of a partition's arrays: mapped from their ``.npy`` files, else copied.
 
-        ``shared=True`` puts every array in a memfd; ``shared=False`` (standalone mode) keeps
-        plain numpy arrays and cannot export. ``node_feats["feat"]`` becomes tensor
-        ``"node:feat"`` (policy "node"), ``edge_feats["w"]`` becomes ``"edge:w"``.
+        ``files`` maps a structure key (``"indptr"``) or a stored tensor key (``"node:feat"``)
+        to the ``.npy`` file that array was loaded from: those are served from the file,
+        read-only (``FileArray``, issue 34); every other array is copied, into a memfd with
+        ``shared=True``, else into a plain numpy array (standalone mode without sharing: it
+        cannot export). ``node_feats["feat"]`` becomes tensor ``"node:feat"`` (policy "node"),
+        ``edge_feats["w"]`` becomes ``"edge:w"``.
         """
+        files = files or {}
         struct_in = check_structure(book, part_id, indptr, indices, eids)
         feats = check_features(book, part_id, node_feats, edge_feats)
-        structure, lock = structure_memory(f"asyncgraph.{graph_name}.p{part_id}", struct_in, shared=shared)
+        structure, lock = structure_memory(
+            f"asyncgraph.{graph_name}.p{part_id}", struct_in, shared=shared, files=files
+        )
         store = cls(graph_name, part_id, book, structure, lock, shared=shared, attached=False)
         store._final_seals = False
         try:
             for name, policy, arr in feats:
                 total = book.num_nodes if policy == "node" else book.num_edges
                 meta = TensorMeta(name, policy, (total, *arr.shape[1:]), np.dtype(arr.dtype).name)
-                t = store._allocate(meta)
-                store._tensors[name] = t
-                t.rows[...] = arr
+                if name in files:
+                    store._register(meta, FileArray.open_npy(files[name], arr.dtype, arr.shape))
+                else:
+                    t = store._allocate(meta)
+                    store._tensors[name] = t
+                    t.rows[...] = arr
                 store.rules.base.add(name)
         except BaseException:
             store.close()
@@ -146,8 +113,16 @@ class PartitionStore:
         return store
 
     @classmethod
-    def from_partition(cls, part: Partition, *, shared: bool = True) -> PartitionStore:
-        """A store holding a loaded ``Partition`` (see ``asyncgraph.partition.reader``)."""
+    def from_partition(cls, part: Partition, *, shared: bool = True, copy: bool = False) -> PartitionStore:
+        """A store holding a loaded ``Partition`` (see ``asyncgraph.partition.reader``): the
+        arrays it memory-mapped are served from their files, unless ``copy`` (each is copied
+        into memory, as before issue 34: ``--copy-partition-data``)."""
+        files: dict[str, str] = {}
+        if not copy:
+            arrays = [*zip(STRUCTURE_KEYS, (part.indptr, part.indices, part.eids), strict=True)]
+            arrays += [(f"node:{k}", a) for k, a in part.node_feats.items()]  # as check_features
+            arrays += [(f"edge:{k}", a) for k, a in part.edge_feats.items()]
+            files = {k: str(a.filename) for k, a in arrays if isinstance(a, np.memmap) and a.filename}
         return cls.create(
             part.config.graph_name,
             part.part_id,
@@ -158,36 +133,23 @@ class PartitionStore:
             part.node_feats,
             with_type_order(part.edge_feats, part.edge_range[0]),  # per-type edge IDs' index
             shared=shared,
+            files=files,
         )
 
-    def _owned(self, policy: Policy) -> tuple[int, int]:
-        return self.node_range if policy == "node" else self.edge_range
-
-    def _allocate(self, meta: TensorMeta) -> StoredTensor:
-        """Zeroed local rows for ``meta``, not registered."""
+    def _allocate(self, meta: TensorMeta, *, final: bool | None = None) -> StoredTensor:
+        """Zeroed local rows for ``meta``, not registered (``final``: see ``SharedArray.create``)."""
         lo, hi = self._owned(meta.policy)
         local_shape = (hi - lo, *meta.shape[1:])
         data: SharedArray | np.ndarray
         if self._shared:
             label = f"asyncgraph.{self.graph_name}.p{self.part_id}.{meta.name}"
-            data = SharedArray.create(label, local_shape, meta.dtype, final=self._final_seals)
+            final = self._final_seals if final is None else final
+            data = SharedArray.create(label, local_shape, meta.dtype, final=final)
         else:
             data = np.zeros(local_shape, dtype=meta.dtype)
         return StoredTensor(meta, data, lo)
 
-    def _register(self, meta: TensorMeta, data: SharedArray | np.ndarray) -> StoredTensor:
-        """Make ``data`` (this partition's rows) tensor ``meta.name``."""
-        t = StoredTensor(meta, data, self._owned(meta.policy)[0])
-        self._tensors[meta.name] = t
-        return t
-
     # --- tensor management ---------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise InvalidRequestError(
-                f"store of graph {self.graph_name!r} partition {self.part_id} is closed"
-            )
-
     def create_tensor(
         self, name: str, policy: Policy, shape: Sequence[int], dtype: str, init: InitSpec | None = None
     ) -> TensorMeta:
@@ -278,45 +240,6 @@ class PartitionStore:
         self._drop(name)  # in-flight pulls keep their view alive: unmapped when they finish
         self.catalog_changed()
 
-    def catalog_changed(self) -> None:
-        """Tell processes mapping this store that a tensor came or went (owner only)."""
-        if not self._attached and isinstance(self._lock, SharedRWLock):
-            self._lock.advance_generation()
-
-    @property
-    def catalog_generation(self) -> int:
-        """How many tensor creations and deletions the owner has counted (shared stores)."""
-        return self._lock.generation if isinstance(self._lock, SharedRWLock) else 0
-
-    def _drop(self, name: str) -> None:
-        t = self._tensors.pop(name)
-        if isinstance(t.data, SharedArray):
-            t.data.close()
-
-    def _get(self, name: str) -> StoredTensor:
-        t = self._tensors.get(name)
-        if t is None:
-            self._check_open()
-            have = ", ".join(sorted(self._tensors)) or "none"
-            raise UnknownTensorError(
-                f"no tensor {name!r} in graph {self.graph_name!r} partition {self.part_id} (have: {have})"
-            )
-        return t
-
-    def tensor_meta(self, name: str) -> TensorMeta:
-        """The tensor's metadata; UnknownTensorError lists what exists."""
-        return self._get(name).meta
-
-    def list_tensors(self) -> list[TensorMeta]:
-        return [t.meta for t in self._tensors.values()]
-
-    def has_tensor(self, name: str) -> bool:
-        return name in self._tensors
-
-    def local_sizes(self) -> dict[str, tuple[int, int]]:
-        """``name -> (rows, bytes)`` this partition holds of each tensor (for metrics)."""
-        return {name: (t.rows.shape[0], t.rows.nbytes) for name, t in list(self._tensors.items())}
-
     # --- data access ------------------------------------------------------------------------
     def _entry(self, name: str) -> TensorAccess:
         """The published tensor's access record (UnknownTensorError like ``_get``)."""
@@ -368,7 +291,7 @@ class PartitionStore:
         self.rules.check_write(name)
         if local.size == 0:
             return
-        rows = acc.rows
+        rows = acc.rows if acc.rows.flags.writeable else self.writable_rows(name)
         with self._lock.write():
             if op == "assign":
                 assign_rows(rows, local, vals)
@@ -377,92 +300,43 @@ class PartitionStore:
 
     def protect(self, *, writable_base: bool = False) -> None:
         """Make the partition's own tensors read-only for every later ``push``, unless
-        ``writable_base`` (DGL's writable ``ndata``). They can never be deleted either way."""
+        ``writable_base`` (DGL's writable ``ndata``: each is then copied from its file into
+        memory now, so co-located processes are sent writable memory). They can never be
+        deleted either way."""
+        if writable_base:
+            for name in sorted(self.rules.base):
+                self.writable_rows(name)
         self.rules.protect(self._tensors, writable_base=writable_base)
+        self._protected = True
         self.catalog_changed()
 
     def local_rows(self, name: str) -> np.ndarray:
-        """The owned-rows array itself (writable; hold ``lock`` while using it)."""
+        """The owned-rows array itself (hold ``lock`` while using it); read-only when served
+        from a partition file (``writable_rows`` to write)."""
         return self._get(name).rows
 
-    @property
-    def lock(self) -> RWLock:
-        """The store's reader/writer lock (cross-process when shared)."""
-        return self._lock
-
-    shared = property(lambda self: self._shared, doc="Whether the arrays are memfds.")
-    attached = property(lambda self: self._attached, doc="Whether mapped from another process.")
-
-    # --- what sharing needs (asyncgraph.storage.sharing exports; AttachedStore maps) -----
-    def check_open(self) -> None:
-        """``InvalidRequestError`` once the store is closed."""
-        self._check_open()
-
-    @property
-    def structure_arrays(self) -> Mapping[str, SharedArray | np.ndarray]:
-        """``indptr``, ``indices``, ``eids`` as stored (memfds in a shared store)."""
-        return self._structure
-
-    def stored(self, name: str) -> StoredTensor:
-        """Tensor ``name`` as stored (its meta and this partition's rows)."""
-        return self._get(name)
-
-    def tensor_names(self) -> list[str]:
-        """Every tensor's stored key, in creation order."""
-        return list(self._tensors)
-
-    def owned_range(self, policy: Policy) -> tuple[int, int]:
-        """The global IDs whose rows this partition holds for tensors of ``policy``."""
-        return self._owned(policy)
-
-    def map_rows(self, meta: TensorMeta, data: SharedArray | np.ndarray) -> None:
-        """Make ``data`` (this partition's rows, e.g. mapped from an owner's memfd) tensor
-        ``meta.name``, replacing a tensor of that name."""
-        if meta.name in self._tensors:
-            self._drop(meta.name)
-        self._register(meta, data)
-
-    def unmap(self, name: str) -> None:
-        """Forget tensor ``name`` here (in-flight pulls keep their view until they finish)."""
-        self._drop(name)
-
-    def close(self) -> None:
-        """Release every mapping and fd this store holds; idempotent.
-
-        Arrays the caller still references (from ``local_rows``) stay valid until dropped.
-        """
-        if self._closed:
-            return
-        self._closed = True
-        for name in list(self._tensors):
-            self._drop(name)
-        empty = np.empty(0, dtype=np.int64)
-        self.indptr = self.indices = self.eids = empty
-        for a in self._structure.values():
-            if isinstance(a, SharedArray):
-                a.close()
-        self._structure.clear()
-        if self.overlay is not None:
-            self.overlay.close()
-        if isinstance(self._lock, SharedRWLock):
-            self._lock.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def __enter__(self) -> PartitionStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        kind = "attached" if self._attached else ("shared" if self._shared else "local")
-        return (
-            f"PartitionStore(graph={self.graph_name!r}, part={self.part_id}, {kind}, "
-            f"tensors={sorted(self._tensors)})"
-        )
+    def writable_rows(self, name: str) -> np.ndarray:
+        """Tensor ``name``'s rows, writable: a tensor served from its partition file is first
+        copied into memory of its own (a memfd when shared; the file is never written), which
+        co-located processes map on their next catalog sync. Owner stores only."""
+        t = self._get(name)
+        if not is_file_backed(t.data):
+            return t.rows
+        if self._attached:
+            raise ReadOnlyTensorError(
+                f"tensor {name!r} is mapped from its partition file here: write it through the server"
+            )
+        base = name in self.rules.base
+        copy = self._allocate(t.meta, final=not base)  # a base tensor's seals are protect's
+        with self._lock.write():
+            copy.rows[...] = t.rows
+            self._tensors[name] = copy
+        if base and self._protected and isinstance(copy.data, SharedArray):
+            copy.data.seal(read_only=name in self.rules.read_only)
+        if isinstance(t.data, SharedArray):
+            t.data.close()  # in-flight readers keep their view: unmapped when they finish
+        self.catalog_changed()
+        return copy.rows
 
 
 def _describe(meta: TensorMeta) -> str:

@@ -178,15 +178,23 @@ def check_features(
 
 
 def structure_memory(
-    prefix: str, arrays: Mapping[str, np.ndarray], *, shared: bool
+    prefix: str, arrays: Mapping[str, np.ndarray], *, shared: bool, files: Mapping[str, str] | None = None
 ) -> tuple[dict[str, SharedArray | np.ndarray], RWLock]:
-    """Read-only int64 copies of a partition's CSC arrays (memfds named ``prefix.<key>`` when
-    ``shared``, else plain arrays) and the store's lock (cross-process when shared)."""
+    """A partition's CSC arrays, read-only int64, and the store's lock (cross-process when
+    shared): mapped from the ``.npy`` file ``files[key]`` when given (``FileArray``), else
+    copied (memfds named ``prefix.<key>`` when ``shared``, else plain arrays)."""
+    from asyncgraph.storage.filemap import FileArray
+
+    files = files or {}
     made: list[SharedArray] = []
     try:
         structure: dict[str, SharedArray | np.ndarray] = {}
         for key, arr in arrays.items():
-            if shared:
+            if key in files:
+                fa = FileArray.open_npy(files[key], np.int64, arr.shape)
+                made.append(fa)
+                structure[key] = fa
+            elif shared:
                 sa = SharedArray.create(f"{prefix}.{key}", arr.shape, "int64", final=False)
                 made.append(sa)
                 sa.array[...] = arr
