@@ -6,12 +6,15 @@ processes (Cora, 2 partitions) on loopback ports; real partitioner output."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fcntl
 import hashlib
 import json
 import mmap
 import os
+import re
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -359,16 +362,19 @@ def _open_files(folder: str) -> list[str]:
     return sorted(out)
 
 
-def test_a_store_of_files_holds_one_descriptor_each_and_closes_them(cora2: Any) -> None:
+def test_a_store_of_files_holds_one_descriptor_each_and_closes_them(cora2: Any, tmp_path: Path) -> None:
     """A store served from files (standalone mode's) holds one read-only descriptor per array
     and mapping per file, and closing it releases every descriptor (the mappings go with the
-    last view); none of its arrays is writable, a push copies the tensor into memory first."""
+    last view); none of its arrays is writable, a push copies the tensor into memory first.
+    On a private copy of the partition: other tests' stores of ``cora2`` may still be open."""
     import gc
 
     from asyncgraph.partition import load_partition
     from asyncgraph.storage.filemap import FileArray
     from asyncgraph.storage.store import PartitionStore
 
+    shutil.copytree(Path(cora2.part_config).parent, tmp_path / "cora")
+    cora2 = dataclasses.replace(cora2, part_config=tmp_path / "cora" / Path(cora2.part_config).name)
     folder = str((Path(cora2.part_config).parent / "part0").resolve())
     assert _open_files(folder) == []
     store = PartitionStore.from_partition(load_partition(cora2.part_config, 0))
@@ -389,3 +395,44 @@ def test_a_store_of_files_holds_one_descriptor_each_and_closes_them(cora2: Any) 
     assert _open_files(folder) == []
     maps = Path("/proc/self/maps").read_text()
     assert str((Path(cora2.part_config).parent / "part0" / "indices.npy").resolve()) not in maps
+
+
+def _mapped_rss_kib(path: Path) -> int:
+    """Resident KiB of this process's mappings of ``path`` (``/proc/self/smaps``)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.parametrize("populate", [True, False])
+def test_a_co_located_mapping_of_a_file_is_faulted_in_ahead_of_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, populate: bool
+) -> None:
+    """What a co-located process maps from a served file has its page tables filled by a
+    background thread (a random gather then takes no fault per 4 KiB page), unless
+    ``ASYNCGRAPH_POPULATE_FILES=0``; nothing is read on the caller's thread."""
+    from asyncgraph.storage.filemap import npy_layout
+    from asyncgraph.storage.memfd import SharedArray
+
+    monkeypatch.setenv("ASYNCGRAPH_POPULATE_FILES", "1" if populate else "0")
+    path = (tmp_path / "feat.npy").resolve()
+    np.save(path, np.arange(4 << 20, dtype=np.float32).reshape(-1, 64))  # 16 MiB
+    with open(path, "rb") as fh:
+        offset, shape, dtype = npy_layout(fh, path)
+    arr = SharedArray.from_fd(os.open(path, os.O_RDONLY), shape, dtype, writable=False, offset=offset)
+    try:
+        deadline = time.monotonic() + 20
+        while populate and _mapped_rss_kib(path) < 16 << 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if populate:
+            assert _mapped_rss_kib(path) >= 16 << 10
+        else:
+            time.sleep(0.5)
+            assert _mapped_rss_kib(path) < 1 << 10
+        assert float(arr.array[12345, 7]) == 12345 * 64 + 7
+    finally:
+        arr.close()
