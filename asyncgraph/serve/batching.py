@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from asyncgraph.errors import AsyncGraphError, OverloadedError, RequestTimeoutError, ServerUnavailableError
+from asyncgraph.errors import (
+    AsyncGraphError,
+    InvalidRequestError,
+    OverloadedError,
+    RequestTimeoutError,
+    ServerUnavailableError,
+)
 from asyncgraph.serve.core import BatchTimes
 from asyncgraph.serve.metrics import ServeMetrics
 
@@ -88,6 +94,10 @@ class DynamicBatcher:
         if self._closing:
             raise ServerUnavailableError("the serving process is draining (SIGTERM): send to another")
         opts = self.options
+        if nodes.size > opts.queue_limit:
+            raise InvalidRequestError(
+                f"a request may name at most {opts.queue_limit} nodes (the queue limit), got {nodes.size}"
+            )
         if self._queued_nodes + nodes.size > opts.queue_limit:
             raise OverloadedError(
                 f"queue full: {self._queued_nodes} nodes waiting, limit {opts.queue_limit}; retry later"
