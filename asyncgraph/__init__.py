@@ -60,6 +60,8 @@ _EXPORTS: dict[str, str] = {
     "MiniBatch": "asyncgraph.dataloading",
     "Client": "asyncgraph.client",
     "AsyncClient": "asyncgraph.client",
+    "InferenceClient": "asyncgraph.serve.client",
+    "AsyncInferenceClient": "asyncgraph.serve.client",
 }
 
 # the async API, the GNN layers, the exceptions, and
@@ -117,6 +119,7 @@ if TYPE_CHECKING:
     from asyncgraph.partition.graph import Graph as DGLGraph
     from asyncgraph.partition.hetero_graph import HeteroGraph, heterograph
     from asyncgraph.partition.transform import to_bidirected
+    from asyncgraph.serve.client import AsyncInferenceClient, InferenceClient
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
@@ -127,6 +130,7 @@ __all__ = [
     "EID",
     "NID",
     "AsyncClient",
+    "AsyncInferenceClient",
     "Block",
     "Client",
     "DGLGraph",
@@ -140,6 +144,7 @@ __all__ = [
     "Graph",
     "HeteroBlock",
     "HeteroGraph",
+    "InferenceClient",
     "MiniBatch",
     "NeighborSampler",
     "NodePartitionPolicy",

@@ -30,6 +30,7 @@ from asyncgraph.serve.artifact import load_model
 from asyncgraph.serve.batching import BatchOptions, DynamicBatcher
 from asyncgraph.serve.core import InferenceCore
 from asyncgraph.serve.http import ServeState, build_app
+from asyncgraph.serve.wire import WireServer
 
 __all__ = ["build_parser", "main"]
 
@@ -50,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--servers", type=Path, help="ip_config of the running servers (else standalone)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --ready-file)")
+    p.add_argument(
+        "--msgpack-port", type=int, help="also serve the msgpack protocol (InferenceClient tcp://)"
+    )
     p.add_argument("--reuse-port", action="store_true", help="SO_REUSEPORT: several processes, one port")
     p.add_argument("--max-batch", type=int, default=256, help="most distinct nodes per batch")
     p.add_argument("--max-delay-ms", type=float, default=2.0, help="longest a request waits for company")
@@ -86,9 +90,10 @@ async def _open_client(args: argparse.Namespace) -> AsyncClient:
     )
 
 
-def _write_ready(path: Path, host: str, port: int) -> None:
+def _write_ready(path: Path, host: str, port: int, msgpack_port: int | None) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"host": host, "port": port, "pid": os.getpid()}))
+    info = {"host": host, "port": port, "msgpack_port": msgpack_port, "pid": os.getpid()}
+    tmp.write_text(json.dumps(info))
     os.replace(tmp, path)
 
 
@@ -106,6 +111,11 @@ async def serve(args: argparse.Namespace) -> int:
     server = getattr(site, "_server", None)
     sockets = getattr(server, "sockets", None) or []
     port = int(sockets[0].getsockname()[1]) if sockets else int(args.port)
+    wire: WireServer | None = None
+    msgpack_port = None
+    if args.msgpack_port is not None:
+        wire = WireServer(state, max_frame=args.max_body_bytes)
+        msgpack_port = await wire.start(args.host, args.msgpack_port, reuse_port=args.reuse_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -128,11 +138,13 @@ async def serve(args: argparse.Namespace) -> int:
         state.batcher.start()
         state.ready = True
         if args.ready_file is not None:
-            _write_ready(args.ready_file, args.host, port)
+            _write_ready(args.ready_file, args.host, port, msgpack_port)
         log.info("serving %s on %s:%d", spec.name, args.host, port)
         await stop.wait()
         state.draining = True
         drained = asyncio.ensure_future(state.batcher.drain(args.drain_timeout))
+        if wire is not None:
+            await wire.close(args.drain_timeout)
         await runner.cleanup()  # the listener closes; running handlers finish
         await drained
         core.close()
