@@ -10,6 +10,7 @@ serving everyone else.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 import time
@@ -19,7 +20,6 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from asyncgraph import __version__
 from asyncgraph.errors import (
     AsyncGraphError,
     DTypeMismatchError,
@@ -200,7 +200,11 @@ async def model_ready(request: web.Request) -> web.Response:
 
 
 async def server_metadata(request: web.Request) -> web.Response:
-    return web.json_response({"name": "asyncgraph", "version": __version__, "extensions": []})
+    try:
+        version = importlib.metadata.version("asyncgraph")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout
+        version = "unknown"
+    return web.json_response({"name": "asyncgraph", "version": version, "extensions": []})
 
 
 async def model_metadata(request: web.Request) -> web.Response:
