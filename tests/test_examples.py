@@ -43,3 +43,20 @@ def test_link_prediction_learns() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     auc = float(proc.stdout.rsplit("held-out AUC", 1)[1].split()[0])
     assert auc > 0.75, proc.stdout
+
+
+def test_serve_example_trains_serves_and_answers() -> None:
+    """examples/serve_model.py: train on Cora, save, serve (standalone), query over msgpack and
+    HTTP (equal answers), SIGTERM drains and exits 0."""
+    env = {k: v for k, v in subprocess_env().items() if not k.startswith("ASYNCGRAPH_")}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "serve_model.py"), "--epochs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=os.fspath(ROOT),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "msgpack and HTTP answers equal: True" in proc.stdout, proc.stdout
+    assert "serve process exited with 0" in proc.stdout, proc.stdout
