@@ -6,11 +6,7 @@ queue is 429; SIGTERM drains the requests in flight, then the process exits 0.""
 from __future__ import annotations
 
 import asyncio
-import http.client
-import json
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _serve_helpers import ServeProcess
 
 import asyncgraph
 from asyncgraph.client import Client
@@ -27,68 +24,10 @@ from asyncgraph.dataloading.fetch import sample_and_pull
 from asyncgraph.dataloading.sampler import NeighborSampler
 from asyncgraph.dataloading.stats import LoaderStats
 from asyncgraph.errors import OutOfRangeError, UnknownModelError
-from asyncgraph.launch.lifeline import die_with_parent
 from asyncgraph.nn import GraphSAGE
 from asyncgraph.serve.artifact import load_model, save_model
-from asyncgraph.testing import subprocess_env
 
 NODES = [7, 19000, 3, 512, 7, 10001, 42]
-
-
-class ServeProcess:
-    """One ``python -m asyncgraph.serve`` started by a test (stopped by its PID)."""
-
-    def __init__(self, workdir: Path, args: list[str]) -> None:
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.ready_file = workdir / "serve-ready.json"
-        self.log = workdir / "serve.log"
-        argv = [sys.executable, "-m", "asyncgraph.serve", "--port", "0", "--ready-file", str(self.ready_file)]
-        with open(self.log, "wb") as fh:
-            self.proc = subprocess.Popen(
-                [*argv, *args],
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                env=subprocess_env(),
-                preexec_fn=die_with_parent(signal.SIGTERM),
-            )
-        end = time.monotonic() + 180
-        while not self.ready_file.exists():
-            if self.proc.poll() is not None or time.monotonic() > end:
-                self.stop()
-                raise RuntimeError(f"serve process not ready:\n{self.log.read_text(errors='replace')}")
-            time.sleep(0.1)
-        ready = json.loads(self.ready_file.read_text())
-        self.port = int(ready["port"])
-        self.msgpack_port = ready["msgpack_port"]
-
-    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, Any]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        try:
-            conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            data = resp.read()
-        finally:
-            conn.close()
-        ctype = resp.getheader("Content-Type", "")
-        return resp.status, json.loads(data) if "json" in ctype else data.decode()
-
-    def infer(
-        self, nodes: list[Any], datatype: str = "INT64", model: str = "sage", **extra: Any
-    ) -> tuple[int, Any]:
-        body = {
-            "inputs": [{"name": "nodes", "datatype": datatype, "shape": [len(nodes)], "data": nodes}],
-            **extra,
-        }
-        return self.request("POST", f"/v2/models/{model}/infer", json.dumps(body).encode())
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -65,6 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fanouts", type=_fanouts, help="override model.json's fanouts, e.g. 10,10 or -1,-1")
     p.add_argument("--seed", type=int, default=0, help="the sampling seed of every batch")
     p.add_argument("--connect-timeout", type=float, default=60.0)
+    p.add_argument(
+        "--reconnect-window",
+        type=float,
+        default=3600.0,
+        help="seconds a lost server is reconnected (requests meanwhile end at their deadline); 0: never",
+    )
+    p.add_argument(
+        "--no-shared-memory", action="store_true", help="read co-located partitions over sockets too"
+    )
     p.add_argument("--drain-timeout", type=float, default=30.0)
     p.add_argument("--ready-file", type=Path, help="written (JSON: host, port, pid) once ready")
     return p
@@ -87,6 +96,8 @@ async def _open_client(args: argparse.Namespace) -> AsyncClient:
         graph_name=graph_name,
         secret=secret,
         connect_timeout=args.connect_timeout,
+        reconnect_window=args.reconnect_window,
+        use_shared_memory=not args.no_shared_memory,
     )
 
 
