@@ -126,7 +126,9 @@ def test_batcher_merges_refuses_and_keeps_deadlines(graph: asyncgraph.DistGraph,
         return await core.infer(seeds, times)
 
     async def scenario() -> None:
-        batcher = DynamicBatcher(run, BatchOptions(max_batch=64, max_delay=0.2, queue_limit=20, deadline=30))
+        batcher = DynamicBatcher(
+            run, BatchOptions(max_batch=64, max_delay=0.2, idle_delay=0.2, queue_limit=20, deadline=30)
+        )
         batcher.start()
         requests = [np.array([3, 7]), np.array([7, 42, 512]), np.array([19000])]
         answers = await asyncio.gather(*(batcher.submit(r) for r in requests))
@@ -149,4 +151,22 @@ def test_batcher_merges_refuses_and_keeps_deadlines(graph: asyncgraph.DistGraph,
         assert await batcher.drain(5.0)
 
     graph.client.loop.run(scenario())
+    core.close()
+
+
+def test_an_idle_batcher_does_not_wait_for_company(graph: asyncgraph.DistGraph, model_dir: Path) -> None:
+    spec, model = load_model(model_dir)
+    core = InferenceCore(graph.client.aio, model, spec.fanouts)
+
+    async def scenario() -> float:
+        batcher = DynamicBatcher(core.infer, BatchOptions(max_delay=5.0, idle_delay=0.0, deadline=30))
+        batcher.start()
+        await batcher.submit(np.array([1]))  # warm
+        t0 = asyncio.get_running_loop().time()
+        await batcher.submit(np.array([2, 3]))
+        took = asyncio.get_running_loop().time() - t0
+        assert await batcher.drain(5.0)
+        return took
+
+    assert graph.client.loop.run(scenario()) < 2.0  # not the 5 s max_delay: nothing else was running
     core.close()

@@ -125,7 +125,8 @@ def test_queue_full_is_429_and_sigterm_drains(
     proc = ServeProcess(
         tmp_path,
         ["--servers", str(served.ip_config()), "--model", str(model_dir),
-         "--max-delay-ms", "1500", "--max-batch", "64", "--queue-limit", "8", "--deadline-ms", "20000"],
+         "--max-delay-ms", "1500", "--idle-delay-ms", "1500", "--max-batch", "64", "--queue-limit", "8",
+         "--deadline-ms", "20000"],
     )  # fmt: skip
     try:
         answers: list[tuple[int, Any]] = []

@@ -1,12 +1,13 @@
 """Dynamic batching (Triton's idea): concurrent requests merged into one sample and one forward.
 
 A batch is cut when a batch slot is free (``in_flight`` batches run at once: one sampling while
-another computes) and either ``max_batch`` nodes are queued or ``max_delay`` seconds have passed
-since its oldest request arrived. More than ``queue_limit`` queued nodes refuses a request at
-once (``OverloadedError``) rather than letting latency grow without bound. Each request has a
-deadline: a queued request past it is dropped before it is sampled, and its caller gets
-``RequestTimeoutError``; a batch that fails (a server lost mid-batch) fails its requests with
-that typed error.
+another computes) and either ``max_batch`` nodes are queued or its oldest request has waited
+``max_delay`` seconds while another batch runs, or ``idle_delay`` (default 0) while none does:
+waiting for company pays only while the process is busy; idle, it would only add latency.
+More than ``queue_limit`` queued nodes refuses a request at once (``OverloadedError``) rather
+than letting latency grow without bound. Each request has a deadline: a queued request past it
+is dropped before it is sampled, and its caller gets ``RequestTimeoutError``; a batch that
+fails (a server lost mid-batch) fails its requests with that typed error.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class BatchOptions:
 
     max_batch: int = 256
     max_delay: float = 0.002
+    idle_delay: float = 0.0
     queue_limit: int = 4096
     in_flight: int = 2
     deadline: float = 1.0
@@ -50,8 +52,8 @@ class BatchOptions:
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.queue_limit < 1 or self.in_flight < 1:
             raise ValueError("max_batch, queue_limit and in_flight must be at least 1")
-        if self.max_delay < 0 or self.deadline <= 0:
-            raise ValueError("max_delay must be >= 0 and deadline > 0")
+        if self.max_delay < 0 or self.idle_delay < 0 or self.deadline <= 0:
+            raise ValueError("max_delay and idle_delay must be >= 0 and deadline > 0")
 
 
 @dataclass
@@ -124,7 +126,8 @@ class DynamicBatcher:
             while not self._queue:
                 self._arrived.clear()
                 await self._arrived.wait()
-            cut_at = self._queue[0].enqueued + opts.max_delay
+            delay = opts.max_delay if self._batches else opts.idle_delay
+            cut_at = self._queue[0].enqueued + delay
             while self._queued_nodes < opts.max_batch and (left := cut_at - time.perf_counter()) > 0:
                 self._arrived.clear()
                 with contextlib.suppress(TimeoutError):

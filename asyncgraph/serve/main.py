@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 from aiohttp import web
 
 from asyncgraph.client.async_client import AsyncClient
@@ -56,7 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--reuse-port", action="store_true", help="SO_REUSEPORT: several processes, one port")
     p.add_argument("--max-batch", type=int, default=256, help="most distinct nodes per batch")
-    p.add_argument("--max-delay-ms", type=float, default=2.0, help="longest a request waits for company")
+    p.add_argument(
+        "--max-delay-ms",
+        type=float,
+        default=2.0,
+        help="longest a request waits for company while another batch runs",
+    )
+    p.add_argument(
+        "--idle-delay-ms", type=float, default=0.0, help="the same while no other batch runs (default: none)"
+    )
+    p.add_argument("--torch-threads", type=int, default=1, help="intra-op threads of the forward pass")
     p.add_argument("--queue-limit", type=int, default=4096, help="queued nodes beyond which 429")
     p.add_argument("--batches-in-flight", type=int, default=2)
     p.add_argument("--deadline-ms", type=float, default=1000.0, help="a request's longest time")
@@ -109,6 +119,8 @@ def _write_ready(path: Path, host: str, port: int, msgpack_port: int | None) -> 
 
 
 async def serve(args: argparse.Namespace) -> int:
+    if args.torch_threads > 0:  # small batches gain nothing from more; they compete with the servers
+        torch.set_num_threads(args.torch_threads)
     spec, model = await asyncio.to_thread(load_model, args.model, args.device)
     state = ServeState(spec)
     runner = web.AppRunner(
@@ -141,6 +153,7 @@ async def serve(args: argparse.Namespace) -> int:
         options = BatchOptions(
             max_batch=args.max_batch,
             max_delay=args.max_delay_ms / 1e3,
+            idle_delay=args.idle_delay_ms / 1e3,
             queue_limit=args.queue_limit,
             in_flight=args.batches_in_flight,
             deadline=args.deadline_ms / 1e3,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 import numpy as np
@@ -99,6 +100,7 @@ class WireServer:
         state = self.state
         rid = msg.get("id") if isinstance(msg, dict) else None
         outcome = "ok"
+        started = time.perf_counter()
         try:
             if not isinstance(msg, dict) or msg.get("op") not in ("infer", "meta"):
                 raise InvalidRequestError("a request is a map with 'op' 'infer' or 'meta'")
@@ -134,8 +136,9 @@ class WireServer:
             outcome = "internal"
             log.exception("msgpack inference request failed")
             reply = {"id": rid, "ok": False, "code": "internal", "error": f"{type(exc).__name__}: {exc}"}
-        if msg is not None and isinstance(msg, dict) and msg.get("op") == "infer":
+        if isinstance(msg, dict) and msg.get("op") == "infer":
             state.metrics.requests.labels(outcome=outcome).inc()
+            state.metrics.observe_stage("total", time.perf_counter() - started)
         with contextlib.suppress(ConnectionError, RuntimeError):
             write_frame(writer, reply)
             await writer.drain()
