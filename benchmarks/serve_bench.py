@@ -144,6 +144,7 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=256)
     ap.add_argument("--max-delay-ms", type=float, default=2.0)
     ap.add_argument("--name", default="serve_bench")
+    ap.add_argument("--serve-args", default="", help="more options for the serve process, space-separated")
     args = ap.parse_args()
     part_config = partitioned(args.graph, 2)
     with np.load(args.graph) as raw:
@@ -164,7 +165,7 @@ def main() -> None:
                 [sys.executable, "-m", "asyncgraph.serve", "--part-config", str(part_config),
                  "--servers", str(group.ip_config()), "--model", str(model_dir), "--port", "0",
                  "--msgpack-port", "0", "--ready-file", str(ready), "--max-batch", str(args.max_batch),
-                 "--max-delay-ms", str(args.max_delay_ms)],
+                 "--max-delay-ms", str(args.max_delay_ms), *args.serve_args.split()],
                 env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
             )  # fmt: skip
             end = time.monotonic() + 180

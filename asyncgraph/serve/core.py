@@ -52,6 +52,7 @@ class InferenceCore:
         device: str | torch.device = "cpu",
         seed: int = 0,
         carry_features: bool = True,
+        inline_rows: int = 0,
     ) -> None:
         self.aio = aio
         self.model = model.eval()
@@ -60,6 +61,8 @@ class InferenceCore:
         self.device = torch.device(device)
         self.seed = int(seed)
         self.carry_features = carry_features
+        #: batches with at most this many input rows run their forward on the event loop
+        self.inline_rows = int(inline_rows)
         self.num_nodes = int(aio.book.num_nodes)
         self.out_dim: int | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncgraph-forward")
@@ -104,8 +107,11 @@ class InferenceCore:
         )
         times.sample, times.pull = sampled.sample_time, sampled.pull_time
         t0 = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        out = await loop.run_in_executor(self._executor, self._forward, sampled.blocks)
+        if sampled.input_nodes.size <= self.inline_rows:  # a hand-off costs more than it frees
+            out = self._forward(sampled.blocks)
+        else:
+            loop = asyncio.get_running_loop()
+            out = await loop.run_in_executor(self._executor, self._forward, sampled.blocks)
         times.forward = time.perf_counter() - t0
         if self.out_dim is None:
             self.out_dim = int(out.shape[1]) if out.ndim == 2 else 1

@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--idle-delay-ms", type=float, default=0.0, help="the same while no other batch runs (default: none)"
     )
+    p.add_argument(
+        "--inline-rows",
+        type=int,
+        default=0,
+        help="run the forward of batches with at most this many input rows on the event loop",
+    )
     p.add_argument("--torch-threads", type=int, default=1, help="intra-op threads of the forward pass")
     p.add_argument("--queue-limit", type=int, default=4096, help="queued nodes beyond which 429")
     p.add_argument("--batches-in-flight", type=int, default=2)
@@ -147,7 +153,7 @@ async def serve(args: argparse.Namespace) -> int:
     try:
         aio = await _open_client(args)
         core = InferenceCore(aio, model, args.fanouts or spec.fanouts, feat=spec.feat, device=args.device,
-                             seed=args.seed)  # fmt: skip
+                             seed=args.seed, inline_rows=args.inline_rows)  # fmt: skip
         await core.check_features()
         await core.infer(np.zeros(1, dtype=np.int64))  # warm-up: kernels loaded, output width known
         options = BatchOptions(
