@@ -20,6 +20,7 @@ from asyncgraph.dataloading.sampler import NeighborSampler
 from asyncgraph.dataloading.stats import LoaderStats
 from asyncgraph.errors import (
     DTypeMismatchError,
+    InvalidRequestError,
     OutOfRangeError,
     OverloadedError,
     RequestTimeoutError,
@@ -76,6 +77,24 @@ def test_artifact_round_trip(model_dir: Path) -> None:
     for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True):
         assert torch.equal(a, b)
     assert not model.training
+
+
+def test_a_broken_model_folder_is_a_typed_error(model_dir: Path, tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    for name in ("model.json", "model.pt"):
+        shutil.copy(model_dir / name, tmp_path / name)
+    spec = json.loads((tmp_path / "model.json").read_text())
+    (tmp_path / "model.json").write_text(json.dumps({**spec, "kwargs": {**spec["kwargs"], "hidden": 8}}))
+    with pytest.raises(InvalidRequestError, match=r"model\.pt"):  # weights of another shape
+        load_model(tmp_path)
+    (tmp_path / "model.json").write_text(json.dumps({**spec, "class": "os:getcwd"}))
+    with pytest.raises(InvalidRequestError, match=r"not a torch\.nn\.Module"):
+        load_model(tmp_path)
+    (tmp_path / "model.json").write_text("{")
+    with pytest.raises(InvalidRequestError, match="not JSON"):
+        load_model(tmp_path)
 
 
 def test_answers_equal_offline_model_on_the_same_blocks(graph: asyncgraph.DistGraph, model_dir: Path) -> None:

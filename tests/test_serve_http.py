@@ -102,6 +102,7 @@ def test_health_metadata_and_metrics(serve: ServeProcess) -> None:
         (lambda s: s.infer([1, 2], model="nope"), 404, "no model 'nope'"),
         (lambda s: s.request("POST", "/v2/models/sage/infer", b"{not json"), 400, "malformed JSON"),
         (lambda s: s.request("POST", "/v2/models/sage/infer", b'{"inputs": []}'), 400, "exactly one input"),
+        (lambda s: s.request("POST", "/v2/models/sage/infer", b"[" * 30000), 400, "nested too deeply"),
         (
             lambda s: s.request("POST", "/v2/models/sage/infer", b"[" + b"1," * 40000 + b"1]"),
             413,

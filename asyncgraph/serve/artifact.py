@@ -140,7 +140,13 @@ def load_model(directory: str | Path, device: str | torch.device = "cpu") -> tup
     except json.JSONDecodeError as exc:
         raise InvalidRequestError(f"{source}: not JSON ({exc.msg} at line {exc.lineno})") from None
     spec = ModelSpec.from_json(data, source)
-    model = _import_class(spec.class_path)(**spec.kwargs)
-    state = torch.load(folder / MODEL_WEIGHTS, map_location="cpu", weights_only=True)
-    model.load_state_dict(state)
+    try:
+        model = _import_class(spec.class_path)(**spec.kwargs)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequestError(f"{source}: {spec.class_path}(**kwargs) failed: {exc}") from None
+    try:
+        state = torch.load(folder / MODEL_WEIGHTS, map_location="cpu", weights_only=True)
+        model.load_state_dict(state)
+    except (OSError, RuntimeError, ValueError) as exc:  # missing, corrupt or of another model
+        raise InvalidRequestError(f"{folder / MODEL_WEIGHTS}: {str(exc)[:500]}") from None
     return spec, model.to(device).eval()

@@ -102,6 +102,8 @@ def parse_infer_body(body: bytes) -> tuple[np.ndarray, Any, float | None]:
         doc = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidRequestError(f"malformed JSON body: {exc}") from None
+    except RecursionError:
+        raise InvalidRequestError("malformed JSON body: nested too deeply") from None
     if not isinstance(doc, dict):
         raise InvalidRequestError("the body must be a JSON object with 'inputs'")
     inputs = doc.get("inputs")
