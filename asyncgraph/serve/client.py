@@ -63,8 +63,10 @@ class AsyncInferenceClient:
         self._http: Any = None  # aiohttp.ClientSession, made on first use
 
     async def infer(self, nodes: Any, *, timeout: float | None = None) -> np.ndarray:
-        """The model's output rows for ``nodes`` (IDs; repeats allowed), in that order."""
-        ids = _ids(nodes)
+        """The model's output rows for ``nodes`` (IDs, or ``{ntype: per-type IDs}`` on a typed
+        graph; repeats allowed), in that order (a dict's types in its order)."""
+        ids: Any = {str(t): _ids(v) for t, v in nodes.items()} if isinstance(nodes, dict) else _ids(nodes)
+        count = sum(v.size for v in ids.values()) if isinstance(ids, dict) else ids.size
         wait = self.timeout if timeout is None else timeout
         if self.scheme == "http":
             return await self._infer_http(ids, wait)
@@ -72,7 +74,7 @@ class AsyncInferenceClient:
             {"op": "infer", "model": self.model, "nodes": ids, "timeout_ms": wait * 1e3}, wait
         )
         out = reply.get("output")
-        if not isinstance(out, np.ndarray) or out.ndim != 2 or out.shape[0] != ids.size:
+        if not isinstance(out, np.ndarray) or out.ndim != 2 or out.shape[0] != count:
             raise ProtocolError("the answer has no [n, d] 'output' array")
         return out
 
@@ -150,12 +152,14 @@ class AsyncInferenceClient:
             self._http = aiohttp.ClientSession(f"http://{self.host}:{self.port}")
         return self._http
 
-    async def _infer_http(self, ids: np.ndarray, wait: float) -> np.ndarray:
+    async def _infer_http(self, ids: np.ndarray | dict[str, np.ndarray], wait: float) -> np.ndarray:
         if self.model is None:
             raise InvalidRequestError("an http:// client needs the model's name (model=...)")
+        named = list(ids.items()) if isinstance(ids, dict) else [("nodes", ids)]
         body = {
             "inputs": [
-                {"name": "nodes", "datatype": "INT64", "shape": [int(ids.size)], "data": ids.tolist()}
+                {"name": name, "datatype": "INT64", "shape": [int(v.size)], "data": v.tolist()}
+                for name, v in named
             ],
             "parameters": {"timeout_ms": wait * 1e3},
         }

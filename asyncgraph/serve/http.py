@@ -95,9 +95,32 @@ def _model(state: ServeState, request: web.Request) -> ModelSpec:
     return state.spec
 
 
-def parse_infer_body(body: bytes) -> tuple[np.ndarray, Any, float | None]:
-    """``(node IDs, request id, timeout in seconds or None)`` of an OIP v2 infer body, or a
-    typed error naming what is wrong."""
+def _input_array(spec: Any) -> tuple[str, np.ndarray]:
+    """One OIP input ``{name, datatype, shape: [n], data}`` as ``(name, IDs)``."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise InvalidRequestError("each input must be an object with a 'name'")
+    name, datatype = spec["name"], spec.get("datatype")
+    if datatype not in INPUT_DATATYPES:
+        raise DTypeMismatchError(
+            f"input {name!r}: datatype {datatype!r}, expected one of {sorted(INPUT_DATATYPES)}"
+        )
+    shape, data = spec.get("shape"), spec.get("data")
+    if not isinstance(data, list) or not all(type(v) is int for v in data):
+        raise DTypeMismatchError(f"input {name!r}: 'data' must be a flat list of integers")
+    if not (isinstance(shape, list) and len(shape) == 1 and shape[0] == len(data)):
+        raise ShapeMismatchError(
+            f"input {name!r}: shape {shape!r} does not match the {len(data)} values of 'data' (expected [n])"
+        )
+    try:
+        return name, np.array(data, dtype=INPUT_DATATYPES[datatype])
+    except OverflowError:
+        raise DTypeMismatchError(f"input {name!r}: a value does not fit {datatype}") from None
+
+
+def parse_infer_body(body: bytes) -> tuple[np.ndarray | dict[str, np.ndarray], Any, float | None]:
+    """``(node IDs, request id, timeout in seconds or None)`` of an OIP v2 infer body, or a typed
+    error naming what is wrong. The IDs are one input ``nodes`` (homogeneous IDs), or on a typed
+    graph one input per node type named by it (per-type IDs; answered in the inputs' order)."""
     try:
         doc = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -107,28 +130,19 @@ def parse_infer_body(body: bytes) -> tuple[np.ndarray, Any, float | None]:
     if not isinstance(doc, dict):
         raise InvalidRequestError("the body must be a JSON object with 'inputs'")
     inputs = doc.get("inputs")
-    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
-        raise InvalidRequestError(f"'inputs' must hold exactly one input, {INPUT_NAME!r}")
-    spec = inputs[0]
-    if spec.get("name") != INPUT_NAME:
-        raise InvalidRequestError(f"unknown input {spec.get('name')!r}; the model's input is {INPUT_NAME!r}")
-    datatype = spec.get("datatype")
-    if datatype not in INPUT_DATATYPES:
-        raise DTypeMismatchError(
-            f"input {INPUT_NAME!r}: datatype {datatype!r}, expected one of {sorted(INPUT_DATATYPES)}"
+    if not isinstance(inputs, list) or not inputs:
+        raise InvalidRequestError(
+            f"'inputs' must hold exactly one input, {INPUT_NAME!r}, or one per node type of a typed graph"
         )
-    shape, data = spec.get("shape"), spec.get("data")
-    if not isinstance(data, list) or not all(type(v) is int for v in data):
-        raise DTypeMismatchError(f"input {INPUT_NAME!r}: 'data' must be a flat list of integers")
-    if not (isinstance(shape, list) and len(shape) == 1 and shape[0] == len(data)):
-        raise ShapeMismatchError(
-            f"input {INPUT_NAME!r}: shape {shape!r} does not match the {len(data)} values of 'data' "
-            "(expected [n])"
-        )
-    try:
-        nodes = np.array(data, dtype=INPUT_DATATYPES[datatype])
-    except OverflowError:
-        raise DTypeMismatchError(f"input {INPUT_NAME!r}: a value does not fit {datatype}") from None
+    arrays = [_input_array(spec) for spec in inputs]
+    names = [name for name, _ in arrays]
+    nodes: np.ndarray | dict[str, np.ndarray]
+    if names == [INPUT_NAME]:
+        nodes = arrays[0][1]
+    elif INPUT_NAME in names or len(set(names)) != len(names):
+        raise InvalidRequestError(f"inputs {names}: either one {INPUT_NAME!r} or distinct node types")
+    else:
+        nodes = dict(arrays)
     params = doc.get("parameters") or {}
     timeout = params.get("timeout_ms") if isinstance(params, dict) else None
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))):

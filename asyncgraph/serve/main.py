@@ -19,7 +19,6 @@ import signal
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 from aiohttp import web
 
@@ -155,7 +154,7 @@ async def serve(args: argparse.Namespace) -> int:
         core = InferenceCore(aio, model, args.fanouts or spec.fanouts, feat=spec.feat, device=args.device,
                              seed=args.seed, inline_rows=args.inline_rows)  # fmt: skip
         await core.check_features()
-        await core.infer(np.zeros(1, dtype=np.int64))  # warm-up: kernels loaded, output width known
+        await core.warm_up()
         options = BatchOptions(
             max_batch=args.max_batch,
             max_delay=args.max_delay_ms / 1e3,

@@ -118,9 +118,12 @@ class WireServer:
                     raise ServerUnavailableError(
                         "not ready: " + ("draining" if state.draining else "starting")
                     )
-                nodes = msg.get("nodes")
-                if not isinstance(nodes, np.ndarray):
-                    raise InvalidRequestError("'nodes' must be an integer array")
+                nodes: Any = msg.get("nodes")
+                typed = isinstance(nodes, dict) and all(
+                    isinstance(t, str) and isinstance(v, np.ndarray) for t, v in nodes.items()
+                )
+                if not (isinstance(nodes, np.ndarray) or typed):
+                    raise InvalidRequestError("'nodes' must be an integer array or {node type: array}")
                 timeout = msg.get("timeout_ms")
                 if timeout is not None and (
                     isinstance(timeout, bool) or not isinstance(timeout, (int, float))
