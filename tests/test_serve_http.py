@@ -172,3 +172,27 @@ def test_inference_client_sync_and_async_over_msgpack_and_http(serve: ServeProce
     answers = asyncio.run(many())
     assert [rows.shape for rows in answers] == [(2, 3)] * 20
     assert all(np.isfinite(rows).all() for rows in answers)
+
+
+def test_feature_cache_answers_the_same(
+    serve: ServeProcess, served: Any, model_dir: Path, tmp_path: Path
+) -> None:
+    """Partitions read over sockets (``--no-shared-memory``) with a feature cache: the same answers
+    as the shared-memory process, and ``/metrics`` counts the cache's hits."""
+    cached = ServeProcess(
+        tmp_path,
+        ["--servers", str(served.ip_config()), "--model", str(model_dir), "--no-shared-memory",
+         "--feature-cache-bytes", str(16 << 20)],
+    )  # fmt: skip
+    try:
+        for nodes in (NODES, list(range(0, 19717, 1500))):
+            status, want = serve.infer(nodes)
+            status_cached, got = cached.infer(nodes)
+            assert status == status_cached == 200
+            np.testing.assert_allclose(got["outputs"][0]["data"], want["outputs"][0]["data"], atol=1e-6)
+        _, text = cached.request("GET", "/metrics")
+        (line,) = [x for x in text.splitlines() if x.startswith("asyncgraph_serve_cache_hits_total ")]
+        hits = float(line.split()[1])
+        assert hits > 0, text
+    finally:
+        cached.stop()

@@ -169,6 +169,8 @@ class DynamicBatcher:
                 offset += n
             for stage in ("sample", "pull", "forward"):
                 self.metrics.observe_stage(stage, getattr(times, stage))
+            self.metrics.remote_rows.inc(times.remote_rows)
+            self.metrics.cache_hits.inc(times.cache_hits)
         except Exception as exc:
             error: BaseException = exc
             if isinstance(exc, TimeoutError):

@@ -39,11 +39,14 @@ __all__ = ["BatchTimes", "InferenceCore"]
 
 @dataclass
 class BatchTimes:
-    """Seconds one batch spent sampling, pulling features and in the forward pass."""
+    """Seconds one batch spent sampling, pulling features and in the forward pass, and what its
+    pulls cost (rows read from other hosts' servers, hits of the feature cache)."""
 
     sample: float = 0.0
     pull: float = 0.0
     forward: float = 0.0
+    remote_rows: int = 0
+    cache_hits: int = 0
 
 
 def _ids(nodes: Any, what: str, limit: int) -> np.ndarray:
@@ -127,6 +130,19 @@ class InferenceCore:
                 raise InvalidRequestError(f"the model answers {self.target!r} nodes only, got a {got!r} node")
         return homo
 
+    async def build_cache(self, budget_bytes: int, *, batch_size: int) -> dict[str, int]:
+        """Cache the input rows of remote partitions most often needed (the loaders' feature cache,
+        ranked by presampled batches of random nodes) within ``budget_bytes``; what was cached."""
+        from asyncgraph.dataloading.fetch import build_feature_cache
+
+        if self.aio.book.is_hetero or budget_bytes <= 0:
+            return {"rows": 0, "bytes": 0, "candidates": 0}
+        nids = np.arange(self.num_nodes, dtype=np.int64)
+        return await build_feature_cache(
+            self.aio, self.sampler, nids, [self.feat], budget_bytes,
+            batch_size=batch_size, seed=self.seed, carry_features=self.carry_features,
+        )  # fmt: skip
+
     async def warm_up(self) -> None:
         """One batch of one node (of the model's target type): kernels loaded, output width known."""
         book = self.aio.book
@@ -141,16 +157,18 @@ class InferenceCore:
         if self.aio.book.is_hetero:
             blocks, x, order = await self._sample_typed(seeds, times)
         else:
+            stats = LoaderStats()
             sampled = await sample_and_pull(
                 self.aio,
                 self.sampler,
                 seeds,
                 self.seed,
-                LoaderStats(),
+                stats,
                 node_feats=[self.feat],
                 carry_features=self.carry_features,
             )
             times.sample, times.pull = sampled.sample_time, sampled.pull_time
+            times.remote_rows, times.cache_hits = stats.traffic.remote_rows, stats.traffic.cache_hits
             blocks, x, order = sampled.blocks, sampled.blocks[0].srcdata[self.feat], None
         t0 = time.perf_counter()
         rows = sum(int(b.num_src_nodes()) for b in blocks[:1]) if not self.aio.book.is_hetero else 0

@@ -78,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--fanouts", type=_fanouts, help="override model.json's fanouts, e.g. 10,10 or -1,-1")
+    p.add_argument(
+        "--feature-cache-bytes",
+        type=int,
+        default=0,
+        help="cache this many bytes of remote partitions' input rows (co-located ones are shared memory)",
+    )
     p.add_argument("--seed", type=int, default=0, help="the sampling seed of every batch")
     p.add_argument("--connect-timeout", type=float, default=60.0)
     p.add_argument(
@@ -154,6 +160,9 @@ async def serve(args: argparse.Namespace) -> int:
         core = InferenceCore(aio, model, args.fanouts or spec.fanouts, feat=spec.feat, device=args.device,
                              seed=args.seed, inline_rows=args.inline_rows)  # fmt: skip
         await core.check_features()
+        if args.feature_cache_bytes > 0:
+            cached = await core.build_cache(args.feature_cache_bytes, batch_size=args.max_batch)
+            log.info("feature cache: %s", cached)
         await core.warm_up()
         options = BatchOptions(
             max_batch=args.max_batch,

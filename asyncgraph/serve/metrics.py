@@ -43,6 +43,17 @@ class ServeMetrics:
             registry=self.registry,
         )
 
+        self.remote_rows = Counter(
+            "asyncgraph_serve_remote_rows",
+            "Feature rows pulled from servers on other hosts (or over sockets)",
+            registry=self.registry,
+        )
+        self.cache_hits = Counter(
+            "asyncgraph_serve_cache_hits",
+            "Feature rows read from the serve process's feature cache",
+            registry=self.registry,
+        )
+
     def observe_stage(self, stage: str, seconds: float) -> None:
         self.latency.labels(stage=stage).observe(seconds)
 
