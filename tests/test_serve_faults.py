@@ -23,6 +23,16 @@ from asyncgraph.testing import start_servers
 DEADLINE_S = 1.5
 
 
+def wait_ready(serve: ServeProcess, status: int, seconds: float) -> tuple[int, Any]:
+    """Poll ``/v2/health/ready`` until it answers ``status`` (or ``seconds`` pass); the last answer."""
+    end = time.monotonic() + seconds
+    while True:
+        got = serve.request("GET", "/v2/health/ready")
+        if got[0] == status or time.monotonic() > end:
+            return got
+        time.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
@@ -71,9 +81,11 @@ def test_server_killed_mid_load_typed_errors_within_deadline_then_recovers(
                 time.sleep(0.05)  # answering under load before the kill
             group.kill(1)
             killed = time.monotonic()
+            readiness = [wait_ready(serve, 503, 10)]  # withdrawn while the server is gone
             time.sleep(3 * DEADLINE_S)
             group.restart(1)
             restarted = time.monotonic()
+            readiness.append(wait_ready(serve, 200, 30))  # and back once it answers again
             end = restarted + 30
             while time.monotonic() < end and not any(t > restarted and o == "ok" for t, o, _ in outcomes):
                 time.sleep(0.1)
@@ -86,7 +98,8 @@ def test_server_killed_mid_load_typed_errors_within_deadline_then_recovers(
         assert all(o in ("RequestTimeoutError", "ServerUnavailableError") for o, _ in failed), failed
         assert max(s for _, s in failed) < DEADLINE_S + 1.0, failed  # within the deadline (+ slack)
         assert any(t > restarted and o == "ok" for t, o, _ in outcomes), outcomes[-5:]
-        assert serve.request("GET", "/v2/health/ready")[0] == 200
+        assert readiness[0][0] == 503 and "does not answer" in readiness[0][1]["reason"], readiness
+        assert readiness[1] == (200, {"ready": True}), readiness
     finally:
         if serve is not None:
             serve.stop()

@@ -143,6 +143,24 @@ class InferenceCore:
             batch_size=batch_size, seed=self.seed, carry_features=self.carry_features,
         )  # fmt: skip
 
+    async def graph_unreachable(self, timeout: float = 1.0) -> str | None:
+        """Why the graph's servers cannot answer now (a ping over every connection within
+        ``timeout``; a lost one is reconnected by it), or None when all answered."""
+        from asyncgraph.protocol.ops import Op
+
+        connections = self.aio.connections
+        if not connections:  # standalone: the partitions are in this process
+            return None
+        results = await asyncio.gather(
+            *(asyncio.wait_for(c.call(Op.PING, {}, timeout), timeout + 0.5) for c in connections),
+            return_exceptions=True,
+        )
+        for conn, result in zip(connections, results, strict=True):
+            if isinstance(result, BaseException):
+                what = type(result).__name__
+                return f"graph server {conn.host}:{conn.port} does not answer ({what})"
+        return None
+
     async def warm_up(self) -> None:
         """One batch of one node (of the model's target type): kernels loaded, output width known."""
         book = self.aio.book

@@ -56,6 +56,8 @@ class ServeState:
     ready: bool = False
     draining: bool = False
     max_body_bytes: int = 1 << 20
+    probed_at: float = float("-inf")
+    unreachable: str | None = None
 
 
 def status_of(exc: BaseException) -> int:
@@ -200,9 +202,20 @@ async def live(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
+    """200 while the model is loaded and every graph server answers a ping (checked at most every
+    half second; the ping also reconnects a lost server), else 503 with the reason."""
     state = _state(request)
-    ok = state.ready and not state.draining
-    return web.json_response({"ready": ok}, status=200 if ok else 503)
+    ok = state.ready and not state.draining and state.core is not None
+    reason = "draining" if state.draining else None if ok else "starting"
+    if ok and state.core is not None:
+        now = time.monotonic()
+        if now - state.probed_at > 0.5:
+            state.probed_at = now
+            state.unreachable = await state.core.graph_unreachable()
+        reason = state.unreachable
+        ok = reason is None
+    body: dict[str, Any] = {"ready": ok} if ok else {"ready": False, "reason": reason}
+    return web.json_response(body, status=200 if ok else 503)
 
 
 async def model_ready(request: web.Request) -> web.Response:
