@@ -109,6 +109,8 @@ def test_typed_requests_through_the_serve_process(
         tmp_path, ["--servers", str(group.ip_config()), "--model", str(model_dir), "--msgpack-port", "0"]
     )
     try:
+        status, meta = serve.request("GET", "/v2/models/acm")
+        assert status == 200 and [i["name"] for i in meta["inputs"]] == ["nodes", "paper"]
         for url in (f"tcp://127.0.0.1:{serve.msgpack_port}", f"http://127.0.0.1:{serve.port}"):
             with asyncgraph.InferenceClient(url, model="acm") as client:
                 np.testing.assert_allclose(client.infer({"paper": papers}), want, atol=1e-5, rtol=1e-5)

@@ -242,13 +242,18 @@ async def model_metadata(request: web.Request) -> web.Response:
         spec = _model(state, request)
     except UnknownModelError as exc:
         return _error(exc)
-    out_dim = state.core.out_dim if state.core is not None and state.core.out_dim is not None else -1
+    core = state.core
+    out_dim = core.out_dim if core is not None and core.out_dim is not None else -1
+    # homogeneous IDs, or on a typed graph per-type IDs under the node type's name
+    names = [INPUT_NAME]
+    if core is not None and core.aio.book.is_hetero:
+        names += [core.target] if core.target is not None else list(core.aio.book.ntypes)
     return web.json_response(
         {
             "name": spec.name,
             "versions": [spec.version],
             "platform": "asyncgraph_pytorch",
-            "inputs": [{"name": INPUT_NAME, "datatype": "INT64", "shape": [-1]}],
+            "inputs": [{"name": name, "datatype": "INT64", "shape": [-1]} for name in names],
             "outputs": [{"name": OUTPUT_NAME, "datatype": "FP32", "shape": [-1, out_dim]}],
             "parameters": {"fanouts": spec.fanouts, "feat": spec.feat, "class": spec.class_path},
         }
