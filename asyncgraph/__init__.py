@@ -59,6 +59,8 @@ _EXPORTS: dict[str, str] = {
     "MiniBatch": "asyncgraph.dataloading",
     "Client": "asyncgraph.client",
     "AsyncClient": "asyncgraph.client",
+    "InferenceClient": "asyncgraph.serve.client",
+    "AsyncInferenceClient": "asyncgraph.serve.client",
 }
 
 # the async API, the GNN layers, the exceptions, and
@@ -116,6 +118,7 @@ if TYPE_CHECKING:
     from asyncgraph.partition.graph import Graph as DGLGraph
     from asyncgraph.partition.hetero_graph import HeteroGraph, heterograph
     from asyncgraph.partition.transform import to_bidirected
+    from asyncgraph.serve.client import AsyncInferenceClient, InferenceClient
 
 
 _lazy_getattr, __dir__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
@@ -141,6 +144,7 @@ __all__ = [
     "EID",
     "NID",
     "AsyncClient",
+    "AsyncInferenceClient",
     "Block",
     "Client",
     "DGLGraph",
@@ -154,6 +158,7 @@ __all__ = [
     "Graph",
     "HeteroBlock",
     "HeteroGraph",
+    "InferenceClient",
     "MiniBatch",
     "NeighborSampler",
     "NodePartitionPolicy",

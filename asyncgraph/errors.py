@@ -211,6 +211,22 @@ class StorageFullError(SnapshotFailedError):
     code = "storage_full"
 
 
+class OverloadedError(AsyncGraphError):
+    """A serving process's queue is full (``--queue-limit``): retry later, ideally with backoff
+    (HTTP 429). Nothing was computed for the request."""
+
+    code = "overloaded"
+
+
+class UnknownModelError(InvalidRequestError, KeyError):
+    """A request names a model the serving process does not serve (HTTP 404)."""
+
+    code = "unknown_model"
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 class ServerUnavailableError(AsyncGraphError, ConnectionError):
     """A server is unreachable or went away; the message names the server."""
 
@@ -265,6 +281,8 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         StorageFullError,
         ServerUnavailableError,
         ServersMissingError,
+        OverloadedError,
+        UnknownModelError,
     )
 }
 

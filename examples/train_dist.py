@@ -65,6 +65,12 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
+        "--save-model",
+        type=Path,
+        default=None,
+        help="rank 0 saves the trained model here for python -m asyncgraph.serve (model.json + model.pt)",
+    )
+    p.add_argument(
         "--cache-fraction",
         type=float,
         default=0.0,
@@ -385,6 +391,14 @@ def main() -> None:
         print("RESULT " + json.dumps(brief), flush=True)
         if args.result_file is not None and "{rank}" not in str(args.result_file):
             args.result_file.write_text(json.dumps(summary, indent=2))
+        if args.save_model is not None:
+            from asyncgraph.serve.artifact import save_model
+
+            plain = model.module if isinstance(model, DistributedDataParallel) else model
+            kwargs = {"in_feats": in_feats, "hidden": args.hidden, "n_classes": num_classes,
+                      "n_layers": len(fanouts), "dropout": args.dropout}  # fmt: skip
+            save_model(args.save_model, plain.to("cpu"), name="sage", kwargs=kwargs, fanouts=fanouts)
+            print(f"model saved to {args.save_model} (serve it: python -m asyncgraph.serve --model ...)")
     train_loader.close()
     if distributed:
         dist.destroy_process_group()

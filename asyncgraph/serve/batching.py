@@ -1,0 +1,201 @@
+"""Dynamic batching (Triton's idea): concurrent requests merged into one sample and one forward.
+
+A batch is cut when a batch slot is free (``in_flight`` batches run at once: one sampling while
+another computes) and either ``max_batch`` nodes are queued or its oldest request has waited
+``max_delay`` seconds while another batch runs, or ``idle_delay`` (default 0) while none does:
+waiting for company pays only while the process is busy; idle, it would only add latency.
+More than ``queue_limit`` queued nodes refuses a request at once (``OverloadedError``) rather
+than letting latency grow without bound. Each request has a deadline: a queued request past it
+is dropped before it is sampled, and its caller gets ``RequestTimeoutError``; a batch that
+fails (a server lost mid-batch) fails its requests with that typed error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from asyncgraph.errors import (
+    AsyncGraphError,
+    InvalidRequestError,
+    OverloadedError,
+    RequestTimeoutError,
+    ServerUnavailableError,
+)
+from asyncgraph.serve.core import BatchTimes
+from asyncgraph.serve.metrics import ServeMetrics
+
+__all__ = ["BatchOptions", "DynamicBatcher", "RunBatch"]
+
+#: ``(distinct sorted node IDs, times to fill) -> output rows in that order``
+RunBatch = Callable[[np.ndarray, BatchTimes], Awaitable[torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """The batcher's bounds (the serve CLI's ``--max-batch`` etc.)."""
+
+    max_batch: int = 256
+    max_delay: float = 0.002
+    idle_delay: float = 0.0
+    queue_limit: int = 4096
+    in_flight: int = 2
+    deadline: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.queue_limit < 1 or self.in_flight < 1:
+            raise ValueError("max_batch, queue_limit and in_flight must be at least 1")
+        if self.max_delay < 0 or self.idle_delay < 0 or self.deadline <= 0:
+            raise ValueError("max_delay and idle_delay must be >= 0 and deadline > 0")
+
+
+@dataclass
+class _Pending:
+    nodes: np.ndarray
+    future: asyncio.Future[torch.Tensor]
+    enqueued: float
+    deadline: float
+    dropped: bool = False
+    started: float = field(default=0.0)
+
+
+class DynamicBatcher:
+    """Queues requests and runs them in merged batches through ``run``."""
+
+    def __init__(self, run: RunBatch, options: BatchOptions, metrics: ServeMetrics | None = None) -> None:
+        self._run = run
+        self.options = options
+        self.metrics = metrics or ServeMetrics()
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._queued_nodes = 0
+        self._arrived = asyncio.Event()
+        self._slots = asyncio.Semaphore(options.in_flight)
+        self._batches: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self._cutter: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start cutting batches (on the running loop)."""
+        if self._cutter is None:
+            self._cutter = asyncio.get_running_loop().create_task(self._cut_batches())
+
+    @property
+    def queued_nodes(self) -> int:
+        return self._queued_nodes
+
+    async def submit(self, nodes: np.ndarray, timeout: float | None = None) -> torch.Tensor:
+        """The output rows for ``nodes`` (any order, repeats allowed), within ``timeout`` seconds
+        (at most the batcher's deadline)."""
+        if self._closing:
+            raise ServerUnavailableError("the serving process is draining (SIGTERM): send to another")
+        opts = self.options
+        if nodes.size > opts.queue_limit:
+            raise InvalidRequestError(
+                f"a request may name at most {opts.queue_limit} nodes (the queue limit), got {nodes.size}"
+            )
+        if self._queued_nodes + nodes.size > opts.queue_limit:
+            raise OverloadedError(
+                f"queue full: {self._queued_nodes} nodes waiting, limit {opts.queue_limit}; retry later"
+            )
+        wait = opts.deadline if timeout is None else min(max(timeout, 0.0), opts.deadline)
+        loop = asyncio.get_running_loop()
+        now = time.perf_counter()
+        item = _Pending(nodes, loop.create_future(), now, now + wait)
+        self._queue.append(item)
+        self._queued_nodes += nodes.size
+        self._arrived.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(item.future), wait)
+        except TimeoutError:
+            item.dropped = True
+            raise RequestTimeoutError(
+                f"no answer within the request's deadline ({wait * 1e3:.0f} ms)"
+            ) from None
+
+    async def _cut_batches(self) -> None:
+        opts = self.options
+        while True:
+            await self._slots.acquire()
+            while not self._queue:
+                self._arrived.clear()
+                await self._arrived.wait()
+            delay = opts.max_delay if self._batches else opts.idle_delay
+            cut_at = self._queue[0].enqueued + delay
+            while self._queued_nodes < opts.max_batch and (left := cut_at - time.perf_counter()) > 0:
+                self._arrived.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), left)
+            batch: list[_Pending] = []
+            size = 0
+            while self._queue and (not batch or size + self._queue[0].nodes.size <= opts.max_batch):
+                item = self._queue.popleft()
+                self._queued_nodes -= item.nodes.size
+                if item.dropped or item.future.done():
+                    continue
+                batch.append(item)
+                size += item.nodes.size
+            if not batch:
+                self._slots.release()
+                continue
+            task = asyncio.get_running_loop().create_task(self._run_batch(batch))
+            self._batches.add(task)
+            task.add_done_callback(self._batches.discard)
+
+    async def _run_batch(self, batch: list[_Pending]) -> None:
+        start = time.perf_counter()
+        times = BatchTimes()
+        try:
+            for item in batch:
+                self.metrics.observe_stage("queue", start - item.enqueued)
+            nodes = np.concatenate([item.nodes for item in batch])
+            seeds, inverse = np.unique(nodes, return_inverse=True)
+            self.metrics.batch_nodes.observe(seeds.size)
+            self.metrics.batch_requests.observe(len(batch))
+            budget = max(item.deadline for item in batch) - start
+            out = await asyncio.wait_for(self._run(seeds, times), max(budget, 0.0))
+            rows = out[torch.from_numpy(inverse.reshape(-1))]
+            offset = 0
+            for item in batch:
+                n = item.nodes.size
+                if not item.future.done():
+                    item.future.set_result(rows[offset : offset + n])
+                offset += n
+            for stage in ("sample", "pull", "forward"):
+                self.metrics.observe_stage(stage, getattr(times, stage))
+            self.metrics.remote_rows.inc(times.remote_rows)
+            self.metrics.cache_hits.inc(times.cache_hits)
+        except Exception as exc:
+            error: BaseException = exc
+            if isinstance(exc, TimeoutError):
+                error = RequestTimeoutError("the batch did not finish within its requests' deadline")
+            elif not isinstance(exc, AsyncGraphError):
+                error = AsyncGraphError(f"inference failed: {type(exc).__name__}: {exc}")
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(error)
+                    item.future.exception()  # retrieved: a caller that timed out never reads it
+        finally:
+            self._slots.release()
+
+    async def drain(self, timeout: float) -> bool:
+        """Refuse new requests, finish the queued and running ones (within ``timeout`` seconds),
+        then stop. True when everything finished."""
+        self._closing = True
+        end = time.perf_counter() + timeout
+        while (self._queue or self._batches) and time.perf_counter() < end:
+            await asyncio.sleep(0.01)
+        done = not self._queue and not self._batches
+        if self._cutter is not None:
+            self._cutter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._cutter
+        for task in list(self._batches):
+            task.cancel()
+        return done

@@ -1,0 +1,254 @@
+"""``asyncgraph.InferenceClient`` (blocking) and ``AsyncInferenceClient``: ask a serving process
+(``python -m asyncgraph.serve``) for the model's output rows of some nodes.
+
+The URL picks the transport: ``tcp://host:port`` the msgpack protocol (``--msgpack-port``:
+arrays by reference, requests pipelined on one connection), ``http://host:port`` KServe's Open
+Inference Protocol v2 (``--port``). Errors come back typed: ``OverloadedError`` (queue full:
+retry later), ``RequestTimeoutError`` (deadline), ``OutOfRangeError`` (unknown node),
+``UnknownModelError``, ``ServerUnavailableError`` (draining, starting, or unreachable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from asyncgraph.errors import (
+    AsyncGraphError,
+    InvalidRequestError,
+    ProtocolError,
+    ServerUnavailableError,
+    error_from_code,
+)
+from asyncgraph.serve.wire import read_frame, write_frame
+
+__all__ = ["AsyncInferenceClient", "InferenceClient"]
+
+_MAX_ANSWER = 1 << 30
+
+
+def _ids(nodes: Any) -> np.ndarray:
+    if hasattr(nodes, "detach"):  # a torch tensor (torch is not imported here)
+        nodes = nodes.detach().cpu().numpy()
+    arr = np.asarray(nodes)
+    if arr.dtype.kind not in "iu" or arr.ndim != 1:
+        raise InvalidRequestError(f"nodes must be a 1-D array of integer IDs, got {arr.dtype} {arr.shape}")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+class AsyncInferenceClient:
+    """One connection to a serving process; ``await infer(nodes)`` -> float32 rows ``[n, d]``."""
+
+    def __init__(self, url: str, model: str | None = None, *, timeout: float = 10.0) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("tcp", "http") or parts.hostname is None or parts.port is None:
+            raise InvalidRequestError(f"url must be tcp://host:port or http://host:port, got {url!r}")
+        self.url = url
+        self.scheme = parts.scheme
+        self.host, self.port = parts.hostname, parts.port
+        self.model = model
+        self.timeout = timeout
+        self._lock = asyncio.Lock()
+        self._writer: asyncio.StreamWriter | None = None
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._next_id = 0
+        self._receiver: asyncio.Task[None] | None = None
+        self._http: Any = None  # aiohttp.ClientSession, made on first use
+
+    async def infer(self, nodes: Any, *, timeout: float | None = None) -> np.ndarray:
+        """The model's output rows for ``nodes`` (IDs, or ``{ntype: per-type IDs}`` on a typed
+        graph; repeats allowed), in that order (a dict's types in its order)."""
+        ids: Any = {str(t): _ids(v) for t, v in nodes.items()} if isinstance(nodes, dict) else _ids(nodes)
+        count = sum(v.size for v in ids.values()) if isinstance(ids, dict) else ids.size
+        wait = self.timeout if timeout is None else timeout
+        if self.scheme == "http":
+            return await self._infer_http(ids, wait)
+        reply = await self._call(
+            {"op": "infer", "model": self.model, "nodes": ids, "timeout_ms": wait * 1e3}, wait
+        )
+        out = reply.get("output")
+        if not isinstance(out, np.ndarray) or out.ndim != 2 or out.shape[0] != count:
+            raise ProtocolError("the answer has no [n, d] 'output' array")
+        return out
+
+    async def metadata(self) -> dict[str, Any]:
+        """The served model's name, version, fanouts and output width."""
+        if self.scheme == "http":
+            return await self._get_json(f"/v2/models/{self.model}")
+        return await self._call({"op": "meta", "model": self.model}, self.timeout)
+
+    # --- msgpack ---------------------------------------------------------------------------
+    async def _open(self) -> None:
+        async with self._lock:
+            if self._writer is not None and not self._writer.is_closing():
+                return
+            try:
+                reader, self._writer = await asyncio.wait_for(
+                    asyncio.open_connection(self.host, self.port), self.timeout
+                )
+            except (OSError, TimeoutError) as exc:
+                raise ServerUnavailableError(f"cannot reach {self.url}: {exc}") from None
+            self._receiver = asyncio.ensure_future(self._receive(reader))
+
+    async def _receive(self, reader: asyncio.StreamReader) -> None:
+        error: AsyncGraphError = ServerUnavailableError(f"{self.url} closed the connection")
+        try:
+            while (msg := await read_frame(reader, _MAX_ANSWER)) is not None:
+                if not isinstance(msg, dict):
+                    raise ProtocolError("an answer is not a map")
+                rid = msg.get("id")
+                fut = self._pending.pop(rid, None) if isinstance(rid, int) else None
+                if fut is None:
+                    if msg.get("ok") is False:  # about the connection (a protocol error)
+                        error = error_from_code(str(msg.get("code")), str(msg.get("error")))
+                    continue
+                if not fut.done():
+                    fut.set_result(msg)
+        except (ProtocolError, ConnectionError) as exc:
+            error = exc if isinstance(exc, ProtocolError) else ServerUnavailableError(f"{self.url}: {exc}")
+        finally:
+            if self._writer is not None:
+                self._writer.close()
+            self._writer = None
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(error)
+            self._pending.clear()
+
+    async def _call(self, request: dict[str, Any], wait: float) -> dict[str, Any]:
+        await self._open()
+        assert self._writer is not None
+        self._next_id += 1
+        rid = request["id"] = self._next_id
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        try:
+            write_frame(self._writer, request)
+            await self._writer.drain()
+            # the server answers a late request with its own typed timeout; this bound is a backstop
+            reply = await asyncio.wait_for(fut, wait + 1.0)
+        except TimeoutError:
+            raise ServerUnavailableError(f"{self.url} did not answer within {wait + 1.0:.1f} s") from None
+        except ConnectionError as exc:
+            raise ServerUnavailableError(f"{self.url}: {exc}") from None
+        finally:
+            self._pending.pop(rid, None)
+        if not reply.get("ok"):
+            raise error_from_code(str(reply.get("code")), str(reply.get("error")))
+        return reply
+
+    # --- HTTP ------------------------------------------------------------------------------
+    async def _session(self) -> Any:
+        if self._http is None:
+            import aiohttp
+
+            self._http = aiohttp.ClientSession(f"http://{self.host}:{self.port}")
+        return self._http
+
+    async def _infer_http(self, ids: np.ndarray | dict[str, np.ndarray], wait: float) -> np.ndarray:
+        if self.model is None:
+            raise InvalidRequestError("an http:// client needs the model's name (model=...)")
+        named = list(ids.items()) if isinstance(ids, dict) else [("nodes", ids)]
+        body = {
+            "inputs": [
+                {"name": name, "datatype": "INT64", "shape": [int(v.size)], "data": v.tolist()}
+                for name, v in named
+            ],
+            "parameters": {"timeout_ms": wait * 1e3},
+        }
+        doc = await self._post_json(f"/v2/models/{self.model}/infer", body, wait)
+        try:
+            (out,) = doc["outputs"]
+            return np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed inference answer: {exc}") from None
+
+    async def _post_json(self, path: str, body: Any, wait: float) -> dict[str, Any]:
+        import aiohttp
+
+        session = await self._session()
+        try:
+            async with session.post(path, json=body, timeout=aiohttp.ClientTimeout(total=wait + 1.0)) as resp:
+                return self._checked(resp.status, await resp.text())
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ServerUnavailableError(f"{self.url}: {type(exc).__name__}: {exc}") from None
+
+    async def _get_json(self, path: str) -> dict[str, Any]:
+        import aiohttp
+
+        session = await self._session()
+        try:
+            async with session.get(path, timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
+                return self._checked(resp.status, await resp.text())
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ServerUnavailableError(f"{self.url}: {type(exc).__name__}: {exc}") from None
+
+    def _checked(self, status: int, text: str) -> dict[str, Any]:
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError:
+            doc = {"error": text[:200]}
+        if status == 200 and isinstance(doc, dict):
+            return doc
+        message = str(doc.get("error", f"HTTP {status}")) if isinstance(doc, dict) else f"HTTP {status}"
+        code = str(doc.get("code", "")) if isinstance(doc, dict) else ""
+        if 400 <= status < 500 and code in ("", "too_large"):
+            return_error: AsyncGraphError = InvalidRequestError(message)
+        else:
+            return_error = error_from_code(code or "internal", message)
+        raise return_error
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self._receiver is not None:
+            self._receiver.cancel()
+            with contextlib.suppress(BaseException):
+                await self._receiver
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    async def __aenter__(self) -> AsyncInferenceClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class InferenceClient:
+    """The blocking client: ``AsyncInferenceClient`` run on a loop thread of its own."""
+
+    def __init__(self, url: str, model: str | None = None, *, timeout: float = 10.0) -> None:
+        from asyncgraph.client.loop_thread import EventLoopThread
+
+        self._loop = EventLoopThread(name="asyncgraph-inference")
+        self._aio = AsyncInferenceClient(url, model, timeout=timeout)
+        self._closed = threading.Event()
+
+    def infer(self, nodes: Sequence[int] | np.ndarray | Any, *, timeout: float | None = None) -> np.ndarray:
+        """The model's output rows for ``nodes``, in that order (float32 ``[n, d]``)."""
+        return self._loop.run(self._aio.infer(nodes, timeout=timeout))
+
+    def metadata(self) -> dict[str, Any]:
+        return self._loop.run(self._aio.metadata())
+
+    def close(self) -> None:
+        if not self._closed.is_set():
+            self._closed.set()
+            with contextlib.suppress(Exception):
+                self._loop.run(self._aio.close(), timeout=5.0)
+            self._loop.stop()
+
+    def __enter__(self) -> InferenceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

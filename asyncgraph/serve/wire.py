@@ -1,0 +1,158 @@
+"""The serving process's msgpack protocol (for ``InferenceClient``): the graph servers' frames
+(``protocol/codec.py``: a 4-byte length, a msgpack header, arrays by reference) over one TCP
+connection, requests pipelined and answered as they finish (matched by ``id``).
+
+Request ``{"op": "infer", "id": int, "model": str | None, "nodes": int array [n],
+"timeout_ms": number | None}`` (or ``{"op": "meta", "id": int}``); answer ``{"id", "ok": True,
+"output": float32 array [n, d]}`` or ``{"id", "ok": False, "code", "error"}``. A malformed frame
+or one over the size limit is answered with a ``protocol`` error and the connection closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from asyncgraph.errors import (
+    AsyncGraphError,
+    InvalidRequestError,
+    ProtocolError,
+    ServerUnavailableError,
+    UnknownModelError,
+)
+from asyncgraph.protocol.codec import decode_frame, encode_frame_bytes
+from asyncgraph.protocol.framing import LENGTH_PREFIX
+from asyncgraph.serve.http import ServeState
+
+__all__ = ["WireServer", "read_frame", "write_frame"]
+
+log = logging.getLogger(__name__)
+
+
+async def read_frame(reader: asyncio.StreamReader, max_size: int) -> Any:
+    """The next frame's value; ``None`` at a clean end of stream; ``ProtocolError`` if malformed."""
+    try:
+        prefix = await reader.readexactly(LENGTH_PREFIX.size)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise ProtocolError("the connection closed inside a frame's length") from None
+    (size,) = LENGTH_PREFIX.unpack(prefix)
+    if size > max_size:
+        raise ProtocolError(f"frame of {size} bytes is over the limit of {max_size}")
+    try:
+        body = await reader.readexactly(size)
+    except asyncio.IncompleteReadError:
+        raise ProtocolError("the connection closed inside a frame") from None
+    return decode_frame(body)
+
+
+def write_frame(writer: asyncio.StreamWriter, value: Any) -> None:
+    writer.write(encode_frame_bytes(value))
+
+
+class WireServer:
+    """Answers msgpack frames on a TCP port through the same batcher as HTTP (``ServeState``)."""
+
+    def __init__(self, state: ServeState, *, max_frame: int) -> None:
+        self.state = state
+        self.max_frame = max_frame
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._requests: set[asyncio.Task[None]] = set()
+
+    async def start(self, host: str, port: int, *, reuse_port: bool = False) -> int:
+        """Listen; returns the bound port."""
+        self._server = await asyncio.start_server(
+            self._serve_connection, host, port, reuse_port=reuse_port or None
+        )
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            while True:
+                try:
+                    msg = await read_frame(reader, self.max_frame)
+                except (ProtocolError, ConnectionError) as exc:
+                    with contextlib.suppress(Exception):
+                        write_frame(writer, {"id": None, "ok": False, "code": "protocol", "error": str(exc)})
+                        await writer.drain()
+                    return
+                if msg is None:
+                    return
+                request = asyncio.ensure_future(self._answer(msg, writer))
+                self._requests.add(request)
+                request.add_done_callback(self._requests.discard)
+        finally:
+            self._connections.discard(task)
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    async def _answer(self, msg: Any, writer: asyncio.StreamWriter) -> None:
+        state = self.state
+        rid = msg.get("id") if isinstance(msg, dict) else None
+        outcome = "ok"
+        started = time.perf_counter()
+        try:
+            if not isinstance(msg, dict) or msg.get("op") not in ("infer", "meta"):
+                raise InvalidRequestError("a request is a map with 'op' 'infer' or 'meta'")
+            model = msg.get("model")
+            if model is not None and model != state.spec.name:
+                raise UnknownModelError(f"no model {model!r} here; served: {state.spec.name!r}")
+            if msg["op"] == "meta":
+                core = state.core
+                reply: dict[str, Any] = {
+                    "id": rid, "ok": True, "name": state.spec.name, "version": state.spec.version,
+                    "fanouts": state.spec.fanouts, "out_dim": None if core is None else core.out_dim,
+                }  # fmt: skip
+            else:
+                if state.draining or state.core is None or state.batcher is None:
+                    raise ServerUnavailableError(
+                        "not ready: " + ("draining" if state.draining else "starting")
+                    )
+                nodes: Any = msg.get("nodes")
+                typed = isinstance(nodes, dict) and all(
+                    isinstance(t, str) and isinstance(v, np.ndarray) for t, v in nodes.items()
+                )
+                if not (isinstance(nodes, np.ndarray) or typed):
+                    raise InvalidRequestError("'nodes' must be an integer array or {node type: array}")
+                timeout = msg.get("timeout_ms")
+                if timeout is not None and (
+                    isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                ):
+                    raise InvalidRequestError("'timeout_ms' must be a number")
+                ids = state.core.check_nodes(nodes)
+                rows = await state.batcher.submit(ids, None if timeout is None else timeout / 1e3)
+                reply = {"id": rid, "ok": True, "output": np.ascontiguousarray(rows.numpy())}
+        except AsyncGraphError as exc:
+            outcome = exc.code
+            reply = {"id": rid, "ok": False, "code": exc.code, "error": str(exc)}
+        except Exception as exc:
+            outcome = "internal"
+            log.exception("msgpack inference request failed")
+            reply = {"id": rid, "ok": False, "code": "internal", "error": f"{type(exc).__name__}: {exc}"}
+        if isinstance(msg, dict) and msg.get("op") == "infer":
+            state.metrics.requests.labels(outcome=outcome).inc()
+            state.metrics.observe_stage("total", time.perf_counter() - started)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            write_frame(writer, reply)
+            await writer.drain()
+
+    async def close(self, timeout: float) -> None:
+        """Stop listening, let running requests answer (within ``timeout``), close connections."""
+        if self._server is not None:
+            self._server.close()
+        if self._requests:
+            await asyncio.wait(list(self._requests), timeout=timeout)
+        for task in list(self._connections):
+            task.cancel()
+        if self._connections:
+            await asyncio.wait(list(self._connections), timeout=1.0)

@@ -1,0 +1,218 @@
+"""Online inference latency against offered load (issue 36): ``python -m benchmarks.serve_bench``.
+
+Partitions the graph (PubMed by default) into 2 parts, starts 2 servers and one
+``python -m asyncgraph.serve`` (2-layer GraphSAGE, fanouts 10,10, random weights: speed only),
+then offers single-node requests open-loop at each ``--rates`` value for ``--seconds`` over
+``--connections`` msgpack connections (``InferenceClient``'s protocol). Latency is measured from
+each request's *scheduled* time (coordinated-omission-correct, HdrHistogram), so a saturated
+server shows its queueing. Per rate: achieved rate, p50/p90/p99/max, errors by type, and from the
+serve process's ``/metrics`` the mean batch (nodes, requests) and the mean seconds per stage.
+Writes ``benchmarks/results/serve_bench.json`` and a latency-vs-load plot next to it.
+Run it alone: ``flock -x /tmp/asyncgraph-bench.lock python -m benchmarks.serve_bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from asyncgraph.errors import AsyncGraphError
+from asyncgraph.nn import GraphSAGE
+from asyncgraph.serve.artifact import save_model
+from asyncgraph.serve.client import AsyncInferenceClient
+from asyncgraph.testing import start_servers
+from benchmarks.common import RESULTS, partitioned, subprocess_env
+from benchmarks.loadgen.worker import LatencyHistogram
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _metrics(port: int) -> dict[str, float]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith(("_sum", "_count")) or sample.name.endswith("_total"):
+                stage = sample.labels.get("stage") or sample.labels.get("outcome") or ""
+                out[f"{sample.name}{'/' + stage if stage else ''}"] = sample.value
+    return out
+
+
+def _delta(after: dict[str, float], before: dict[str, float], key: str) -> float:
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+async def _offer(
+    url: str, rate: float, seconds: float, connections: int, num_nodes: int, seed: int
+) -> dict[str, Any]:
+    clients = [AsyncInferenceClient(url, timeout=5.0) for _ in range(connections)]
+    for c in clients:  # connect before the clock starts
+        await c.metadata()
+    hist = LatencyHistogram()
+    errors: dict[str, int] = {}
+    rng = np.random.default_rng(seed)
+    total = int(rate * seconds)
+    nodes = rng.integers(0, num_nodes, size=total)
+    done = 0
+    max_inflight = 4096
+    inflight: set[asyncio.Task[None]] = set()
+    dropped = 0
+
+    async def one(k: int, scheduled: float) -> None:
+        nonlocal done
+        try:
+            await clients[k % connections].infer([int(nodes[k])])
+            hist.record(time.perf_counter() - scheduled)
+            done += 1
+        except AsyncGraphError as exc:
+            errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+
+    t0 = time.perf_counter() + 0.05
+    for k in range(total):
+        scheduled = t0 + k / rate
+        delay = scheduled - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if len(inflight) >= max_inflight:
+            dropped += 1
+            continue
+        task = asyncio.ensure_future(one(k, scheduled))
+        inflight.add(task)
+        task.add_done_callback(inflight.discard)
+    if inflight:
+        await asyncio.wait(list(inflight), timeout=30)
+    elapsed = time.perf_counter() - t0
+    for c in clients:
+        await c.close()
+    return {
+        "offered_rps": rate,
+        "achieved_rps": done / elapsed,
+        "ok": done,
+        "errors": errors,
+        "dropped": dropped,
+        "p50_ms": hist.percentile(50) * 1e3,
+        "p90_ms": hist.percentile(90) * 1e3,
+        "p99_ms": hist.percentile(99) * 1e3,
+        "max_ms": hist.max_s * 1e3,
+    }
+
+
+def _plot(points: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    x = [p["offered_rps"] for p in points]
+    ax.plot(x, [p["p50_ms"] for p in points], "o-", label="p50")
+    ax.plot(x, [p["p99_ms"] for p in points], "s-", label="p99")
+    ax.axhline(20, color="grey", linestyle="--", label="target p99 20 ms")
+    ax.set_xlabel("offered load (single-node requests/s)")
+    ax.set_ylabel("latency (ms, from the scheduled time)")
+    ax.set_yscale("log")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--graph", type=Path, default=ROOT / "examples" / "data" / "pubmed.npz")
+    ap.add_argument("--rates", default="100,200,400,800,1200")
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--connections", type=int, default=8)
+    ap.add_argument("--fanouts", default="10,10")
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--max-batch", type=int, default=256)
+    ap.add_argument("--max-delay-ms", type=float, default=2.0)
+    ap.add_argument("--name", default="serve_bench")
+    ap.add_argument("--serve-args", default="", help="more options for the serve process, space-separated")
+    args = ap.parse_args()
+    part_config = partitioned(args.graph, 2)
+    with np.load(args.graph) as raw:
+        num_nodes, feat_dim = (int(d) for d in raw["feat"].shape)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        group = start_servers(part_config, work / "servers", num_parts=2)
+        serve = None
+        try:
+            fanouts = [int(f) for f in args.fanouts.split(",")]
+            kwargs = {"in_feats": feat_dim, "hidden": args.hidden, "n_classes": 3, "n_layers": len(fanouts)}
+            torch.manual_seed(0)
+            model_dir = save_model(
+                work / "model", GraphSAGE(**kwargs), name="sage", kwargs=kwargs, fanouts=fanouts
+            )
+            ready = work / "serve-ready.json"
+            serve = subprocess.Popen(
+                [sys.executable, "-m", "asyncgraph.serve", "--part-config", str(part_config),
+                 "--servers", str(group.ip_config()), "--model", str(model_dir), "--port", "0",
+                 "--msgpack-port", "0", "--ready-file", str(ready), "--max-batch", str(args.max_batch),
+                 "--max-delay-ms", str(args.max_delay_ms), *args.serve_args.split()],
+                env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            end = time.monotonic() + 180
+            while not ready.exists():
+                if serve.poll() is not None or time.monotonic() > end:
+                    raise SystemExit("the serve process did not start")
+                time.sleep(0.1)
+            where = json.loads(ready.read_text())
+            url = f"tcp://127.0.0.1:{where['msgpack_port']}"
+            asyncio.run(_offer(url, 50, 1.0, args.connections, num_nodes, 99))  # warm-up
+            points = []
+            for i, rate in enumerate(float(r) for r in args.rates.split(",")):
+                before = _metrics(where["port"])
+                point = asyncio.run(_offer(url, rate, args.seconds, args.connections, num_nodes, i))
+                after = _metrics(where["port"])
+                batches = _delta(after, before, "asyncgraph_serve_batch_nodes_count")
+                point["mean_batch_nodes"] = _delta(after, before, "asyncgraph_serve_batch_nodes_sum") / max(
+                    batches, 1
+                )
+                point["mean_batch_requests"] = _delta(
+                    after, before, "asyncgraph_serve_batch_requests_sum"
+                ) / max(batches, 1)
+                for stage in ("queue", "sample", "pull", "forward", "total"):
+                    n = _delta(after, before, f"asyncgraph_serve_latency_seconds_count/{stage}")
+                    s = _delta(after, before, f"asyncgraph_serve_latency_seconds_sum/{stage}")
+                    point[f"mean_{stage}_ms"] = 1e3 * s / max(n, 1)
+                points.append(point)
+                print(
+                    json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in point.items()}),
+                    flush=True,
+                )
+        finally:
+            if serve is not None and serve.poll() is None:
+                serve.send_signal(signal.SIGTERM)
+                serve.wait(timeout=60)
+            group.stop()
+    result = {"graph": args.graph.name, "fanouts": args.fanouts, "hidden": args.hidden,
+              "max_batch": args.max_batch, "max_delay_ms": args.max_delay_ms, "connections": args.connections,
+              "seconds": args.seconds, "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "points": points}  # fmt: skip
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1))
+    _plot(
+        points, RESULTS / f"{args.name}.png", f"{args.graph.stem}: 2 servers + serve, fanouts {args.fanouts}"
+    )
+    print(f"wrote {RESULTS / (args.name + '.json')} and .png")
+
+
+if __name__ == "__main__":
+    main()
