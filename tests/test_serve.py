@@ -59,7 +59,7 @@ def _offline(g: asyncgraph.DistGraph, model: torch.nn.Module, fanouts: list[int]
 
     async def run() -> torch.Tensor:
         sampled = await sample_and_pull(
-            g.client.aio, NeighborSampler(fanouts), seeds, 0, LoaderStats(), node_feats=["feat"]
+            g.client.async_client, NeighborSampler(fanouts), seeds, 0, LoaderStats(), node_feats=["feat"]
         )
         with torch.no_grad():
             return model.eval()(sampled.blocks, sampled.blocks[0].srcdata["feat"])
@@ -99,7 +99,7 @@ def test_a_broken_model_folder_is_a_typed_error(model_dir: Path, tmp_path: Path)
 
 def test_answers_equal_offline_model_on_the_same_blocks(graph: asyncgraph.DistGraph, model_dir: Path) -> None:
     spec, model = load_model(model_dir)
-    core = InferenceCore(graph.client.aio, model, spec.fanouts)
+    core = InferenceCore(graph.client.async_client, model, spec.fanouts)
     seeds = np.unique(NODES)
     got = graph.client.loop.run(core.infer(seeds))
     want = _offline(graph, model, spec.fanouts, seeds)
@@ -112,7 +112,7 @@ def test_answers_equal_offline_model_on_the_same_blocks(graph: asyncgraph.DistGr
 
 def test_full_neighbourhood_equals_layerwise_inference(graph: asyncgraph.DistGraph, model_dir: Path) -> None:
     _, model = load_model(model_dir)
-    core = InferenceCore(graph.client.aio, model, [-1, -1])
+    core = InferenceCore(graph.client.async_client, model, [-1, -1])
     seeds = np.unique(np.concatenate([NODES, np.arange(0, 19717, 97)]))
     got = graph.client.loop.run(core.infer(seeds))
     out = layerwise_inference(graph, model, graph.ndata["feat"], batch_size=5000, name="srv_lw")
@@ -125,7 +125,7 @@ def test_full_neighbourhood_equals_layerwise_inference(graph: asyncgraph.DistGra
 
 def test_bad_node_ids_are_typed_errors(graph: asyncgraph.DistGraph, model_dir: Path) -> None:
     _, model = load_model(model_dir)
-    core = InferenceCore(graph.client.aio, model, [5, 10])
+    core = InferenceCore(graph.client.async_client, model, [5, 10])
     with pytest.raises(OutOfRangeError, match="unknown node ID 19717"):
         core.check_nodes(np.array([1, 19717], dtype=np.int64))
     with pytest.raises(OutOfRangeError, match="unknown node ID -1"):
@@ -137,7 +137,7 @@ def test_bad_node_ids_are_typed_errors(graph: asyncgraph.DistGraph, model_dir: P
 
 def test_batcher_merges_refuses_and_keeps_deadlines(graph: asyncgraph.DistGraph, model_dir: Path) -> None:
     spec, model = load_model(model_dir)
-    core = InferenceCore(graph.client.aio, model, spec.fanouts)
+    core = InferenceCore(graph.client.async_client, model, spec.fanouts)
     calls: list[np.ndarray] = []
 
     async def run(seeds: np.ndarray, times: BatchTimes) -> torch.Tensor:
@@ -175,7 +175,7 @@ def test_batcher_merges_refuses_and_keeps_deadlines(graph: asyncgraph.DistGraph,
 
 def test_an_idle_batcher_does_not_wait_for_company(graph: asyncgraph.DistGraph, model_dir: Path) -> None:
     spec, model = load_model(model_dir)
-    core = InferenceCore(graph.client.aio, model, spec.fanouts)
+    core = InferenceCore(graph.client.async_client, model, spec.fanouts)
 
     async def scenario() -> float:
         batcher = DynamicBatcher(core.infer, BatchOptions(max_delay=5.0, idle_delay=0.0, deadline=30))

@@ -70,7 +70,12 @@ def test_answers_equal_the_offline_model(serve: ServeProcess, served: Any, model
     try:
         sampled = client.loop.run(
             sample_and_pull(
-                client.aio, NeighborSampler(spec.fanouts), seeds, 0, LoaderStats(), node_feats=["feat"]
+                client.async_client,
+                NeighborSampler(spec.fanouts),
+                seeds,
+                0,
+                LoaderStats(),
+                node_feats=["feat"],
             )
         )
     finally:

@@ -56,7 +56,7 @@ def acm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, asyncgr
 def test_typed_requests_equal_layerwise_inference(acm: tuple[Any, asyncgraph.DistGraph, Path, Any]) -> None:
     hg, g, model_dir, _ = acm
     spec, model = load_model(model_dir)
-    core = InferenceCore(g.client.aio, model, spec.fanouts)
+    core = InferenceCore(g.client.async_client, model, spec.fanouts)
     assert core.target == "paper"
     papers = np.array([0, 5, 17, 100, 5, hg.num_nodes("paper") - 1])
     homo = core.check_nodes({"paper": papers})
@@ -100,7 +100,7 @@ def test_typed_requests_through_the_serve_process(
 ) -> None:
     _, g, model_dir, group = acm
     spec, model = load_model(model_dir)
-    core = InferenceCore(g.client.aio, model, spec.fanouts)
+    core = InferenceCore(g.client.async_client, model, spec.fanouts)
     papers = np.array([3, 1, 3, 40])
     seeds, inverse = np.unique(core.check_nodes({"paper": papers}), return_inverse=True)
     want = g.client.loop.run(core.infer(seeds))[torch.from_numpy(inverse)].numpy()

@@ -82,7 +82,7 @@ class InferenceCore:
         carry_features: bool = True,
         inline_rows: int = 0,
     ) -> None:
-        self.aio = aio
+        self.async_client = aio
         self.model = model.eval()
         self.sampler = NeighborSampler(list(fanouts))
         self.feat = feat
@@ -100,7 +100,7 @@ class InferenceCore:
     async def check_features(self) -> None:
         """Raise ``UnknownTensorError`` unless the graph has the model's input node tensor."""
         try:
-            await self.aio.tensor_meta(node_key(self.feat))
+            await self.async_client.tensor_meta(node_key(self.feat))
         except UnknownTensorError:
             raise UnknownTensorError(
                 f"the graph has no node tensor {self.feat!r} (the model's input)"
@@ -109,7 +109,7 @@ class InferenceCore:
     def check_nodes(self, nodes: np.ndarray | Mapping[str, np.ndarray]) -> np.ndarray:
         """``nodes`` (homogeneous IDs, or ``{ntype: per-type IDs}`` on a typed graph) as a 1-D
         int64 array of existing homogeneous node IDs, else a typed error naming the problem."""
-        book = self.aio.book
+        book = self.async_client.book
         if isinstance(nodes, Mapping):
             if not book.is_hetero:
                 raise UnknownTypeError("the graph has no node types: send homogeneous IDs ('nodes')")
@@ -135,11 +135,11 @@ class InferenceCore:
         ranked by presampled batches of random nodes) within ``budget_bytes``; what was cached."""
         from asyncgraph.dataloading.fetch import build_feature_cache
 
-        if self.aio.book.is_hetero or budget_bytes <= 0:
+        if self.async_client.book.is_hetero or budget_bytes <= 0:
             return {"rows": 0, "bytes": 0, "candidates": 0}
         nids = np.arange(self.num_nodes, dtype=np.int64)
         return await build_feature_cache(
-            self.aio, self.sampler, nids, [self.feat], budget_bytes,
+            self.async_client, self.sampler, nids, [self.feat], budget_bytes,
             batch_size=batch_size, seed=self.seed, carry_features=self.carry_features,
         )  # fmt: skip
 
@@ -148,7 +148,7 @@ class InferenceCore:
         ``timeout``; a lost one is reconnected by it), or None when all answered."""
         from asyncgraph.protocol.ops import Op
 
-        connections = self.aio.connections
+        connections = self.async_client.connections
         if not connections:  # standalone: the partitions are in this process
             return None
         results = await asyncio.gather(
@@ -163,7 +163,7 @@ class InferenceCore:
 
     async def warm_up(self) -> None:
         """One batch of one node (of the model's target type): kernels loaded, output width known."""
-        book = self.aio.book
+        book = self.async_client.book
         first = np.zeros(1, dtype=np.int64)
         if self.target is not None:
             first = np.asarray(book.map_to_homo_nid(first, self.target), dtype=np.int64)
@@ -172,12 +172,12 @@ class InferenceCore:
     async def infer(self, seeds: np.ndarray, times: BatchTimes | None = None) -> torch.Tensor:
         """The model's output rows (CPU, in ``seeds`` order) for distinct, sorted ``seeds``."""
         times = times if times is not None else BatchTimes()
-        if self.aio.book.is_hetero:
+        if self.async_client.book.is_hetero:
             blocks, x, order = await self._sample_typed(seeds, times)
         else:
             stats = LoaderStats()
             sampled = await sample_and_pull(
-                self.aio,
+                self.async_client,
                 self.sampler,
                 seeds,
                 self.seed,
@@ -189,7 +189,7 @@ class InferenceCore:
             times.remote_rows, times.cache_hits = stats.traffic.remote_rows, stats.traffic.cache_hits
             blocks, x, order = sampled.blocks, sampled.blocks[0].srcdata[self.feat], None
         t0 = time.perf_counter()
-        rows = sum(int(b.num_src_nodes()) for b in blocks[:1]) if not self.aio.book.is_hetero else 0
+        rows = sum(int(b.num_src_nodes()) for b in blocks[:1]) if not self.async_client.book.is_hetero else 0
         if rows and rows <= self.inline_rows:  # a hand-off costs more than it frees
             out = self._forward(blocks, x)
         else:
@@ -222,12 +222,12 @@ class InferenceCore:
         type), and the positions of the seeds among the last block's destinations."""
         from asyncgraph.dataloading.hetero_block import sample_and_pull_hetero
 
-        book = self.aio.book
+        book = self.async_client.book
         types, per_type = book.map_to_per_ntype(seeds)
         types, per_type = np.asarray(types), np.asarray(per_type)
         seed_dict = {book.ntypes[t]: per_type[types == t] for t in np.unique(types).tolist()}
         _, outputs, blocks, times.sample, times.pull = await sample_and_pull_hetero(
-            self.aio, self.sampler, seed_dict, self.seed, node_feats=[self.feat], labels=None
+            self.async_client, self.sampler, seed_dict, self.seed, node_feats=[self.feat], labels=None
         )
         first = blocks[0]
         x = {t: first.srcdata[t][self.feat] for t in first.ntypes if self.feat in first.srcdata[t]}

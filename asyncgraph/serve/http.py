@@ -246,8 +246,8 @@ async def model_metadata(request: web.Request) -> web.Response:
     out_dim = core.out_dim if core is not None and core.out_dim is not None else -1
     # homogeneous IDs, or on a typed graph per-type IDs under the node type's name
     names = [INPUT_NAME]
-    if core is not None and core.aio.book.is_hetero:
-        names += [core.target] if core.target is not None else list(core.aio.book.ntypes)
+    if core is not None and core.async_client.book.is_hetero:
+        names += [core.target] if core.target is not None else list(core.async_client.book.ntypes)
     return web.json_response(
         {
             "name": spec.name,
