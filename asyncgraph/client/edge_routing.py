@@ -14,32 +14,25 @@ __all__ = ["edge_positions", "node_positions"]
 def node_positions(book: RangePartitionBook, ids: np.ndarray) -> list[np.ndarray]:
     """Positions of each partition's node IDs in ``ids``: the book's ranges below the base node
     count, ``(id - N_base) % P`` above it (added nodes; their owner says whether they exist)."""
-    base = book.num_nodes
-    if not ids.size or int(ids.max()) < base:
-        return book.positions(ids, "node")
-    if int(ids.min()) < 0:
-        raise OutOfRangeError(f"node ID {int(ids.min())} is negative")
-    parts = book.num_partitions()
-    above = ids >= base
-    owner = np.empty(ids.size, np.int64)
-    owner[above] = (ids[above] - base) % parts
-    if not above.all():
-        owner[~above] = book.owner(ids[~above], "node")
-    return split_by_owner(owner, parts)
+    return _positions(book, ids, "node", book.num_nodes)
 
 
 def edge_positions(book: RangePartitionBook, eids: np.ndarray) -> list[np.ndarray]:
     """Positions of each partition's edge IDs in ``eids``: the book's ranges below the base
     edge count, ``(eid - E_base) % P`` above it (``OutOfRangeError`` for a negative ID)."""
-    base = book.num_edges
-    if not eids.size or int(eids.max()) < base:
-        return book.positions(eids, "edge")
-    if int(eids.min()) < 0:
-        raise OutOfRangeError(f"edge ID {int(eids.min())} is negative")
+    return _positions(book, eids, "edge", book.num_edges)
+
+
+def _positions(book: RangePartitionBook, ids: np.ndarray, kind: str, base: int) -> list[np.ndarray]:
+    """``book.positions`` extended past ``base`` by the strided rule of added IDs."""
+    if not ids.size or int(ids.max()) < base:
+        return book.positions(ids, kind)
+    if int(ids.min()) < 0:
+        raise OutOfRangeError(f"{kind} ID {int(ids.min())} is negative")
     parts = book.num_partitions()
-    above = eids >= base
-    owner = np.empty(eids.size, np.int64)
-    owner[above] = (eids[above] - base) % parts
+    above = ids >= base
+    owner = np.empty(ids.size, np.int64)
+    owner[above] = (ids[above] - base) % parts
     if not above.all():
-        owner[~above] = book.owner(eids[~above], "edge")
+        owner[~above] = book.owner(ids[~above], kind)
     return split_by_owner(owner, parts)

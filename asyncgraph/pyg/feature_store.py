@@ -26,7 +26,6 @@ import torch
 from torch_geometric.data import FeatureStore, TensorAttr
 
 from asyncgraph.arrays import as_id_array
-from asyncgraph.client.sync_client import Client
 from asyncgraph.dataloading.fetch import client_of
 from asyncgraph.errors import (
     DTypeMismatchError,
@@ -37,15 +36,14 @@ from asyncgraph.errors import (
     UnknownTypeError,
 )
 from asyncgraph.names import node_key, tensor_prefix
-from asyncgraph.partition.book import RangePartitionBook
 
 from .attrs import PYG_ALIASES, node_tensors
-from .link import ClientLink
+from .link import ClientLink, LinkedStore
 
 __all__ = ["PYG_ALIASES", "DistFeatureStore"]
 
 
-class DistFeatureStore(FeatureStore):  # type: ignore[misc]
+class DistFeatureStore(LinkedStore, FeatureStore):  # type: ignore[misc]
     """PyG ``FeatureStore`` whose tensors are a ``DistGraph``'s node tensors.
 
     ``attrs`` names the PyG attributes ``get_all_tensor_attrs`` lists (what PyG's loaders fetch
@@ -70,27 +68,8 @@ class DistFeatureStore(FeatureStore):  # type: ignore[misc]
         self._attrs = None if attrs is None else list(attrs)
         self._created: list[Any] = []
 
-    @property
-    def client(self) -> Client:
-        """This process's client (a worker process opens its own: ``link.py``)."""
-        return self._link.client
-
-    @property
-    def book(self) -> RangePartitionBook:
-        return self.client.book
-
-    @property
-    def graph(self) -> Any:
-        """The ``DistGraph`` (in a worker process, one over that process's client)."""
-        if self._graph is None or client_of(self._graph) is not self.client:
-            from asyncgraph.distributed import DistGraph
-
-            self._graph = DistGraph(self.client.graph_name, client=self.client)
-        return self._graph
-
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_graph"] = None  # a DistGraph holds a client: the link carries it instead
+        state = super().__getstate__()
         state["_created"] = []
         return state
 

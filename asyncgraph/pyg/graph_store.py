@@ -17,20 +17,18 @@ import torch
 from torch_geometric.data import EdgeAttr, GraphStore
 from torch_geometric.data.graph_store import EdgeLayout
 
-from asyncgraph.client.sync_client import Client
 from asyncgraph.dataloading.fetch import client_of
 from asyncgraph.distributed.hetero import etype_fanouts
 from asyncgraph.errors import InvalidRequestError, UnknownTypeError
-from asyncgraph.partition.book import RangePartitionBook
 
-from .link import ClientLink
+from .link import ClientLink, LinkedStore
 
 __all__ = ["DistGraphStore"]
 
 _CHUNK = 1 << 22  # edge IDs per find_edges call when assembling a homogeneous COO
 
 
-class DistGraphStore(GraphStore):  # type: ignore[misc]
+class DistGraphStore(LinkedStore, GraphStore):  # type: ignore[misc]
     """PyG ``GraphStore`` whose edges are a ``DistGraph``'s (read-only: the servers own them).
 
     Picklable and fork-safe (``link.py``): PyG's loaders may use it in ``num_workers`` processes."""
@@ -41,28 +39,6 @@ class DistGraphStore(GraphStore):  # type: ignore[misc]
         self._link = ClientLink(client_of(g))
         self.hetero = bool(self.book.is_hetero)
 
-    @property
-    def client(self) -> Client:
-        """This process's client (a worker process opens its own: ``link.py``)."""
-        return self._link.client
-
-    @property
-    def book(self) -> RangePartitionBook:
-        return self.client.book
-
-    @property
-    def graph(self) -> Any:
-        """The ``DistGraph`` (in a worker process, one over that process's client)."""
-        if self._graph is None or client_of(self._graph) is not self.client:
-            from asyncgraph.distributed import DistGraph
-
-            self._graph = DistGraph(self.client.graph_name, client=self.client)
-        return self._graph
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_graph"] = None  # a DistGraph holds a client: the link carries it instead
-        return state
 
     def _edge_type(self, edge_type: Any) -> tuple[str, str, str] | None:
         if not self.hetero:

@@ -23,8 +23,9 @@ import weakref
 from typing import Any
 
 from asyncgraph.client.sync_client import Client
+from asyncgraph.partition.book import RangePartitionBook
 
-__all__ = ["ClientLink"]
+__all__ = ["ClientLink", "LinkedStore"]
 
 _KEYS: weakref.WeakKeyDictionary[Client, str] = weakref.WeakKeyDictionary()
 _OPENED: dict[str, tuple[int, Client]] = {}  # key -> (pid, a child process's own client)
@@ -128,3 +129,36 @@ class ClientLink:
         self._exports = state["exports"]
         self._inherited = None
         self._pid = -1
+
+
+class LinkedStore:
+    """What PyG's stores over a ``ClientLink`` share: this process's client, its book, a
+    ``DistGraph`` over it, and pickling without the graph (the link carries the client)."""
+
+    _link: ClientLink
+    _graph: Any
+
+    @property
+    def client(self) -> Client:
+        """This process's client (a worker process opens its own)."""
+        return self._link.client
+
+    @property
+    def book(self) -> RangePartitionBook:
+        return self.client.book
+
+    @property
+    def graph(self) -> Any:
+        """The ``DistGraph`` (in a worker process, one over that process's client)."""
+        from asyncgraph.dataloading.fetch import client_of
+
+        if self._graph is None or client_of(self._graph) is not self.client:
+            from asyncgraph.distributed import DistGraph
+
+            self._graph = DistGraph(self.client.graph_name, client=self.client)
+        return self._graph
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_graph"] = None  # a DistGraph holds a client: the link carries it instead
+        return state
