@@ -6,7 +6,7 @@ fanouts 10,25, batch 1000, hidden 256), starts 2 servers per case and measures:
 
 * **loader alone** (no model; this process is the trainer, both partitions co-located): batches/s
   with 0 (the client's loop thread), 1, 2 (and 4 where there are cores) worker processes and 1, 2
-  worker threads, every case over the same 2 servers in 3 interleaved rounds (the median, each
+  worker threads, every case over the same 2 servers in ``--rounds`` (3) interleaved rounds (the median, each
   round's figure, and the CPU a batch took in this process and in each worker); the ceiling
   beside each is ``workers x`` the one-worker rate. Host bytes written per batch over
   its feature bytes: workers (rows gathered into the shared slot), the loop thread alone, and
@@ -16,6 +16,8 @@ fanouts 10,25, batch 1000, hidden 256), starts 2 servers per case and measures:
   do), and the same step as a sleep: epoch of one trainer with 0 / 1 / 2 workers against
   ``max(step, data path / workers)``, the data path being the loader-alone time of one batch
   on one worker.
+* **prefetch depth** (overlap never loses): the GIL-holding step with one worker at prefetch
+  0 / 2 / 4, interleaved in each round; the median epoch of each and its ratio to prefetch 0.
 * **CPU trainers** 1 / 2 / 4 / 8 (those the cores allow), one torch thread each: batches/s.
 * **on CUDA** (skipped, and said so, without it): the CUDA tests (``-m cuda`` of
   ``tests/test_device.py``, ``test_sage_device.py``, ``test_loader_workers_cuda.py``), the
@@ -211,17 +213,39 @@ def step_cases(part_config: Path, batches: int, data_ms: float, epochs: int, cor
         print(f"{name:20s} epoch {r['epoch_s']:.3f} s, limit {limit:.3f} s -> "
               f"{out[name]['epoch_over_limit']}x", flush=True)  # fmt: skip
     out.update(interleaved_step_rounds(part_config, batches, epochs, cores))
-    for prefetch in (0, 4):  # overlap never loses: deeper prefetch is no slower than none
-        extra = ("--sim-ms", "10", "--sim-holds-gil", "--num-workers", "1")
-        summaries = run_training(
-            part_config, trainers=1, prefetch=prefetch, threads=1, epochs=epochs, max_batches=batches,
-            timeout=900, extra=extra,
-        )  # fmt: skip
-        r = breakdown(summaries)
-        name = f"spin10_workers1_prefetch{prefetch}"
-        out[name] = {"workers": 1, "prefetch": prefetch, "epoch_s": r["epoch_s"]}
-        out[name]["per_batch_ms"] = r["per_batch_ms"]
-        print(f"spin10 1 worker, prefetch {prefetch}: epoch {r['epoch_s']:.3f} s", flush=True)
+    return out
+
+
+def prefetch_rounds(part_config: Path, batches: int, epochs: int, rounds: int = 3) -> dict[str, Any]:
+    """Overlap never loses: the GIL-holding step with 1 worker at prefetch 0 / 2 / 4, the depths
+    interleaved in each of ``rounds`` rounds (the VM drifts by more than the differences sought);
+    each depth's median epoch, and over prefetch 0's (per round and the median of those)."""
+    depths = (0, 2, 4)
+    epochs_s: dict[int, list[float]] = {d: [] for d in depths}
+    per_batch: dict[int, Any] = {}
+    for r in range(rounds):
+        for prefetch in depths:
+            extra = ("--sim-ms", "10", "--sim-holds-gil", "--num-workers", "1")
+            summaries = run_training(
+                part_config, trainers=1, prefetch=prefetch, threads=1, epochs=epochs, max_batches=batches,
+                timeout=900, extra=extra,
+            )  # fmt: skip
+            b = breakdown(summaries)
+            epochs_s[prefetch].append(b["epoch_s"])
+            per_batch[prefetch] = b["per_batch_ms"]
+        print(f"spin10 1 worker, round {r + 1}, prefetch 0 / 2 / 4: "
+              + " / ".join(f"{epochs_s[d][-1]:.3f}" for d in depths) + " s", flush=True)  # fmt: skip
+    out: dict[str, Any] = {}
+    for d in depths:
+        ratios = [round(a / b, 3) for a, b in zip(epochs_s[d], epochs_s[0], strict=True)]
+        out[f"spin10_workers1_prefetch{d}"] = {
+            "workers": 1, "prefetch": d, "rounds": rounds, "epoch_s_runs": epochs_s[d],
+            "epoch_s": float(np.median(epochs_s[d])), "over_prefetch0_runs": ratios,
+            "over_prefetch0": float(np.median(ratios)), "per_batch_ms": per_batch[d],
+        }  # fmt: skip
+        median = out[f"spin10_workers1_prefetch{d}"]["epoch_s"]
+        print(f"spin10 1 worker, prefetch {d}: median epoch {median:.3f} s, "
+              f"over prefetch 0 {ratios} -> {float(np.median(ratios))}", flush=True)  # fmt: skip
     return out
 
 
@@ -367,7 +391,8 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=100, help="batches per epoch in every case")
     p.add_argument("--epochs", type=int, default=2, help="epochs per training run; the last is reported")
     p.add_argument("--quick", action="store_true", help="a smoke run: 10 batches, 1 epoch")
-    p.add_argument("--skip", default="", help="comma list of parts to skip: loader,step,cpu,gpu")
+    p.add_argument("--skip", default="", help="comma list of parts to skip: loader,step,prefetch,cpu,gpu")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (loader, prefetch)")
     p.add_argument("--out", type=Path, default=RESULTS / "gpu_suite.json")
     p.add_argument("--png", type=Path, default=RESULTS / "gpu_suite.png")
     args = p.parse_args()
@@ -397,10 +422,12 @@ def main() -> None:
         "skipped": [],
     }
     if "loader" not in skip:
-        results["loader_alone"] = loader_cases(part_config, args.batches, cores)
+        results["loader_alone"] = loader_cases(part_config, args.batches, cores, rounds=args.rounds)
     data_ms = results.get("loader_alone", {}).get("workers1", {}).get("ms_per_batch", 0.0)
     if "step" not in skip:
         results["gil_step"] = step_cases(part_config, args.batches, data_ms, args.epochs, cores)
+    if "prefetch" not in skip:
+        results["prefetch"] = prefetch_rounds(part_config, args.batches, args.epochs, rounds=args.rounds)
     if "cpu" not in skip:
         counts = [n for n in (1, 2, 4, 8) if n <= cores]
         results["cpu_trainers"] = cpu_trainer_cases(part_config, counts, args.batches, args.epochs)

@@ -5,7 +5,9 @@ SLOT_FD``. It reads an ``init`` message (how to open a client like the loader's,
 recipe, the gather threads), opens its own client (connections to the servers and shared memory
 of the co-located partitions; standalone, the loader's in-process stores mapped through their
 fd exporters), loads its compiled kernels, says ``ready``, then builds every ``task`` it is sent
-(several at once on its event loop) into a slot and answers ``result`` or ``error``. It exits
+into a slot and answers ``result`` or ``error``: at most ``BUILDS_AT_ONCE`` at a time on its event
+loop (one computing while another waits on a server), the rest queued in the order sent, so a
+deeper prefetch queues batches instead of interleaving more of them in one process. It exits
 when its loader says ``stop`` or the channel closes (its loader died): it never outlives it.
 """
 
@@ -38,7 +40,12 @@ from asyncgraph.dataloading.worker_channel import (
 )
 from asyncgraph.kernels import gather
 
-__all__ = ["WorkerThread", "main", "open_client"]
+__all__ = ["BUILDS_AT_ONCE", "WorkerThread", "main", "open_client"]
+
+#: Batches a worker builds at once. Two keep its core busy while one waits on a remote server;
+#: more only interleave batches (each then finishes later, and their buffers compete for cache):
+#: prefetch 4 on one worker took 2-5% longer than prefetch 0 when every sent batch was built at once.
+BUILDS_AT_ONCE = 2
 
 
 async def open_client(origin: dict[str, Any], exports: list[tuple[str, bytes]] | None) -> AsyncClient:
@@ -61,11 +68,16 @@ class _Worker:
         self.client: AsyncClient | None = None
         self.recipe: Any = None
         self.tasks: set[asyncio.Task[None]] = set()
+        self.building = asyncio.Semaphore(BUILDS_AT_ONCE)  # FIFO: batches start in the order sent
 
     def send(self, msg: tuple[Any, ...]) -> None:
         self.writer.write(encode_frame(msg))
 
     async def build(self, key: Any, seeds: np.ndarray, batch_seed: int) -> None:
+        async with self.building:
+            await self._build(key, seeds, batch_seed)
+
+    async def _build(self, key: Any, seeds: np.ndarray, batch_seed: int) -> None:
         stats = LoaderStats()
         slot_box: list[Slot] = []
         feature_end = 0
