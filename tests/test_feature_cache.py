@@ -200,3 +200,38 @@ def test_cached_pulls_without_a_local_partition(served: ServerGroup, pubmed2) ->
         assert traffic.remote_rows == ids.size - hits
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_loader_workers_read_the_loaders_cache(served: ServerGroup, pubmed2, mode: str) -> None:
+    """With ``num_workers``, the cache built by the loader is mapped by its workers (one copy per
+    host): the batches equal those of the loader alone, the workers' pulls hit it, and every
+    feature row is still copied on the host once."""
+    runs = []
+    for workers in (0, 2):
+        c = Client.connect(served.addresses, local_partitions=[0])
+        try:
+            g = DistGraph("pubmed", client=c)
+            lo, hi = c.book.node_range(0)
+            loader = DistNodeDataLoader(
+                g, np.arange(lo, hi, 7), NeighborSampler([5, 3]), 128, prefetch=2, seed=5,
+                feature_cache_bytes=2_000_000, carry_features=False, num_workers=workers,
+                worker_mode=mode,
+            )  # fmt: skip
+            try:
+                batches = [(i.numpy(), b[0].srcdata["feat"].numpy()) for i, _, b in loader]
+                runs.append((batches, loader.stats, loader.cache_info))
+            finally:
+                loader.close()
+        finally:
+            c.close()
+    (b0, s0, info0), (b2, s2, info2) = runs
+    assert info0 == info2 and info2["rows"] > 0
+    assert len(b0) == len(b2)
+    for (i0, f0), (i2, f2) in zip(b0, b2, strict=True):
+        np.testing.assert_array_equal(i0, i2)
+        np.testing.assert_array_equal(f0, f2)
+        np.testing.assert_array_equal(f2, pubmed2.original_rows("feat", i2))
+    assert s2.traffic.cache_hits == s0.traffic.cache_hits > 0
+    assert s2.traffic.cache_misses == s0.traffic.cache_misses
+    assert s2.host_copy_bytes == s2.feature_bytes > 0  # cached rows copied once too

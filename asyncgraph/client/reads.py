@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from asyncgraph.arrays import as_id_array, unique_sorted
-from asyncgraph.errors import InvalidRequestError, ShapeMismatchError
+from asyncgraph.errors import ShapeMismatchError
 from asyncgraph.protocol.ops import Op
 from asyncgraph.service.base import Partition
 from asyncgraph.storage.store import TensorMeta
@@ -50,8 +50,8 @@ class TensorReads:
 
         ``out`` (shape ``(len(ids), *row_shape)``, the tensor's dtype, C-contiguous): every owner
         writes its rows straight to their places in it (a loader's staging buffer), so each row
-        is copied on the host once; ``traffic.pulled_into_bytes`` counts those bytes. Not with a
-        feature cache (``InvalidRequestError``).
+        is copied on the host once; ``traffic.pulled_into_bytes`` counts those bytes. With a
+        feature cache, cached rows are copied from it and only the others are asked for.
         """
         meta = await self.catalog.tensor_meta(name)
         gids = as_id_array(ids)
@@ -125,21 +125,38 @@ class TensorReads:
                 f"pull of {name!r} into out: expected a C-contiguous {meta.dtype} array of shape {want}, "
                 f"got {out.dtype} {tuple(out.shape)}"
             )
-        if name in self.state.caches:
-            raise InvalidRequestError(f"pull of {name!r} into out: the tensor has a feature cache")
-        parts = self.state.book.positions(gids, meta.policy)
         row_bytes = meta_row_bytes(meta)
+        cache = self.state.caches.get(name)
+        places: np.ndarray | None = None  # where the owners' rows go: all of out, or the misses
+        if cache is not None:  # cached rows copied once, from the cache; the owners send the rest
+            hit, slot = cache.lookup(gids)
+            hits = np.flatnonzero(hit)
+            if hits.size:
+                out[hits] = cache.rows[slot[hits]]
+                places = np.flatnonzero(~hit)
+                gids = gids[places]
+        parts = self.state.book.positions(gids, meta.policy)
         if traffic is not None:
             rows = count_remote(self.state.partitions, parts, Op.PULL, traffic)
             traffic.remote_rows += rows
             traffic.remote_bytes += rows * row_bytes
-            traffic.pulled_into_bytes += gids.size * row_bytes
-        await scatter(  # a single owner is called with pos None: it fills out[:n] in order
-            self.state.partitions,
-            parts,
-            Op.PULL,
-            lambda p, pos: p.pull(name, take(gids, pos), row_bytes, out=out, where=pos),
-        )
+            traffic.pulled_into_bytes += out.shape[0] * row_bytes
+            if cache is not None:
+                traffic.cache_hits += out.shape[0] - gids.size
+                traffic.cache_misses += rows
+
+        def where(pos: np.ndarray | None) -> np.ndarray | None:
+            if places is None:
+                return pos  # a single owner is called with pos None: it fills out[:n] in order
+            return places if pos is None else places[pos]
+
+        if gids.size:
+            await scatter(
+                self.state.partitions,
+                parts,
+                Op.PULL,
+                lambda p, pos: p.pull(name, take(gids, pos), row_bytes, out=out, where=where(pos)),
+            )
         return out
 
     async def _pull_uncached(

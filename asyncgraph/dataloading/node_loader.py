@@ -59,8 +59,9 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
     ``feature_cache_bytes > 0`` caches, in this process, the remote rows of ``node_feats`` most
     likely to be needed (ranked by ``cache_presample_batches`` batches sampled up front; see
     ``build_feature_cache``): only for tensors no process writes during training, and not yet
-    for typed (heterogeneous) ``nids``. ``cache_info`` says what was cached; hits and misses are
-    counted in ``stats.traffic``. ``carry_features=True`` has the last sampling layer's
+    for typed (heterogeneous) ``nids``; with ``num_workers`` the workers map the same cache
+    read-only (``worker_cache.py``: one copy per host). ``cache_info`` says what was cached; hits
+    and misses are counted in ``stats.traffic``. ``carry_features=True`` has the last sampling layer's
     answers carry the input features their servers own, saving most batches a request wave
     (``stats.traffic.waves``); results are the same either way. It is off by default: it pays
     where a round trip is long (servers on other machines), while on a CPU-bound host the
@@ -174,11 +175,6 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
         return self.client
 
     def _worker_recipe(self) -> NodeBatchRecipe:
-        if self.cache_info:
-            raise InvalidRequestError(
-                "num_workers > 0 with feature_cache_bytes: the feature cache lives in the training "
-                "process; use one or the other"
-            )
         return self._recipe
 
 

@@ -29,6 +29,7 @@ import torch
 
 from asyncgraph.client.async_client import AsyncClient
 from asyncgraph.dataloading.stats import LoaderStats
+from asyncgraph.dataloading.worker_cache import adopt_caches
 from asyncgraph.dataloading.worker_channel import (
     Slot,
     WorkerSlots,
@@ -67,6 +68,7 @@ class _Worker:
         self.slots = slots
         self.client: AsyncClient | None = None
         self.recipe: Any = None
+        self.cache_maps: list[Any] = []  # the loader's feature caches, mapped (worker_cache.py)
         self.tasks: set[asyncio.Task[None]] = set()
         self.building = asyncio.Semaphore(BUILDS_AT_ONCE)  # FIFO: batches start in the order sent
 
@@ -161,6 +163,9 @@ class _Worker:
                 torch.set_num_threads(1)
             gather.set_gather_threads(int(spec.get("gather_threads", 1)))
             self.client = await open_client(spec["origin"], spec.get("exports"))
+            self.cache_maps = adopt_caches(
+                self.client, spec.get("caches", []), inherited=bool(spec.get("process", True))
+            )
             self.recipe = spec["recipe"]
             from asyncgraph.dataloading import relabel_kernel
             from asyncgraph.kernels.compiled import wait_ready as sampling_ready

@@ -47,6 +47,7 @@ import torch
 from asyncgraph.client.sync_client import Client
 from asyncgraph.dataloading.device import map_tensors
 from asyncgraph.dataloading.stats import LoaderStats
+from asyncgraph.dataloading.worker_cache import cache_fds, share_caches
 from asyncgraph.dataloading.worker_channel import (
     BatchLayout,
     SlotMapping,
@@ -133,9 +134,13 @@ class WorkerPool:
         self._lock = threading.Lock()
         origin = client.async_client.state.origin
         exports = self._export_stores() if origin.get("kind") == "standalone" else None
+        # the loader's feature caches, once per host: memfds every worker maps read-only
+        cache_specs, self._cache_arrays = share_caches(client.async_client)
+        self._inherit = cache_fds(cache_specs)
         spec = {
             "origin": origin,
             "exports": exports,
+            "caches": cache_specs,
             "recipe": recipe,
             "gather_threads": gather_threads,
             "process": mode == "process",
@@ -202,7 +207,7 @@ class WorkerPool:
                     str(msg_child.fileno()),
                     str(slot_child.fileno()),
                 ],
-                pass_fds=(msg_child.fileno(), slot_child.fileno()),
+                pass_fds=(msg_child.fileno(), slot_child.fileno(), *self._inherit),
                 env=env,
                 stdin=subprocess.DEVNULL,
             )
@@ -403,6 +408,8 @@ class WorkerPool:
         for exporter in self._exporters:
             with contextlib.suppress(Exception):
                 self.client.loop.run(exporter.close(), timeout=5)
+        for shared in getattr(self, "_cache_arrays", ()):
+            shared.close()  # the loader's client keeps its view mapped; the descriptors go
 
 
 class WorkerPrefetcher:
