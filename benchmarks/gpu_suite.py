@@ -11,7 +11,9 @@ fanouts 10,25, batch 1000, hidden 256), starts 2 servers per case and measures:
   beside each is ``workers x`` the one-worker rate. Host bytes written per batch over
   its feature bytes: workers (rows gathered into the shared slot), the loop thread alone, and
   the loop thread staging for a device (``device="cpu"`` runs the same pack-and-copy path as a
-  GPU: the 2.0x this issue started from).
+  GPU: the 2.0x this issue started from). Beside it, what two processes at once give over one
+  on this machine (``machine_ceiling.py``: a Python loop, a random-row gather): the ceiling of
+  "2 workers over 1" where two vCPUs are not two independent cores.
 * **a 10 ms step that holds the GIL** (a Python spin, as a GPU training loop's kernel launches
   do), and the same step as a sleep: epoch of one trainer with 0 / 1 / 2 workers against
   ``max(step, data path / workers)``, the data path being the loader-alone time of one batch
@@ -58,6 +60,7 @@ from benchmarks.common import (
     subprocess_env,
     wait_for_sampler,
 )
+from benchmarks.machine_ceiling import two_process_scaling
 from benchmarks.train_bench import breakdown, run_training
 
 TARGETS = {
@@ -422,6 +425,10 @@ def main() -> None:
         "skipped": [],
     }
     if "loader" not in skip:
+        # the ceiling of "2 workers over 1" on this machine: two processes at once over one
+        machine = results["machine_two_process_scaling"] = two_process_scaling()
+        shown = ", ".join(f"{k} {v['two_over_one']}x {v['two_over_one_runs']}" for k, v in machine.items())
+        print(f"two processes over one on this machine: {shown}", flush=True)
         results["loader_alone"] = loader_cases(part_config, args.batches, cores, rounds=args.rounds)
     data_ms = results.get("loader_alone", {}).get("workers1", {}).get("ms_per_batch", 0.0)
     if "step" not in skip:
