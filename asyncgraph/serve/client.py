@@ -27,7 +27,7 @@ from asyncgraph.errors import (
     ServerUnavailableError,
     error_from_code,
 )
-from asyncgraph.serve.wire import read_frame, write_frame
+from asyncgraph.serve.wire import FrameReader, write_frame
 
 __all__ = ["AsyncInferenceClient", "InferenceClient"]
 
@@ -99,8 +99,9 @@ class AsyncInferenceClient:
 
     async def _receive(self, reader: asyncio.StreamReader) -> None:
         error: AsyncGraphError = ServerUnavailableError(f"{self.url} closed the connection")
+        frames = FrameReader(reader, _MAX_ANSWER)
         try:
-            while (msg := await read_frame(reader, _MAX_ANSWER)) is not None:
+            while (msg := await frames.next()) is not None:
                 if not isinstance(msg, dict):
                     raise ProtocolError("an answer is not a map")
                 rid = msg.get("id")

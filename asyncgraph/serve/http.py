@@ -193,7 +193,7 @@ async def infer(request: web.Request) -> web.Response:
         log.exception("inference request failed")
         return web.json_response({"error": f"{type(exc).__name__}: {exc}", "code": "internal"}, status=500)
     finally:
-        state.metrics.requests.labels(outcome=outcome).inc()
+        state.metrics.count_request(outcome)
         state.metrics.observe_stage("total", time.perf_counter() - started)
 
 

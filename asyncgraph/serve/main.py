@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -164,6 +165,7 @@ async def serve(args: argparse.Namespace) -> int:
             cached = await core.build_cache(args.feature_cache_bytes, batch_size=args.max_batch)
             log.info("feature cache: %s", cached)
         await core.warm_up()
+        await asyncio.to_thread(_settle)
         options = BatchOptions(
             max_batch=args.max_batch,
             max_delay=args.max_delay_ms / 1e3,
@@ -193,6 +195,21 @@ async def serve(args: argparse.Namespace) -> int:
             await runner.cleanup()
         if aio is not None:
             await aio.close()
+
+
+def _settle() -> None:
+    """Before readiness: the compiled kernels loaded (not compiling beside the first requests),
+    and everything made so far moved out of the garbage collector's sight (``gc.freeze``), so a
+    full collection walks the requests' objects, not the start-up's (torch, numba, the model):
+    both showed as latency spikes of 100-300 ms in the first seconds and under load."""
+    from asyncgraph.dataloading import relabel_kernel
+    from asyncgraph.kernels import gather
+    from asyncgraph.kernels.compiled import wait_ready as sampling_ready
+
+    for ready in (relabel_kernel.wait_ready, gather.GATHER.wait_ready, sampling_ready):
+        ready(300.0)
+    gc.collect()
+    gc.freeze()
 
 
 def main(argv: list[str] | None = None) -> int:

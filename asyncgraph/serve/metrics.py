@@ -3,6 +3,8 @@ stage (queue, sample, pull, forward, total), on its own registry (``GET /metrics
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 __all__ = ["STAGES", "ServeMetrics"]
@@ -54,8 +56,20 @@ class ServeMetrics:
             registry=self.registry,
         )
 
+        # labelled children resolved once: ``labels()`` per observation was 4% of the loop at load
+        self._stages = {stage: self.latency.labels(stage=stage) for stage in STAGES}
+        self._outcomes: dict[str, Any] = {}
+
     def observe_stage(self, stage: str, seconds: float) -> None:
-        self.latency.labels(stage=stage).observe(seconds)
+        child = self._stages.get(stage)
+        (child if child is not None else self.latency.labels(stage=stage)).observe(seconds)
+
+    def count_request(self, outcome: str) -> None:
+        """One more request answered with ``outcome`` (``ok`` or an error code)."""
+        child = self._outcomes.get(outcome)
+        if child is None:
+            child = self._outcomes[outcome] = self.requests.labels(outcome=outcome)
+        child.inc()
 
     def text(self) -> bytes:
         """The exposition text of every metric."""
