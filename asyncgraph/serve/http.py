@@ -284,7 +284,12 @@ async def model_metadata(request: web.Request) -> web.Response:
             "platform": "asyncgraph_pytorch",
             "inputs": [{"name": name, "datatype": "INT64", "shape": [-1]} for name in names],
             "outputs": [{"name": OUTPUT_NAME, "datatype": "FP32", "shape": [-1, out_dim]}],
-            "parameters": {"fanouts": spec.fanouts, "feat": spec.feat, "class": spec.class_path},
+            "parameters": {
+                "fanouts": spec.fanouts,
+                "feat": spec.feat,
+                "class": spec.class_path or None,
+                "exported": spec.exported,
+            },
         }
     )
 
