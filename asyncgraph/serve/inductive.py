@@ -181,8 +181,6 @@ async def input_rows(aio: AsyncClient, new: NewNodes, feat: str, input_nodes: np
 
 async def infer_new_nodes(core: InferenceCore, new: NewNodes, times: BatchTimes) -> torch.Tensor:
     """The model's output rows for ``new``'s nodes, in request order."""
-    if core.async_client.book.is_hetero:
-        raise InvalidRequestError("inductive requests are for homogeneous graphs (typed: not yet)")
     aio = core.async_client
     t0 = time.perf_counter()
     blocks = await new_node_blocks(aio, new, core.sampler.fanouts, core.seed, replace=core.sampler.replace)
@@ -212,11 +210,11 @@ async def run_request(
     stored (``store``) only once their answer is computed, so a request that fails stores nothing."""
     if not isinstance(nodes, NewNodesInput):
         return await batcher.submit(core.check_nodes(nodes), timeout), None
+    if core.async_client.book.is_hetero:
+        raise InvalidRequestError("inductive requests are for homogeneous graphs (typed: not yet)")
     new = check_new_nodes(
         nodes, feat_shape=core.feat_shape, feat_dtype=core.feat_dtype, num_nodes=core.num_nodes
     )
-    if core.async_client.book.is_hetero:
-        raise InvalidRequestError("inductive requests are for homogeneous graphs (typed: not yet)")
 
     async def run(times: BatchTimes) -> torch.Tensor:
         return await infer_new_nodes(core, new, times)
