@@ -1,13 +1,15 @@
 """Online inference latency against offered load (issue 36): ``python -m benchmarks.serve_bench``.
 
-Partitions the graph (PubMed by default) into 2 parts, starts 2 servers and one
+Partitions the graph (PubMed by default; ``--scale 20``: the seeded synthetic graph of 2^20
+nodes and ~10.6M edges of DGL's reference benchmark, ``benchmarks/synthetic.py``, generated once
+into ``--data-dir``) into 2 parts, starts 2 servers and one
 ``python -m asyncgraph.serve`` (2-layer GraphSAGE, fanouts 10,10, random weights: speed only),
 then offers single-node requests open-loop at each ``--rates`` value for ``--seconds`` over
 ``--connections`` msgpack connections (``InferenceClient``'s protocol). Latency is measured from
 each request's *scheduled* time (coordinated-omission-correct, HdrHistogram), so a saturated
 server shows its queueing. Per rate: achieved rate, p50/p90/p99/max, errors by type, and from the
 serve process's ``/metrics`` the mean batch (nodes, requests) and the mean seconds per stage.
-Writes ``benchmarks/results/serve_bench.json`` and a latency-vs-load plot next to it.
+Writes ``benchmarks/results/<--name>.json`` (``--results-dir``) and a latency-vs-load plot next to it.
 Run it alone: ``flock -x /tmp/asyncgraph-bench.lock python -m benchmarks.serve_bench``.
 """
 
@@ -22,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +37,36 @@ from asyncgraph.nn import GraphSAGE
 from asyncgraph.serve.artifact import save_model
 from asyncgraph.serve.client import AsyncInferenceClient
 from asyncgraph.testing import start_servers
-from benchmarks.common import RESULTS, partitioned, subprocess_env
+from benchmarks.common import DATA, RESULTS, partitioned, subprocess_env
 from benchmarks.loadgen.worker import LatencyHistogram
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def graph_of(args: argparse.Namespace) -> Path:
+    """The npz to serve: ``--graph``, or with ``--scale`` the synthetic graph of 2^scale nodes in
+    ``--data-dir`` (generated there, seed 0, if missing)."""
+    if args.scale is None:
+        return Path(args.graph)
+    path = Path(args.data_dir) / f"synth{args.scale}.npz"
+    if not path.is_file():
+        from benchmarks.synthetic import make_synthetic
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.stem}-tmp.npz")
+        np.savez(tmp, **make_synthetic(args.scale, 0))  # type: ignore[arg-type]
+        tmp.replace(path)
+    return path
+
+
+def npz_shape(path: Path, key: str) -> tuple[int, ...]:
+    """The shape of array ``key`` of an npz, read from its header (the array is not loaded: 512 MiB
+    of features at 2^20)."""
+    with zipfile.ZipFile(path) as archive, archive.open(f"{key}.npy") as fh:
+        major, _ = np.lib.format.read_magic(fh)
+        read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, _, _ = read(fh)
+    return tuple(int(d) for d in shape)
 
 
 def _metrics(port: int) -> dict[str, float]:
@@ -133,9 +162,17 @@ def _plot(points: list[dict[str, Any]], path: Path, title: str) -> None:
     fig.savefig(path)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--graph", type=Path, default=ROOT / "examples" / "data" / "pubmed.npz")
+    ap.add_argument(
+        "--scale", type=int, help="serve the synthetic graph of 2**scale nodes instead (20: DGL's)"
+    )
+    ap.add_argument(
+        "--data-dir", type=Path, default=DATA, help="where --scale's graph and partitions are kept"
+    )
+    ap.add_argument("--results-dir", type=Path, default=RESULTS)
+    ap.add_argument("--partition-method", default="metis", help="metis (default), random, ...")
     ap.add_argument("--rates", default="100,200,400,800,1200")
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--connections", type=int, default=8)
@@ -145,10 +182,10 @@ def main() -> None:
     ap.add_argument("--max-delay-ms", type=float, default=2.0)
     ap.add_argument("--name", default="serve_bench")
     ap.add_argument("--serve-args", default="", help="more options for the serve process, space-separated")
-    args = ap.parse_args()
-    part_config = partitioned(args.graph, 2)
-    with np.load(args.graph) as raw:
-        num_nodes, feat_dim = (int(d) for d in raw["feat"].shape)
+    args = ap.parse_args(argv)
+    graph = graph_of(args)
+    part_config = partitioned(graph, 2, args.partition_method, cache=args.data_dir)
+    num_nodes, feat_dim = npz_shape(graph, "feat")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         group = start_servers(part_config, work / "servers", num_parts=2)
@@ -202,16 +239,16 @@ def main() -> None:
                 serve.send_signal(signal.SIGTERM)
                 serve.wait(timeout=60)
             group.stop()
-    result = {"graph": args.graph.name, "fanouts": args.fanouts, "hidden": args.hidden,
+    result = {"graph": graph.name, "partition_method": args.partition_method, "fanouts": args.fanouts,
+              "hidden": args.hidden,
               "max_batch": args.max_batch, "max_delay_ms": args.max_delay_ms, "connections": args.connections,
               "seconds": args.seconds, "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "points": points}  # fmt: skip
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1))
-    _plot(
-        points, RESULTS / f"{args.name}.png", f"{args.graph.stem}: 2 servers + serve, fanouts {args.fanouts}"
-    )
-    print(f"wrote {RESULTS / (args.name + '.json')} and .png")
+    results = Path(args.results_dir)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"{args.name}.json").write_text(json.dumps(result, indent=1))
+    _plot(points, results / f"{args.name}.png", f"{graph.stem}: 2 servers + serve, fanouts {args.fanouts}")
+    print(f"wrote {results / (args.name + '.json')} and .png")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """A served model on disk: ``model.json`` (class path, constructor kwargs, fanouts, input tensor)
-and ``model.pt`` (its ``state_dict``).
+and ``model.pt`` (its ``state_dict``); or, exported (``serve/export.py``), ``model.json`` with
+``"exported": "model.pt2"`` and no class path, and the ``torch.export`` program.
 
 ``save_model`` writes one (the examples call it after training); ``load_model`` rebuilds the
 module in ``eval()`` mode. The class path is imported, so a model folder is trusted like code;
@@ -21,7 +22,7 @@ from torch import nn
 
 from asyncgraph.errors import InvalidRequestError
 
-__all__ = ["MODEL_JSON", "MODEL_WEIGHTS", "ModelSpec", "load_model", "save_model"]
+__all__ = ["MODEL_JSON", "MODEL_WEIGHTS", "ModelSpec", "export_model", "load_model", "save_model"]
 
 MODEL_JSON = "model.json"
 MODEL_WEIGHTS = "model.pt"
@@ -39,18 +40,23 @@ class ModelSpec:
     feat: str = "feat"
     version: str = "1"
     extra: dict[str, Any] = field(default_factory=dict)
+    #: an exported program's file (``serve/export.py``); then no class is imported
+    exported: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc = {
             "format": _FORMAT,
             "name": self.name,
-            "class": self.class_path,
+            "class": self.class_path if self.exported is None else None,
             "kwargs": self.kwargs,
             "fanouts": self.fanouts,
             "feat": self.feat,
             "version": self.version,
             "extra": self.extra,
         }
+        if self.exported is not None:
+            doc["exported"] = self.exported
+        return doc
 
     @classmethod
     def from_json(cls, data: Any, source: str) -> ModelSpec:
@@ -58,13 +64,20 @@ class ModelSpec:
             raise InvalidRequestError(f"{source}: expected a JSON object")
         if data.get("format") != _FORMAT:
             raise InvalidRequestError(f"{source}: format {data.get('format')!r}, expected {_FORMAT}")
-        missing = [k for k in ("name", "class", "kwargs", "fanouts") if k not in data]
+        exported = data.get("exported")
+        if exported is not None and (
+            not isinstance(exported, str) or not exported or "/" in exported or exported.startswith(".")
+        ):
+            raise InvalidRequestError(f"{source}: 'exported' must name a file of the model folder")
+        needed = ("name", "fanouts") if exported is not None else ("name", "class", "kwargs", "fanouts")
+        missing = [k for k in needed if k not in data]
         if missing:
             raise InvalidRequestError(f"{source}: missing {missing}")
-        name, class_path, kwargs, fanouts = data["name"], data["class"], data["kwargs"], data["fanouts"]
+        name, fanouts = data["name"], data["fanouts"]
+        class_path, kwargs = data.get("class") or "", data.get("kwargs") or {}
         if not isinstance(name, str) or not name or "/" in name:
             raise InvalidRequestError(f"{source}: 'name' must be a non-empty string without '/'")
-        if not isinstance(class_path, str) or class_path.count(":") != 1:
+        if exported is None and (not isinstance(class_path, str) or class_path.count(":") != 1):
             raise InvalidRequestError(f"{source}: 'class' must be 'module:Class'")
         if not isinstance(kwargs, Mapping):
             raise InvalidRequestError(f"{source}: 'kwargs' must be an object")
@@ -77,6 +90,7 @@ class ModelSpec:
             feat=str(data.get("feat", "feat")),
             version=str(data.get("version", "1")),
             extra=dict(data.get("extra") or {}),
+            exported=exported,
         )
 
 
@@ -129,6 +143,33 @@ def save_model(
     return out
 
 
+def export_model(
+    directory: str | Path,
+    model: nn.Module,
+    *,
+    name: str,
+    fanouts: Sequence[int],
+    feat: str = "feat",
+    version: str = "1",
+) -> Path:
+    """Write ``model`` (a ``GraphSAGE``) into ``directory`` as an exported artifact: the
+    ``torch.export`` program of its tensor form (``model.pt2``, ``serve/export.py``) and a
+    ``model.json`` naming no class, so ``load_model`` imports no model code. Returns the folder."""
+    from asyncgraph.serve.export import EXPORTED_PROGRAM, export_program, save_program
+
+    spec = ModelSpec(
+        name, "", {}, _fanouts(list(fanouts), "fanouts"), feat, version, exported=EXPORTED_PROGRAM
+    )
+    program = export_program(model)  # a GraphSAGE, else InvalidRequestError
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    save_program(program, out / EXPORTED_PROGRAM)
+    tmp = out / (MODEL_JSON + ".tmp")
+    tmp.write_text(json.dumps(spec.to_json(), indent=2) + "\n")
+    os.replace(tmp, out / MODEL_JSON)
+    return out
+
+
 def load_model(directory: str | Path, device: str | torch.device = "cpu") -> tuple[ModelSpec, nn.Module]:
     """The spec and the module (weights loaded, ``eval()``, on ``device``) saved in ``directory``."""
     folder = Path(directory)
@@ -140,6 +181,10 @@ def load_model(directory: str | Path, device: str | torch.device = "cpu") -> tup
     except json.JSONDecodeError as exc:
         raise InvalidRequestError(f"{source}: not JSON ({exc.msg} at line {exc.lineno})") from None
     spec = ModelSpec.from_json(data, source)
+    if spec.exported is not None:  # a torch.export program: no class imported
+        from asyncgraph.serve.export import load_exported
+
+        return spec, load_exported(folder, spec.exported, device).eval()
     try:
         model = _import_class(spec.class_path)(**spec.kwargs)
     except (TypeError, ValueError) as exc:

@@ -7,7 +7,9 @@ waiting for company pays only while the process is busy; idle, it would only add
 More than ``queue_limit`` queued nodes refuses a request at once (``OverloadedError``) rather
 than letting latency grow without bound. Each request has a deadline: a queued request past it
 is dropped before it is sampled, and its caller gets ``RequestTimeoutError``; a batch that
-fails (a server lost mid-batch) fails its requests with that typed error.
+fails (a server lost mid-batch) fails its requests with that typed error. A request with a run
+of its own (``submit_own``: an inductive request's new nodes) is a batch alone, under the same
+queue limit, slots and deadline.
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ from asyncgraph.errors import (
 from asyncgraph.serve.core import BatchTimes
 from asyncgraph.serve.metrics import ServeMetrics
 
-__all__ = ["BatchOptions", "DynamicBatcher", "RunBatch"]
+__all__ = ["BatchOptions", "DynamicBatcher", "RunBatch", "RunOwn"]
 
 #: ``(distinct sorted node IDs, times to fill) -> output rows in that order``
 RunBatch = Callable[[np.ndarray, BatchTimes], Awaitable[torch.Tensor]]
+#: a request's own batch: ``times to fill -> its output rows``
+RunOwn = Callable[[BatchTimes], Awaitable[torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class _Pending:
     deadline: float
     dropped: bool = False
     started: float = field(default=0.0)
+    run: RunOwn | None = None  # set: a batch of its own (not merged)
 
 
 def _expire(item: _Pending, wait: float) -> None:
@@ -103,6 +108,14 @@ class DynamicBatcher:
     async def submit(self, nodes: np.ndarray, timeout: float | None = None) -> torch.Tensor:
         """The output rows for ``nodes`` (any order, repeats allowed), within ``timeout`` seconds
         (at most the batcher's deadline)."""
+        return await self._enqueue(nodes, timeout, None)
+
+    async def submit_own(self, count: int, run: RunOwn, timeout: float | None = None) -> torch.Tensor:
+        """``run``'s rows for a request of ``count`` nodes, run as a batch of its own when a
+        slot is free, under the queue limit and deadline of every request."""
+        return await self._enqueue(np.zeros(count, dtype=np.int64), timeout, run)
+
+    async def _enqueue(self, nodes: np.ndarray, timeout: float | None, run: RunOwn | None) -> torch.Tensor:
         if self._closing:
             raise ServerUnavailableError("the serving process is draining (SIGTERM): send to another")
         opts = self.options
@@ -117,7 +130,7 @@ class DynamicBatcher:
         wait = opts.deadline if timeout is None else min(max(timeout, 0.0), opts.deadline)
         loop = asyncio.get_running_loop()
         now = time.perf_counter()
-        item = _Pending(nodes, loop.create_future(), now, now + wait)
+        item = _Pending(nodes, loop.create_future(), now, now + wait, run=run)
         self._queue.append(item)
         self._queued_nodes += nodes.size
         self._arrived.set()
@@ -138,13 +151,25 @@ class DynamicBatcher:
                 await self._arrived.wait()
             delay = opts.max_delay if self._batches else opts.idle_delay
             cut_at = self._queue[0].enqueued + delay
-            while self._queued_nodes < opts.max_batch and (left := cut_at - time.perf_counter()) > 0:
+            while (
+                self._queue
+                and self._queue[0].run is None  # a request of its own waits for no company
+                and self._queued_nodes < opts.max_batch
+                and (left := cut_at - time.perf_counter()) > 0
+            ):
                 self._arrived.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._arrived.wait(), left)
             batch: list[_Pending] = []
             size = 0
-            while self._queue and (not batch or size + self._queue[0].nodes.size <= opts.max_batch):
+            while self._queue and (
+                not batch
+                or (
+                    batch[0].run is None
+                    and self._queue[0].run is None
+                    and size + self._queue[0].nodes.size <= opts.max_batch
+                )
+            ):
                 item = self._queue.popleft()
                 self._queued_nodes -= item.nodes.size
                 if item.dropped or item.future.done():
@@ -164,13 +189,19 @@ class DynamicBatcher:
         try:
             for item in batch:
                 self.metrics.observe_stage("queue", start - item.enqueued)
-            nodes = np.concatenate([item.nodes for item in batch])
-            seeds, inverse = np.unique(nodes, return_inverse=True)
-            self.metrics.batch_nodes.observe(seeds.size)
-            self.metrics.batch_requests.observe(len(batch))
             budget = max(item.deadline for item in batch) - start
-            out = await asyncio.wait_for(self._run(seeds, times), max(budget, 0.0))
-            rows = out[torch.from_numpy(inverse.reshape(-1))]
+            own = batch[0].run
+            if own is not None:
+                self.metrics.batch_nodes.observe(batch[0].nodes.size)
+                self.metrics.batch_requests.observe(1)
+                rows = await asyncio.wait_for(own(times), max(budget, 0.0))
+            else:
+                nodes = np.concatenate([item.nodes for item in batch])
+                seeds, inverse = np.unique(nodes, return_inverse=True)
+                self.metrics.batch_nodes.observe(seeds.size)
+                self.metrics.batch_requests.observe(len(batch))
+                out = await asyncio.wait_for(self._run(seeds, times), max(budget, 0.0))
+                rows = out[torch.from_numpy(inverse.reshape(-1))]
             offset = 0
             for item in batch:
                 n = item.nodes.size

@@ -15,7 +15,7 @@ import contextlib
 import json
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -29,7 +29,7 @@ from asyncgraph.errors import (
 )
 from asyncgraph.serve.wire import FrameReader, write_frame
 
-__all__ = ["AsyncInferenceClient", "InferenceClient"]
+__all__ = ["AsyncInferenceClient", "InferenceClient", "NewNodesAnswer"]
 
 _MAX_ANSWER = 1 << 30
 
@@ -41,6 +41,34 @@ def _ids(nodes: Any) -> np.ndarray:
     if arr.dtype.kind not in "iu" or arr.ndim != 1:
         raise InvalidRequestError(f"nodes must be a 1-D array of integer IDs, got {arr.dtype} {arr.shape}")
     return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+class NewNodesAnswer(NamedTuple):
+    """An inductive request's answer: the model's rows and, when stored, the new node IDs."""
+
+    output: np.ndarray
+    node_ids: np.ndarray | None
+
+
+def _new_nodes(features: Any, neighbors: Any, offsets: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(features, flat neighbours, offsets)``: ``neighbors`` is one ID list per new node, or a
+    flat array with ``offsets`` (``n + 1`` values) saying where each node's run starts."""
+
+    def numpy(x: Any) -> np.ndarray:
+        return np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x)
+
+    feats = np.ascontiguousarray(numpy(features))
+    if offsets is None:
+        runs = [np.asarray(numpy(r), dtype=np.int64).reshape(-1) for r in neighbors]
+        counts = [r.size for r in runs]
+        flat = np.concatenate(runs) if runs else np.empty(0, dtype=np.int64)
+        offs = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+    else:
+        flat, offs = numpy(neighbors), numpy(offsets)
+    for arr, what in ((flat, "neighbors"), (offs, "offsets")):
+        if arr.size and (arr.dtype.kind not in "iu" or arr.ndim != 1):
+            raise InvalidRequestError(f"{what} must be 1-D integer IDs, got {arr.dtype} {arr.shape}")
+    return feats, np.ascontiguousarray(flat, dtype=np.int64), np.ascontiguousarray(offs, dtype=np.int64)
 
 
 class AsyncInferenceClient:
@@ -77,6 +105,33 @@ class AsyncInferenceClient:
         if not isinstance(out, np.ndarray) or out.ndim != 2 or out.shape[0] != count:
             raise ProtocolError("the answer has no [n, d] 'output' array")
         return out
+
+    async def infer_new(
+        self,
+        features: Any,
+        neighbors: Any,
+        offsets: Any = None,
+        *,
+        store: bool = False,
+        timeout: float | None = None,
+    ) -> NewNodesAnswer:
+        """The model's rows for new nodes (inductive: not in the graph): ``features[i]`` is node
+        ``i``'s input row, its in-neighbours (existing node IDs) ``neighbors[i]`` (or
+        ``neighbors[offsets[i]:offsets[i + 1]]`` of a flat array). ``store=True`` adds the nodes
+        and edges to the live graph after the answer and returns their IDs."""
+        feats, flat, offs = _new_nodes(features, neighbors, offsets)
+        wait = self.timeout if timeout is None else timeout
+        if self.scheme == "http":
+            return await self._infer_new_http(feats, flat, offs, store, wait)
+        reply = await self._call(
+            {"op": "infer_new", "model": self.model, "features": feats, "neighbors": flat,
+             "offsets": offs, "store": store, "timeout_ms": wait * 1e3},
+            wait,
+        )  # fmt: skip
+        out, ids = reply.get("output"), reply.get("node_ids")
+        if not isinstance(out, np.ndarray) or out.ndim != 2 or out.shape[0] != feats.shape[0]:
+            raise ProtocolError("the answer has no [n, d] 'output' array")
+        return NewNodesAnswer(out, ids if isinstance(ids, np.ndarray) else None)
 
     async def metadata(self) -> dict[str, Any]:
         """The served model's name, version, fanouts and output width."""
@@ -171,6 +226,34 @@ class AsyncInferenceClient:
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed inference answer: {exc}") from None
 
+    async def _infer_new_http(
+        self, feats: np.ndarray, flat: np.ndarray, offs: np.ndarray, store: bool, wait: float
+    ) -> NewNodesAnswer:
+        if self.model is None:
+            raise InvalidRequestError("an http:// client needs the model's name (model=...)")
+        if feats.dtype.kind != "f":
+            feats = feats.astype(np.float32)
+        ftype = {"float16": "FP16", "float64": "FP64"}.get(str(feats.dtype), "FP32")
+        body = {
+            "inputs": [
+                {"name": "features", "datatype": ftype, "shape": list(feats.shape),
+                 "data": feats.reshape(-1).tolist()},
+                {"name": "neighbors", "datatype": "INT64", "shape": [int(flat.size)], "data": flat.tolist()},
+                {"name": "neighbor_offsets", "datatype": "INT64", "shape": [int(offs.size)],
+                 "data": offs.tolist()},
+            ],
+            "parameters": {"timeout_ms": wait * 1e3, "store": store},
+        }  # fmt: skip
+        doc = await self._post_json(f"/v2/models/{self.model}/infer", body, wait)
+        try:
+            outputs = {o["name"]: o for o in doc["outputs"]}
+            out = outputs["output"]
+            rows = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
+            ids = outputs.get("node_ids")
+            return NewNodesAnswer(rows, None if ids is None else np.asarray(ids["data"], dtype=np.int64))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed inference answer: {exc}") from None
+
     async def _post_json(self, path: str, body: Any, wait: float) -> dict[str, Any]:
         import aiohttp
 
@@ -237,6 +320,19 @@ class InferenceClient:
     def infer(self, nodes: Sequence[int] | np.ndarray | Any, *, timeout: float | None = None) -> np.ndarray:
         """The model's output rows for ``nodes``, in that order (float32 ``[n, d]``)."""
         return self._loop.run(self._aio.infer(nodes, timeout=timeout))
+
+    def infer_new(
+        self,
+        features: Any,
+        neighbors: Any,
+        offsets: Any = None,
+        *,
+        store: bool = False,
+        timeout: float | None = None,
+    ) -> NewNodesAnswer:
+        """``AsyncInferenceClient.infer_new``: rows for new nodes from their features and
+        in-neighbours (``store=True``: also added to the live graph; their IDs returned)."""
+        return self._loop.run(self._aio.infer_new(features, neighbors, offsets, store=store, timeout=timeout))
 
     def metadata(self) -> dict[str, Any]:
         return self._loop.run(self._aio.metadata())

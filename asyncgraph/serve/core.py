@@ -95,16 +95,20 @@ class InferenceCore:
         #: a typed model's one output node type (``HeteroGraphSAGE(target=)``), else None
         self.target: str | None = getattr(model, "target", None) if aio.book.is_hetero else None
         self.out_dim: int | None = None
+        #: the input tensor's row shape and dtype (known after ``check_features``)
+        self.feat_shape: tuple[int, ...] = ()
+        self.feat_dtype: np.dtype[Any] = np.dtype(np.float32)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncgraph-forward")
 
     async def check_features(self) -> None:
         """Raise ``UnknownTensorError`` unless the graph has the model's input node tensor."""
         try:
-            await self.async_client.tensor_meta(node_key(self.feat))
+            meta = await self.async_client.tensor_meta(node_key(self.feat))
         except UnknownTensorError:
             raise UnknownTensorError(
                 f"the graph has no node tensor {self.feat!r} (the model's input)"
             ) from None
+        self.feat_shape, self.feat_dtype = tuple(int(s) for s in meta.shape[1:]), np.dtype(meta.dtype)
 
     def check_nodes(self, nodes: np.ndarray | Mapping[str, np.ndarray]) -> np.ndarray:
         """``nodes`` (homogeneous IDs, or ``{ntype: per-type IDs}`` on a typed graph) as a 1-D
@@ -188,6 +192,13 @@ class InferenceCore:
             times.sample, times.pull = sampled.sample_time, sampled.pull_time
             times.remote_rows, times.cache_hits = stats.traffic.remote_rows, stats.traffic.cache_hits
             blocks, x, order = sampled.blocks, sampled.blocks[0].srcdata[self.feat], None
+        out = await self.forward(blocks, x, times)
+        return out if order is None else out[order]
+
+    async def forward(self, blocks: Sequence[Any], x: Any, times: BatchTimes) -> torch.Tensor:
+        """The model on ``blocks`` and input rows ``x`` (on the forward thread, or on the loop
+        for small homogeneous batches: ``inline_rows``); CPU float32 rows of the last block's
+        destinations."""
         t0 = time.perf_counter()
         rows = sum(int(b.num_src_nodes()) for b in blocks[:1]) if not self.async_client.book.is_hetero else 0
         if rows and rows <= self.inline_rows:  # a hand-off costs more than it frees
@@ -196,8 +207,6 @@ class InferenceCore:
             loop = asyncio.get_running_loop()
             out = await loop.run_in_executor(self._executor, self._forward, blocks, x)
         times.forward = time.perf_counter() - t0
-        if order is not None:
-            out = out[order]
         if self.out_dim is None:
             self.out_dim = int(out.shape[1]) if out.ndim == 2 else 1
         return out

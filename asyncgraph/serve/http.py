@@ -33,6 +33,7 @@ from asyncgraph.errors import (
 from asyncgraph.serve.artifact import ModelSpec
 from asyncgraph.serve.batching import DynamicBatcher
 from asyncgraph.serve.core import InferenceCore
+from asyncgraph.serve.inductive import NEW_NODE_INPUTS, NewNodesInput, run_request
 from asyncgraph.serve.metrics import ServeMetrics
 
 __all__ = ["INPUT_DATATYPES", "ServeState", "build_app", "status_of"]
@@ -40,8 +41,10 @@ __all__ = ["INPUT_DATATYPES", "ServeState", "build_app", "status_of"]
 log = logging.getLogger(__name__)
 
 INPUT_DATATYPES = {"INT64": np.int64, "INT32": np.int32, "UINT64": np.uint64, "UINT32": np.uint32}
+FEATURE_DATATYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16}
 INPUT_NAME = "nodes"
 OUTPUT_NAME = "output"
+NODE_IDS_NAME = "node_ids"
 STATE_KEY = web.AppKey("asyncgraph_serve", object)
 
 
@@ -98,31 +101,45 @@ def _model(state: ServeState, request: web.Request) -> ModelSpec:
 
 
 def _input_array(spec: Any) -> tuple[str, np.ndarray]:
-    """One OIP input ``{name, datatype, shape: [n], data}`` as ``(name, IDs)``."""
+    """One OIP input ``{name, datatype, shape, data}`` as ``(name, array of that shape)``: IDs
+    (integers, shape ``[n]``), or for ``features`` (an inductive request) numbers ``[n, d]``."""
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise InvalidRequestError("each input must be an object with a 'name'")
     name, datatype = spec["name"], spec.get("datatype")
-    if datatype not in INPUT_DATATYPES:
-        raise DTypeMismatchError(
-            f"input {name!r}: datatype {datatype!r}, expected one of {sorted(INPUT_DATATYPES)}"
-        )
+    floats = name == NEW_NODE_INPUTS[0]
+    allowed: dict[str, type[Any]] = FEATURE_DATATYPES if floats else INPUT_DATATYPES
+    if not isinstance(datatype, str) or datatype not in allowed:
+        raise DTypeMismatchError(f"input {name!r}: datatype {datatype!r}, expected one of {sorted(allowed)}")
     shape, data = spec.get("shape"), spec.get("data")
-    if not isinstance(data, list) or not all(type(v) is int for v in data):
-        raise DTypeMismatchError(f"input {name!r}: 'data' must be a flat list of integers")
-    if not (isinstance(shape, list) and len(shape) == 1 and shape[0] == len(data)):
+    number = (int, float) if floats else (int,)
+    if not isinstance(data, list) or not all(type(v) in number for v in data):
+        kind = "numbers" if floats else "integers"
+        raise DTypeMismatchError(f"input {name!r}: 'data' must be a flat list of {kind}")
+    dims = 2 if floats else 1
+    if not (
+        isinstance(shape, list)
+        and len(shape) == dims
+        and all(type(s) is int and s >= 0 for s in shape)
+        and int(np.prod(shape)) == len(data)
+    ):
         raise ShapeMismatchError(
-            f"input {name!r}: shape {shape!r} does not match the {len(data)} values of 'data' (expected [n])"
+            f"input {name!r}: shape {shape!r} does not match the {len(data)} values of 'data' "
+            f"(expected {'[n, d]' if floats else '[n]'})"
         )
     try:
-        return name, np.array(data, dtype=INPUT_DATATYPES[datatype])
+        return name, np.array(data, dtype=allowed[datatype]).reshape(shape)
     except OverflowError:
         raise DTypeMismatchError(f"input {name!r}: a value does not fit {datatype}") from None
 
 
-def parse_infer_body(body: bytes) -> tuple[np.ndarray | dict[str, np.ndarray], Any, float | None]:
+def parse_infer_body(
+    body: bytes,
+) -> tuple[np.ndarray | dict[str, np.ndarray] | NewNodesInput, Any, float | None]:
     """``(node IDs, request id, timeout in seconds or None)`` of an OIP v2 infer body, or a typed
     error naming what is wrong. The IDs are one input ``nodes`` (homogeneous IDs), or on a typed
-    graph one input per node type named by it (per-type IDs; answered in the inputs' order)."""
+    graph one input per node type named by it (per-type IDs; answered in the inputs' order). An
+    inductive request's inputs (``features``, ``neighbors``, ``neighbor_offsets``; ``parameters.
+    store``) come back as a ``NewNodesInput`` in the IDs' place."""
     try:
         doc = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -138,14 +155,24 @@ def parse_infer_body(body: bytes) -> tuple[np.ndarray | dict[str, np.ndarray], A
         )
     arrays = [_input_array(spec) for spec in inputs]
     names = [name for name, _ in arrays]
-    nodes: np.ndarray | dict[str, np.ndarray]
-    if names == [INPUT_NAME]:
+    params = doc.get("parameters") or {}
+    nodes: np.ndarray | dict[str, np.ndarray] | NewNodesInput
+    if NEW_NODE_INPUTS[0] in names:
+        if sorted(names) != sorted(NEW_NODE_INPUTS):
+            raise InvalidRequestError(
+                f"an inductive request has the inputs {list(NEW_NODE_INPUTS)}, got {names}"
+            )
+        store = params.get("store", False) if isinstance(params, dict) else False
+        if not isinstance(store, bool):
+            raise InvalidRequestError("parameters.store must be true or false")
+        named = dict(arrays)
+        nodes = NewNodesInput(named["features"], named["neighbors"], named["neighbor_offsets"], store)
+    elif names == [INPUT_NAME]:
         nodes = arrays[0][1]
     elif INPUT_NAME in names or len(set(names)) != len(names):
         raise InvalidRequestError(f"inputs {names}: either one {INPUT_NAME!r} or distinct node types")
     else:
         nodes = dict(arrays)
-    params = doc.get("parameters") or {}
     timeout = params.get("timeout_ms") if isinstance(params, dict) else None
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))):
         raise InvalidRequestError("parameters.timeout_ms must be a number")
@@ -167,8 +194,7 @@ async def infer(request: web.Request) -> web.Response:
             message = f"request body over the limit of {state.max_body_bytes} bytes ({exc.text})"
             return web.json_response({"error": message, "code": "too_large"}, status=413)
         raw, request_id, timeout = parse_infer_body(body)
-        nodes = state.core.check_nodes(raw)
-        rows = await state.batcher.submit(nodes, timeout)
+        rows, node_ids = await run_request(state.core, state.batcher, raw, timeout)
         out = rows.numpy()
         answer: dict[str, Any] = {
             "model_name": spec.name,
@@ -182,6 +208,9 @@ async def infer(request: web.Request) -> web.Response:
                 }
             ],
         }
+        if node_ids is not None:  # an inductive request's stored nodes
+            ids = {"name": NODE_IDS_NAME, "datatype": "INT64", "shape": [node_ids.size]}
+            answer["outputs"].append({**ids, "data": node_ids.tolist()})
         if request_id is not None:
             answer["id"] = request_id
         return web.json_response(answer)
@@ -255,7 +284,12 @@ async def model_metadata(request: web.Request) -> web.Response:
             "platform": "asyncgraph_pytorch",
             "inputs": [{"name": name, "datatype": "INT64", "shape": [-1]} for name in names],
             "outputs": [{"name": OUTPUT_NAME, "datatype": "FP32", "shape": [-1, out_dim]}],
-            "parameters": {"fanouts": spec.fanouts, "feat": spec.feat, "class": spec.class_path},
+            "parameters": {
+                "fanouts": spec.fanouts,
+                "feat": spec.feat,
+                "class": spec.class_path or None,
+                "exported": spec.exported,
+            },
         }
     )
 

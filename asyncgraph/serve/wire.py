@@ -4,7 +4,10 @@ connection, requests pipelined and answered as they finish (matched by ``id``).
 
 Request ``{"op": "infer", "id": int, "model": str | None, "nodes": int array [n],
 "timeout_ms": number | None}`` (or ``{"op": "meta", "id": int}``); answer ``{"id", "ok": True,
-"output": float32 array [n, d]}`` or ``{"id", "ok": False, "code", "error"}``. A malformed frame
+"output": float32 array [n, d]}`` or ``{"id", "ok": False, "code", "error"}``. An inductive
+request (``serve/inductive.py``) is ``{"op": "infer_new", "id", "model", "features": [n, d],
+"neighbors": int [m], "offsets": int [n + 1], "store": bool, "timeout_ms"}``; its answer adds
+``"node_ids"`` (int64 [n]) when ``store`` is true. A malformed frame
 or one over the size limit is answered with a ``protocol`` error and the connection closed.
 """
 
@@ -28,6 +31,7 @@ from asyncgraph.errors import (
 from asyncgraph.protocol.codec import decode_frame, encode_frame_bytes
 from asyncgraph.protocol.framing import LENGTH_PREFIX
 from asyncgraph.serve.http import ServeState
+from asyncgraph.serve.inductive import NewNodesInput, run_request
 
 __all__ = ["FrameReader", "WireServer", "read_frame", "write_frame"]
 
@@ -95,6 +99,25 @@ def write_frame(writer: asyncio.StreamWriter, value: Any) -> None:
     writer.write(encode_frame_bytes(value))
 
 
+def _request_nodes(msg: dict[str, Any]) -> np.ndarray | dict[str, np.ndarray] | NewNodesInput:
+    """The IDs of an ``infer`` request, or the new nodes of an ``infer_new`` one (unchecked)."""
+    if msg["op"] == "infer_new":
+        feats, nbrs, offs = (msg.get(key) for key in ("features", "neighbors", "offsets"))
+        if not all(isinstance(a, np.ndarray) for a in (feats, nbrs, offs)):
+            raise InvalidRequestError("'features', 'neighbors' and 'offsets' must be arrays")
+        store = msg.get("store", False)
+        if not isinstance(store, bool):
+            raise InvalidRequestError("'store' must be true or false")
+        return NewNodesInput(feats, nbrs, offs, store)
+    nodes: Any = msg.get("nodes")
+    typed = isinstance(nodes, dict) and all(
+        isinstance(t, str) and isinstance(v, np.ndarray) for t, v in nodes.items()
+    )
+    if not (isinstance(nodes, np.ndarray) or typed):
+        raise InvalidRequestError("'nodes' must be an integer array or {node type: array}")
+    return nodes  # type: ignore[no-any-return]
+
+
 class WireServer:
     """Answers msgpack frames on a TCP port through the same batcher as HTTP (``ServeState``)."""
 
@@ -142,8 +165,8 @@ class WireServer:
         outcome = "ok"
         started = time.perf_counter()
         try:
-            if not isinstance(msg, dict) or msg.get("op") not in ("infer", "meta"):
-                raise InvalidRequestError("a request is a map with 'op' 'infer' or 'meta'")
+            if not isinstance(msg, dict) or msg.get("op") not in ("infer", "infer_new", "meta"):
+                raise InvalidRequestError("a request is a map with 'op' 'infer', 'infer_new' or 'meta'")
             model = msg.get("model")
             if model is not None and model != state.spec.name:
                 raise UnknownModelError(f"no model {model!r} here; served: {state.spec.name!r}")
@@ -158,20 +181,17 @@ class WireServer:
                     raise ServerUnavailableError(
                         "not ready: " + ("draining" if state.draining else "starting")
                     )
-                nodes: Any = msg.get("nodes")
-                typed = isinstance(nodes, dict) and all(
-                    isinstance(t, str) and isinstance(v, np.ndarray) for t, v in nodes.items()
-                )
-                if not (isinstance(nodes, np.ndarray) or typed):
-                    raise InvalidRequestError("'nodes' must be an integer array or {node type: array}")
+                nodes = _request_nodes(msg)
                 timeout = msg.get("timeout_ms")
                 if timeout is not None and (
                     isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                 ):
                     raise InvalidRequestError("'timeout_ms' must be a number")
-                ids = state.core.check_nodes(nodes)
-                rows = await state.batcher.submit(ids, None if timeout is None else timeout / 1e3)
+                wait = None if timeout is None else timeout / 1e3
+                rows, node_ids = await run_request(state.core, state.batcher, nodes, wait)
                 reply = {"id": rid, "ok": True, "output": np.ascontiguousarray(rows.numpy())}
+                if node_ids is not None:
+                    reply["node_ids"] = node_ids
         except AsyncGraphError as exc:
             outcome = exc.code
             reply = {"id": rid, "ok": False, "code": exc.code, "error": str(exc)}
@@ -179,7 +199,7 @@ class WireServer:
             outcome = "internal"
             log.exception("msgpack inference request failed")
             reply = {"id": rid, "ok": False, "code": "internal", "error": f"{type(exc).__name__}: {exc}"}
-        if isinstance(msg, dict) and msg.get("op") == "infer":
+        if isinstance(msg, dict) and msg.get("op") in ("infer", "infer_new"):
             state.metrics.count_request(outcome)
             state.metrics.observe_stage("total", time.perf_counter() - started)
         with contextlib.suppress(ConnectionError, RuntimeError):

@@ -1,0 +1,223 @@
+"""Inductive requests: the model's output for nodes the graph does not hold, from their features
+and in-neighbours given in the request (``python -m asyncgraph.serve``; issue 36).
+
+A new node's in-edges are its given neighbours (existing node IDs) in every layer: its first hop
+is them, sampled to the layer's fanout, and so is its hop in every deeper block (it is one of
+each block's destinations, as every seed is); the neighbours' own hops come from the graph,
+sampled by their owners exactly as an ordinary batch samples (``layer_seed(seed, layer)``).
+Given neighbours are drawn with ``numpy.random.default_rng([layer_seed(seed, layer), i])`` for
+the request's ``i``-th new node (``choice`` of ``fanout`` positions, without replacement unless
+the sampler replaces, in the given order): a node's answer depends on its own request only.
+Within the blocks new node ``i`` is ID ``-1 - i`` (never a graph ID); its input row is the
+request's feature row. Nothing is stored unless ``store`` is asked: then ``add_nodes`` and
+``add_edges`` (neighbour -> new node) of the live graph, after the answer, give the new IDs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from asyncgraph.dataloading.block import Block, to_block
+from asyncgraph.dataloading.sampler import layer_seed
+from asyncgraph.errors import (
+    DTypeMismatchError,
+    InvalidRequestError,
+    NonFiniteError,
+    OutOfRangeError,
+    ShapeMismatchError,
+)
+from asyncgraph.names import node_key
+
+if TYPE_CHECKING:
+    from asyncgraph.client.async_client import AsyncClient
+    from asyncgraph.serve.batching import DynamicBatcher
+    from asyncgraph.serve.core import BatchTimes, InferenceCore
+
+__all__ = [
+    "NEW_NODE_INPUTS",
+    "NewNodes",
+    "NewNodesInput",
+    "check_new_nodes",
+    "infer_new_nodes",
+    "new_node_blocks",
+    "run_request",
+    "store_new_nodes",
+]
+
+#: an inductive request's inputs (OIP v2 names, and the msgpack request's keys but ``offsets``)
+NEW_NODE_INPUTS = ("features", "neighbors", "neighbor_offsets")
+
+
+@dataclass(frozen=True)
+class NewNodesInput:
+    """An inductive request as it arrived (unchecked): see ``check_new_nodes``."""
+
+    features: Any
+    neighbors: Any
+    offsets: Any
+    store: bool = False
+
+
+@dataclass(frozen=True)
+class NewNodes:
+    """Checked new nodes: ``features[i]`` and in-neighbours ``neighbors[offsets[i]:offsets[i + 1]]``."""
+
+    features: np.ndarray  # [n, *feature shape], the graph's feature dtype
+    neighbors: np.ndarray  # int64 [m], existing node IDs
+    offsets: np.ndarray  # int64 [n + 1], offsets[0] == 0, offsets[-1] == m
+    store: bool = False
+
+    @property
+    def count(self) -> int:
+        return int(self.features.shape[0])
+
+    def sample_in_edges(
+        self, rows: np.ndarray, fanout: int, seed: int, *, replace: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(src, dst)`` in-edges of new nodes ``rows`` (request positions) sampled to ``fanout``
+        (-1: all) with the rule of the module's docstring; ``dst`` is the block ID ``-1 - row``."""
+        src_parts, dst_parts = [], []
+        for row in rows.tolist():
+            given = self.neighbors[self.offsets[row] : self.offsets[row + 1]]
+            if fanout != -1 and given.size and (replace or given.size > fanout):
+                rng = np.random.default_rng([seed, row])
+                pick = rng.choice(given.size, fanout, replace=replace)
+                given = given[pick if replace else np.sort(pick)]
+            src_parts.append(given)
+            dst_parts.append(np.full(given.size, -1 - row, dtype=np.int64))
+        if not src_parts:
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        return np.concatenate(src_parts), np.concatenate(dst_parts)
+
+
+def _array(value: Any) -> np.ndarray:
+    if hasattr(value, "detach"):  # a torch tensor
+        value = value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def check_new_nodes(
+    given: NewNodesInput, *, feat_shape: tuple[int, ...], feat_dtype: np.dtype[Any], num_nodes: int
+) -> NewNodes:
+    """``given``'s new nodes, checked: ``features`` ``[n, *feat_shape]`` finite numbers,
+    ``offsets`` ``n + 1`` non-decreasing integers from 0 to ``len(neighbors)``, every neighbour
+    an existing node ID in ``[0, num_nodes)``; else a typed error (``InvalidRequestError``)."""
+    feats, nbrs, offs = _array(given.features), _array(given.neighbors), _array(given.offsets)
+    if feats.dtype.kind not in "fiu" or feats.dtype == np.bool_:
+        raise DTypeMismatchError(f"features must be numbers, got {feats.dtype}")
+    if feats.ndim != 1 + len(feat_shape) or tuple(feats.shape[1:]) != tuple(feat_shape) or not feats.shape[0]:
+        raise ShapeMismatchError(
+            f"features must have shape [n >= 1, {', '.join(map(str, feat_shape))}] (the model's "
+            f"input rows), got {list(feats.shape)}"
+        )
+    feats = np.ascontiguousarray(feats, dtype=feat_dtype)
+    if feats.dtype.kind == "f" and not bool(np.isfinite(feats).all()):
+        raise NonFiniteError("features hold NaN or infinity")
+    n = int(feats.shape[0])
+    for arr, what in ((nbrs, "neighbors"), (offs, "neighbor offsets")):
+        if arr.size and arr.dtype.kind not in "iu":
+            raise DTypeMismatchError(f"{what} must be integers, got {arr.dtype}")
+        if arr.ndim != 1:
+            raise ShapeMismatchError(f"{what} must be 1-D, got shape {list(arr.shape)}")
+    nbrs, offs = nbrs.astype(np.int64), offs.astype(np.int64)
+    if offs.size != n + 1:
+        raise ShapeMismatchError(f"neighbor offsets must hold n + 1 = {n + 1} values, got {offs.size}")
+    if offs[0] != 0 or offs[-1] != nbrs.size or bool((np.diff(offs) < 0).any()):
+        raise InvalidRequestError(
+            f"neighbor offsets must rise from 0 to len(neighbors) = {nbrs.size}, got {offs.tolist()[:8]}"
+        )
+    bad = nbrs[(nbrs < 0) | (nbrs >= num_nodes)]
+    if bad.size:
+        raise OutOfRangeError(f"unknown neighbour node ID {int(bad[0])}: the graph has 0..{num_nodes - 1}")
+    return NewNodes(feats, nbrs, offs, bool(given.store))
+
+
+async def new_node_blocks(
+    aio: AsyncClient, new: NewNodes, fanouts: list[int], seed: int, *, replace: bool = False
+) -> list[Block]:
+    """The blocks of ``new``'s nodes (outermost first; the last one's destinations are the new
+    nodes, IDs ``-1 - i``), sampled with ``seed`` as the module's docstring says."""
+    current = -1 - np.arange(new.count, dtype=np.int64)
+    blocks: list[Block] = []
+    for layer, fanout in enumerate(reversed(fanouts), start=1):
+        seed_of_layer = layer_seed(seed, layer)
+        is_new = current < 0
+        real = current[~is_new]
+        if real.size:
+            sampled = await aio.sample_neighbors(real, fanout, replace=replace, seed=seed_of_layer)
+            src_r, dst_r, eid_r = sampled
+        else:
+            src_r = dst_r = eid_r = np.empty(0, dtype=np.int64)
+        src_n, dst_n = new.sample_in_edges(-1 - current[is_new], fanout, seed_of_layer, replace=replace)
+        block = to_block(
+            np.concatenate([src_r, src_n]),
+            np.concatenate([dst_r, dst_n]),
+            current,
+            np.concatenate([eid_r, np.full(src_n.size, -1, dtype=np.int64)]),
+        )
+        blocks.append(block)
+        current = block.srcnodes.numpy()
+    blocks.reverse()
+    for block in blocks:
+        block.csr()
+    return blocks
+
+
+async def input_rows(aio: AsyncClient, new: NewNodes, feat: str, input_nodes: np.ndarray) -> np.ndarray:
+    """The input rows of ``input_nodes``: pulled for graph nodes, the request's for new ones."""
+    x = np.empty((input_nodes.size, *new.features.shape[1:]), dtype=new.features.dtype)
+    is_new = input_nodes < 0
+    x[is_new] = new.features[-1 - input_nodes[is_new]]
+    real = np.flatnonzero(~is_new)
+    if real.size:
+        x[real] = await aio.pull_numpy(node_key(feat), input_nodes[real])
+    return x
+
+
+async def infer_new_nodes(core: InferenceCore, new: NewNodes, times: BatchTimes) -> torch.Tensor:
+    """The model's output rows for ``new``'s nodes, in request order."""
+    aio = core.async_client
+    t0 = time.perf_counter()
+    blocks = await new_node_blocks(aio, new, core.sampler.fanouts, core.seed, replace=core.sampler.replace)
+    t1 = time.perf_counter()
+    x = await input_rows(aio, new, core.feat, blocks[0].srcnodes.numpy())
+    times.sample, times.pull = t1 - t0, time.perf_counter() - t1
+    return await core.forward(blocks, torch.from_numpy(x), times)
+
+
+async def store_new_nodes(aio: AsyncClient, new: NewNodes) -> np.ndarray:
+    """Add ``new``'s nodes and their in-edges to the live graph; their new IDs (request order).
+    The structure only: node data of added IDs is not stored by the live graph yet."""
+    ids = await aio.add_nodes(new.count)
+    if new.neighbors.size:
+        await aio.add_edges(new.neighbors, np.repeat(ids, np.diff(new.offsets)))
+    return np.asarray(ids, dtype=np.int64)
+
+
+async def run_request(
+    core: InferenceCore,
+    batcher: DynamicBatcher,
+    nodes: np.ndarray | dict[str, np.ndarray] | NewNodesInput,
+    timeout: float | None,
+) -> tuple[torch.Tensor, np.ndarray | None]:
+    """One request of either kind through the batcher: ``(output rows, stored new IDs or None)``.
+    Node IDs are merged with other requests; new nodes run as a batch of their own, and are
+    stored (``store``) only once their answer is computed, so a request that fails stores nothing."""
+    if not isinstance(nodes, NewNodesInput):
+        return await batcher.submit(core.check_nodes(nodes), timeout), None
+    if core.async_client.book.is_hetero:
+        raise InvalidRequestError("inductive requests are for homogeneous graphs (typed: not yet)")
+    new = check_new_nodes(
+        nodes, feat_shape=core.feat_shape, feat_dtype=core.feat_dtype, num_nodes=core.num_nodes
+    )
+
+    async def run(times: BatchTimes) -> torch.Tensor:
+        return await infer_new_nodes(core, new, times)
+
+    rows = await batcher.submit_own(new.count, run, timeout)
+    return rows, (await store_new_nodes(core.async_client, new) if new.store else None)
