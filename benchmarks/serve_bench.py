@@ -20,6 +20,7 @@ import asyncio
 import http.client
 import json
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -67,6 +68,15 @@ def npz_shape(path: Path, key: str) -> tuple[int, ...]:
         read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
         shape, _, _ = read(fh)
     return tuple(int(d) for d in shape)
+
+
+def _summed_metrics(ports: list[int]) -> dict[str, float]:
+    """Every serve process's counters, summed (each has its own HTTP port)."""
+    total: dict[str, float] = {}
+    for port in ports:
+        for key, value in _metrics(port).items():
+            total[key] = total.get(key, 0.0) + value
+    return total
 
 
 def _metrics(port: int) -> dict[str, float]:
@@ -182,6 +192,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-delay-ms", type=float, default=2.0)
     ap.add_argument("--name", default="serve_bench")
     ap.add_argument("--serve-args", default="", help="more options for the serve process, space-separated")
+    ap.add_argument(
+        "--serve-procs", type=int, default=1,
+        help="serve processes sharing one msgpack port (--reuse-port); metrics summed over them",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     graph = graph_of(args)
     part_config = partitioned(graph, 2, args.partition_method, cache=args.data_dir)
@@ -189,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         group = start_servers(part_config, work / "servers", num_parts=2)
-        serve = None
+        serves: list[subprocess.Popen[bytes]] = []
         try:
             fanouts = [int(f) for f in args.fanouts.split(",")]
             kwargs = {"in_feats": feat_dim, "hidden": args.hidden, "n_classes": 3, "n_layers": len(fanouts)}
@@ -197,27 +211,35 @@ def main(argv: list[str] | None = None) -> None:
             model_dir = save_model(
                 work / "model", GraphSAGE(**kwargs), name="sage", kwargs=kwargs, fanouts=fanouts
             )
-            ready = work / "serve-ready.json"
-            serve = subprocess.Popen(
-                [sys.executable, "-m", "asyncgraph.serve", "--part-config", str(part_config),
-                 "--servers", str(group.ip_config()), "--model", str(model_dir), "--port", "0",
-                 "--msgpack-port", "0", "--ready-file", str(ready), "--max-batch", str(args.max_batch),
-                 "--max-delay-ms", str(args.max_delay_ms), *args.serve_args.split()],
-                env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+            shared: list[str] = []
+            if args.serve_procs > 1:  # one msgpack port for all (SO_REUSEPORT), an HTTP port each
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", 0))
+                    shared = ["--msgpack-port", str(probe.getsockname()[1]), "--reuse-port"]
+            readies = [work / f"serve-ready-{i}.json" for i in range(args.serve_procs)]
+            for ready in readies:
+                serves.append(subprocess.Popen(
+                    [sys.executable, "-m", "asyncgraph.serve", "--part-config", str(part_config),
+                     "--servers", str(group.ip_config()), "--model", str(model_dir), "--port", "0",
+                     *(shared or ["--msgpack-port", "0"]), "--ready-file", str(ready),
+                     "--max-batch", str(args.max_batch), "--max-delay-ms", str(args.max_delay_ms),
+                     *args.serve_args.split()],
+                    env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                ))  # fmt: skip
             end = time.monotonic() + 180
-            while not ready.exists():
-                if serve.poll() is not None or time.monotonic() > end:
-                    raise SystemExit("the serve process did not start")
+            while not all(ready.exists() for ready in readies):
+                if any(p.poll() is not None for p in serves) or time.monotonic() > end:
+                    raise SystemExit("a serve process did not start")
                 time.sleep(0.1)
-            where = json.loads(ready.read_text())
-            url = f"tcp://127.0.0.1:{where['msgpack_port']}"
+            wheres = [json.loads(ready.read_text()) for ready in readies]
+            url = f"tcp://127.0.0.1:{wheres[0]['msgpack_port']}"
+            http_ports = [w["port"] for w in wheres]
             asyncio.run(_offer(url, 50, 1.0, args.connections, num_nodes, 99))  # warm-up
             points = []
             for i, rate in enumerate(float(r) for r in args.rates.split(",")):
-                before = _metrics(where["port"])
+                before = _summed_metrics(http_ports)
                 point = asyncio.run(_offer(url, rate, args.seconds, args.connections, num_nodes, i))
-                after = _metrics(where["port"])
+                after = _summed_metrics(http_ports)
                 batches = _delta(after, before, "asyncgraph_serve_batch_nodes_count")
                 point["mean_batch_nodes"] = _delta(after, before, "asyncgraph_serve_batch_nodes_sum") / max(
                     batches, 1
@@ -235,19 +257,23 @@ def main(argv: list[str] | None = None) -> None:
                     flush=True,
                 )
         finally:
-            if serve is not None and serve.poll() is None:
-                serve.send_signal(signal.SIGTERM)
+            for serve in serves:
+                if serve.poll() is None:
+                    serve.send_signal(signal.SIGTERM)
+            for serve in serves:
                 serve.wait(timeout=60)
             group.stop()
     result = {"graph": graph.name, "partition_method": args.partition_method, "fanouts": args.fanouts,
               "hidden": args.hidden,
               "max_batch": args.max_batch, "max_delay_ms": args.max_delay_ms, "connections": args.connections,
-              "seconds": args.seconds, "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "seconds": args.seconds, "serve_procs": args.serve_procs,
+              "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "points": points}  # fmt: skip
     results = Path(args.results_dir)
     results.mkdir(parents=True, exist_ok=True)
     (results / f"{args.name}.json").write_text(json.dumps(result, indent=1))
-    _plot(points, results / f"{args.name}.png", f"{graph.stem}: 2 servers + serve, fanouts {args.fanouts}")
+    title = f"{graph.stem}: 2 servers + {args.serve_procs} serve, fanouts {args.fanouts}"
+    _plot(points, results / f"{args.name}.png", title)
     print(f"wrote {results / (args.name + '.json')} and .png")
 
 

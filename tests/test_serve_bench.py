@@ -1,6 +1,7 @@
 """``benchmarks/serve_bench.py --scale N`` (issue 36: figures on DGL's 2^20 graph): the option
 generates the synthetic graph, partitions it, serves it and writes a result, here at 2^10 with a
-short, slow load (the 2^20 figure itself is a benchmark run, not a test)."""
+short, slow load over two serve processes sharing a port (the 2^20 figure itself is a benchmark
+run, not a test)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def test_serve_bench_runs_on_a_synthetic_graph(tmp_path: Path) -> None:
     cmd = [
         sys.executable, "-m", "benchmarks.serve_bench", "--scale", "10", "--data-dir", str(tmp_path / "data"),
         "--results-dir", str(tmp_path / "results"), "--partition-method", "random", "--rates", "20",
-        "--seconds", "0.5", "--connections", "2", "--hidden", "8", "--name", "t",
+        "--seconds", "0.5", "--connections", "4", "--hidden", "8", "--name", "t", "--serve-procs", "2",
     ]  # fmt: skip
     done = subprocess.run(
         cmd, cwd=PACKAGE_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=380
@@ -28,6 +29,7 @@ def test_serve_bench_runs_on_a_synthetic_graph(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((tmp_path / "results" / "t.json").read_text())
     assert result["graph"] == "synth10.npz" and result["partition_method"] == "random"
+    assert result["serve_procs"] == 2  # two processes on one msgpack port, their metrics summed
     (point,) = result["points"]
     assert point["ok"] >= 5 and not point["errors"] and point["p99_ms"] > 0
     assert (tmp_path / "results" / "t.png").is_file()
