@@ -19,6 +19,7 @@ from .attrs import PYG_ALIASES
 from .dist_context import DistContext, DistRole
 from .feature_store import DistFeatureStore
 from .graph_store import DistGraphStore
+from .in_memory import NeighborLoader
 from .link_loader import DistLinkNeighborLoader
 from .loader import DistNeighborLoader
 from .local_stores import LocalFeatureStore, LocalGraphStore
@@ -35,5 +36,6 @@ __all__ = [
     "DistRole",
     "LocalFeatureStore",
     "LocalGraphStore",
+    "NeighborLoader",
     "sample_hops",
 ]

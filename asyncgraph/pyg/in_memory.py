@@ -1,0 +1,98 @@
+"""PyG's in-memory ``NeighborLoader``: a ``Data`` / ``HeteroData`` served in-process by asyncgraph.
+
+PyG's own ``NeighborLoader`` over an in-memory graph needs pyg-lib or torch-sparse (neither has
+a wheel for every torch). :class:`NeighborLoader` takes the same arguments and, given PyG data,
+partitions it once into a single partition in a temporary folder (removed at exit) and samples
+it with a standalone client of its own (not the process's: each in-memory graph has one, so
+several coexist, and a launched trainer's client is left alone), so the batches are what PyG's
+loader gives: the same attributes, ``n_id`` and ``e_id`` in the data's own IDs (one partition
+keeps every node's ID; ``e_id`` is mapped back through the partitioner's ``orig_eids``). Given a
+``DistGraph`` or a ``(feature store, graph store)`` pair it is :class:`DistNeighborLoader`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from asyncgraph.errors import AsyncGraphError
+from asyncgraph.partition import load_orig_ids, partition_graph
+from asyncgraph.partition.from_pyg import is_pyg_data
+
+from .loader import DistNeighborLoader
+
+__all__ = ["NeighborLoader", "serve_in_memory"]
+
+GRAPH_NAME = "pyg-in-memory"
+
+
+@dataclass
+class InMemoryGraph:
+    """An in-memory PyG graph served here: its ``DistGraph`` and the partitioner's edge mapping."""
+
+    graph: Any
+    orig_eids: dict[Any, torch.Tensor]  # edge type (None: homogeneous) -> input edge ID of each served ID
+    folder: Path
+
+
+_SERVED: dict[int, tuple[weakref.ref[Any], InMemoryGraph]] = {}
+
+
+def _remove(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def serve_in_memory(data: Any) -> InMemoryGraph:
+    """Partition ``data`` (PyG's ``Data``/``HeteroData``) into one partition and open it standalone
+    (once per data object)."""
+    hit = _SERVED.get(id(data))
+    if hit is not None and hit[0]() is data:
+        return hit[1]
+    from asyncgraph.client.sync_client import Client
+    from asyncgraph.distributed import DistGraph
+
+    folder = Path(tempfile.mkdtemp(prefix="asyncgraph-pyg-mem-"))
+    atexit.register(_remove, folder)
+    partition_graph(data, GRAPH_NAME, 1, folder, part_method="random")
+    nids, eids = load_orig_ids(folder / f"{GRAPH_NAME}.json", per_type=True)
+    if not all(np.array_equal(v, np.arange(v.size)) for v in nids.values()):  # pragma: no cover
+        raise AsyncGraphError("one partition renumbered the nodes: n_id would not be the data's IDs")
+    hetero = len(eids) > 1 or next(iter(eids)) != ("_N", "_E", "_N")
+    orig = {(c if hetero else None): torch.from_numpy(v) for c, v in eids.items()}
+    client = Client.standalone(folder / f"{GRAPH_NAME}.json")
+    atexit.register(client.close)  # registered after the folder's removal: runs before it
+    served = InMemoryGraph(DistGraph(GRAPH_NAME, client=client), orig, folder)
+    _SERVED[id(data)] = (weakref.ref(data), served)
+    return served
+
+
+class NeighborLoader(DistNeighborLoader):
+    """``torch_geometric.loader.NeighborLoader``'s arguments; ``data`` may be in-memory PyG data
+    (served in-process, see the module docstring) or what :class:`DistNeighborLoader` takes."""
+
+    def __init__(self, data: Any, num_neighbors: Any, input_nodes: Any = None, **kwargs: Any) -> None:
+        self._in_memory: InMemoryGraph | None = None
+        if is_pyg_data(data):
+            self._in_memory = serve_in_memory(data)
+            data = self._in_memory.graph
+        super().__init__(data, num_neighbors, input_nodes, **kwargs)
+
+    async def _build(self, positions: np.ndarray, batch_seed: int, stats: Any) -> dict[str, Any]:
+        payload = await super()._build(positions, batch_seed, stats)
+        mem = self._in_memory
+        if mem is None:
+            return payload
+        if "edges" in payload:  # heterogeneous: per-type edge IDs, as PyG's
+            for c, attrs in payload["edges"].items():
+                attrs["e_id"] = mem.orig_eids[c][attrs["e_id"]]
+        else:
+            payload["e_id"] = mem.orig_eids[None][payload["e_id"]]
+        return payload
