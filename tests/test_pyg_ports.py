@@ -43,6 +43,13 @@ MAG_HEADER = [
     "# data source (the bundled ACM instead of ogbn-mag) differ.",
 ]
 
+UNSUP_HEADER = [
+    "# Copyright (c) 2023 PyG Team <team@pyg.org>. MIT licence (see tests/data/pyg_upstream/LICENSE).",
+    "# PyG's examples/graph_sage_unsup.py at pyg-team/pytorch_geometric",
+    "# 5c6461b2305ad068a6d61165b3c55852a11aaa41, ported to asyncgraph: only the imports and the",
+    "# data source (the bundled Cora) differ.",
+]
+
 #: Every line each port removes from PyG's text and every line it adds, nothing else.
 ALLOWED: dict[str, tuple[list[str], list[str]]] = {
     "node_ogb_cpu.py": (
@@ -82,6 +89,19 @@ ALLOWED: dict[str, tuple[list[str], list[str]]] = {
             "from asyncgraph.pyg import NeighborLoader",
             "path = osp.join(osp.dirname(osp.realpath(__file__)), '../data')",
             "dataset = ACM(path, transform=transform)",
+        ],
+    ),
+    "graph_sage_unsup.py": (
+        [
+            "from torch_geometric.datasets import Planetoid",  # data source
+            "from torch_geometric.loader import LinkNeighborLoader",  # import
+            "path = osp.join(osp.dirname(osp.realpath(__file__)), '..', 'data', dataset)",  # data source
+        ],
+        [
+            *UNSUP_HEADER,
+            "from asyncgraph.pyg.datasets import Planetoid",
+            "from asyncgraph.pyg import LinkNeighborLoader",
+            "path = osp.join(osp.dirname(osp.realpath(__file__)), '..', 'data')",
         ],
     ),
 }
@@ -222,3 +242,32 @@ def test_in_memory_neighbor_loader_ids(tmp_path: Path) -> None:
         src, dst = hetero[c].edge_index[:, b[c].e_id]
         assert torch.equal(src, b[c[0]].n_id[b[c].edge_index[0]]), c
         assert torch.equal(dst, b[c[2]].n_id[b[c].edge_index[1]]), c
+
+
+def test_in_memory_link_loader(tmp_path: Path) -> None:
+    """graph_sage_unsup.py's loader (its 50 hard-coded epochs take minutes here, so its run is not
+    in this file): every edge a positive, one negative each, IDs the data's own."""
+    import torch
+
+    from asyncgraph.pyg import LinkNeighborLoader
+    from asyncgraph.pyg.datasets import Planetoid
+
+    data = Planetoid(ROOT / "examples" / "data", "Cora")[0]
+    loader = LinkNeighborLoader(
+        data, batch_size=256, shuffle=True, neg_sampling_ratio=1.0, num_neighbors=[10, 10]
+    )
+    assert len(loader) == -(-data.num_edges // 256)
+    edges = set(map(tuple, data.edge_index.t().tolist()))
+    seen = 0
+    for i, b in enumerate(loader):
+        assert torch.equal(b.x, data.x[b.n_id])
+        src, dst = data.edge_index[:, b.e_id]
+        assert torch.equal(src, b.n_id[b.edge_index[0]]) and torch.equal(dst, b.n_id[b.edge_index[1]])
+        pos = b.edge_label == 1
+        assert int(pos.sum()) == int((~pos).sum()) and b.edge_label.dtype == torch.float32
+        pairs = b.n_id[b.edge_label_index[:, pos]].t().tolist()
+        assert all(tuple(p) in edges for p in pairs)
+        seen += len(pairs)
+        if i == 3:
+            break
+    assert seen == 4 * 256

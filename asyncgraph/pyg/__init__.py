@@ -19,7 +19,7 @@ from .attrs import PYG_ALIASES
 from .dist_context import DistContext, DistRole
 from .feature_store import DistFeatureStore
 from .graph_store import DistGraphStore
-from .in_memory import NeighborLoader
+from .in_memory import LinkNeighborLoader, NeighborLoader
 from .link_loader import DistLinkNeighborLoader
 from .loader import DistNeighborLoader
 from .local_stores import LocalFeatureStore, LocalGraphStore
@@ -34,6 +34,7 @@ __all__ = [
     "DistNeighborLoader",
     "DistNeighborSampler",
     "DistRole",
+    "LinkNeighborLoader",
     "LocalFeatureStore",
     "LocalGraphStore",
     "NeighborLoader",

@@ -1,14 +1,14 @@
 """The graphs bundled with asyncgraph's examples as PyG datasets (``dataset[0]``, ``num_classes``).
 
-``PubMed(root)`` reads ``root/pubmed.npz`` as a ``Data`` (``x``, ``y``, ``train_mask``,
-``val_mask``, ``test_mask``, ``edge_index``: Planetoid's public split); ``ACM(root)`` reads
-``root/acm.npz`` as a ``HeteroData`` with papers, authors and subjects (``x`` for every type: a
-paper's normalised bag of its ``words`` most frequent words, an author's or a subject's the mean
-of its papers', so every type has the same width, as ``OGB_MAG(preprocess='metapath2vec')``
-gives; ``y`` and the split masks on papers). ``transform`` is applied to ``dataset[0]``, as
-PyG's datasets apply theirs. They stand in for PyG's downloading datasets (``Planetoid``,
-``OGB_MAG``, ``PygNodePropPredDataset``) in ported scripts and in
-``python -m asyncgraph.pyg.partition_dataset``.
+``Planetoid(root, name)`` reads ``root/<name>.npz`` (Cora, CiteSeer, PubMed) as a ``Data``
+(``x``, ``y``, ``train_mask``, ``val_mask``, ``test_mask``, ``edge_index``: Planetoid's public
+split); ``ACM(root)`` reads ``root/acm.npz`` as a ``HeteroData`` with papers, authors and
+subjects (``x`` for every type: a paper's normalised bag of its ``words`` most frequent words,
+an author's or a subject's the mean of its papers', so every type has the same width, as
+``OGB_MAG(preprocess='metapath2vec')`` gives; ``y`` and the split masks on papers).
+``transform`` is applied to ``dataset[0]``, as PyG's datasets apply theirs. They stand in for
+PyG's downloading datasets (``Planetoid``, ``OGB_MAG``, ``PygNodePropPredDataset``) in ported
+scripts and in ``python -m asyncgraph.pyg.partition_dataset``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from torch_geometric.data import Data, HeteroData
 
 from asyncgraph.errors import InvalidRequestError
 
-__all__ = ["ACM", "DATASETS", "BundledDataset", "PubMed"]
+__all__ = ["ACM", "DATASETS", "BundledDataset", "Planetoid", "PubMed"]
 
 
 class BundledDataset:
@@ -65,12 +65,16 @@ class BundledDataset:
         return f"{type(self).__name__}({self.root})"
 
 
-class PubMed(BundledDataset):
-    """PubMed (19,717 papers, 500 TF-IDF features, 3 classes) with Planetoid's public split."""
+class Planetoid(BundledDataset):
+    """PyG's ``Planetoid(root, name)`` for the bundled ``Cora``, ``CiteSeer`` and ``PubMed``
+    (``root/<name lower-cased>.npz``), with Planetoid's public split."""
 
-    file = "pubmed.npz"
+    def __init__(self, root: str | Path, name: str, transform: Callable[[Any], Any] | None = None) -> None:
+        self.name = name
+        self.file = f"{name.lower()}.npz"
+        super().__init__(root, transform)
 
-    def _load(self, path: Path) -> Data:
+    def _load(self, path: Path) -> Data | HeteroData:
         z = np.load(path)
         edge_index = torch.from_numpy(np.stack([z["src"], z["dst"]]).astype(np.int64))
         data = Data(x=torch.from_numpy(z["feat"]), y=torch.from_numpy(z["label"]), edge_index=edge_index)
@@ -110,6 +114,13 @@ class ACM(BundledDataset):
             data[other].x = torch.from_numpy(mean)
             data["paper", rel, other].edge_index = torch.from_numpy(np.stack([src, dst]).astype(np.int64))
         return data
+
+
+class PubMed(Planetoid):
+    """PubMed (19,717 papers, 500 TF-IDF features, 3 classes) with Planetoid's public split."""
+
+    def __init__(self, root: str | Path, transform: Callable[[Any], Any] | None = None) -> None:
+        super().__init__(root, "PubMed", transform)
 
 
 #: The bundled datasets by the names ``partition_dataset`` and the ported scripts use.

@@ -1,13 +1,14 @@
-"""PyG's in-memory ``NeighborLoader``: a ``Data`` / ``HeteroData`` served in-process by asyncgraph.
+"""PyG's in-memory ``NeighborLoader`` / ``LinkNeighborLoader``: PyG data served in-process.
 
-PyG's own ``NeighborLoader`` over an in-memory graph needs pyg-lib or torch-sparse (neither has
-a wheel for every torch). :class:`NeighborLoader` takes the same arguments and, given PyG data,
-partitions it once into a single partition in a temporary folder (removed at exit) and samples
-it with a standalone client of its own (not the process's: each in-memory graph has one, so
-several coexist, and a launched trainer's client is left alone), so the batches are what PyG's
-loader gives: the same attributes, ``n_id`` and ``e_id`` in the data's own IDs (one partition
-keeps every node's ID; ``e_id`` is mapped back through the partitioner's ``orig_eids``). Given a
-``DistGraph`` or a ``(feature store, graph store)`` pair it is :class:`DistNeighborLoader`.
+PyG's own loaders over an in-memory graph need pyg-lib or torch-sparse (neither has a wheel for
+every torch). :class:`NeighborLoader` and :class:`LinkNeighborLoader` take the same arguments;
+given PyG data, each partitions it once into a single partition in a temporary folder (removed
+at exit) and samples it with a standalone client of its own (not the process's: each in-memory
+graph has one, so several coexist, and a launched trainer's client is left alone), so batches
+are what PyG's loaders give: the same attributes, ``n_id`` and ``e_id`` in the data's own IDs
+(one partition keeps every node's ID; ``e_id`` is mapped back through the partitioner's
+``orig_eids``). Given a ``DistGraph`` or a ``(feature store, graph store)`` pair they are
+:class:`DistNeighborLoader` / :class:`DistLinkNeighborLoader`.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from asyncgraph.errors import AsyncGraphError
 from asyncgraph.partition import load_orig_ids, partition_graph
 from asyncgraph.partition.from_pyg import is_pyg_data
 
+from .link_loader import DistLinkNeighborLoader
 from .loader import DistNeighborLoader
 
-__all__ = ["NeighborLoader", "serve_in_memory"]
+__all__ = ["LinkNeighborLoader", "NeighborLoader", "serve_in_memory"]
 
 GRAPH_NAME = "pyg-in-memory"
 
@@ -74,25 +76,41 @@ def serve_in_memory(data: Any) -> InMemoryGraph:
     return served
 
 
+def _map_back(mem: InMemoryGraph | None, payload: dict[str, Any]) -> dict[str, Any]:
+    """A prepared batch's ``e_id`` in the in-memory data's own edge IDs (per type, as PyG's)."""
+    if mem is None:
+        return payload
+    if "edges" in payload:
+        for c, attrs in payload["edges"].items():
+            attrs["e_id"] = mem.orig_eids[c][attrs["e_id"]]
+    else:
+        payload["e_id"] = mem.orig_eids[None][payload["e_id"]]
+    return payload
+
+
 class NeighborLoader(DistNeighborLoader):
     """``torch_geometric.loader.NeighborLoader``'s arguments; ``data`` may be in-memory PyG data
     (served in-process, see the module docstring) or what :class:`DistNeighborLoader` takes."""
 
     def __init__(self, data: Any, num_neighbors: Any, input_nodes: Any = None, **kwargs: Any) -> None:
-        self._in_memory: InMemoryGraph | None = None
-        if is_pyg_data(data):
-            self._in_memory = serve_in_memory(data)
-            data = self._in_memory.graph
-        super().__init__(data, num_neighbors, input_nodes, **kwargs)
+        self._in_memory = serve_in_memory(data) if is_pyg_data(data) else None
+        super().__init__(
+            data if self._in_memory is None else self._in_memory.graph, num_neighbors, input_nodes, **kwargs
+        )
 
     async def _build(self, positions: np.ndarray, batch_seed: int, stats: Any) -> dict[str, Any]:
-        payload = await super()._build(positions, batch_seed, stats)
-        mem = self._in_memory
-        if mem is None:
-            return payload
-        if "edges" in payload:  # heterogeneous: per-type edge IDs, as PyG's
-            for c, attrs in payload["edges"].items():
-                attrs["e_id"] = mem.orig_eids[c][attrs["e_id"]]
-        else:
-            payload["e_id"] = mem.orig_eids[None][payload["e_id"]]
-        return payload
+        return _map_back(self._in_memory, await super()._build(positions, batch_seed, stats))
+
+
+class LinkNeighborLoader(DistLinkNeighborLoader):
+    """``torch_geometric.loader.LinkNeighborLoader``'s arguments; ``data`` may be in-memory PyG
+    data (served in-process) or what :class:`DistLinkNeighborLoader` takes. Without
+    ``edge_label_index`` every edge is a positive, in the served edge order."""
+
+    def __init__(self, data: Any, num_neighbors: Any, edge_label_index: Any = None, **kwargs: Any) -> None:
+        self._in_memory = serve_in_memory(data) if is_pyg_data(data) else None
+        graph = data if self._in_memory is None else self._in_memory.graph
+        super().__init__(graph, num_neighbors, edge_label_index, **kwargs)
+
+    async def _build(self, positions: np.ndarray, batch_seed: int, stats: Any) -> dict[str, Any]:
+        return _map_back(self._in_memory, await super()._build(positions, batch_seed, stats))
