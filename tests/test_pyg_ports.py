@@ -180,6 +180,20 @@ def test_node_ogb_cpu_runs_on_two_nodes(pyg_layout: Path, tmp_path: Path) -> Non
         assert re.search(rf"\[Node {rank}\] Test epoch 5 END: acc=[01]\.\d{{4}}", out), out[-3000:]
         assert "Partition metadata: {'num_parts': 2, 'node_types': None" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing left behind in the working folder
+    assert _servers_of(pyg_layout) == []  # each rank's partition server stopped with it
+
+
+def _servers_of(folder: Path) -> list[int]:
+    """PIDs of live asyncgraph servers whose command line names ``folder``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "asyncgraph.server" in cmd and str(folder) in cmd:
+            found.append(int(proc.name))
+    return found
 
 
 def test_from_partition_errors(pyg_layout: Path, tmp_path: Path) -> None:
