@@ -12,6 +12,7 @@ port against its original is exactly the allow-list below, so a port that drifts
 from __future__ import annotations
 
 import difflib
+import gc
 import os
 import re
 import signal
@@ -256,6 +257,11 @@ def test_in_memory_neighbor_loader_ids(tmp_path: Path) -> None:
         src, dst = hetero[c].edge_index[:, b[c].e_id]
         assert torch.equal(src, b[c[0]].n_id[b[c].edge_index[0]]), c
         assert torch.equal(dst, b[c[2]].n_id[b[c].edge_index[1]]), c
+    folder = loader._in_memory.folder
+    assert folder.is_dir()
+    del loader, b
+    gc.collect()
+    assert not folder.exists()  # the served copy goes with its last loader
 
 
 def test_in_memory_link_loader(tmp_path: Path) -> None:

@@ -3,17 +3,16 @@
 PyG's own loaders over an in-memory graph need pyg-lib or torch-sparse (neither has a wheel for
 every torch). :class:`NeighborLoader` and :class:`LinkNeighborLoader` take the same arguments;
 given PyG data, each partitions it once into a single partition in a temporary folder (removed
-at exit) and samples it with a standalone client of its own (not the process's: each in-memory
-graph has one, so several coexist, and a launched trainer's client is left alone), so batches
-are what PyG's loaders give: the same attributes, ``n_id`` and ``e_id`` in the data's own IDs
-(one partition keeps every node's ID; ``e_id`` is mapped back through the partitioner's
-``orig_eids``). Given a ``DistGraph`` or a ``(feature store, graph store)`` pair they are
-:class:`DistNeighborLoader` / :class:`DistLinkNeighborLoader`.
+with the last loader over it, or at exit) and samples it with a standalone client of its own
+(not the process's: each in-memory graph has one, so several coexist, and a launched trainer's
+client is left alone), so batches are what PyG's loaders give: the same attributes, ``n_id``
+and ``e_id`` in the data's own IDs (one partition keeps every node's ID; ``e_id`` is mapped back
+through the partitioner's ``orig_eids``). Given a ``DistGraph`` or a ``(feature store, graph
+store)`` pair they are :class:`DistNeighborLoader` / :class:`DistLinkNeighborLoader`.
 """
 
 from __future__ import annotations
 
-import atexit
 import shutil
 import tempfile
 import weakref
@@ -45,34 +44,44 @@ class InMemoryGraph:
     folder: Path
 
 
-_SERVED: dict[int, tuple[weakref.ref[Any], InMemoryGraph]] = {}
+#: id(data) -> (the data, its served graph), both weakly: the loaders hold the served graph.
+_SERVED: dict[int, tuple[weakref.ref[Any], weakref.ref[InMemoryGraph]]] = {}
 
 
-def _remove(folder: Path) -> None:
-    shutil.rmtree(folder, ignore_errors=True)
+def _release(client: Any, folder: Path) -> None:
+    """Close a served graph's client and remove its folder (when its last loader goes, or at exit)."""
+    try:
+        if client is not None:
+            client.close()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def serve_in_memory(data: Any) -> InMemoryGraph:
     """Partition ``data`` (PyG's ``Data``/``HeteroData``) into one partition and open it standalone
-    (once per data object)."""
+    (once per data object while a loader holds it)."""
     hit = _SERVED.get(id(data))
-    if hit is not None and hit[0]() is data:
-        return hit[1]
+    if hit is not None and hit[0]() is data and (held := hit[1]()) is not None:
+        return held
     from asyncgraph.client.sync_client import Client
     from asyncgraph.distributed import DistGraph
 
     folder = Path(tempfile.mkdtemp(prefix="asyncgraph-pyg-mem-"))
-    atexit.register(_remove, folder)
-    partition_graph(data, GRAPH_NAME, 1, folder, part_method="random")
-    nids, eids = load_orig_ids(folder / f"{GRAPH_NAME}.json", per_type=True)
-    if not all(np.array_equal(v, np.arange(v.size)) for v in nids.values()):  # pragma: no cover
-        raise AsyncGraphError("one partition renumbered the nodes: n_id would not be the data's IDs")
-    hetero = len(eids) > 1 or next(iter(eids)) != ("_N", "_E", "_N")
-    orig = {(c if hetero else None): torch.from_numpy(v) for c, v in eids.items()}
-    client = Client.standalone(folder / f"{GRAPH_NAME}.json")
-    atexit.register(client.close)  # registered after the folder's removal: runs before it
-    served = InMemoryGraph(DistGraph(GRAPH_NAME, client=client), orig, folder)
-    _SERVED[id(data)] = (weakref.ref(data), served)
+    client = None
+    try:
+        partition_graph(data, GRAPH_NAME, 1, folder, part_method="random")
+        nids, eids = load_orig_ids(folder / f"{GRAPH_NAME}.json", per_type=True)
+        if not all(np.array_equal(v, np.arange(v.size)) for v in nids.values()):  # pragma: no cover
+            raise AsyncGraphError("one partition renumbered the nodes: n_id would not be the data's IDs")
+        hetero = len(eids) > 1 or next(iter(eids)) != ("_N", "_E", "_N")
+        orig = {(c if hetero else None): torch.from_numpy(v) for c, v in eids.items()}
+        client = Client.standalone(folder / f"{GRAPH_NAME}.json")
+        served = InMemoryGraph(DistGraph(GRAPH_NAME, client=client), orig, folder)
+    except BaseException:
+        _release(client, folder)
+        raise
+    weakref.finalize(served, _release, client, folder)
+    _SERVED[id(data)] = (weakref.ref(data), weakref.ref(served))
     return served
 
 
