@@ -16,18 +16,27 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("asyncgraph.pyg needs torch_geometric: pip install 'asyncgraph[pyg]'") from exc
 
 from .attrs import PYG_ALIASES
+from .dist_context import DistContext, DistRole
 from .feature_store import DistFeatureStore
 from .graph_store import DistGraphStore
+from .in_memory import LinkNeighborLoader, NeighborLoader
 from .link_loader import DistLinkNeighborLoader
 from .loader import DistNeighborLoader
+from .local_stores import LocalFeatureStore, LocalGraphStore
 from .sampler import DistNeighborSampler, sample_hops
 
 __all__ = [
     "PYG_ALIASES",
+    "DistContext",
     "DistFeatureStore",
     "DistGraphStore",
     "DistLinkNeighborLoader",
     "DistNeighborLoader",
     "DistNeighborSampler",
+    "DistRole",
+    "LinkNeighborLoader",
+    "LocalFeatureStore",
+    "LocalGraphStore",
+    "NeighborLoader",
     "sample_hops",
 ]

@@ -39,7 +39,6 @@ class DistGraphStore(LinkedStore, GraphStore):  # type: ignore[misc]
         self._link = ClientLink(client_of(g))
         self.hetero = bool(self.book.is_hetero)
 
-
     def _edge_type(self, edge_type: Any) -> tuple[str, str, str] | None:
         if not self.hetero:
             if edge_type is not None:

@@ -22,6 +22,7 @@ from asyncgraph.dataloading.stats import LoaderStats
 from asyncgraph.errors import InvalidRequestError, OutOfRangeError, UnknownTypeError
 
 from .loader import _graph_of, _hetero_payload, _PyGLoader, homo_payload, timed_sample
+from .local_stores import bind_partition_data
 from .sampler import DistNeighborSampler, check_options
 
 __all__ = ["DistLinkNeighborLoader"]
@@ -123,6 +124,7 @@ class DistLinkNeighborLoader(_PyGLoader):
         depth = self._pyg_options(
             "DistLinkNeighborLoader", prefetch, num_workers, pin_memory, prefetch_factor, transform, kwargs
         )
+        bind_partition_data(data, kwargs)  # LocalFeatureStore/LocalGraphStore.from_partition
         g = _graph_of(data)
         client = client_of(g)
         book = client.book

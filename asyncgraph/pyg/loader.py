@@ -11,6 +11,8 @@ and PyTorch's loader arguments are taken as ``options.py`` says.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -25,15 +27,24 @@ from asyncgraph.dataloading.stats import LoaderStats
 from asyncgraph.errors import InvalidRequestError, UnknownTypeError
 
 from .attrs import input_ids
+from .local_stores import bind_partition_data
 from .options import loader_options
 from .sampler import DistNeighborSampler, check_options
 
 __all__ = ["DistNeighborLoader"]
 
+logger = logging.getLogger("asyncgraph.pyg")
+
 
 def _graph_of(data: Any) -> Any:
     """The DistGraph behind ``data``: a DistGraph, or a ``(DistFeatureStore, DistGraphStore)`` pair."""
     return data[1].graph if isinstance(data, tuple) else data
+
+
+def given_labels(data: Any) -> Any:
+    """``labels`` set on the feature store of a ``(feature store, graph store)`` pair (PyG's
+    ``LocalFeatureStore.labels``: every node's label, or the seed type's), else None."""
+    return getattr(data[0], "labels", None) if isinstance(data, tuple) and len(data) == 2 else None
 
 
 def homo_payload(out: Any, feats: dict[str, Any]) -> dict[str, Any]:
@@ -128,6 +139,12 @@ class _PyGLoader(PrefetchingLoader[Any]):
         # PyTorch's attribute: what was asked for (the work runs on the event loop, options.py)
         self.num_workers = self._pyg_workers
 
+    def enable_multithreading(self, num_threads: int) -> contextlib.AbstractContextManager[None]:
+        """PyG's ``DistLoader`` context that gives sampler worker processes ``num_threads``
+        threads: batches are prepared on the client's event loop here, so it changes nothing."""
+        logger.info("enable_multithreading(%r): batches are prepared on the event loop", num_threads)
+        return contextlib.nullcontext()
+
     def _start_epoch(self) -> tuple[int, Any]:
         """The event-loop prefetcher, whatever ``num_workers`` says (see ``options.py``)."""
         self.stats = LoaderStats(epoch=self.epoch)
@@ -192,9 +209,13 @@ class DistNeighborLoader(_PyGLoader):
         depth = self._pyg_options(
             "DistNeighborLoader", prefetch, num_workers, pin_memory, prefetch_factor, transform, kwargs
         )
+        bind_partition_data(data, kwargs)  # LocalFeatureStore/LocalGraphStore.from_partition
         g = _graph_of(data)
         client = client_of(g)
         check_options(input_time=input_time)
+        self.labels = given_labels(data)
+        if self.labels is not None and y is AUTO:
+            y = None  # batches take y from the given labels
         self.sampler = DistNeighborSampler(
             g,
             num_neighbors,
@@ -243,10 +264,15 @@ class DistNeighborLoader(_PyGLoader):
             out, feats = await timed_sample(self.sampler, stats, seeds, batch_seed)
             payload = homo_payload(out, feats)
             payload.update(input_id=input_id, batch_size=int(seeds.size))
+            if self.labels is not None:
+                payload["y"] = self.labels[out.node]
             return payload
         out, feats = await timed_sample(
             self.sampler, stats, {self.input_type: seeds}, batch_seed, self.input_type
         )
         payload = _hetero_payload(out, feats)
-        payload["nodes"][self.input_type].update(input_id=input_id, batch_size=int(seeds.size))
+        seed_type = payload["nodes"][self.input_type]
+        seed_type.update(input_id=input_id, batch_size=int(seeds.size))
+        if self.labels is not None:
+            seed_type["y"] = self.labels[out.node[self.input_type]]
         return payload
