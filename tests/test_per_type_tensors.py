@@ -1,0 +1,203 @@
+"""Tensors stored per (type, name) (issue 33): a ``paper`` ``feat`` of 3 float64 and an
+``author`` ``feat`` of 8 float32 on one heterograph, an edge tensor on one edge type only.
+
+Partitioned in memory, served by 2 real server processes and read standalone: served =
+standalone = the input for every type; the files hold each type's rows and nothing else; the
+typed loader's batches carry each type's own rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import asyncgraph
+from asyncgraph.client.sync_client import Client
+from asyncgraph.dataloading import DistNodeDataLoader, NeighborSampler
+from asyncgraph.distributed import DistGraph
+from asyncgraph.errors import OutOfRangeError, UnknownTensorError
+from asyncgraph.partition import PartitionConfig
+from asyncgraph.partition.hetero_graph import HeteroGraph
+from asyncgraph.partition.reader import load_partition
+from asyncgraph.testing import ServerGroup, start_servers
+
+CITES = ("paper", "cites", "paper")
+N = {"paper": 400, "author": 250, "venue": 12}
+
+
+def build(seed: int = 0) -> HeteroGraph:
+    """paper/author/venue; ``feat`` of different dtypes and widths, ``venue`` without one."""
+    rng = np.random.default_rng(seed)
+    spec = [
+        ("author", "writes", "paper", 1200),
+        ("paper", "written-by", "author", 1200),
+        ("paper", "cites", "paper", 900),
+        ("paper", "in", "venue", 400),
+        ("venue", "has", "paper", 400),
+    ]
+    g = asyncgraph.heterograph(
+        {(s, r, d): (rng.integers(0, N[s], k), rng.integers(0, N[d], k)) for s, r, d, k in spec},
+        num_nodes_dict=N,
+    )
+    g.nodes["paper"].data["feat"] = rng.random((N["paper"], 3))  # float64
+    g.nodes["author"].data["feat"] = rng.random((N["author"], 8)).astype(np.float32)
+    g.nodes["paper"].data["label"] = rng.integers(0, 5, N["paper"])
+    g.edges[CITES].data["count"] = rng.integers(0, 100, 900).astype(np.int32)
+    return g
+
+
+@pytest.fixture(scope="module")
+def parted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, HeteroGraph, Any, Any]:
+    g = build()
+    out = tmp_path_factory.mktemp("pertype")
+    nmap, emap = asyncgraph.partition_graph(g, "pt", 2, out, part_method="random", return_mapping=True)
+    return out / "pt.json", g, nmap, emap
+
+
+@pytest.fixture(scope="module")
+def served(
+    parted: tuple[Path, HeteroGraph, Any, Any], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerGroup]:
+    group = start_servers(
+        parted[0], tmp_path_factory.mktemp("pt-srv"), num_parts=2, extra_args=["--writable-partition-data"]
+    )
+    yield group
+    group.stop()
+
+
+@pytest.fixture(scope="module")
+def graphs(parted: tuple[Path, HeteroGraph, Any, Any], served: ServerGroup) -> Iterator[list[DistGraph]]:
+    local, remote = Client.standalone(parted[0]), Client.connect(served.addresses)
+    yield [DistGraph("pt", client=local), DistGraph("pt", client=remote)]
+    local.close()
+    remote.close()
+
+
+def test_files_hold_each_types_rows_only(parted: tuple[Path, HeteroGraph, Any, Any]) -> None:
+    """No merge, no padding: part p's ``paper/feat`` has exactly p's paper rows, in per-type ID
+    order, with the input's dtype and width; no type has rows of another."""
+    cfg, g, nmap, emap = parted
+    config = PartitionConfig.load(cfg)
+    book = config.book()
+    assert {"paper/feat", "author/feat", "paper/label"} <= set(config.node_feats)
+    assert "feat" not in config.node_feats and not any(k.startswith("venue/") for k in config.node_feats)
+    assert config.node_feats["paper/feat"].dtype == "float64" and config.node_feats[
+        "paper/feat"
+    ].row_shape == [3]
+    assert config.node_feats["author/feat"].dtype == "float32" and config.node_feats[
+        "author/feat"
+    ].row_shape == [8]
+    assert set(config.edge_feats) >= {"paper:cites:paper/count"} and "count" not in config.edge_feats
+    rows = {"paper": 0, "author": 0}
+    for p in range(2):
+        part = load_partition(cfg, p)
+        for t in rows:
+            lo, hi = book.ntype_bounds(t)[p : p + 2]
+            arr = np.asarray(part.node_feats[f"{t}/feat"])
+            assert arr.shape[0] == hi - lo  # this part's nodes of t, nothing else
+            np.testing.assert_array_equal(arr, g.nodes[t].data["feat"][nmap[t][lo:hi]])
+            rows[t] += arr.shape[0]
+            path = cfg.parent / f"part{p}" / "node_feat" / t / "feat.npy"
+            assert path.stat().st_size < 128 + arr.nbytes + 1  # header + the type's rows
+        lo, hi = book.etype_bounds(CITES)[p : p + 2]
+        count = np.asarray(part.edge_feats["paper:cites:paper/count"])
+        np.testing.assert_array_equal(count, g.edges[CITES].data["count"][emap[CITES][lo:hi]])
+    assert rows == {"paper": N["paper"], "author": N["author"]}
+
+
+def test_served_equals_standalone_equals_input(
+    parted: tuple[Path, HeteroGraph, Any, Any], graphs: list[DistGraph]
+) -> None:
+    _, g, nmap, emap = parted
+    rng = np.random.default_rng(3)
+    for dg in graphs:
+        assert sorted(dg.nodes["paper"].data) == ["feat", "label"]
+        assert list(dg.nodes["author"].data) == ["feat"] and list(dg.nodes["venue"].data) == []
+        assert list(dg.edges[CITES].data) == ["count"] and list(dg.edges["writes"].data) == []
+        for t, width, dtype in (("paper", 3, torch.float64), ("author", 8, torch.float32)):
+            view = dg.nodes[t].data["feat"]
+            assert view.shape == (N[t], width) and view.dtype == dtype
+            ids = np.concatenate([np.arange(N[t]), rng.integers(0, N[t], 50)])
+            np.testing.assert_array_equal(view[ids].numpy(), g.nodes[t].data["feat"][nmap[t][ids]])
+        count = dg.edges[CITES].data["count"]
+        assert count.shape == (900,) and count.dtype == torch.int32
+        ids = rng.permutation(900)
+        np.testing.assert_array_equal(count[ids].numpy(), g.edges[CITES].data["count"][emap[CITES][ids]])
+        with pytest.raises(UnknownTensorError):
+            dg.nodes["venue"].data["feat"]
+        with pytest.raises(UnknownTensorError):
+            dg.edges["writes"].data["count"]
+        with pytest.raises(OutOfRangeError):
+            dg.nodes["author"].data["feat"][[N["author"]]]
+
+
+def test_writes_to_a_per_type_tensor(
+    parted: tuple[Path, HeteroGraph, Any, Any], graphs: list[DistGraph]
+) -> None:
+    """``g.nodes[t].data[name][ids] = v`` and an edge type's ``DistTensor`` write the type's own
+    rows (on the servers: every reader sees them); a row of another type is refused by the owner."""
+    _, g, nmap, emap = parted
+    dg = graphs[1]
+    feat = dg.nodes["author"].data["feat"]
+    ids = np.array([0, 7, N["author"] - 1])
+    old = feat[ids].clone()
+    feat[ids] = torch.full((3, 8), 2.5)
+    try:
+        assert bool((feat[ids] == 2.5).all())
+        others = np.setdiff1d(np.arange(N["author"]), ids)
+        np.testing.assert_array_equal(
+            feat[others].numpy(), g.nodes["author"].data["feat"][nmap["author"][others]]
+        )
+        np.testing.assert_array_equal(  # paper's feat of the same IDs is untouched
+            dg.nodes["paper"].data["feat"][ids].numpy(), g.nodes["paper"].data["feat"][nmap["paper"][ids]]
+        )
+    finally:
+        feat[ids] = old
+    count = dg.edges[CITES].data["count"]
+    count[[5, 6]] = torch.tensor([-1, -2], dtype=torch.int32)
+    try:
+        assert count[[5, 6]].tolist() == [-1, -2]
+    finally:
+        count[[5, 6]] = torch.from_numpy(g.edges[CITES].data["count"][emap[CITES][[5, 6]]])
+    book = dg.get_partition_book()
+    paper0 = book.map_to_homo_nid([0], "paper")  # a paper's homogeneous ID is no author row
+    with pytest.raises(OutOfRangeError, match="author/feat"):
+        dg.client.pull("node:author/feat", paper0)
+    assert dg.nodes["author"].data["feat"][[0]].shape == (1, 8)  # the server serves on
+
+
+def test_typed_loader_carries_each_types_rows(
+    parted: tuple[Path, HeteroGraph, Any, Any], graphs: list[DistGraph]
+) -> None:
+    """``blocks[0].srcdata["feat"][t]`` are the input rows of ``srcnodes[t]`` for the types
+    that have ``feat`` (none for ``venue``); labels of the seeds in ``blocks[-1].dstdata``."""
+    _, g, nmap, _ = parted
+    batches = []
+    for dg in graphs:
+        loader = DistNodeDataLoader(
+            dg, {"paper": np.arange(0, N["paper"], 3)}, NeighborSampler([4, 4]), 64, seed=5,
+            node_feats=["feat"], labels="label",
+        )  # fmt: skip
+        got = []
+        for _, _, blocks in loader:
+            first, last = blocks[0], blocks[-1]
+            assert set(first.srcdata) >= {"paper", "author"} and "feat" not in first.srcdata.get("venue", {})
+            for t in ("paper", "author"):
+                src = first.srcnodes[t].numpy()
+                np.testing.assert_array_equal(
+                    first.srcdata[t]["feat"].numpy(), g.nodes[t].data["feat"][nmap[t][src]]
+                )
+            dst = last.dstnodes["paper"].numpy()
+            np.testing.assert_array_equal(
+                last.dstdata["paper"]["label"].numpy(), g.nodes["paper"].data["label"][nmap["paper"][dst]]
+            )
+            got.append(first.srcnodes["author"].numpy())
+        batches.append(got)
+    assert len(batches[0]) == len(batches[1])
+    for a, b in zip(*batches, strict=True):  # served = standalone, batch for batch
+        np.testing.assert_array_equal(a, b)
