@@ -201,3 +201,45 @@ def test_typed_loader_carries_each_types_rows(
     assert len(batches[0]) == len(batches[1])
     for a, b in zip(*batches, strict=True):  # served = standalone, batch for batch
         np.testing.assert_array_equal(a, b)
+
+
+def test_pyg_heterodata_per_type_x(tmp_path: Path) -> None:
+    """PyG's ``HeteroData`` with ``x`` of another dtype and width per type: partitioned as it is,
+    read by ``DistFeatureStore`` (``fs[ntype, "x", ids]``) and ``DistNeighborLoader`` from 2
+    servers exactly as given."""
+    pytest.importorskip("torch_geometric")
+    from torch_geometric.data import HeteroData
+
+    from asyncgraph.pyg import DistFeatureStore, DistNeighborLoader
+
+    gen = torch.Generator().manual_seed(0)
+    hd = HeteroData()
+    hd["paper"].x = torch.randn(60, 3, generator=gen, dtype=torch.float64)
+    hd["author"].x = torch.randn(40, 8, generator=gen)
+    writes = torch.stack(
+        [torch.randint(0, 40, (200,), generator=gen), torch.randint(0, 60, (200,), generator=gen)]
+    )
+    hd["author", "writes", "paper"].edge_index = writes
+    hd["paper", "written_by", "author"].edge_index = writes.flip(0)
+    nmap, _ = asyncgraph.partition_graph(
+        hd, "h", 2, tmp_path / "out", part_method="random", return_mapping=True
+    )
+    group = start_servers(tmp_path / "out" / "h.json", tmp_path / "srv", num_parts=2)
+    client = Client.connect(group.addresses)
+    try:
+        g = DistGraph("h", client=client)
+        fs = DistFeatureStore(g)
+        for t, width, dtype in (("paper", 3, torch.float64), ("author", 8, torch.float32)):
+            ids = torch.arange(hd[t].num_nodes)
+            got = fs[t, "x", ids]
+            assert got.dtype == dtype and tuple(got.shape) == (hd[t].num_nodes, width)
+            assert torch.equal(got, hd[t].x[torch.from_numpy(nmap[t])])
+        loader = DistNeighborLoader(
+            g, {c: [3] for c in g.canonical_etypes}, input_nodes=("paper", None), batch_size=16
+        )
+        for b in loader:
+            for t in ("paper", "author"):
+                assert torch.equal(b[t].x, hd[t].x[torch.from_numpy(nmap[t][b[t].n_id.numpy()])])
+    finally:
+        client.close()
+        group.stop()

@@ -342,10 +342,13 @@ async def pull_by_type(
     one pull of the merged tensor split by type."""
     typed = typed_node_keys(aio, name)
     if typed is None:
-        rows = await aio.pull(node_key(name), homo_ids)
-        return {t: rows[torch.from_numpy(pos)] for t, pos in positions.items()}
-    got = await asyncio.gather(*(aio.pull(k, homo_ids[positions[t]]) for t, k in typed.items()))
-    return dict(zip(typed, got, strict=True))
+        order = np.concatenate(list(positions.values())) if positions else np.empty(0, np.int64)
+        rows = await aio.pull(node_key(name), homo_ids[order])
+        bounds = np.cumsum([0, *(pos.size for pos in positions.values())]).tolist()
+        return {t: rows[bounds[i] : bounds[i + 1]] for i, t in enumerate(positions)}
+    wanted = [t for t in typed if t in positions]
+    got = await asyncio.gather(*(aio.pull(typed[t], homo_ids[positions[t]]) for t in wanted))
+    return dict(zip(wanted, got, strict=True))
 
 
 def homo_seeds(book: RangePartitionBook, seeds: dict[str, Any]) -> np.ndarray:
