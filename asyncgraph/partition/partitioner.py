@@ -389,9 +389,9 @@ def partition_graph(
             config.etype_counts = etype_counts.tolist()
             config.ntype_feats = hetero.ntype_data_names()
             config.etype_feats = hetero.etype_data_names()
-            typed_nodes, typed_edges = typed_specs(hetero)  # stored as "<type>/<name>"
-            config.node_feats.update({k: _spec(v) for k, v in typed_nodes.items()})
-            config.edge_feats.update({k: _spec(v) for k, v in typed_edges.items()})
+            typed_nodes, typed_edges = typed_specs(hetero)  # stored as "<type>/<name>", listed first
+            config.node_feats = {**{k: _spec(v) for k, v in typed_nodes.items()}, **config.node_feats}
+            config.edge_feats = {**{k: _spec(v) for k, v in typed_edges.items()}, **config.edge_feats}
         cfg_path = config_file(tmp, graph_name)
         cfg_path.write_text(config.model_dump_json(indent=2))
         with stage("fingerprinting"):  # issue 34: servers trust it instead of hashing at start

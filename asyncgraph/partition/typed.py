@@ -80,7 +80,7 @@ def check_typed_names(hetero: Any) -> None:
 
 def typed_specs(hetero: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(node, edge)`` ``{stored name: array}`` of every per-type tensor (arrays over that
-    type's original per-type IDs)."""
+    type's original per-type IDs), sorted by name as the chunked path lists them."""
     nodes = {
         typed_name(t, n): hetero.nodes[t].data[n]
         for t, names in hetero.ntype_data_names().items()
@@ -91,7 +91,7 @@ def typed_specs(hetero: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         for c in hetero.canonical_etypes
         for n in sorted(hetero.edges[c].data)
     }
-    return nodes, edges
+    return dict(sorted(nodes.items())), dict(sorted(edges.items()))
 
 
 def write_typed_part(
