@@ -275,3 +275,67 @@ def test_chunked_path_writes_the_same_per_type_files(
         np.testing.assert_array_equal(rows, g.nodes["author"].data["feat"][nmap["author"]])
     finally:
         client.close()
+
+
+def _to_merged_layout(cfg: Path, name: str) -> None:
+    """Rewrite a partitioning as partitions before per-type storage were: one ``name`` over every
+    node of the part (zero rows for types without it), listed once in the config."""
+    import json
+
+    from asyncgraph.partition.layout import config_file
+
+    doc = json.loads(cfg.read_text())
+    config = PartitionConfig.load(cfg)
+    book = config.book()
+    typed = {k: v for k, v in doc["node_feats"].items() if k.endswith(f"/{name}")}
+    spec = next(iter(typed.values()))
+    for p in range(config.num_parts):
+        lo, hi = book.node_range(p)
+        merged = np.zeros((hi - lo, *spec["row_shape"]), dtype=spec["dtype"])
+        for key in typed:
+            t = key.split("/")[0]
+            tb = book.ntype_bounds(t)
+            path = cfg.parent / f"part{p}" / "node_feat" / f"{key}.npy"
+            if tb[p + 1] > tb[p]:
+                start = int(book.map_to_homo_nid(tb[p : p + 1], t)[0]) - lo
+                merged[start : start + int(tb[p + 1] - tb[p])] = np.load(path)
+            path.unlink()
+        np.save(cfg.parent / f"part{p}" / "node_feat" / f"{name}.npy", merged)
+    doc["node_feats"] = {k: v for k, v in doc["node_feats"].items() if k not in typed} | {name: spec}
+    for part in doc["parts"]:
+        part["fingerprint"] = None
+    config_file(cfg.parent, doc["graph_name"]).write_text(json.dumps(doc))
+
+
+def test_partitions_with_merged_tensors_are_served_as_before(tmp_path: Path) -> None:
+    """A partition written before per-type storage (``feat`` merged over every node) is still
+    served: ``g.nodes[t].data["feat"]`` reads the type's rows, the typed loader fills srcdata."""
+    rng = np.random.default_rng(1)
+    g = build()
+    g.nodes["author"].data["feat"] = rng.random((N["author"], 3))  # one dtype and width: mergeable
+    nmap, _ = asyncgraph.partition_graph(
+        g, "old", 2, tmp_path / "old", part_method="random", return_mapping=True
+    )
+    cfg = tmp_path / "old" / "old.json"
+    _to_merged_layout(cfg, "feat")
+    assert "feat" in PartitionConfig.load(cfg).node_feats
+    group = start_servers(cfg, tmp_path / "srv", num_parts=2)
+    client = Client.connect(group.addresses)
+    try:
+        dg = DistGraph("old", client=client)
+        for t in ("paper", "author"):
+            assert "feat" in dg.nodes[t].data
+            rows = dg.nodes[t].data["feat"][np.arange(N[t])].numpy()
+            np.testing.assert_array_equal(rows, g.nodes[t].data["feat"][nmap[t]])
+        loader = DistNodeDataLoader(
+            dg, {"paper": np.arange(40)}, NeighborSampler([3]), 20, node_feats=["feat"]
+        )
+        for _, _, blocks in loader:
+            for t in ("paper", "author"):
+                src = blocks[0].srcnodes[t].numpy()
+                np.testing.assert_array_equal(
+                    blocks[0].srcdata[t]["feat"].numpy(), g.nodes[t].data["feat"][nmap[t][src]]
+                )
+    finally:
+        client.close()
+        group.stop()
