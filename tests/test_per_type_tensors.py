@@ -72,10 +72,13 @@ def served(
 
 @pytest.fixture(scope="module")
 def graphs(parted: tuple[Path, HeteroGraph, Any, Any], served: ServerGroup) -> Iterator[list[DistGraph]]:
+    # standalone; co-located (the servers' files and memfds mapped); over the socket only
     local, remote = Client.standalone(parted[0]), Client.connect(served.addresses)
-    yield [DistGraph("pt", client=local), DistGraph("pt", client=remote)]
-    local.close()
-    remote.close()
+    socket = Client.connect(served.addresses, use_shared_memory=False)
+    assert remote.local_partitions() == [0, 1] and socket.local_partitions() == []
+    yield [DistGraph("pt", client=c) for c in (local, remote, socket)]
+    for c in (local, remote, socket):
+        c.close()
 
 
 def test_files_hold_each_types_rows_only(parted: tuple[Path, HeteroGraph, Any, Any]) -> None:
@@ -198,9 +201,10 @@ def test_typed_loader_carries_each_types_rows(
             )
             got.append(first.srcnodes["author"].numpy())
         batches.append(got)
-    assert len(batches[0]) == len(batches[1])
-    for a, b in zip(*batches, strict=True):  # served = standalone, batch for batch
-        np.testing.assert_array_equal(a, b)
+    for other in batches[1:]:  # served = standalone, batch for batch
+        assert len(other) == len(batches[0])
+        for a, b in zip(batches[0], other, strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_pyg_heterodata_per_type_x(tmp_path: Path) -> None:
