@@ -44,23 +44,21 @@ def typed_range(book: RangePartitionBook, part_id: int, key: str) -> tuple[int, 
     if split is None:
         return None
     type_key = split[0]
-    if policy == "node":
-        if type_key not in book.ntypes:
-            return None
-        bounds = book.ntype_bounds(type_key)
-        first: Callable[[IdArray], IdArray] = lambda ids: book.map_to_homo_nid(ids, type_key)  # noqa: E731
-        owned = book.node_range(part_id)
+    canon = {edge_type_key(c): c for c in book.canonical_etypes}
+    if policy == "node" and type_key in book.ntypes:
+        bounds, owned = book.ntype_bounds(type_key), book.node_range(part_id)
+    elif policy == "edge" and type_key in canon:
+        bounds, owned = book.etype_bounds(canon[type_key]), book.edge_range(part_id)
     else:
-        canon = {edge_type_key(c): c for c in book.canonical_etypes}
-        if type_key not in canon:
-            return None
-        bounds = book.etype_bounds(canon[type_key])
-        first = lambda ids: book.type_order_positions(ids, canon[type_key])  # noqa: E731
-        owned = book.edge_range(part_id)
+        return None
     count = int(bounds[part_id + 1] - bounds[part_id])
     if count == 0:
         return owned[0], owned[0]
-    lo = int(first(bounds[part_id : part_id + 1])[0])
+    first_id = bounds[part_id : part_id + 1]  # the part's first per-type ID, and where it sits:
+    if policy == "node":
+        lo = int(book.map_to_homo_nid(first_id, type_key)[0])  # a homogeneous node ID
+    else:
+        lo = int(book.type_order_positions(first_id, canon[type_key])[0])  # a type-order position
     return lo, lo + count
 
 
