@@ -2,9 +2,11 @@
 
 Partitions of a heterogeneous graph hold one homogeneous ID space in which each partition's
 nodes of a type are contiguous (``asyncgraph.partition.partitioner``); the partition book maps
-per-type IDs to homogeneous ones and back. Node tensors are stored over the homogeneous space
-(same-named tensors of several types share one stored tensor), so ``g.nodes[ntype].data[name]``
-translates per-type IDs through the book before every pull or push.
+per-type IDs to homogeneous ones and back. A partitioned tensor is stored per (type, name)
+(``"paper/feat"``: that type's rows only, ``asyncgraph.partition.typed``) and addressed by the
+homogeneous IDs of its type's nodes, so ``g.nodes[ntype].data[name]`` translates per-type IDs
+through the book before every pull or push (tensors made at run time, and partitions written
+before per-type storage, hold one tensor over every node, addressed the same way).
 """
 
 from __future__ import annotations

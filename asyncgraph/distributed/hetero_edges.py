@@ -1,9 +1,11 @@
 """Per-type edge tensors of a heterogeneous ``DistGraph``: ``g.edges[etype].data[name]``.
 
-Edge tensors are stored over the homogeneous edge IDs (``partition_graph`` merges same-named
-tensors of several types into one stored tensor), so a typed view is a ``DistTensor`` whose
-``etype`` is set: its per-type IDs are mapped to homogeneous ones (``book.map_to_homo_eid``)
-before every pull or push, exactly the rows DGL's per-type tensors hold. ``g.edges`` is also
+A partitioned edge tensor is stored per edge type (``"src:rel:dst/w"``, that type's edges
+only), so a typed view is a ``DistTensor`` whose ``etype`` is set: its per-type IDs become
+positions in each part's type order (``book.type_order_positions``, arithmetic) before every
+pull or push. Tensors made at run time (and partitions written before per-type storage) are
+stored over every edge: their per-type IDs are mapped to homogeneous ones
+(``book.map_to_homo_eid``). Either way, exactly the rows DGL's per-type tensors hold. ``g.edges`` is also
 callable as DGL's ``g.edges(form=, order=, etype=)``.
 """
 
