@@ -172,7 +172,9 @@ def layerwise_inference(
     if not name or "/" in name or ":" in name or "#" in name:
         raise InvalidRequestError(f"name {name!r} must be non-empty, without '/', ':' or '#'")
     x_name = x if isinstance(x, str) else getattr(x, "name", None)
-    if not isinstance(x_name, str) or x_name not in g.ndata:
+    if not isinstance(x_name, str) or not (  # a heterograph's x may be stored per type
+        x_name in g.ndata or any(x_name in g.ndata.typed_names(t) for t in g.ntypes)
+    ):
         raise InvalidRequestError(f"x must be a node tensor of the graph (or its name), got {x!r}")
     typed = bool(g.get_partition_book().is_hetero)
     num_nodes = g.num_nodes()

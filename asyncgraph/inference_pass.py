@@ -165,7 +165,7 @@ class LayerPass:
         nids = {t: per_type[types == k] for k, t in enumerate(book.ntypes) if np.any(types == k)}
         for _, _, blocks in self._loader(i, nids, source):
             block = blocks[0]
-            h = {t: block.srcdata[t][source].to(torch.float32) for t in block.ntypes}
+            h = {t: d[source].to(torch.float32) for t, d in block.srcdata.items() if source in d}
             if self.device is not None:
                 block, h = block.to(self.device), {t: v.to(self.device) for t, v in h.items()}
             if self.layer_fn is not None:

@@ -18,13 +18,16 @@ __all__ = [
     "ETYPE",
     "NTYPE",
     "POLICIES",
+    "TYPED_SEP",
     "TYPE_EID",
     "TYPE_ORDER",
     "edge_key",
     "is_state_key",
     "node_key",
+    "split_typed",
     "tensor_key",
     "tensor_prefix",
+    "typed_name",
 ]
 
 POLICIES = ("node", "edge")
@@ -44,6 +47,11 @@ TYPE_EID = "_TYPE_EID"
 # part ``p`` sits at a position the book computes from ``etype_counts``, so reading this tensor
 # there maps per-type edge IDs to homogeneous ones without any per-edge array in the book.
 TYPE_ORDER = "_TYPE_ORDER"
+
+# A heterogeneous graph's partitioned tensors are stored per (type, name), as DGL's partitions
+# store them: ``"paper/feat"`` holds rows of ``paper`` nodes only, ``"user:buys:item/w"`` rows of
+# that edge type's edges only (``asyncgraph.partition.typed``). Type names never hold a "/".
+TYPED_SEP = "/"
 
 ADAGRAD_STATE_SUFFIX = "#adagrad_state"
 ADAM_M_SUFFIX = "#adam_m"
@@ -74,3 +82,15 @@ def edge_key(name: str) -> str:
 def is_state_key(key: str) -> bool:
     """Whether ``key`` names optimizer state rather than a user tensor."""
     return "#" in key
+
+
+def typed_name(type_key: str, name: str) -> str:
+    """The stored name of tensor ``name`` of one node type (``"paper"``) or edge type
+    (``"src:rel:dst"``): ``"paper/feat"``."""
+    return f"{type_key}{TYPED_SEP}{name}"
+
+
+def split_typed(name: str) -> tuple[str, str] | None:
+    """``(type key, tensor name)`` of a per-type stored name (policy prefix stripped), else None."""
+    type_key, sep, rest = name.partition(TYPED_SEP)
+    return (type_key, rest) if sep and type_key and rest else None

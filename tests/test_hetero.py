@@ -89,11 +89,13 @@ def test_partition_round_trip_per_type(tmp_path: Path, method: str) -> None:
         homo = np.arange(*part.node_range)
         t_idx, per_type = book.map_to_per_ntype(homo)
         np.testing.assert_array_equal(t_idx, ntype)
-        for i, t in enumerate(g.ntypes):  # tensors follow their nodes
+        for i, t in enumerate(g.ntypes):  # tensors follow their nodes, stored per type
             sel = t_idx == i
             if "x" in g.nodes[t].data:
                 want = g.nodes[t].data["x"][nmap[t][per_type[sel]]]
-                np.testing.assert_array_equal(np.asarray(part.node_feats["x"])[sel], want)
+                np.testing.assert_array_equal(np.asarray(part.node_feats[f"{t}/x"]), want)
+            else:
+                assert f"{t}/x" not in part.node_feats
         # every stored edge is an original edge of its type, under its per-type ID
         dst = np.repeat(homo, np.diff(part.indptr))
         etype = np.asarray(part.edge_feats[ETYPE])

@@ -128,7 +128,7 @@ def acm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
 def test_per_type_orig_ids_of_a_heterogeneous_chunked_graph(acm: tuple[Any, Path]) -> None:
     """``load_orig_ids(cfg, per_type=True)``: ``{ntype: ids}`` and ``{canonical etype: ids}`` where
     ``ids[new per-type ID] == input per-type ID``, checked against the served rows and edges."""
-    from asyncgraph.names import ETYPE, NTYPE, TYPE_EID
+    from asyncgraph.names import ETYPE, TYPE_EID
     from asyncgraph.partition import load_orig_ids, load_partition
 
     g, cfg = acm
@@ -139,9 +139,8 @@ def test_per_type_orig_ids_of_a_heterogeneous_chunked_graph(acm: tuple[Any, Path
         assert ids.dtype == np.int64 and np.array_equal(np.sort(ids), np.arange(g.num_nodes(t)))
     parts = [load_partition(cfg, p) for p in range(2)]
     nt = list(nmap)
-    for i, t in enumerate(nt):  # a type's served rows in new-ID order are the input rows of nmap[t]
-        served = np.concatenate([np.asarray(p.node_feats["feat"])[np.asarray(p.node_feats[NTYPE]) == i]
-                                 for p in parts])  # fmt: skip
+    for t in nt:  # a type's served rows (stored per type) in new-ID order are the input rows of nmap[t]
+        served = np.concatenate([np.asarray(p.node_feats[f"{t}/feat"]) for p in parts])
         assert np.array_equal(served, g.nodes[t].data["feat"][nmap[t]])
     homo_n, _ = load_orig_ids(cfg)
     noff = np.cumsum([0] + [g.num_nodes(t) for t in nt])

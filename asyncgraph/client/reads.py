@@ -191,7 +191,7 @@ class TensorReads:
         # theirs. One gather of all rows plus a scatter of the few, instead of a gather of the
         # many plus a scatter of all (numpy's scatter costs ~1.7x its gather per row).
         base_ids = gids.copy()
-        first = int(self.state.book.bounds(meta.policy)[base])
+        first = int(gids[parts[base][0]])  # an ID the base holds (a per-type tensor: not every owned ID)
         for i, others in enumerate(parts):
             if i != base and others.size:
                 base_ids[others] = first

@@ -16,7 +16,7 @@ import numpy as np
 from asyncgraph.arrays import as_id_array, unique_sorted
 from asyncgraph.errors import InvalidRequestError, OutOfRangeError
 from asyncgraph.kernels.edge_queries import merge_samples
-from asyncgraph.names import edge_key
+from asyncgraph.names import edge_key, typed_name
 from asyncgraph.protocol.ops import Op, SampleEdgesArgs
 from asyncgraph.service import Partition
 from asyncgraph.service.base import SampledRows
@@ -221,6 +221,27 @@ class StructureQueries:
         src, dst, eids = (np.concatenate([r[k] for r in results]) for k in ("src", "dst", "eids"))
         return src, dst, eids
 
+    def _typed_probs(self, prob: Any) -> Any:
+        """``prob`` with names of per-type tensors (``"w"`` stored as ``"src:rel:dst/w"``)
+        resolved per edge type: a name becomes each type's own tensor, None for the types
+        without one (uniform, as DGL samples them); other names are kept."""
+        book = self.state.book
+        if not book.is_hetero or prob is None:
+            return prob
+        names = [prob] * len(book.canonical_etypes) if isinstance(prob, str) else list(prob)
+        if isinstance(prob, str) and self.catalog.cached_meta(edge_key(prob)) is not None:
+            return prob
+        out: list[Any] = []
+        for c, name in zip(book.canonical_etypes, names, strict=False):
+            typed = None if not isinstance(name, str) else typed_name(":".join(c), name)
+            if typed is not None and self.catalog.cached_meta(edge_key(typed)) is not None:
+                out.append(typed)
+            else:
+                out.append(None if isinstance(prob, str) else name)
+        if isinstance(prob, str) and all(n is None for n in out):
+            return prob  # no type has it: the server names the missing tensor
+        return out if len(names) == len(book.canonical_etypes) else prob
+
     async def sample_etypes(
         self,
         seeds: Any,
@@ -237,6 +258,7 @@ class StructureQueries:
         and each edge's ``etype`` (index into the book's canonical_etypes) and ``type_eid``."""
         gids = as_id_array(seeds, "seeds")
         exc = as_id_array(exclude, "exclude") if exclude is not None else None
+        prob = self._typed_probs(prob)
         one = prob if isinstance(prob, str) or prob is None else None
         per_type = None if isinstance(prob, str) or prob is None else list(prob)
         if per_type is not None and len(per_type) != len(self.state.book.canonical_etypes):

@@ -22,7 +22,7 @@ from asyncgraph.dataloading.block import Block
 from asyncgraph.dataloading.sampler import NeighborSampler, layer_seed
 from asyncgraph.dataloading.stats import LoaderStats
 from asyncgraph.errors import DTypeMismatchError, UnknownTensorError
-from asyncgraph.names import is_state_key, node_key, tensor_prefix
+from asyncgraph.names import is_state_key, node_key, split_typed, tensor_prefix
 
 #: A loader worker's allocator: ``(name, shape, dtype)`` of each tensor to pull, and the
 #: batch's blocks -> the arrays to pull them into.
@@ -81,11 +81,13 @@ def node_tensor_names(
     scripts that read ``g.ndata[...]`` themselves work with any tensor names.
     """
     prefix = tensor_prefix("node")
-    existing = sorted(
+    stored = [
         m.name[len(prefix) :]
         for m in client.refresh_tensors()
         if m.name.startswith(prefix) and not is_state_key(m.name)
-    )
+    ]
+    # a heterogeneous graph's per-type tensors ("paper/feat") are fetched by their name ("feat")
+    existing = sorted({typed[1] if (typed := split_typed(n)) else n for n in stored})
     have = set(existing)
 
     def check(name: object, what: str) -> str:

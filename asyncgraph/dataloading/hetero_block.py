@@ -22,7 +22,7 @@ import torch
 
 from asyncgraph.dataloading.sampler import layer_seed
 from asyncgraph.errors import UnknownTypeError
-from asyncgraph.names import node_key
+from asyncgraph.names import node_key, typed_name
 from asyncgraph.partition.book import RangePartitionBook
 
 from .block import Block, to_block
@@ -308,21 +308,47 @@ async def sample_and_pull_hetero(
     blocks.reverse()
     t1 = time.perf_counter()
     first, last = blocks[0], blocks[-1]
-    pulls = [aio.pull(node_key(name), current) for name in node_feats]
     output = last.homo.dstnodes.numpy()
+    out_pos = {t: pos[pos < output.size] for t, pos in last.src_pos.items()}
+    pulls = [pull_by_type(aio, name, current, first.src_pos) for name in node_feats]
     if labels is not None:
-        pulls.append(aio.pull(node_key(labels), output))
+        pulls.append(pull_by_type(aio, labels, output, out_pos))
     tensors = await asyncio.gather(*pulls)
-    for name, rows in zip(node_feats, tensors[: len(node_feats)], strict=True):
-        for t, pos in first.src_pos.items():
-            first.srcdata[t][name] = rows[torch.from_numpy(pos)]
+    for name, by_type in zip(node_feats, tensors[: len(node_feats)], strict=True):
+        for t, rows in by_type.items():
+            first.srcdata[t][name] = rows
     if labels is not None:
-        rows = tensors[-1]
-        for t, pos in last.src_pos.items():
-            last.dstdata[t][labels] = rows[torch.from_numpy(pos[pos < output.size])]
+        for t, rows in tensors[-1].items():
+            last.dstdata[t][labels] = rows
     inputs = {t: first.srcnodes[t] for t in first.ntypes}
     outputs = {t: last.dstnodes[t] for t in last.ntypes}
     return inputs, outputs, blocks, t1 - t0, time.perf_counter() - t1
+
+
+def typed_node_keys(aio: Any, name: str) -> dict[str, str] | None:
+    """``{ntype: stored key}`` of node tensor ``name`` stored per type (the types that have it),
+    or None when it is one tensor over every node (partitions before per-type storage, or a
+    tensor made at run time)."""
+    keys = {t: node_key(typed_name(t, name)) for t in aio.book.ntypes}
+    have = {t: k for t, k in keys.items() if aio.catalog.cached_meta(k) is not None}
+    return have or None
+
+
+async def pull_by_type(
+    aio: Any, name: str, homo_ids: np.ndarray, positions: dict[str, np.ndarray]
+) -> dict[str, torch.Tensor]:
+    """Rows of node tensor ``name`` of ``homo_ids[positions[t]]`` for each node type ``t``: one
+    pull per type of a per-type tensor (types without it get none, as DGL's ``srcdata``), else
+    one pull of the merged tensor split by type."""
+    typed = typed_node_keys(aio, name)
+    if typed is None:
+        order = np.concatenate(list(positions.values())) if positions else np.empty(0, np.int64)
+        rows = await aio.pull(node_key(name), homo_ids[order])
+        bounds = np.cumsum([0, *(pos.size for pos in positions.values())]).tolist()
+        return {t: rows[bounds[i] : bounds[i + 1]] for i, t in enumerate(positions)}
+    wanted = [t for t in typed if t in positions]
+    got = await asyncio.gather(*(aio.pull(typed[t], homo_ids[positions[t]]) for t in wanted))
+    return dict(zip(wanted, got, strict=True))
 
 
 def homo_seeds(book: RangePartitionBook, seeds: dict[str, Any]) -> np.ndarray:

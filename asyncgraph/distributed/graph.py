@@ -12,9 +12,9 @@ import torch
 from asyncgraph.arrays import as_id_array, unique_sorted
 from asyncgraph.client.sync_client import Client
 from asyncgraph.errors import InvalidRequestError, LiveGraphError, UnknownTensorError
-from asyncgraph.names import is_state_key, tensor_prefix
+from asyncgraph.names import is_state_key, split_typed, tensor_prefix
 from asyncgraph.partition.book import RangePartitionBook
-from asyncgraph.storage.store import PartitionStore
+from asyncgraph.storage.store import PartitionStore, TensorMeta
 
 from .context import get_client, rank_world
 from .edge_ids import attach_edge_ids
@@ -33,24 +33,43 @@ class TensorView(MutableMapping[str, DistTensor]):
         self._prefix = tensor_prefix(policy)
         self._aliases: dict[str, DistTensor] = {}
 
-    def _names(self) -> list[str]:
-        """User tensors of this policy; optimizer state (``name#state``) stays hidden."""
+    @property
+    def client(self) -> Client:
+        return self._client
+
+    def _stored(self) -> list[str]:
+        """Stored names of this policy's user tensors (optimizer state ``name#state`` hidden)."""
         metas = self._client.refresh_tensors()
-        names = [
+        return [
             m.name[len(self._prefix) :]
             for m in metas
             if m.name.startswith(self._prefix) and not is_state_key(m.name)
         ]
+
+    def _names(self) -> list[str]:
+        """User tensors of this policy; per-type ones (``"paper/feat"``) are listed by their
+        type's view (``g.nodes[ntype].data``), not here."""
+        names = [n for n in self._stored() if split_typed(n) is None]
         return sorted(set(names) | set(self._aliases))
 
-    def __getitem__(self, name: str) -> DistTensor:
-        if name in self._aliases:
-            return self._aliases[name]
+    def typed_names(self, type_key: str) -> list[str]:
+        """Names of the per-type tensors stored for node type / edge type key ``type_key``."""
+        split = [split_typed(n) for n in self._stored()]
+        return sorted(s[1] for s in split if s is not None and s[0] == type_key)
+
+    def meta_of(self, name: str) -> TensorMeta | None:
+        """The stored tensor ``name``'s meta (catalog cache, refreshed once when missing)."""
         key = self._prefix + name
         meta = self._client.cached_meta(key)
         if meta is None:
             self._client.refresh_tensors()
             meta = self._client.cached_meta(key)
+        return meta
+
+    def __getitem__(self, name: str) -> DistTensor:
+        if name in self._aliases:
+            return self._aliases[name]
+        meta = self.meta_of(name)
         if meta is None:
             raise UnknownTensorError(f"no {self._policy} tensor {name!r}; known: {self._names()}")
         return DistTensor._attach(self._client, meta)

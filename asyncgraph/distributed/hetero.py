@@ -2,9 +2,11 @@
 
 Partitions of a heterogeneous graph hold one homogeneous ID space in which each partition's
 nodes of a type are contiguous (``asyncgraph.partition.partitioner``); the partition book maps
-per-type IDs to homogeneous ones and back. Node tensors are stored over the homogeneous space
-(same-named tensors of several types share one stored tensor), so ``g.nodes[ntype].data[name]``
-translates per-type IDs through the book before every pull or push.
+per-type IDs to homogeneous ones and back. A partitioned tensor is stored per (type, name)
+(``"paper/feat"``: that type's rows only, ``asyncgraph.partition.typed``) and addressed by the
+homogeneous IDs of its type's nodes, so ``g.nodes[ntype].data[name]`` translates per-type IDs
+through the book before every pull or push (tensors made at run time, and partitions written
+before per-type storage, hold one tensor over every node, addressed the same way).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from asyncgraph.arrays import as_id_array
 from asyncgraph.client.sync_client import Client
 from asyncgraph.errors import InvalidRequestError, OutOfRangeError, UnknownTensorError, UnknownTypeError
+from asyncgraph.names import typed_name
 from asyncgraph.partition.book import RangePartitionBook
 
 from .tensor import DistTensor
@@ -82,20 +85,26 @@ class NodeTypeTensor:
 
 
 class _NodeTypeData(Mapping[str, NodeTypeTensor]):
-    def __init__(self, ndata: Mapping[str, DistTensor], book: RangePartitionBook, ntype: str) -> None:
+    """``g.nodes[ntype].data``: the type's own tensors (``"<ntype>/<name>"``, stored per type),
+    else, in partitions written before per-type storage, the merged tensors the type has."""
+
+    def __init__(self, ndata: Any, book: RangePartitionBook, ntype: str) -> None:
         self._ndata, self._book, self._ntype = ndata, book, ntype
 
     def __getitem__(self, name: str) -> NodeTypeTensor:
-        book = self._book
-        if not book.ntype_has(self._ntype, name):
+        meta = self._ndata.meta_of(typed_name(self._ntype, name)) if isinstance(name, str) else None
+        if meta is not None:
+            return NodeTypeTensor(DistTensor._attach(self._ndata.client, meta), self._book, self._ntype)
+        if not self._book.ntype_has(self._ntype, name) or name not in self._ndata:
             raise UnknownTensorError(f"node type {self._ntype!r} has no tensor {name!r}; it has {list(self)}")
-        return NodeTypeTensor(self._ndata[name], book, self._ntype)
+        return NodeTypeTensor(self._ndata[name], self._book, self._ntype)
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name in self._ndata and self._book.ntype_has(self._ntype, name)
+        return isinstance(name, str) and name in list(self)
 
     def __iter__(self) -> Any:
-        return iter([n for n in self._ndata if self._book.ntype_has(self._ntype, n)])
+        merged = [n for n in self._ndata if self._book.ntype_has(self._ntype, n)]
+        return iter(sorted(set(merged) | set(self._ndata.typed_names(self._ntype))))
 
     def __len__(self) -> int:
         return len(list(iter(self)))

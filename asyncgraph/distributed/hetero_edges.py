@@ -1,9 +1,11 @@
 """Per-type edge tensors of a heterogeneous ``DistGraph``: ``g.edges[etype].data[name]``.
 
-Edge tensors are stored over the homogeneous edge IDs (``partition_graph`` merges same-named
-tensors of several types into one stored tensor), so a typed view is a ``DistTensor`` whose
-``etype`` is set: its per-type IDs are mapped to homogeneous ones (``book.map_to_homo_eid``)
-before every pull or push, exactly the rows DGL's per-type tensors hold. ``g.edges`` is also
+A partitioned edge tensor is stored per edge type (``"src:rel:dst/w"``, that type's edges
+only), so a typed view is a ``DistTensor`` whose ``etype`` is set: its per-type IDs become
+positions in each part's type order (``book.type_order_positions``, arithmetic) before every
+pull or push. Tensors made at run time (and partitions written before per-type storage) are
+stored over every edge: their per-type IDs are mapped to homogeneous ones
+(``book.map_to_homo_eid``). Either way, exactly the rows DGL's per-type tensors hold. ``g.edges`` is also
 callable as DGL's ``g.edges(form=, order=, etype=)``.
 """
 
@@ -17,7 +19,9 @@ import torch
 
 from asyncgraph.arrays import to_numpy
 from asyncgraph.errors import InvalidRequestError, ShapeMismatchError, UnknownTensorError
+from asyncgraph.names import typed_name
 from asyncgraph.partition.book import RangePartitionBook
+from asyncgraph.partition.typed import edge_type_key
 
 from .tensor import DistTensor, numpy_dtype
 
@@ -46,10 +50,14 @@ class EdgeTypeData(MutableMapping[str, DistTensor]):
         alias = self._types.aliases.get((self.etype, name))
         if alias is not None:
             return alias
-        if name not in self:
-            raise UnknownTensorError(f"edge type {self.etype} has no tensor {name!r}; it has {list(self)}")
-        stored = self._types.edata[name]
-        out = DistTensor._attach(stored.client, stored.meta)
+        meta = self._types.edata.meta_of(typed_name(edge_type_key(self.etype), name))  # stored per type
+        if meta is None:
+            if name not in self:
+                raise UnknownTensorError(
+                    f"edge type {self.etype} has no tensor {name!r}; it has {list(self)}"
+                )
+            meta = self._types.edata[name].meta  # a merged tensor (partitions before per-type storage)
+        out = DistTensor._attach(self._types.client, meta)
         out.etype = self.etype
         return out
 
@@ -85,7 +93,8 @@ class EdgeTypeData(MutableMapping[str, DistTensor]):
         mine = {name for (c, name) in self._types.aliases if c == self.etype}
         others = {name for (c, name) in self._types.aliases if c != self.etype} - mine  # set here for others
         stored = {n for n in self._types.edata if book.etype_has(self.etype, n)} - others
-        return sorted(stored | mine)
+        typed = set(self._types.edata.typed_names(edge_type_key(self.etype))) - others
+        return sorted(stored | typed | mine)
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and name in self._names()
@@ -106,7 +115,7 @@ class EdgeTypes:
     """``g.edges[etype]``: one edge type's tensors (``.data``), by relation name or triple."""
 
     def __init__(
-        self, edata: MutableMapping[str, DistTensor], book: RangePartitionBook, client: Any, policy: Any
+        self, edata: Any, book: RangePartitionBook, client: Any, policy: Any
     ) -> None:
         self.edata, self.book, self.client = edata, book, client
         self.policy: Callable[[CanonicalEType], Any] = policy
@@ -116,7 +125,7 @@ class EdgeTypes:
         book = self.book
         c = book.canonical_etypes[book.etype_id(etype)]  # UnknownTypeError for an unknown type
         if not book.is_hetero:
-            return _TypeData(self.edata)  # type: ignore[arg-type]
+            return _TypeData(self.edata)
         return _TypeData(EdgeTypeData(self, c))
 
 

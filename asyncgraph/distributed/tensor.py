@@ -13,7 +13,7 @@ import torch
 from asyncgraph.arrays import as_id_array, to_numpy
 from asyncgraph.client.sync_client import Client
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, OutOfRangeError
-from asyncgraph.names import tensor_key
+from asyncgraph.names import split_typed, tensor_key
 from asyncgraph.storage.store import TensorMeta
 
 from .context import get_client
@@ -295,6 +295,8 @@ class DistTensor:
             kind = f"{self.ntype} node" if self.ntype is not None else f"{self.etype} edge"
             raise OutOfRangeError(f"{kind} ID {bad} out of range [0, {len(self)}) of {self.name!r}")
         if self.etype is not None:
+            if split_typed(self.name) is not None:  # stored per type: rows in type order
+                return self._client.book.type_order_positions(tid, self.etype)
             return attach_edge_ids(self._client).map_to_homo_eid(tid, self.etype)
         return self._client.book.map_to_homo_nid(tid, self.ntype)
 

@@ -22,7 +22,8 @@ import numpy.typing as npt
 from asyncgraph.arrays import as_id_array
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, OutOfRangeError
 from asyncgraph.kernels.partition_sampling import keyed_rng
-from asyncgraph.names import ETYPE, TYPE_EID, edge_key, tensor_key
+from asyncgraph.names import ETYPE, TYPE_EID, TYPED_SEP, edge_key, tensor_key
+from asyncgraph.partition.typed import edge_type_key, typed_range
 from asyncgraph.storage.store import PartitionStore
 
 __all__ = ["OutIndex", "degrees", "merge_samples", "sample_edges", "segment_topk"]
@@ -93,12 +94,16 @@ def segment_topk(seg: IdArray, keys: np.ndarray, k: int) -> IdArray:
     return order[rank < k].astype(np.int64, copy=False)
 
 
-def _weights(store: PartitionStore, prob: str | None, local_eids: IdArray) -> np.ndarray | None:
+def _weights(
+    store: PartitionStore, prob: str | None, local_eids: IdArray, typed: bool = False
+) -> np.ndarray | None:
     if prob is None:
         return None
     key = edge_key(prob)
     if not store.has_tensor(key):
         raise InvalidRequestError(f"prob: no edge tensor {prob!r}")
+    if not typed and typed_range(store.book, store.part_id, key) is not None:
+        raise InvalidRequestError(f"prob: {prob!r} holds one edge type's weights: name it for that type only")
     rows = store.local_rows(key)
     if rows.ndim != 1 or rows.dtype.kind not in "fiub":
         raise DTypeMismatchError(
@@ -120,7 +125,15 @@ def _typed_weights(store: PartitionStore, probs: list[str | None], local_eids: I
     for t, name in enumerate(probs):  # one pass per edge type (a handful), vectorised inside
         if name is not None:
             sel = np.flatnonzero(et == t)
-            typed = _weights(store, name, local_eids[sel])
+            rows = local_eids[sel]
+            c = store.book.canonical_etypes[t]
+            if typed_range(store.book, store.part_id, edge_key(name)) is not None:
+                # stored per type (``"src:rel:dst/w"``): rows by the part's per-type edge IDs
+                if name.removeprefix("edge:").partition(TYPED_SEP)[0] != edge_type_key(c):
+                    raise InvalidRequestError(f"prob: {name!r} is not a tensor of edge type {c}")
+                type_eid = np.asarray(store.local_rows(tensor_key("edge", TYPE_EID)))[rows]
+                rows = type_eid - int(store.book.etype_bounds(c)[store.part_id])
+            typed = _weights(store, name, rows, typed=True)
             assert typed is not None
             w[sel] = typed
     return w

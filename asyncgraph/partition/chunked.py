@@ -98,19 +98,16 @@ class ChunkedGraph:
         return out
 
     def feature_specs(self, kind: str) -> dict[str, tuple[str, tuple[int, ...]]]:
-        """Name -> (dtype, row shape) of the merged homogeneous node (``"node"``) or edge tensors."""
+        """Stored name (``"<type>/<name>"``, ``"src:rel:dst/<name>"``) -> (dtype, row shape) of
+        the per-type node (``"node"``) or edge tensors: each type's own, whatever the others'."""
         per_type: dict[Any, dict[str, list[ChunkFile]]] = dict(
             self.node_data.items() if kind == "node" else self.edge_data.items()
         )
         out: dict[str, tuple[str, tuple[int, ...]]] = {}
-        for key in sorted(per_type, key=str):
-            for name, chunks in per_type[key].items():
-                spec = (chunks[0].dtype, chunks[0].row_shape)
-                if out.setdefault(name, spec) != spec:
-                    raise ChunkedFormatError(
-                        f"{self.meta_path}: {kind} data {name!r} is {spec} on {key!r} but {out[name]} "
-                        "on another type; same-named tensors of different types must agree"
-                    )
+        for key, feats in per_type.items():
+            type_key = key if isinstance(key, str) else ":".join(key)
+            for name, chunks in feats.items():
+                out[f"{type_key}/{name}"] = (chunks[0].dtype, chunks[0].row_shape)
         return dict(sorted(out.items()))
 
 

@@ -188,11 +188,12 @@ class HeteroGraph:
         np.cumsum([self._edges[c][0].size for c in self._canon], out=out[1:])
         return out
 
-    def to_homogeneous(self) -> tuple[Graph, IdArray, IdArray]:
+    def to_homogeneous(self, with_data: bool = True) -> tuple[Graph, IdArray, IdArray]:
         """``(graph, ntype of each node, etype of each edge)``: DGL's ``to_homogeneous`` layout.
 
-        Tensors of the same name and row shape/dtype on several types become one homogeneous
-        tensor (rows of types without it are zero); the caller knows which types have which.
+        With ``with_data``, tensors of the same name and row shape/dtype on several types become
+        one homogeneous tensor (rows of types without it are zero); ``partition_graph`` passes
+        False and stores each type's tensors on their own (``asyncgraph.partition.typed``).
         """
         noff, eoff = self.node_offsets(), self.edge_offsets()
         tidx = {t: i for i, t in enumerate(self._ntypes)}
@@ -200,8 +201,10 @@ class HeteroGraph:
         dst = np.concatenate([self._edges[c][1] + noff[tidx[c[2]]] for c in self._canon])
         ntype = np.repeat(np.arange(len(self._ntypes), dtype=np.int64), np.diff(noff))
         etype = np.repeat(np.arange(len(self._canon), dtype=np.int64), np.diff(eoff))
-        ndata = self._merge({t: self._ndata[t].data for t in self._ntypes}, noff, list(self._ntypes))
-        edata = self._merge({c: self._edata[c].data for c in self._canon}, eoff, list(self._canon))
+        ndata, edata = {}, {}
+        if with_data:
+            ndata = self._merge({t: self._ndata[t].data for t in self._ntypes}, noff, list(self._ntypes))
+            edata = self._merge({c: self._edata[c].data for c in self._canon}, eoff, list(self._canon))
         g = Graph(int(noff[-1]), src, dst, ndata, edata)
         return g, ntype, etype
 

@@ -10,6 +10,8 @@
     out/part<p>/eids.npy                int64 [e_owned], global edge IDs
     out/part<p>/node_feat/<name>.npy    rows of owned nodes
     out/part<p>/edge_feat/<name>.npy    rows of owned edges
+    out/part<p>/node_feat/<ntype>/<name>.npy        heterogeneous: rows of owned nodes of the type
+    out/part<p>/edge_feat/<src:rel:dst>/<name>.npy  heterogeneous: rows of owned edges of the type
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ from asyncgraph.partition.graph import Graph
 from asyncgraph.partition.hetero_graph import HeteroGraph
 from asyncgraph.partition.layout import ORIG_EIDS_FILE, ORIG_NIDS_FILE, PartFiles, config_file, part_dir_name
 from asyncgraph.partition.output import check_out_path, commit, remove_stale_temp, temp_name
+from asyncgraph.partition.typed import check_typed_names, typed_specs, write_typed_part
 
 __all__ = ["METHODS", "partition_graph"]
 
@@ -235,7 +236,8 @@ def partition_graph(
     ntype = etype = None
     if isinstance(graph, HeteroGraph):
         hetero = graph
-        graph, ntype, etype = hetero.to_homogeneous()
+        check_typed_names(hetero)
+        graph, ntype, etype = hetero.to_homogeneous(with_data=False)  # tensors stay per type
     if not isinstance(graph, Graph):
         raise InvalidRequestError(f"graph must be an asyncgraph.Graph, got {type(graph).__name__}")
     if not isinstance(graph_name, str) or not graph_name or "/" in graph_name or graph_name.startswith("."):
@@ -360,6 +362,9 @@ def partition_graph(
                     _write_rows(files.node_feat(name), arr, orig_nids[n0:n1])
                 for name, arr in edata.items():
                     _write_rows(files.edge_feat(name), arr, orig_eids[e0:e1])
+                if hetero is not None and ntype is not None and etype is not None:
+                    write_typed_part(hetero, _write_rows, files.node_feat, files.edge_feat,
+                                     orig_nids[n0:n1], orig_eids[e0:e1], ntype, etype)  # fmt: skip
             specs.append(PartSpec(part_id=p, node_range=(n0, n1), edge_range=(e0, e1), path=part_dir_name(p)))
         del new_src, indptr
         config = PartitionConfig(
@@ -384,6 +389,9 @@ def partition_graph(
             config.etype_counts = etype_counts.tolist()
             config.ntype_feats = hetero.ntype_data_names()
             config.etype_feats = hetero.etype_data_names()
+            typed_nodes, typed_edges = typed_specs(hetero)  # stored as "<type>/<name>", listed first
+            config.node_feats = {**{k: _spec(v) for k, v in typed_nodes.items()}, **config.node_feats}
+            config.edge_feats = {**{k: _spec(v) for k, v in typed_edges.items()}, **config.edge_feats}
         cfg_path = config_file(tmp, graph_name)
         cfg_path.write_text(config.model_dump_json(indent=2))
         with stage("fingerprinting"):  # issue 34: servers trust it instead of hashing at start

@@ -109,14 +109,21 @@ def prepare_part(ctx: Ctx, p: int, fresh: bool) -> None:
         preallocate(path, np.int64, (edges,))
 
 
-def preallocate_feats(ctx: Ctx, p: int, kind: str, specs: Specs, skip: tuple[str, ...]) -> None:
+def preallocate_feats(
+    ctx: Ctx, p: int, kind: str, specs: Specs, skip: tuple[str, ...], typed_rows: dict[str, int] | None = None
+) -> None:
     """Task: partition ``p``'s sparse ``<kind>_feat/<name>.npy`` files (``kind``: node or edge),
-    but those in ``skip`` (the type tensors, written whole later)."""
+    but those in ``skip`` (the type tensors, written whole later); a per-type tensor
+    (``"<type>/<name>"``) gets ``typed_rows[<type>]`` rows, the part's nodes/edges of its type."""
     bounds = ctx.node_bounds if kind == "node" else ctx.edge_bounds
     rows = bounds[p + 1] - bounds[p]
     for fname, (dtype, shape) in specs.items():
         if fname not in skip:
-            preallocate(ctx.pdir(p) / f"{kind}_feat" / f"{fname}.npy", dtype, (rows, *shape))
+            type_key, sep, _ = fname.partition("/")
+            n = (typed_rows or {})[type_key] if sep else rows
+            path = ctx.pdir(p) / f"{kind}_feat" / f"{fname}.npy"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            preallocate(path, dtype, (n, *shape))
 
 
 def write_ntype_part(ctx: Ctx, p: int, counts: list[int], rows: int) -> None:

@@ -11,10 +11,11 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from asyncgraph.errors import ForeignPartitionError, InvalidRequestError, OutOfRangeError
-from asyncgraph.names import DEFAULT_ETYPE, DEFAULT_NTYPE
+from asyncgraph.names import DEFAULT_ETYPE, DEFAULT_NTYPE, tensor_key
 from asyncgraph.partition.book import IdArray, RangePartitionBook
 from asyncgraph.partition.config import PartitionConfig, TensorSpec
 from asyncgraph.partition.layout import PartFiles
+from asyncgraph.partition.typed import typed_range
 
 
 @dataclass
@@ -184,14 +185,17 @@ def _check(path: Path, arr: np.ndarray[Any, Any], dtype: str, shape: tuple[int, 
 
 
 def _tensors(
-    path_of: Callable[[str], Path], specs: dict[str, TensorSpec], rows: int, mmap: bool
-) -> dict[str, np.ndarray[Any, Any]]:
-    """Load and check every tensor listed in ``specs`` from the file ``path_of(name)``."""
+    path_of: Callable[[str], Path], specs: dict[str, TensorSpec], rows: int, mmap: bool,
+    typed_rows: Callable[[str], tuple[int, int] | None],
+) -> dict[str, np.ndarray[Any, Any]]:  # fmt: skip
+    """Load and check every tensor listed in ``specs`` from the file ``path_of(name)``: ``rows``
+    rows, or a per-type tensor's (``typed_rows(name)``: the part's nodes or edges of its type)."""
     out: dict[str, np.ndarray[Any, Any]] = {}
     for name, spec in specs.items():
         path = path_of(name)
         arr = _load(path, mmap)
-        _check(path, arr, spec.dtype, (rows, *spec.row_shape))
+        typed = typed_rows(name)
+        _check(path, arr, spec.dtype, (rows if typed is None else typed[1] - typed[0], *spec.row_shape))
         out[name] = arr
     return out
 
@@ -246,8 +250,10 @@ def load_partition(part_config: str | os.PathLike[str], part_id: int, mmap: bool
         indptr=indptr,
         indices=indices,
         eids=eids,
-        node_feats=_tensors(files.node_feat, config.node_feats, n1 - n0, mmap),
-        edge_feats=_tensors(files.edge_feat, config.edge_feats, e1 - e0, mmap),
+        node_feats=_tensors(files.node_feat, config.node_feats, n1 - n0, mmap,
+                            lambda name: typed_range(book, part_id, tensor_key("node", name))),
+        edge_feats=_tensors(files.edge_feat, config.edge_feats, e1 - e0, mmap,
+                            lambda name: typed_range(book, part_id, tensor_key("edge", name))),
     )
 
 

@@ -61,6 +61,7 @@ from asyncgraph.partition.runner import Runner
 from asyncgraph.partition.stream_meta import (
     check_and_stamp,
     check_config,
+    etype_counts,
     finalize,
     tensor_specs,
     type_edges_before,
@@ -258,7 +259,8 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, folder: WorkFold
         finish("assign", t0, node_bounds=bounds, type_counts=tcounts)
     dirs = {int(p): Path(d) for p, d in opts["part_dirs"].items()}
     build = tuple(str(build_dir(dirs[p], name, p)) if p in dirs else "" for p in range(num_parts))
-    ctx = Ctx(g, work, num_parts, tuple(state["node_bounds"]), part_build=build)
+    tcounts_all = tuple(tuple(int(x) for x in c) for c in (state.get("type_counts") or ()))
+    ctx = Ctx(g, work, num_parts, tuple(state["node_bounds"]), part_build=build, type_counts=tcounts_all)
     parts = list(range(num_parts))
     with Runner(plan.workers, client, progress, pins) as run:
         if not skip("shuffle"):
@@ -297,7 +299,8 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, folder: WorkFold
         if not skip("node data"):
             t0 = time.perf_counter()
             ntasks: list[tuple[Any, ...]] = []
-            pre = [(ctx, p, "node", nspecs, (NTYPE,)) for p in parts]
+            ntyped = [dict(zip(g.ntypes, c, strict=True)) for c in tcounts_all] if hetero else []
+            pre = [(ctx, p, "node", nspecs, (NTYPE,), ntyped[p] if hetero else None) for p in parts]
             run.at_parts(preallocate_feats, pre, parts, "node files")
             for t, feats in g.node_data.items():
                 for fname, chunks in feats.items():
@@ -318,12 +321,17 @@ def _run(g: ChunkedGraph, name: str, num_parts: int, out: Path, folder: WorkFold
             if g.edge_data:
                 e = int(g.edge_offsets()[-1])
                 preallocate(work / "new_eid.npy", np.int64, (e,))
+                if hetero:  # each edge's row in its part's per-type tensors (map_edges)
+                    preallocate(work / "type_row.npy", np.int64, (e,))
                 _count(
                     report,
                     run.map(map_edges, [(ctx, p, plan.edge_rows) for p in range(num_parts)], "edge map"),
                 )
                 etasks: list[tuple[Any, ...]] = []
-                epre = [(ctx, p, "edge", especs, (ETYPE, TYPE_EID)) for p in parts]
+                ecounts = etype_counts(ctx, plan.edge_rows) if hetero else []
+                ekeys = [":".join(c) for c in g.canonical_etypes]
+                epre = [(ctx, p, "edge", especs, (ETYPE, TYPE_EID), dict(zip(ekeys, ecounts[p], strict=True))
+                         if hetero else None) for p in parts]  # fmt: skip
                 run.at_parts(preallocate_feats, epre, parts, "edge files")
                 for c, feats in g.edge_data.items():
                     r = g.canonical_etypes.index(c)

@@ -20,7 +20,15 @@ from asyncgraph.partition.layout import ORIG_EIDS_FILE, ORIG_NIDS_FILE, config_f
 from asyncgraph.partition.reader import load_partition
 from asyncgraph.partition.tasks import Ctx
 
-__all__ = ["check_and_stamp", "check_config", "check_part", "finalize", "tensor_specs", "type_edges_before"]
+__all__ = [
+    "check_and_stamp",
+    "check_config",
+    "check_part",
+    "etype_counts",
+    "finalize",
+    "tensor_specs",
+    "type_edges_before",
+]
 
 
 def tensor_specs(
@@ -80,13 +88,14 @@ def finalize(
         config.ntypes = g.ntypes
         config.canonical_etypes = g.canonical_etypes
         config.ntype_counts = state["type_counts"]
-        config.etype_counts = _etype_counts(ctx, rows)
+        config.etype_counts = etype_counts(ctx, rows)
         config.ntype_feats = {t: sorted(g.node_data.get(t, {})) for t in g.ntypes}
         config.etype_feats = {":".join(c): sorted(g.edge_data.get(c, {})) for c in g.canonical_etypes}
     config_file(ctx.out, name).write_text(config.model_dump_json(indent=2))
 
 
-def _etype_counts(ctx: Ctx, rows: int) -> list[list[int]]:
+def etype_counts(ctx: Ctx, rows: int) -> list[list[int]]:
+    """Per part, its edges of each type."""
     before = type_edges_before(ctx, rows)
     eoff = ctx.graph.edge_offsets()
     total = np.diff(eoff)

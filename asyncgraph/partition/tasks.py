@@ -40,6 +40,7 @@ class Ctx:
     node_bounds: tuple[int, ...]
     edge_bounds: tuple[int, ...] = ()
     part_build: tuple[str, ...] = ()  # per part: where its files are built ("": under out/)
+    type_counts: tuple[tuple[int, ...], ...] = ()  # heterogeneous: per part, nodes of each type
 
     @property
     def out(self) -> Path:
@@ -228,13 +229,18 @@ def copy_node_rows(ctx: Ctx, key: str, name: str, ci: int, lo: int, hi: int,
         src, base = read_rows(chunk, lo, hi), 0
     first = np.cumsum(counts) - counts
     moved = 0
+    t = g.ntypes.index(key)
     for p in np.flatnonzero(counts).tolist():
         if parts is not None and p not in parts:
             continue
         a, k = int(first[p]), int(counts[p])
         rows = native(np.take(src, order[a : a + k] + base, axis=0))  # raw bytes are written: native order
         start = int(new[order[a]]) - ctx.node_bounds[p]
-        _write_rows_at(ctx.pdir(p) / "node_feat" / f"{name}.npy", start, rows)
+        path = ctx.pdir(p) / "node_feat" / f"{name}.npy"
+        if not g.is_homogeneous:  # stored per type: rows of this part's nodes of the type only
+            start -= sum(ctx.type_counts[p][:t])
+            path = ctx.pdir(p) / "node_feat" / key / f"{name}.npy"
+        _write_rows_at(path, start, rows)
         moved += rows.nbytes
     return moved, moved
 
@@ -253,13 +259,18 @@ def copy_edge_rows(ctx: Ctx, key: int, name: str, ci: int, lo: int, hi: int,
     e = np.arange(lo, hi, dtype=np.int64) + (int(g.edge_offsets()[key]) + chunk.start)
     new = np.asarray(np.load(ctx.work / "new_eid.npy", mmap_mode="r")[e])
     part = _part_of(ctx.edge_bounds, new)
+    typed = None if g.is_homogeneous else np.asarray(np.load(ctx.work / "type_row.npy", mmap_mode="r")[e])
     written = 0
     for p in np.unique(part).tolist():
         if parts is not None and p not in parts:
             continue
         sel = part == p
-        out = np.load(ctx.pdir(p) / "edge_feat" / f"{name}.npy", mmap_mode="r+")
-        out[new[sel] - ctx.edge_bounds[p]] = rows[sel]
+        if typed is None:
+            out = np.load(ctx.pdir(p) / "edge_feat" / f"{name}.npy", mmap_mode="r+")
+            out[new[sel] - ctx.edge_bounds[p]] = rows[sel]
+        else:  # stored per type: row = the edge's rank among the part's edges of its type
+            out = np.load(ctx.pdir(p) / "edge_feat" / ":".join(canon) / f"{name}.npy", mmap_mode="r+")
+            out[typed[sel]] = rows[sel]
         out.flush()
         del out
         written += int(np.count_nonzero(sel)) * (rows.nbytes // max(1, rows.shape[0]))
@@ -267,16 +278,34 @@ def copy_edge_rows(ctx: Ctx, key: int, name: str, ci: int, lo: int, hi: int,
 
 
 def map_edges(ctx: Ctx, p: int, rows: int) -> tuple[int, int]:
-    """Fill ``new_eid.npy`` (original edge ID -> new edge ID) for partition ``p``'s edges."""
+    """Fill ``new_eid.npy`` (original edge ID -> new edge ID) for partition ``p``'s edges, and
+    for a heterogeneous graph ``type_row.npy`` (-> the edge's rank among the part's edges of
+    its type, in new-ID order: its row in the part's per-type edge tensors)."""
     e0, e1 = ctx.edge_bounds[p], ctx.edge_bounds[p + 1]
     src = ctx.oeids(p)
     inv = np.load(ctx.work / "new_eid.npy", mmap_mode="r+")
+    hetero = not ctx.graph.is_homogeneous
+    typed = np.load(ctx.work / "type_row.npy", mmap_mode="r+") if hetero else None
+    eoff = ctx.graph.edge_offsets()
+    running = np.zeros(eoff.size - 1, dtype=np.int64)
     for a in range(0, e1 - e0, rows):
         b = min(e1 - e0, a + rows)
-        inv[np.asarray(src[a:b])] = np.arange(e0 + a, e0 + b, dtype=np.int64)
+        orig = np.asarray(src[a:b])
+        inv[orig] = np.arange(e0 + a, e0 + b, dtype=np.int64)
+        if typed is not None:
+            et = np.searchsorted(eoff, orig, side="right").astype(np.int64) - 1
+            order = np.argsort(et, kind="stable")
+            counts = np.bincount(et, minlength=running.size)
+            rank = np.empty(et.size, dtype=np.int64)
+            rank[order] = np.arange(et.size, dtype=np.int64) - (np.cumsum(counts) - counts)[et[order]]
+            typed[orig] = rank + running[et]
+            running += counts
     inv.flush()
     del inv
-    return (e1 - e0) * 8, (e1 - e0) * 8
+    if typed is not None:
+        typed.flush()
+        del typed
+    return (e1 - e0) * 8, (e1 - e0) * (16 if hetero else 8)
 
 
 def write_type_tensors(ctx: Ctx, p: int, rows: int, before: list[int]) -> tuple[int, int]:

@@ -28,7 +28,7 @@ from asyncgraph.errors import (
     UnknownTensorError,
     UnknownTypeError,
 )
-from asyncgraph.names import NTYPE, is_state_key, tensor_prefix
+from asyncgraph.names import NTYPE, is_state_key, split_typed, tensor_prefix
 from asyncgraph.partition.book import RangePartitionBook
 
 __all__ = ["PYG_ALIASES", "fanouts", "input_ids", "node_tensors", "resolve_attrs"]
@@ -38,13 +38,15 @@ PYG_ALIASES: dict[str, str] = {"x": "feat", "y": "label"}
 
 
 def node_tensors(client: Client) -> list[str]:
-    """The graph's node tensors by name (optimizer state and the partitioner's type column hidden)."""
+    """The graph's node tensors by name (optimizer state and the partitioner's type column
+    hidden; a heterograph's per-type tensors ``"paper/x"`` by their name ``"x"``)."""
     prefix = tensor_prefix("node")
-    return sorted(
+    names = (
         m.name[len(prefix) :]
         for m in client.refresh_tensors()
         if m.name.startswith(prefix) and not is_state_key(m.name) and m.name[len(prefix) :] != NTYPE
     )
+    return sorted({typed[1] if (typed := split_typed(n)) else n for n in names})
 
 
 def _pick(have: list[str], pyg_name: str, given: str | Auto | None, what: str) -> str | None:

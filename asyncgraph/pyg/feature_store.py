@@ -35,7 +35,7 @@ from asyncgraph.errors import (
     UnknownTensorError,
     UnknownTypeError,
 )
-from asyncgraph.names import node_key, tensor_prefix
+from asyncgraph.names import node_key, tensor_prefix, typed_name
 
 from .attrs import PYG_ALIASES, node_tensors
 from .link import ClientLink, LinkedStore
@@ -84,6 +84,8 @@ class DistFeatureStore(LinkedStore, FeatureStore):  # type: ignore[misc]
         key = tensor_prefix("node") + attr_name
         if self.client.async_client.cached_meta(key) is not None:
             return attr_name
+        if self.hetero and any(self._key(t, attr_name) != key for t in self.book.ntypes):
+            return attr_name  # stored per type
         alias = PYG_ALIASES.get(attr_name)
         if alias is not None and self.client.async_client.cached_meta(node_key(alias)) is not None:
             return alias
@@ -107,6 +109,15 @@ class DistFeatureStore(LinkedStore, FeatureStore):  # type: ignore[misc]
         if group_name not in self.book.ntypes:
             raise UnknownTypeError(f"unknown node type {group_name!r}; node types: {self.book.ntypes}")
         return str(group_name)
+
+    def _key(self, ntype: str | None, name: str) -> str:
+        """The stored key of ``name`` for node type ``ntype``: its per-type tensor
+        (``"node:paper/x"``) when the graph stores one, else the tensor over every node."""
+        if ntype is not None:
+            typed = node_key(typed_name(ntype, name))
+            if self.client.async_client.cached_meta(typed) is not None:
+                return typed
+        return node_key(name)
 
     def _check_type_has(self, ntype: str | None, attr_name: str, name: str) -> None:
         """``UnknownTensorError`` when node type ``ntype`` was not given tensor ``name``."""
@@ -151,7 +162,7 @@ class DistFeatureStore(LinkedStore, FeatureStore):  # type: ignore[misc]
             ntype = self._group(attr.group_name)
             name = self._tensor_name(attr.attr_name)
             self._check_type_has(ntype, attr.attr_name, name)
-            keys.append((node_key(name), self._ids(attr, ntype)))
+            keys.append((self._key(ntype, name), self._ids(attr, ntype)))
         self._check_size(keys)
         aio = self.client.async_client
 
@@ -195,7 +206,7 @@ class DistFeatureStore(LinkedStore, FeatureStore):  # type: ignore[misc]
         ids = self._ids(attr, ntype)
         if values.shape[0] != ids.size:
             raise ShapeMismatchError(f"{values.shape[0]} rows given for {ids.size} indices")
-        self.client.push(node_key(name), ids, values.numpy())
+        self.client.push(self._key(ntype, name), ids, values.numpy())
         return True
 
     def update_tensor(self, tensor: Any, *args: Any, **kwargs: Any) -> bool:
@@ -223,14 +234,15 @@ class DistFeatureStore(LinkedStore, FeatureStore):  # type: ignore[misc]
             name = self._tensor_name(attr.attr_name)
         except UnknownTensorError:
             return False
-        self.client.loop.run(self.client.async_client.delete_tensor(node_key(name)))
+        key = self._key(self._group(attr.group_name), name)
+        self.client.loop.run(self.client.async_client.delete_tensor(key))
         return True
 
     def _get_tensor_size(self, attr: TensorAttr) -> tuple[int, ...]:
         ntype = self._group(attr.group_name)
         name = self._tensor_name(attr.attr_name)
         self._check_type_has(ntype, attr.attr_name, name)
-        meta = self.client.async_client.cached_meta(node_key(name))
+        meta = self.client.async_client.cached_meta(self._key(ntype, name))
         assert meta is not None  # _tensor_name found it
         return (self._num_rows(ntype), *meta.row_shape)
 

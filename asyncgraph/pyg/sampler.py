@@ -39,7 +39,7 @@ from asyncgraph.arrays import as_id_array, unique_sorted
 from asyncgraph.client.async_client import AsyncClient
 from asyncgraph.client.sync_client import Client
 from asyncgraph.dataloading.fetch import AUTO, Auto, client_of
-from asyncgraph.dataloading.hetero_block import _type_local
+from asyncgraph.dataloading.hetero_block import _type_local, pull_by_type
 from asyncgraph.errors import InvalidRequestError
 from asyncgraph.names import node_key
 from asyncgraph.partition.book import RangePartitionBook
@@ -303,20 +303,11 @@ class DistNeighborSampler(BaseSampler):  # type: ignore[misc]
         out, parts = to_hetero_output(book, hops)
         pos = dict(zip(book.ntypes, parts["pos"], strict=True))
         plan = {a: [nt for nt in book.ntypes if book.ntype_has(nt, t)] for a, t in self.attrs.items()}
-        wanted = {a: np.concatenate([pos[nt] for nt in ts]) if ts else None for a, ts in plan.items()}
-        rows = await asyncio.gather(
-            *(
-                aio.pull_numpy(node_key(self.attrs[a]), hops.nodes[w])
-                for a, w in wanted.items()
-                if w is not None
-            )
+        wanted = [a for a in plan if plan[a]]
+        by_type = await asyncio.gather(  # per type of a per-type tensor, else one pull split by type
+            *(pull_by_type(aio, self.attrs[a], hops.nodes, {nt: pos[nt] for nt in plan[a]}) for a in wanted)
         )
-        pulled = dict(zip([a for a, w in wanted.items() if w is not None], rows, strict=True))
-        feats: dict[str, Any] = {}
-        for a, got in pulled.items():
-            bounds = np.cumsum([0, *(pos[nt].size for nt in plan[a])])
-            feats[a] = {nt: torch.from_numpy(got[bounds[i] : bounds[i + 1]]) for i, nt in enumerate(plan[a])}
-        return out, feats
+        return out, dict(zip(wanted, by_type, strict=True))
 
     def _sample(self, seed: Any, seed_time: Any = None, **kwargs: Any) -> Any:
         if seed_time is not None:

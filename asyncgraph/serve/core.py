@@ -22,6 +22,7 @@ from torch import nn
 
 from asyncgraph.client.async_client import AsyncClient
 from asyncgraph.dataloading.fetch import sample_and_pull
+from asyncgraph.dataloading.hetero_block import typed_node_keys
 from asyncgraph.dataloading.sampler import NeighborSampler
 from asyncgraph.dataloading.stats import LoaderStats
 from asyncgraph.errors import (
@@ -105,6 +106,8 @@ class InferenceCore:
         try:
             meta = await self.async_client.tensor_meta(node_key(self.feat))
         except UnknownTensorError:
+            if typed_node_keys(self.async_client, self.feat):  # a heterograph's, stored per type
+                return
             raise UnknownTensorError(
                 f"the graph has no node tensor {self.feat!r} (the model's input)"
             ) from None

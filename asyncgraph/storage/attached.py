@@ -171,7 +171,7 @@ class AttachedStore(PartitionStore):
                     close_quietly(fds[i])
                     metas.append(meta)
                     continue
-                lo, hi = self.owned_range(meta.policy)
+                lo, hi = self.owned_range(meta.policy, meta.name)
                 shape = (hi - lo, *meta.shape[1:])
                 offset = int(entries[i].get("offset", 0))
                 sa = SharedArray.from_fd(fds[i], shape, meta.dtype, writable=not read_only, offset=offset)

@@ -138,7 +138,7 @@ class PartitionStore(StoreBase):
 
     def _allocate(self, meta: TensorMeta, *, final: bool | None = None) -> StoredTensor:
         """Zeroed local rows for ``meta``, not registered (``final``: see ``SharedArray.create``)."""
-        lo, hi = self._owned(meta.policy)
+        lo, hi = self._owned(meta.policy, meta.name)
         local_shape = (hi - lo, *meta.shape[1:])
         data: SharedArray | np.ndarray
         if self._shared:
@@ -197,7 +197,7 @@ class PartitionStore(StoreBase):
         existing = self._existing(meta)
         if existing is not None:
             return existing
-        self.rules.check_create(meta, self._tensors.values(), self._owned(meta.policy))
+        self.rules.check_create(meta, self._tensors.values(), self._owned(meta.policy, meta.name))
         spec = validate_init(init, dt)
         return PendingTensor(self._allocate(meta), spec)
 
@@ -248,7 +248,7 @@ class PartitionStore(StoreBase):
             t = self._get(name)  # raises
         acc: TensorAccess | None = t.access
         if acc is None:
-            acc = t.access = TensorAccess(t, self._owned(t.meta.policy), self._owner)
+            acc = t.access = TensorAccess(t, self._owned(t.meta.policy, t.meta.name), self._owner)
         return acc
 
     def row_bytes(self, name: str) -> int:

@@ -12,6 +12,7 @@ import numpy as np
 
 from asyncgraph.errors import InvalidRequestError, UnknownTensorError
 from asyncgraph.partition.book import RangePartitionBook
+from asyncgraph.partition.typed import typed_range
 from asyncgraph.storage.filemap import is_file_backed
 from asyncgraph.storage.memfd import SharedArray
 from asyncgraph.storage.meta import Policy, TensorMeta
@@ -83,12 +84,17 @@ class StoreBase:
     def _plain(a: SharedArray | np.ndarray) -> np.ndarray:
         return a.array if isinstance(a, SharedArray) else a
 
-    def _owned(self, policy: Policy) -> tuple[int, int]:
+    def _owned(self, policy: Policy, key: str = "") -> tuple[int, int]:
+        """Global rows held of tensor ``key``: the owned node or edge range, or for a per-type
+        tensor (``"node:paper/feat"``) the run of that range its type's rows occupy."""
+        typed = typed_range(self.book, self.part_id, key) if key else None
+        if typed is not None:
+            return typed
         return self.node_range if policy == "node" else self.edge_range
 
     def _register(self, meta: TensorMeta, data: SharedArray | np.ndarray) -> StoredTensor:
         """Make ``data`` (this partition's rows) tensor ``meta.name``."""
-        t = StoredTensor(meta, data, self._owned(meta.policy)[0])
+        t = StoredTensor(meta, data, self._owned(meta.policy, meta.name)[0])
         self._tensors[meta.name] = t
         return t
 
@@ -173,9 +179,10 @@ class StoreBase:
         """Every tensor's stored key, in creation order."""
         return list(self._tensors)
 
-    def owned_range(self, policy: Policy) -> tuple[int, int]:
-        """The global IDs whose rows this partition holds for tensors of ``policy``."""
-        return self._owned(policy)
+    def owned_range(self, policy: Policy, key: str = "") -> tuple[int, int]:
+        """The global IDs whose rows this partition holds for tensors of ``policy`` (of tensor
+        ``key`` when given: a per-type tensor holds its type's run only)."""
+        return self._owned(policy, key)
 
     def map_rows(self, meta: TensorMeta, data: SharedArray | np.ndarray) -> None:
         """Make ``data`` (this partition's rows, e.g. mapped from an owner's memfd) tensor

@@ -157,7 +157,8 @@ def check_features(
     edge_feats: Mapping[str, Any],
 ) -> list[tuple[str, Policy, np.ndarray]]:
     """``(stored key, policy, rows)`` of a partition's features, each checked: a supported dtype
-    and one row per node (edge) the partition owns."""
+    and one row per node (edge) the partition owns (of its type, for a per-type tensor)."""
+    from asyncgraph.partition.typed import typed_range
     n_lo, n_hi = book.node_range(part_id)
     e_lo, e_hi = book.edge_range(part_id)
     feats: list[tuple[str, Policy, np.ndarray]] = []
@@ -168,10 +169,12 @@ def check_features(
         for fname, feat in group.items():
             arr = as_numpy(feat)
             check_dtype(arr.dtype, f"{policy} feature {fname!r}")
-            if arr.ndim == 0 or arr.shape[0] != owned:
+            typed = typed_range(book, part_id, f"{policy}:{fname}")
+            want = owned if typed is None else typed[1] - typed[0]
+            if arr.ndim == 0 or arr.shape[0] != want:
                 raise ShapeMismatchError(
                     f"{policy} feature {fname!r} has shape {arr.shape}; partition {part_id} owns "
-                    f"{owned} {policy}s (of {total}) so it needs {owned} rows"
+                    f"{want} {policy}s of it (of {total}) so it needs {want} rows"
                 )
             feats.append((f"{policy}:{fname}", cast(Policy, policy), arr))
     return feats
