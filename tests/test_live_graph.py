@@ -26,6 +26,7 @@ from asyncgraph.errors import (
     OutOfRangeError,
     ShapeMismatchError,
     UnknownEdgeError,
+    UnknownTensorError,
 )
 from asyncgraph.net.connection import Connection
 from asyncgraph.protocol.ops import AddEdgesArgs, Op
@@ -513,7 +514,7 @@ def test_distgraph_updates_with_dgl_names(mode: str, cora2: Any, tmp_path: Path)
         assert sorted(sampled_src.tolist()) == [0, 1]
         assert g.sample_neighbors(new, -1).num_nodes() == n + 4  # it holds the added nodes
         assert g.num_nodes() == n  # the base nodes; added ones are reached by ID
-        with pytest.raises(LiveGraphError):
+        with pytest.raises(UnknownTensorError):  # data of new edges: of an edge tensor that exists
             g.add_edges(torch.tensor([0]), torch.tensor([1]), data={"w": torch.ones(1)})
         with pytest.raises(UnknownEdgeError):
             g.remove_edges(eids[:1])

@@ -78,7 +78,7 @@ class AsyncClient:
         self.reads = TensorReads(self.state, self.catalog)
         self.writes = TensorWrites(self.state, self.catalog)
         self.structure = StructureQueries(self.state, self.catalog)
-        self.live = LiveUpdates(self.state, self.structure)
+        self.live = LiveUpdates(self.state, self.structure, self.catalog)
 
     # --- construction -----------------------------------------------------------------------
     @classmethod

@@ -20,17 +20,14 @@ from asyncgraph.kernels.overlay_sample import live_degrees, sample_live
 from asyncgraph.kernels.partition_sampling import keyed_rng
 from asyncgraph.service.limits import WorkLimits
 from asyncgraph.storage.overlay import Overlay, new_edge_ids
+from asyncgraph.storage.overlay_data import OverlayMovedError
+from asyncgraph.storage.overlay_rows import check_row_data, load_row_data, write_row_data
 from asyncgraph.storage.store import PartitionStore
 
 __all__ = ["MAX_ADDED_NODES", "LiveStructure", "OverlayMovedError"]
 
 #: Most nodes one ``add_nodes`` request may add (the destination index grows with them).
 MAX_ADDED_NODES = 1 << 22
-
-
-class OverlayMovedError(LiveGraphError):
-    """A co-located view of an owner's overlay is stale (the owner grew its arrays since this
-    process mapped them): the caller re-maps it, and meanwhile asks the owner."""
 
 
 class LiveStructure:
@@ -140,29 +137,38 @@ class LiveStructure:
         local = self.local_nodes(d)  # OutOfRangeError: not ours, or no such node
         return s.astype(np.int64, copy=False), local
 
-    def add_edges(self, src: Any, dst: Any, rid: str | None = None) -> np.ndarray:
-        """Append edges ``src -> dst`` (every ``dst`` owned here); their new global IDs."""
+    def add_edges(
+        self, src: Any, dst: Any, rid: str | None = None, data: Mapping[str, Any] | None = None
+    ) -> np.ndarray:
+        """Append edges ``src -> dst`` (every ``dst`` owned here) with rows ``data`` of edge
+        tensors (others: zeros); their new global IDs."""
         s, local = self.check_add(src, dst)
+        rows = check_row_data(self.store, "add_edges", "edge", int(s.size), data)
         self._check_room("add_edges", edges=int(s.size))
         overlay = self._made()
-        capacity = overlay.capacity
+        layout = overlay.capacity, overlay.data_layout
         with self.store.lock.write():
             first = overlay.append(s, local, rid)
-        if overlay.capacity != capacity:
+            write_row_data(overlay, rows, first)
+        if (overlay.capacity, overlay.data_layout) != layout:
             self.store.catalog_changed()  # new memfds: co-located readers map them again
         return self.ids_of(first, int(s.size))
 
-    def add_nodes(self, num: int, rid: str | None = None) -> np.ndarray:
-        """Add ``num`` nodes owned here (no edges, no data yet); their new global IDs
-        ``N_base + p + k * P``."""
+    def add_nodes(
+        self, num: int, rid: str | None = None, data: Mapping[str, Any] | None = None
+    ) -> np.ndarray:
+        """Add ``num`` nodes owned here (no edges yet) with rows ``data`` of node tensors
+        (others: zeros); their new global IDs ``N_base + p + k * P``."""
         if not 0 <= num <= MAX_ADDED_NODES:
             raise InvalidRequestError(f"add_nodes: num must be 0 to {MAX_ADDED_NODES}, got {num}")
+        rows = check_row_data(self.store, "add_nodes", "node", num, data)
         self._check_room("add_nodes", nodes=num)
         overlay = self._made()
-        capacity = overlay.node_capacity
+        layout = overlay.node_capacity, overlay.data_layout
         with self.store.lock.write():
             first = overlay.add_nodes(num, rid)
-        if overlay.node_capacity != capacity:
+            write_row_data(overlay, rows, first)
+        if (overlay.node_capacity, overlay.data_layout) != layout:
             self.store.catalog_changed()
         return self.node_ids_of(first, num)
 
@@ -273,3 +279,4 @@ class LiveStructure:
         overlay = self._made()
         with self.store.lock.write():
             overlay.load(state, answers)
+            load_row_data(self.store, overlay, state)

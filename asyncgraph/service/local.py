@@ -274,13 +274,19 @@ class PartitionService:
         self.live.check_mapped("find_edges")
         return find_edges_partition(self.store, eids)
 
-    def add_edges(self, src: np.ndarray, dst: np.ndarray, rid: str | None = None) -> np.ndarray:
-        """Append edges ``src -> dst`` (every ``dst`` owned here): their new global edge IDs."""
-        return self.live.add_edges(src, dst, rid)
+    def add_edges(
+        self, src: np.ndarray, dst: np.ndarray, rid: str | None = None, data: Mapping[str, Any] | None = None
+    ) -> np.ndarray:
+        """Append edges ``src -> dst`` (every ``dst`` owned here) with rows ``data`` of edge
+        tensors: their new global edge IDs."""
+        return self.live.add_edges(src, dst, rid, data)
 
-    def add_nodes(self, num: int, rid: str | None = None) -> np.ndarray:
-        """Add ``num`` nodes owned here: their new global IDs (``N_base + p + k * P``)."""
-        return self.live.add_nodes(num, rid)
+    def add_nodes(
+        self, num: int, rid: str | None = None, data: Mapping[str, Any] | None = None
+    ) -> np.ndarray:
+        """Add ``num`` nodes owned here with rows ``data`` of node tensors: their new global
+        IDs (``N_base + p + k * P``)."""
+        return self.live.add_nodes(num, rid, data)
 
     def remove_edges(self, eids: np.ndarray) -> None:
         """Remove the live edges ``eids`` owned here (``UnknownEdgeError`` if one is not live)."""
