@@ -296,6 +296,7 @@ class AsyncClient:
     sample_etypes = forward("structure", StructureQueries.sample_etypes)
     degrees = forward("structure", StructureQueries.degrees)
     find_edges = forward("structure", StructureQueries.find_edges)
+    live_edges = forward("structure", StructureQueries.live_edges)
     add_edges = forward("live", LiveUpdates.add_edges)
     remove_edges = forward("live", LiveUpdates.remove_edges)
     add_nodes = forward("live", LiveUpdates.add_nodes)

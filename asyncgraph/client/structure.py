@@ -276,10 +276,11 @@ class StructureQueries:
         gids = None if ids is None else as_id_array(ids)
         if gids is not None and gids.size:
             lo, hi = int(gids.min()), int(gids.max())
-            if lo < 0 or (hi >= self.state.book.num_nodes and edge_dir == "out"):
-                raise OutOfRangeError(
-                    f"node ID {lo if lo < 0 else hi} outside [0, {self.state.book.num_nodes})"
-                )
+            if lo < 0:
+                raise OutOfRangeError(f"node ID {lo} outside [0, {self.state.book.num_nodes})")
+            if hi >= self.state.book.num_nodes and edge_dir == "out":
+                # added nodes (issue 35): their owners say they exist, every partition counts
+                await self.degrees(np.unique(gids[gids >= self.state.book.num_nodes]), "in")
         if edge_dir == "out":
             counts = await broadcast(self.state.partitions, lambda p: p.degrees(gids, "out"))
             total: np.ndarray = np.stack(counts).sum(axis=0, dtype=np.int64)
@@ -291,6 +292,23 @@ class StructureQueries:
             self.state.partitions, parts, Op.DEGREES, lambda p, pos: p.degrees(take(gids, pos), "in")
         )
         return gather_rows(results, gids.size, (), np.int64)
+
+    async def live_edges(self, chunk: int = 1 << 16) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Every live edge as global ``(src, dst, eids)`` in edge-ID order, read as the full
+        in-neighbourhood of every node (base and added: each owner's ``info`` counts its
+        added ones), ``chunk`` seeds a request; None when no partition was updated (the
+        base's edge IDs are then a range: ``find_edges`` over it answers)."""
+        infos = await broadcast(self.state.partitions, lambda p: p.info())
+        if not any(info.live for info in infos):
+            return None
+        book = self.state.book
+        parts = book.num_partitions()
+        added = [book.num_nodes + i.part_id + parts * np.arange(i.added_nodes, dtype=np.int64) for i in infos]
+        seeds = np.concatenate([np.arange(book.num_nodes, dtype=np.int64), *added])
+        got = [await self.sample_neighbors(seeds[lo : lo + chunk], -1) for lo in range(0, seeds.size, chunk)]
+        src, dst, eids = (np.concatenate([g[k] for g in got]) for k in range(3))
+        order = np.argsort(eids, kind="stable")
+        return src[order], dst[order], eids[order]
 
     async def find_edges(self, eids: Any) -> tuple[np.ndarray, np.ndarray]:
         """Global int64 ``(src, dst)`` of global edge IDs, in the caller's order.

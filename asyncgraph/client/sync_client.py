@@ -256,6 +256,7 @@ class Client:
     sample_etypes = blocking(AsyncClient.sample_etypes)
     degrees = blocking(AsyncClient.degrees)
     find_edges = blocking(AsyncClient.find_edges)
+    live_edges = blocking(AsyncClient.live_edges)
     add_edges = blocking(AsyncClient.add_edges)
     remove_edges = blocking(AsyncClient.remove_edges)
     add_nodes = blocking(AsyncClient.add_nodes)

@@ -250,6 +250,9 @@ class DistGraph:
         with ``etype`` (heterogeneous), that type's edges in per-type IDs and per-type node IDs."""
         book = self._client.book
         if etype is None or not book.is_hetero:
+            live = self._client.live_edges()  # a live graph's (issue 35): base + added - removed
+            if live is not None:
+                return SampledSubgraph(*live, self.num_nodes()).edges(form)
             eids = np.arange(self.num_edges(), dtype=np.int64)
             src, dst = self._client.find_edges(eids)
             return SampledSubgraph(src, dst, eids, self.num_nodes()).edges(form)

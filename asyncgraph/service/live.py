@@ -244,6 +244,30 @@ class LiveStructure:
                 local = overlay.local_nodes(as_id_array(ids, "ids"))
             return live_degrees(store.indptr, overlay, local)
 
+    def out_degrees(self, ptr: np.ndarray, ids: np.ndarray | None) -> np.ndarray:
+        """This partition's share of the out-degrees of ``ids`` (None: every base node) over
+        base + overlay: the base count (``ptr``, the out-index over base edges), less removed
+        base edges, plus live appended edges, by source. Added nodes of other partitions count
+        what this one holds from them (their owner checked they exist: the client asks it)."""
+        store = self.store
+        with store.lock.read():
+            overlay = self._current()
+            n_base = store.book.num_nodes
+            gids = np.arange(n_base, dtype=np.int64) if ids is None else as_id_array(ids, "ids")
+            if gids.size and int(gids.min()) < 0:
+                raise OutOfRangeError(f"node ID {int(gids.min())} is negative")
+            mine = (gids >= n_base) & ((gids - n_base) % overlay.num_parts == overlay.part_id)
+            if mine.any():
+                overlay.local_nodes(gids[mine])  # our added nodes: they must exist
+            base = gids < n_base
+            deg = np.zeros(gids.size, np.int64)
+            deg[base] = ptr[gids[base] + 1] - ptr[gids[base]]
+            dead = np.flatnonzero(overlay.dead[: overlay.num_base_edges])
+            deg -= _counts_of(np.asarray(store.indices)[dead], gids)
+            n = overlay.added
+            deg += _counts_of(overlay.add_src[:n][overlay.add_dead[:n] == 0], gids)
+        return deg
+
     def find_edges(self, eids: Any) -> tuple[np.ndarray, np.ndarray]:
         store, overlay = self.store, self.overlay
         assert overlay is not None
@@ -280,3 +304,12 @@ class LiveStructure:
         with self.store.lock.write():
             overlay.load(state, answers)
             load_row_data(self.store, overlay, state)
+
+
+def _counts_of(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """How often each of ``ids`` occurs in ``values`` (sorted unique counts, then a search)."""
+    if not values.size or not ids.size:
+        return np.zeros(ids.size, np.int64)
+    uniq, counts = np.unique(values, return_counts=True)
+    pos = np.minimum(np.searchsorted(uniq, ids), uniq.size - 1)
+    return np.where(uniq[pos] == ids, counts[pos], 0).astype(np.int64)

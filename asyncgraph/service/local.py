@@ -72,7 +72,10 @@ class PartitionService:
         """The partition's identity, book and tensors, and how to reach its memory (a server
         completes the record with what belongs to its start: instance, epoch, role, ...)."""
         store = self.store
+        overlay = store.overlay
         return ServerInfo(
+            added_nodes=overlay.nodes if overlay is not None else 0,
+            live=overlay is not None or bool(getattr(store, "live_elsewhere", False)),
             graph_name=store.graph_name,
             part_id=store.part_id,
             num_parts=store.book.num_partitions(),
@@ -298,8 +301,8 @@ class PartitionService:
     def degrees(self, ids: np.ndarray | None, edge_dir: str) -> np.ndarray:
         if self.live.active and edge_dir == "in":
             return self.live.in_degrees(ids)
-        if edge_dir == "out":
-            self.live.refuse("out-degrees")
+        if self.live.active and edge_dir == "out":
+            return self.live.out_degrees(self.out_index.ptr, ids)
         self.live.check_mapped("degrees")
         return degrees(self.store, self.out_index if edge_dir == "out" else None, ids, edge_dir)
 
