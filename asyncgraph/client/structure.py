@@ -196,14 +196,16 @@ class StructureQueries:
             if meta.policy != "edge" or len(meta.shape) != 1:
                 raise InvalidRequestError(f"prob must name a 1-D edge tensor, got {meta.name} {meta.shape}")
         exc = as_id_array(exclude, "exclude") if exclude is not None else np.empty(0, np.int64)
-        exc_parts = self.state.book.positions(exc, "edge")
+        exc_parts = edge_positions(self.state.book, exc)  # new edge IDs too (issue 35)
         fan, rep = int(fanout), bool(replace)
 
         def args(part: Partition, ids: np.ndarray) -> SampleEdgesArgs:
             return SampleEdgesArgs(ids, fan, edge_dir, rep, seed, prob, exc[exc_parts[part.part_id]])
 
+        if edge_dir == "out" and gids.size and int(gids.max()) >= self.state.book.num_nodes:
+            await self.degrees(gids, "out")  # added seeds: their owners say they exist
         if edge_dir == "in":
-            parts = self.state.book.positions(gids, "node")
+            parts = node_positions(self.state.book, gids)
             results = [
                 r
                 for _, r in await scatter(

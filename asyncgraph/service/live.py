@@ -16,8 +16,11 @@ import numpy as np
 
 from asyncgraph.arrays import as_id_array
 from asyncgraph.errors import InvalidRequestError, LiveGraphError, OutOfRangeError, ShapeMismatchError
+from asyncgraph.kernels.edge_queries import OutIndex
+from asyncgraph.kernels.overlay_edges import sample_edges_live
 from asyncgraph.kernels.overlay_sample import live_degrees, sample_live
 from asyncgraph.kernels.partition_sampling import keyed_rng
+from asyncgraph.protocol.ops import SampleEdgesArgs
 from asyncgraph.service.limits import WorkLimits
 from asyncgraph.storage.overlay import Overlay, new_edge_ids
 from asyncgraph.storage.overlay_data import OverlayMovedError
@@ -267,6 +270,22 @@ class LiveStructure:
             n = overlay.added
             deg += _counts_of(overlay.add_src[:n][overlay.add_dead[:n] == 0], gids)
         return deg
+
+    def sample_edges(self, out_index: OutIndex | None, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
+        """``sample_edges`` (in- or out-edges, ``prob``, ``exclude``) over base + overlay."""
+        with self.store.lock.read():
+            return sample_edges_live(
+                self.store,
+                self._current(),
+                out_index,
+                args.seeds,
+                args.fanout,
+                edge_dir=args.edge_dir,
+                replace=args.replace,
+                seed=args.seed,
+                prob=args.prob,
+                exclude=args.exclude,
+            )
 
     def find_edges(self, eids: Any) -> tuple[np.ndarray, np.ndarray]:
         store, overlay = self.store, self.overlay

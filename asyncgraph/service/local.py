@@ -307,7 +307,10 @@ class PartitionService:
         return degrees(self.store, self.out_index if edge_dir == "out" else None, ids, edge_dir)
 
     def sample_edges(self, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
-        self.live.refuse("sample_edges (out-edges, prob, exclude, edge types)")
+        if self.live.active and args.etype_fanouts is None and args.etype_probs is None:
+            out = self.out_index if args.edge_dir == "out" else None
+            return self.live.sample_edges(out, args)
+        self.live.refuse("sample_edges with edge types")
         self.live.check_mapped("sample_edges")
         out_index = self.out_index if args.edge_dir == "out" else None
         return sample_edges(
