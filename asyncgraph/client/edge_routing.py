@@ -25,8 +25,12 @@ def edge_positions(book: RangePartitionBook, eids: np.ndarray) -> list[np.ndarra
 
 def owner_positions(book: RangePartitionBook, ids: np.ndarray, policy: str) -> list[np.ndarray]:
     """Positions of each partition's IDs of ``policy`` ("node" or "edge"): rows of a tensor,
-    new IDs of a live graph included (their owner says whether they exist)."""
-    return node_positions(book, ids) if policy == "node" else edge_positions(book, ids)
+    new IDs of a live graph included (their owner says whether they exist). The book's own
+    split first: a pull of base rows pays nothing more."""
+    try:
+        return book.positions(ids, policy)
+    except OutOfRangeError:
+        return node_positions(book, ids) if policy == "node" else edge_positions(book, ids)
 
 
 def _positions(book: RangePartitionBook, ids: np.ndarray, kind: str, base: int) -> list[np.ndarray]:
