@@ -297,6 +297,7 @@ class AsyncClient:
     degrees = forward("structure", StructureQueries.degrees)
     find_edges = forward("structure", StructureQueries.find_edges)
     live_edges = forward("structure", StructureQueries.live_edges)
+    added_nodes = forward("structure", StructureQueries.added_nodes)
     add_edges = forward("live", LiveUpdates.add_edges)
     remove_edges = forward("live", LiveUpdates.remove_edges)
     add_nodes = forward("live", LiveUpdates.add_nodes)

@@ -295,18 +295,26 @@ class StructureQueries:
         )
         return gather_rows(results, gids.size, (), np.int64)
 
-    async def live_edges(self, chunk: int = 1 << 16) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """Every live edge as global ``(src, dst, eids)`` in edge-ID order, read as the full
-        in-neighbourhood of every node (base and added: each owner's ``info`` counts its
-        added ones), ``chunk`` seeds a request; None when no partition was updated (the
-        base's edge IDs are then a range: ``find_edges`` over it answers)."""
+    async def added_nodes(self) -> np.ndarray | None:
+        """Every node added to a live graph (issue 35), sorted by partition then slot: each
+        owner's ``info`` counts them. None when no partition was updated."""
         infos = await broadcast(self.state.partitions, lambda p: p.info())
         if not any(info.live for info in infos):
             return None
         book = self.state.book
         parts = book.num_partitions()
         added = [book.num_nodes + i.part_id + parts * np.arange(i.added_nodes, dtype=np.int64) for i in infos]
-        seeds = np.concatenate([np.arange(book.num_nodes, dtype=np.int64), *added])
+        return np.concatenate([np.empty(0, np.int64), *added])
+
+    async def live_edges(self, chunk: int = 1 << 16) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Every live edge as global ``(src, dst, eids)`` in edge-ID order, read as the full
+        in-neighbourhood of every node (base and ``added_nodes``), ``chunk`` seeds a request;
+        None when no partition was updated (the base's edge IDs are then a range:
+        ``find_edges`` over it answers)."""
+        added = await self.added_nodes()
+        if added is None:
+            return None
+        seeds = np.concatenate([np.arange(self.state.book.num_nodes, dtype=np.int64), added])
         got = [await self.sample_neighbors(seeds[lo : lo + chunk], -1) for lo in range(0, seeds.size, chunk)]
         src, dst, eids = (np.concatenate([g[k] for g in got]) for k in range(3))
         order = np.argsort(eids, kind="stable")
