@@ -91,6 +91,8 @@ def _my_nodes(g: Any, nodes: Any, balance: str = "nodes") -> torch.Tensor:
     """This trainer's homogeneous node IDs: ``nodes`` (IDs, or ``{ntype: per-type IDs}`` on a typed
     graph), by default its share of every node (of every type): ``balance="nodes"`` its
     ``node_split`` share, ``"edges"`` (homogeneous graphs) an in-edge-balanced range."""
+    from asyncgraph.dataloading.fetch import client_of
+    from asyncgraph.distributed.context import rank_world
     from asyncgraph.distributed.split import node_split
 
     book = g.get_partition_book()
@@ -102,10 +104,16 @@ def _my_nodes(g: Any, nodes: Any, balance: str = "nodes") -> torch.Tensor:
         return torch.from_numpy(np.concatenate(parts) if parts else np.empty(0, dtype=np.int64))
     if nodes is not None:
         return torch.from_numpy(as_id_array(nodes, "nodes"))
-    if not book.is_hetero and balance == "edges":
-        return _edge_balanced_share(g)
     if not book.is_hetero:
-        return node_split(torch.ones(g.num_nodes(), dtype=torch.bool), book, force_even=True)
+        if balance == "edges":
+            base = _edge_balanced_share(g)
+        else:
+            base = node_split(torch.ones(g.num_nodes(), dtype=torch.bool), book, force_even=True)
+        added = client_of(g).added_nodes()  # a live graph's nodes at the start (issue 35)
+        if added is None or not added.size:
+            return base
+        rank, world = rank_world()
+        return torch.cat([base, torch.from_numpy(added[rank::world])])
     split = {
         t: node_split(torch.ones(book.num_nodes_of(t), dtype=torch.bool), book, force_even=True, ntype=t)
         for t in book.ntypes

@@ -66,11 +66,13 @@ class DirectPass:
         #: seconds spent in neighbour sums and in the dense maps, and nodes done, over all layers
         self.times = {"neighbour_sum": 0.0, "dense": 0.0, "nodes": 0.0}
         self._kernel_checked = False
+        #: The graph was updated (issue 35): this path reads the base CSC only, so it stands aside.
+        self.live = self.loop.run(self.client_aio.added_nodes()) is not None
 
     def split(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``ids`` as ``(those whose partition is co-located, the rest)``."""
-        if not self.local or not ids.size:
-            return ids[:0], ids
+        if not self.local or not ids.size or self.live:
+            return ids[:0], ids  # a live graph (issue 35): the sampled path reads its overlay
         here = np.isin(self.book.owner(ids, "node"), np.fromiter(self.local, dtype=np.int64))
         return ids[here], ids[~here]
 

@@ -78,7 +78,7 @@ class AsyncClient:
         self.reads = TensorReads(self.state, self.catalog)
         self.writes = TensorWrites(self.state, self.catalog)
         self.structure = StructureQueries(self.state, self.catalog)
-        self.live = LiveUpdates(self.state, self.structure)
+        self.live = LiveUpdates(self.state, self.structure, self.catalog)
 
     # --- construction -----------------------------------------------------------------------
     @classmethod
@@ -296,6 +296,8 @@ class AsyncClient:
     sample_etypes = forward("structure", StructureQueries.sample_etypes)
     degrees = forward("structure", StructureQueries.degrees)
     find_edges = forward("structure", StructureQueries.find_edges)
+    live_edges = forward("structure", StructureQueries.live_edges)
+    added_nodes = forward("structure", StructureQueries.added_nodes)
     add_edges = forward("live", LiveUpdates.add_edges)
     remove_edges = forward("live", LiveUpdates.remove_edges)
     add_nodes = forward("live", LiveUpdates.add_nodes)

@@ -8,7 +8,7 @@ import numpy as np
 from asyncgraph.errors import OutOfRangeError
 from asyncgraph.partition.book import RangePartitionBook, split_by_owner
 
-__all__ = ["edge_positions", "node_positions"]
+__all__ = ["edge_positions", "node_positions", "owner_positions"]
 
 
 def node_positions(book: RangePartitionBook, ids: np.ndarray) -> list[np.ndarray]:
@@ -21,6 +21,16 @@ def edge_positions(book: RangePartitionBook, eids: np.ndarray) -> list[np.ndarra
     """Positions of each partition's edge IDs in ``eids``: the book's ranges below the base
     edge count, ``(eid - E_base) % P`` above it (``OutOfRangeError`` for a negative ID)."""
     return _positions(book, eids, "edge", book.num_edges)
+
+
+def owner_positions(book: RangePartitionBook, ids: np.ndarray, policy: str) -> list[np.ndarray]:
+    """Positions of each partition's IDs of ``policy`` ("node" or "edge"): rows of a tensor,
+    new IDs of a live graph included (their owner says whether they exist). The book's own
+    split first: a pull of base rows pays nothing more."""
+    try:
+        return book.positions(ids, policy)
+    except OutOfRangeError:
+        return node_positions(book, ids) if policy == "node" else edge_positions(book, ids)
 
 
 def _positions(book: RangePartitionBook, ids: np.ndarray, kind: str, base: int) -> list[np.ndarray]:

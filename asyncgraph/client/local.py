@@ -16,9 +16,9 @@ from asyncgraph.names import ETYPE, TYPE_EID, edge_key, tensor_key
 from asyncgraph.protocol.info import ServerInfo, SharedMemoryInfo
 from asyncgraph.protocol.ops import ATTACHED_OPS, Op, SampleEdgesArgs
 from asyncgraph.service.base import Partition, SampledRows
-from asyncgraph.service.live import OverlayMovedError
 from asyncgraph.service.local import PartitionService
 from asyncgraph.storage.attached import AttachedStore
+from asyncgraph.storage.overlay_data import AskOwnerError, OverlayMovedError
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
 __all__ = ["LocalPartition"]
@@ -150,10 +150,23 @@ class LocalPartition:
         await self._current()
         if self.shm is not None and not self.service.store.has_tensor(name):
             await self._map(self.shm, name)
-        if out is None:
-            return self.service.pull(name, ids)
-        self.service.pull_into(name, ids, out, where)  # each row copied once, to its place
+        try:
+            if out is None:
+                return self.service.pull(name, ids)
+            self.service.pull_into(name, ids, out, where)  # each row copied once, to its place
+        except AskOwnerError as exc:  # rows of new IDs not mapped here (issue 35): the server's
+            server = await self._ask_owner(exc)
+            return await server.pull(name, ids, row_bytes, out=out, where=where)
         return out
+
+    async def _ask_owner(self, exc: AskOwnerError) -> Partition:
+        """The server, to answer what this process's mapping of its live structure cannot (a
+        stale view is mapped again for the next call); re-raises ``exc`` when standalone."""
+        if self.server is None or self.shm is None:
+            raise exc
+        if isinstance(exc, OverlayMovedError):
+            await self._refresh_catalog(self.shm)
+        return self.server
 
     async def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str) -> None:
         if self.server is not None and self.writes_via_server:
@@ -161,7 +174,11 @@ class LocalPartition:
         await self._current()
         if self.shm is not None and not self.service.store.has_tensor(name):
             await self._map(self.shm, name)
-        self.service.push(name, ids, values, op)
+        try:
+            self.service.push(name, ids, values, op)
+        except AskOwnerError as exc:  # rows of new IDs: the owner writes them (issue 35)
+            server = await self._ask_owner(exc)
+            await server.push(name, ids, values, op)
         return None
 
     def _live_elsewhere(self) -> Partition | None:
@@ -217,15 +234,17 @@ class LocalPartition:
         await self._current()
         return await self._structure(lambda: self.service.find_edges(eids), lambda s: s.find_edges(eids))
 
-    async def add_edges(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    async def add_edges(
+        self, src: np.ndarray, dst: np.ndarray, data: Mapping[str, np.ndarray] | None = None
+    ) -> np.ndarray:
         if self.server is not None:  # a structure write: the server's, logged
-            return await self.server.add_edges(src, dst)
-        return self.service.add_edges(src, dst)
+            return await self.server.add_edges(src, dst, data)
+        return self.service.add_edges(src, dst, None, data)
 
-    async def add_nodes(self, num: int) -> np.ndarray:
+    async def add_nodes(self, num: int, data: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
         if self.server is not None:
-            return await self.server.add_nodes(num)
-        return self.service.add_nodes(num)
+            return await self.server.add_nodes(num, data)
+        return self.service.add_nodes(num, None, data)
 
     async def remove_edges(self, eids: np.ndarray) -> None:
         if self.server is not None:

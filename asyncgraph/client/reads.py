@@ -23,6 +23,7 @@ from asyncgraph.storage.store import TensorMeta
 
 from .cache import FeatureCache, meta_row_bytes
 from .catalog import TensorCatalog
+from .edge_routing import owner_positions
 from .local import LocalPartition
 from .scatter import gather_rows, scatter, take
 from .state import ClientState
@@ -107,7 +108,7 @@ class TensorReads:
         if meta is None or name in self.state.caches:
             return None
         gids = as_id_array(ids)
-        parts = self.state.book.positions(gids, meta.policy)
+        parts = owner_positions(self.state.book, gids, meta.policy)
         owners = [i for i, pos in enumerate(parts) if pos.size]
         if len(owners) != 1:
             return None if owners else np.empty((0, *meta.row_shape), dtype=meta.dtype)
@@ -135,7 +136,7 @@ class TensorReads:
                 out[hits] = cache.rows[slot[hits]]
                 places = np.flatnonzero(~hit)
                 gids = gids[places]
-        parts = self.state.book.positions(gids, meta.policy)
+        parts = owner_positions(self.state.book, gids, meta.policy)
         if traffic is not None:
             rows = count_remote(self.state.partitions, parts, Op.PULL, traffic)
             traffic.remote_rows += rows
@@ -162,7 +163,7 @@ class TensorReads:
     async def _pull_uncached(
         self, name: str, meta: TensorMeta, gids: np.ndarray, traffic: Traffic | None
     ) -> np.ndarray:
-        parts = self.state.book.positions(gids, meta.policy)
+        parts = owner_positions(self.state.book, gids, meta.policy)
         row_bytes = meta_row_bytes(meta)
         if traffic is not None:
             rows = count_remote(self.state.partitions, parts, Op.PULL, traffic)

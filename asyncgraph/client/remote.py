@@ -196,19 +196,23 @@ class RemotePartition:
         out = await self.conn.call(Op.FIND_EDGES, FindEdgesArgs(eids).encode(), self.timeout)
         return np.asarray(out["src"]), np.asarray(out["dst"])
 
-    async def add_edges(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    async def add_edges(
+        self, src: np.ndarray, dst: np.ndarray, data: Mapping[str, np.ndarray] | None = None
+    ) -> np.ndarray:
         """One write per frame-sized chunk, each with its own request id (applied once)."""
         n = int(src.size)
+        rows = dict(data or {})
+        per_edge = 16 + sum(v.nbytes // max(n, 1) for v in rows.values())
         calls = []
-        for s in row_chunks(n, 16, self.budget) if n else [slice(0, 0)]:
-            args = AddEdgesArgs(src[s], dst[s]).encode()
+        for s in row_chunks(n, per_edge, self.budget) if n else [slice(0, 0)]:
+            args = AddEdgesArgs(src[s], dst[s], data={k: v[s] for k, v in rows.items()}).encode()
             args["rid"] = self._rid()
             calls.append(self.conn.call(Op.ADD_EDGES, args, self.timeout))
         out = await asyncio.gather(*calls)
         return np.concatenate([np.asarray(o, dtype=np.int64) for o in out])
 
-    async def add_nodes(self, num: int) -> np.ndarray:
-        args = AddNodesArgs(num).encode()
+    async def add_nodes(self, num: int, data: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
+        args = AddNodesArgs(num, data=dict(data or {})).encode()
         args["rid"] = self._rid()
         return np.asarray(await self.conn.call(Op.ADD_NODES, args, self.timeout), dtype=np.int64)
 

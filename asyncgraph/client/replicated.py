@@ -147,11 +147,13 @@ class ReplicatedPartition:
         except LiveGraphError:
             return await call(self.primary)
 
-    async def add_edges(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-        return await self.primary.add_edges(src, dst)
+    async def add_edges(
+        self, src: np.ndarray, dst: np.ndarray, data: Mapping[str, np.ndarray] | None = None
+    ) -> np.ndarray:
+        return await self.primary.add_edges(src, dst, data)
 
-    async def add_nodes(self, num: int) -> np.ndarray:
-        return await self.primary.add_nodes(num)
+    async def add_nodes(self, num: int, data: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
+        return await self.primary.add_nodes(num, data)
 
     async def remove_edges(self, eids: np.ndarray) -> None:
         await self.primary.remove_edges(eids)
@@ -166,7 +168,7 @@ class ReplicatedPartition:
         where: np.ndarray | None = None,
     ) -> np.ndarray:
         # a retry on the primary after a replica failed rewrites the same rows of ``out``
-        return await self._read(lambda p: p.pull(name, ids, row_bytes, out=out, where=where))
+        return await self._structure(lambda p: p.pull(name, ids, row_bytes, out=out, where=where))
 
     async def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str) -> None:
         member = self.primary if self.writes_via_primary else self._pick()
@@ -175,6 +177,10 @@ class ReplicatedPartition:
         except ServerUnavailableError:
             self._drop(member)
             raise
+        except LiveGraphError:  # rows of a live graph's new IDs: the primary writes them
+            if member is self.primary:
+                raise
+            await self.primary.push(name, ids, values, op)
 
     async def sample(
         self, seeds: np.ndarray, fanout: int, replace: bool, seed: int | None

@@ -196,14 +196,16 @@ class StructureQueries:
             if meta.policy != "edge" or len(meta.shape) != 1:
                 raise InvalidRequestError(f"prob must name a 1-D edge tensor, got {meta.name} {meta.shape}")
         exc = as_id_array(exclude, "exclude") if exclude is not None else np.empty(0, np.int64)
-        exc_parts = self.state.book.positions(exc, "edge")
+        exc_parts = edge_positions(self.state.book, exc)  # new edge IDs too (issue 35)
         fan, rep = int(fanout), bool(replace)
 
         def args(part: Partition, ids: np.ndarray) -> SampleEdgesArgs:
             return SampleEdgesArgs(ids, fan, edge_dir, rep, seed, prob, exc[exc_parts[part.part_id]])
 
+        if edge_dir == "out" and gids.size and int(gids.max()) >= self.state.book.num_nodes:
+            await self.degrees(gids, "out")  # added seeds: their owners say they exist
         if edge_dir == "in":
-            parts = self.state.book.positions(gids, "node")
+            parts = node_positions(self.state.book, gids)
             results = [
                 r
                 for _, r in await scatter(
@@ -298,10 +300,11 @@ class StructureQueries:
         gids = None if ids is None else as_id_array(ids)
         if gids is not None and gids.size:
             lo, hi = int(gids.min()), int(gids.max())
-            if lo < 0 or (hi >= self.state.book.num_nodes and edge_dir == "out"):
-                raise OutOfRangeError(
-                    f"node ID {lo if lo < 0 else hi} outside [0, {self.state.book.num_nodes})"
-                )
+            if lo < 0:
+                raise OutOfRangeError(f"node ID {lo} outside [0, {self.state.book.num_nodes})")
+            if hi >= self.state.book.num_nodes and edge_dir == "out":
+                # added nodes (issue 35): their owners say they exist, every partition counts
+                await self.degrees(np.unique(gids[gids >= self.state.book.num_nodes]), "in")
         if edge_dir == "out":
             counts = await broadcast(self.state.partitions, lambda p: p.degrees(gids, "out"))
             total: np.ndarray = np.stack(counts).sum(axis=0, dtype=np.int64)
@@ -313,6 +316,31 @@ class StructureQueries:
             self.state.partitions, parts, Op.DEGREES, lambda p, pos: p.degrees(take(gids, pos), "in")
         )
         return gather_rows(results, gids.size, (), np.int64)
+
+    async def added_nodes(self) -> np.ndarray | None:
+        """Every node added to a live graph (issue 35), sorted by partition then slot: each
+        owner's ``info`` counts them. None when no partition was updated."""
+        infos = await broadcast(self.state.partitions, lambda p: p.info())
+        if not any(info.live for info in infos):
+            return None
+        book = self.state.book
+        parts = book.num_partitions()
+        added = [book.num_nodes + i.part_id + parts * np.arange(i.added_nodes, dtype=np.int64) for i in infos]
+        return np.concatenate([np.empty(0, np.int64), *added])
+
+    async def live_edges(self, chunk: int = 1 << 16) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Every live edge as global ``(src, dst, eids)`` in edge-ID order, read as the full
+        in-neighbourhood of every node (base and ``added_nodes``), ``chunk`` seeds a request;
+        None when no partition was updated (the base's edge IDs are then a range:
+        ``find_edges`` over it answers)."""
+        added = await self.added_nodes()
+        if added is None:
+            return None
+        seeds = np.concatenate([np.arange(self.state.book.num_nodes, dtype=np.int64), added])
+        got = [await self.sample_neighbors(seeds[lo : lo + chunk], -1) for lo in range(0, seeds.size, chunk)]
+        src, dst, eids = (np.concatenate([g[k] for g in got]) for k in range(3))
+        order = np.argsort(eids, kind="stable")
+        return src[order], dst[order], eids[order]
 
     async def find_edges(self, eids: Any) -> tuple[np.ndarray, np.ndarray]:
         """Global int64 ``(src, dst)`` of global edge IDs, in the caller's order.

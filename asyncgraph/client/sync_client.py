@@ -256,6 +256,8 @@ class Client:
     sample_etypes = blocking(AsyncClient.sample_etypes)
     degrees = blocking(AsyncClient.degrees)
     find_edges = blocking(AsyncClient.find_edges)
+    live_edges = blocking(AsyncClient.live_edges)
+    added_nodes = blocking(AsyncClient.added_nodes)
     add_edges = blocking(AsyncClient.add_edges)
     remove_edges = blocking(AsyncClient.remove_edges)
     add_nodes = blocking(AsyncClient.add_nodes)

@@ -18,6 +18,7 @@ from asyncgraph.kernels.sparse_optim import check_finite_grads, validate_spec
 from asyncgraph.protocol.ops import Op
 
 from .catalog import TensorCatalog
+from .edge_routing import owner_positions
 from .scatter import scatter, take
 from .state import ClientState
 
@@ -42,7 +43,7 @@ class TensorWrites:
         meta = await self.catalog.tensor_meta(name)
         gids = as_id_array(ids)
         _, vals = check_rows(f"push to {name!r}", gids, values, dtype=meta.dtype, row_shape=meta.row_shape)
-        parts = self.state.book.positions(gids, meta.policy)
+        parts = owner_positions(self.state.book, gids, meta.policy)
         await scatter(
             self.state.partitions,
             parts,
@@ -72,7 +73,7 @@ class TensorWrites:
         what, row_shape = f"sparse_update {name!r}", meta.row_shape
         _, grad = check_rows(what, gids, grads, dtype=meta.dtype, row_shape=row_shape, values_name="grads")
         check_finite_grads(what, gids, grad)  # refused before any partition applies it
-        parts = self.state.book.positions(gids, meta.policy)
+        parts = owner_positions(self.state.book, gids, meta.policy)
         await scatter(
             self.state.partitions,
             parts,

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from asyncgraph.arrays import as_id_array
 from asyncgraph.client.async_client import AsyncClient
 from asyncgraph.dataloading.block import Block
 from asyncgraph.dataloading.fetch import (
@@ -151,6 +152,20 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
             )
         if num_workers > 0:  # they start now, while the caller sets up its model
             self._worker_pool()
+
+    def add_seeds(self, ids: Any) -> None:
+        """Add nodes to the seed set from the next epoch on (a live graph's added nodes, issue
+        35): global IDs, e.g. this trainer's share of what ``add_nodes`` returned
+        (``new[rank::world_size]``). An epoch already running keeps its batches; the next one
+        shuffles the grown set (``len(loader)`` grows). ``OutOfRangeError`` (nothing added) for
+        an ID that is not a node; not for typed (heterogeneous) seeds yet."""
+        if self.typed is not None:
+            raise InvalidRequestError("add_seeds: typed (heterogeneous) seeds cannot grow yet")
+        gids = as_id_array(ids, "ids")
+        if gids.size:
+            self.client.loop.run(self.async_client.degrees(gids, "in"))  # each owner: it exists
+        self.nids = np.concatenate([self.nids, gids])
+        self._num_items = int(self.nids.size)
 
     def _make_batch(self, positions: np.ndarray, epoch: int, index: int) -> Awaitable[MiniBatch]:
         return build_node_batch(

@@ -269,6 +269,9 @@ class DistGraph:
         with ``etype`` (heterogeneous), that type's edges in per-type IDs and per-type node IDs."""
         book = self._client.book
         if etype is None or not book.is_hetero:
+            live = self._client.live_edges()  # a live graph's (issue 35): base + added - removed
+            if live is not None:
+                return SampledSubgraph(*live, self.num_nodes()).edges(form)
             eids = np.arange(self.num_edges(), dtype=np.int64)
             src, dst = self._client.find_edges(eids)
             return SampledSubgraph(src, dst, eids, self.num_nodes()).edges(form)
@@ -350,33 +353,34 @@ class DistGraph:
         src, dst = self._client.find_edges(homo)
         return typed_endpoints(book, src, dst)
 
-    def _homogeneous_update(self, op: str, etype: Any, data: Any = None) -> None:
-        """This round of issue 35 updates homogeneous graphs' structure, without edge data."""
+    def _homogeneous_update(self, op: str, etype: Any) -> None:
+        """This round of issue 35 updates homogeneous graphs' structure."""
         book = self._client.book
         if book.is_hetero:
             raise LiveGraphError(f"{op}: heterogeneous graphs cannot be updated yet (issue 35)")
         if etype is not None:
             book.etype_id(etype)  # UnknownTypeError for an unknown type
-        if data:
-            raise LiveGraphError(f"{op}: data of new nodes and edges is not stored yet (issue 35)")
 
     def add_edges(self, u: Any, v: Any, etype: Any = None, data: Any = None) -> torch.Tensor:
         """Add the edges ``u[i] -> v[i]`` while others sample (DGL's ``add_edges``); returns
         their new edge IDs (IDs of existing edges never change). Each destination's owner
-        stores its share atomically: see the README's "Live graph (preview)"."""
-        self._homogeneous_update("add_edges", etype, data)
-        return torch.from_numpy(self._client.add_edges(u, v))
+        stores its share atomically, with its rows of ``data`` (``{name: rows}`` of edge data,
+        a row per edge; data not named reads zeros, as in DGL): see the README's "Live graph"."""
+        self._homogeneous_update("add_edges", etype)
+        return torch.from_numpy(self._client.add_edges(u, v, data))
 
     def add_nodes(
         self, num: int, ntype: Any = None, data: Any = None, part: int | None = None
     ) -> torch.Tensor:
         """Add ``num`` nodes (DGL's ``add_nodes``) owned by partition ``part`` (None: the one
         with the fewest nodes); returns their IDs, ``num_nodes() + part + k * num_parts``.
-        They take edges at once; ``num_nodes()`` and node data cover the base nodes only."""
+        They take edges at once; ``num_nodes()`` stays the base's. ``data`` (``{name: rows}``
+        of node data, a row per node) is stored with them; data not named reads zeros (DGL's
+        default), and ``g.ndata[name][ids]`` reads and writes their rows."""
         if ntype is not None:
             self._client.book.ntype_id(ntype)  # UnknownTypeError for an unknown type
-        self._homogeneous_update("add_nodes", None, data)
-        return torch.from_numpy(self._client.add_nodes(num, part))
+        self._homogeneous_update("add_nodes", None)
+        return torch.from_numpy(self._client.add_nodes(num, part, data))
 
     def remove_edges(self, eids: Any, etype: Any = None) -> None:
         """Remove edges ``eids`` (DGL's ``remove_edges``; the other edges keep their IDs).

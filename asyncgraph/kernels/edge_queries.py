@@ -26,7 +26,14 @@ from asyncgraph.names import ETYPE, TYPE_EID, TYPED_SEP, edge_key, tensor_key
 from asyncgraph.partition.typed import edge_type_key, typed_range
 from asyncgraph.storage.store import PartitionStore
 
-__all__ = ["OutIndex", "degrees", "merge_samples", "sample_edges", "segment_topk"]
+__all__ = [
+    "OutIndex",
+    "choose",
+    "degrees",
+    "merge_samples",
+    "sample_edges",
+    "segment_topk",
+]
 
 IdArray = npt.NDArray[np.int64]
 
@@ -184,36 +191,51 @@ def sample_edges(
     if w is not None:
         keep = w > 0
         seg, j, w = seg[keep], j[keep], w[keep]
-    rng = keyed_rng(seed, store.part_id)
-    totals = np.zeros(0)
     if etype_fanouts is not None:
+        rng = keyed_rng(seed, store.part_id)
         return _sample_typed(store, seg, j, w, etype_fanouts, edge_dir, replace, rng)
-    if not replace:
-        keys = -np.log1p(-rng.random(j.size))  # Exp(1); log1p(-u) avoids log(0)
-        if w is not None:
-            keys /= w
-        pick = segment_topk(seg, keys, int(fanout))
-        seg, j, keys = seg[pick], j[pick], keys[pick]
-    else:
-        weights = w if w is not None else np.ones(j.size)
-        totals = np.bincount(seg, weights=weights, minlength=gseeds.size).astype(np.float64)
-        nz = np.flatnonzero(totals > 0)
-        if nz.size and fanout > 0:
-            cum = np.cumsum(weights)
-            first = np.searchsorted(seg, nz, side="left")
-            last = np.searchsorted(seg, nz, side="right") - 1
-            start = np.where(first > 0, cum[np.maximum(first - 1, 0)], 0.0)
-            u = start[:, None] + rng.random((nz.size, int(fanout))) * totals[nz][:, None]
-            idx = np.searchsorted(cum, u.ravel(), side="right")
-            idx = np.clip(idx, np.repeat(first, fanout), np.repeat(last, fanout))
-            seg, j = seg[idx], j[idx]
-        else:
-            seg, j = seg[:0], j[:0]
-        keys = np.zeros(j.size)
+    seg, pick, keys, totals = choose(store.part_id, seg, w, int(fanout), replace, seed, gseeds.size)
+    j = j[pick]
     src = np.asarray(store.indices)[j].astype(np.int64, copy=False)
     dst = (np.searchsorted(indptr, j, side="right") - 1 + store.node_range[0]).astype(np.int64)
     eids = eids_all[j].astype(np.int64, copy=False)
     return {"src": src, "dst": dst, "eids": eids, "seed_pos": seg, "keys": keys, "totals": totals}
+
+
+def choose(
+    part_id: int,
+    seg: IdArray,
+    w: np.ndarray | None,
+    fanout: int,
+    replace: bool,
+    seed: int | None,
+    num_seeds: int,
+) -> tuple[IdArray, IdArray, np.ndarray, np.ndarray]:
+    """The draw of ``sample_edges`` over candidates grouped by seed (``seg``, sorted) with
+    weights ``w`` (None: uniform): ``(seg, picked candidate indices, keys, totals)``. Without
+    replacement the ``fanout`` smallest Exp(1)/w keys of each seed (Efraimidis-Spirakis);
+    with replacement ``fanout`` draws by weight, and each seed's weight total (to merge)."""
+    rng = keyed_rng(seed, part_id)
+    totals = np.zeros(0)
+    if not replace:
+        keys = -np.log1p(-rng.random(seg.size))  # Exp(1); log1p(-u) avoids log(0)
+        if w is not None:
+            keys /= w
+        pick = segment_topk(seg, keys, fanout)
+        return seg[pick], pick, keys[pick], totals
+    weights = w if w is not None else np.ones(seg.size)
+    totals = np.bincount(seg, weights=weights, minlength=num_seeds).astype(np.float64)
+    nz = np.flatnonzero(totals > 0)
+    if nz.size and fanout > 0:
+        cum = np.cumsum(weights)
+        first = np.searchsorted(seg, nz, side="left")
+        last = np.searchsorted(seg, nz, side="right") - 1
+        start = np.where(first > 0, cum[np.maximum(first - 1, 0)], 0.0)
+        u = start[:, None] + rng.random((nz.size, fanout)) * totals[nz][:, None]
+        idx = np.searchsorted(cum, u.ravel(), side="right")
+        idx = np.clip(idx, np.repeat(first, fanout), np.repeat(last, fanout)).astype(np.int64)
+        return seg[idx], idx, np.zeros(idx.size), totals
+    return seg[:0], np.empty(0, np.int64), np.zeros(0), totals
 
 
 def _sample_typed(

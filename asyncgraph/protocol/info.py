@@ -97,6 +97,10 @@ class ServerInfo:
     primary: str | None = None
     primary_instance: str | None = None
     protocol_version: int = PROTOCOL_VERSION
+    #: A live graph (issue 35): whether the partition's structure has an overlay, and the
+    #: nodes it added (IDs ``num_nodes + part_id + k * num_parts``, ``k`` below this count).
+    live: bool = False
+    added_nodes: int = 0
 
     def to_wire(self) -> dict[str, Any]:
         """The msgpack map sent as the ``info`` result."""
@@ -134,4 +138,6 @@ class ServerInfo:
             primary=_field(m, "primary", str, None),
             primary_instance=_field(m, "primary_instance", str, None),
             protocol_version=_field(m, "protocol_version", int, PROTOCOL_VERSION),
+            live=_field(m, "live", bool, False),
+            added_nodes=_field(m, "added_nodes", int, 0),
         )

@@ -1,18 +1,49 @@
-"""Argument records of a live graph's structure writes (issue 35): ``add_edges``,
-``remove_edges``. Pure like :mod:`asyncgraph.protocol.args`: checked decoding, encoding."""
+"""Argument records of a live graph's structure writes (issue 35): ``add_edges`` and
+``add_nodes`` (with rows of tensors for the new IDs), ``remove_edges``.
+Pure like :mod:`asyncgraph.protocol.args`: checked decoding, encoding."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from asyncgraph.errors import ShapeMismatchError
-from asyncgraph.protocol.args import _get, _ids, request_id
+from asyncgraph.errors import InvalidRequestError, ShapeMismatchError
+from asyncgraph.protocol.args import _get, _ids, check_name, request_id
 
 __all__ = ["AddEdgesArgs", "AddNodesArgs", "RemoveEdgesArgs"]
+
+#: Rows of tensors for the new IDs, by stored tensor name (one row per new ID, in order).
+RowData = dict[str, np.ndarray]
+
+
+def _data(args: Mapping[str, Any], op: str, rows: int) -> RowData:
+    """The optional ``data`` map: tensor names to arrays of ``rows`` rows (checked against the
+    tensors by the owner)."""
+    raw = args.get("data")
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise InvalidRequestError(f"{op}: data must be a map of tensor names to arrays")
+    out: RowData = {}
+    for name, value in raw.items():
+        if not isinstance(name, str) or not isinstance(value, np.ndarray):
+            raise InvalidRequestError(f"{op}: data must be a map of tensor names to arrays")
+        check_name(name, op, "data")
+        if value.ndim == 0 or value.shape[0] != rows:
+            raise ShapeMismatchError(
+                f"{op}: data {name!r} has shape {value.shape}; {rows} new IDs need {rows} rows"
+            )
+        out[name] = value
+    return out
+
+
+def _with_data(encoded: dict[str, Any], data: RowData) -> dict[str, Any]:
+    if data:  # absent when empty: records without data read as before
+        encoded["data"] = dict(data)
+    return encoded
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +56,8 @@ class AddEdgesArgs:
     src: np.ndarray
     dst: np.ndarray
     rid: str | None = None
+    #: Rows of edge tensors for the new edges (``{name: rows}``, one row per edge).
+    data: RowData = field(default_factory=dict)
 
     @classmethod
     def decode(cls, args: Mapping[str, Any]) -> AddEdgesArgs:
@@ -33,10 +66,10 @@ class AddEdgesArgs:
             raise ShapeMismatchError(
                 f"add_edges: src and dst must have the same length, got {src.size} and {dst.size}"
             )
-        return cls(src, dst, request_id(args, "add_edges"))
+        return cls(src, dst, request_id(args, "add_edges"), _data(args, "add_edges", int(src.size)))
 
     def encode(self) -> dict[str, Any]:
-        return {"src": self.src, "dst": self.dst}
+        return _with_data({"src": self.src, "dst": self.dst}, self.data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,13 +78,16 @@ class AddNodesArgs:
 
     num: int
     rid: str | None = None
+    #: Rows of node tensors for the new nodes (``{name: rows}``, one row per node).
+    data: RowData = field(default_factory=dict)
 
     @classmethod
     def decode(cls, args: Mapping[str, Any]) -> AddNodesArgs:
-        return cls(_get(args, "add_nodes", "num", int), request_id(args, "add_nodes"))
+        num = _get(args, "add_nodes", "num", int)
+        return cls(num, request_id(args, "add_nodes"), _data(args, "add_nodes", num))
 
     def encode(self) -> dict[str, Any]:
-        return {"num": self.num}
+        return _with_data({"num": self.num}, self.data)
 
 
 @dataclass(frozen=True, slots=True)

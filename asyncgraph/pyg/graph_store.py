@@ -68,6 +68,9 @@ class DistGraphStore(LinkedStore, GraphStore):  # type: ignore[misc]
         """Every edge of the type as ``(src, dst)`` (per-type IDs), in (per-type) edge-ID order."""
         client = self.client
         if etype is None:
+            live = client.live_edges()  # a live graph's edges (issue 35), in edge-ID order
+            if live is not None:
+                return live[0], live[1]
             ne = self.book.num_edges
             parts = [
                 client.find_edges(np.arange(lo, min(lo + _CHUNK, ne), dtype=np.int64))

@@ -32,7 +32,7 @@ def live_applies(partition: PartitionService, metrics: ServerMetrics | None = No
             if ids is None:
                 raise InvalidRequestError(f"add_edges {a.rid!r} was applied long ago; its answer is gone")
             return ids
-        return partition.add_edges(a.src, a.dst, a.rid)
+        return partition.add_edges(a.src, a.dst, a.rid, a.data)
 
     def remove_edges(a: RemoveEdgesArgs, retried: bool) -> None:
         partition.remove_edges(a.eids)
@@ -44,6 +44,6 @@ def live_applies(partition: PartitionService, metrics: ServerMetrics | None = No
             if ids is None:
                 raise InvalidRequestError(f"add_nodes {a.rid!r} was applied long ago; its answer is gone")
             return ids
-        return partition.add_nodes(a.num, a.rid)
+        return partition.add_nodes(a.num, a.rid, a.data)
 
     return {Op.ADD_EDGES: add_edges, Op.REMOVE_EDGES: remove_edges, Op.ADD_NODES: add_nodes}

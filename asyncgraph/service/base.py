@@ -78,16 +78,19 @@ class Partition(Protocol):
 
     async def find_edges(self, eids: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
-    async def add_edges(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-        """Append edges ``src -> dst`` (every ``dst`` owned here): their new global edge IDs."""
+    async def add_edges(
+        self, src: np.ndarray, dst: np.ndarray, data: Mapping[str, np.ndarray] | None = None
+    ) -> np.ndarray:
+        """Append edges ``src -> dst`` (every ``dst`` owned here) with rows ``data`` of edge
+        tensors: their new global edge IDs."""
         ...
 
     async def remove_edges(self, eids: np.ndarray) -> None:
         """Remove the live edges ``eids`` owned here."""
         ...
 
-    async def add_nodes(self, num: int) -> np.ndarray:
-        """Add ``num`` nodes owned here: their new global IDs."""
+    async def add_nodes(self, num: int, data: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
+        """Add ``num`` nodes owned here with rows ``data`` of node tensors: their new global IDs."""
         ...
 
     async def degrees(self, ids: np.ndarray | None, edge_dir: str) -> np.ndarray:

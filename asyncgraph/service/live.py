@@ -16,21 +16,21 @@ import numpy as np
 
 from asyncgraph.arrays import as_id_array
 from asyncgraph.errors import InvalidRequestError, LiveGraphError, OutOfRangeError, ShapeMismatchError
+from asyncgraph.kernels.edge_queries import OutIndex
+from asyncgraph.kernels.overlay_edges import sample_edges_live
 from asyncgraph.kernels.overlay_sample import live_degrees, sample_live
 from asyncgraph.kernels.partition_sampling import keyed_rng
+from asyncgraph.protocol.ops import SampleEdgesArgs
 from asyncgraph.service.limits import WorkLimits
 from asyncgraph.storage.overlay import Overlay, new_edge_ids
+from asyncgraph.storage.overlay_data import OverlayMovedError
+from asyncgraph.storage.overlay_rows import check_row_data, load_row_data, write_row_data
 from asyncgraph.storage.store import PartitionStore
 
 __all__ = ["MAX_ADDED_NODES", "LiveStructure", "OverlayMovedError"]
 
 #: Most nodes one ``add_nodes`` request may add (the destination index grows with them).
 MAX_ADDED_NODES = 1 << 22
-
-
-class OverlayMovedError(LiveGraphError):
-    """A co-located view of an owner's overlay is stale (the owner grew its arrays since this
-    process mapped them): the caller re-maps it, and meanwhile asks the owner."""
 
 
 class LiveStructure:
@@ -140,29 +140,38 @@ class LiveStructure:
         local = self.local_nodes(d)  # OutOfRangeError: not ours, or no such node
         return s.astype(np.int64, copy=False), local
 
-    def add_edges(self, src: Any, dst: Any, rid: str | None = None) -> np.ndarray:
-        """Append edges ``src -> dst`` (every ``dst`` owned here); their new global IDs."""
+    def add_edges(
+        self, src: Any, dst: Any, rid: str | None = None, data: Mapping[str, Any] | None = None
+    ) -> np.ndarray:
+        """Append edges ``src -> dst`` (every ``dst`` owned here) with rows ``data`` of edge
+        tensors (others: zeros); their new global IDs."""
         s, local = self.check_add(src, dst)
+        rows = check_row_data(self.store, "add_edges", "edge", int(s.size), data)
         self._check_room("add_edges", edges=int(s.size))
         overlay = self._made()
-        capacity = overlay.capacity
+        layout = overlay.capacity, overlay.data_layout
         with self.store.lock.write():
             first = overlay.append(s, local, rid)
-        if overlay.capacity != capacity:
+            write_row_data(overlay, rows, first)
+        if (overlay.capacity, overlay.data_layout) != layout:
             self.store.catalog_changed()  # new memfds: co-located readers map them again
         return self.ids_of(first, int(s.size))
 
-    def add_nodes(self, num: int, rid: str | None = None) -> np.ndarray:
-        """Add ``num`` nodes owned here (no edges, no data yet); their new global IDs
-        ``N_base + p + k * P``."""
+    def add_nodes(
+        self, num: int, rid: str | None = None, data: Mapping[str, Any] | None = None
+    ) -> np.ndarray:
+        """Add ``num`` nodes owned here (no edges yet) with rows ``data`` of node tensors
+        (others: zeros); their new global IDs ``N_base + p + k * P``."""
         if not 0 <= num <= MAX_ADDED_NODES:
             raise InvalidRequestError(f"add_nodes: num must be 0 to {MAX_ADDED_NODES}, got {num}")
+        rows = check_row_data(self.store, "add_nodes", "node", num, data)
         self._check_room("add_nodes", nodes=num)
         overlay = self._made()
-        capacity = overlay.node_capacity
+        layout = overlay.node_capacity, overlay.data_layout
         with self.store.lock.write():
             first = overlay.add_nodes(num, rid)
-        if overlay.node_capacity != capacity:
+            write_row_data(overlay, rows, first)
+        if (overlay.node_capacity, overlay.data_layout) != layout:
             self.store.catalog_changed()
         return self.node_ids_of(first, num)
 
@@ -238,6 +247,46 @@ class LiveStructure:
                 local = overlay.local_nodes(as_id_array(ids, "ids"))
             return live_degrees(store.indptr, overlay, local)
 
+    def out_degrees(self, ptr: np.ndarray, ids: np.ndarray | None) -> np.ndarray:
+        """This partition's share of the out-degrees of ``ids`` (None: every base node) over
+        base + overlay: the base count (``ptr``, the out-index over base edges), less removed
+        base edges, plus live appended edges, by source. Added nodes of other partitions count
+        what this one holds from them (their owner checked they exist: the client asks it)."""
+        store = self.store
+        with store.lock.read():
+            overlay = self._current()
+            n_base = store.book.num_nodes
+            gids = np.arange(n_base, dtype=np.int64) if ids is None else as_id_array(ids, "ids")
+            if gids.size and int(gids.min()) < 0:
+                raise OutOfRangeError(f"node ID {int(gids.min())} is negative")
+            mine = (gids >= n_base) & ((gids - n_base) % overlay.num_parts == overlay.part_id)
+            if mine.any():
+                overlay.local_nodes(gids[mine])  # our added nodes: they must exist
+            base = gids < n_base
+            deg = np.zeros(gids.size, np.int64)
+            deg[base] = ptr[gids[base] + 1] - ptr[gids[base]]
+            dead = np.flatnonzero(overlay.dead[: overlay.num_base_edges])
+            deg -= _counts_of(np.asarray(store.indices)[dead], gids)
+            n = overlay.added
+            deg += _counts_of(overlay.add_src[:n][overlay.add_dead[:n] == 0], gids)
+        return deg
+
+    def sample_edges(self, out_index: OutIndex | None, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
+        """``sample_edges`` (in- or out-edges, ``prob``, ``exclude``) over base + overlay."""
+        with self.store.lock.read():
+            return sample_edges_live(
+                self.store,
+                self._current(),
+                out_index,
+                args.seeds,
+                args.fanout,
+                edge_dir=args.edge_dir,
+                replace=args.replace,
+                seed=args.seed,
+                prob=args.prob,
+                exclude=args.exclude,
+            )
+
     def find_edges(self, eids: Any) -> tuple[np.ndarray, np.ndarray]:
         store, overlay = self.store, self.overlay
         assert overlay is not None
@@ -273,3 +322,13 @@ class LiveStructure:
         overlay = self._made()
         with self.store.lock.write():
             overlay.load(state, answers)
+            load_row_data(self.store, overlay, state)
+
+
+def _counts_of(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """How often each of ``ids`` occurs in ``values`` (sorted unique counts, then a search)."""
+    if not values.size or not ids.size:
+        return np.zeros(ids.size, np.int64)
+    uniq, counts = np.unique(values, return_counts=True)
+    pos = np.minimum(np.searchsorted(uniq, ids), uniq.size - 1)
+    return np.where(uniq[pos] == ids, counts[pos], 0).astype(np.int64)

@@ -72,7 +72,10 @@ class PartitionService:
         """The partition's identity, book and tensors, and how to reach its memory (a server
         completes the record with what belongs to its start: instance, epoch, role, ...)."""
         store = self.store
+        overlay = store.overlay
         return ServerInfo(
+            added_nodes=overlay.nodes if overlay is not None else 0,
+            live=overlay is not None or bool(getattr(store, "live_elsewhere", False)),
             graph_name=store.graph_name,
             part_id=store.part_id,
             num_parts=store.book.num_partitions(),
@@ -274,13 +277,19 @@ class PartitionService:
         self.live.check_mapped("find_edges")
         return find_edges_partition(self.store, eids)
 
-    def add_edges(self, src: np.ndarray, dst: np.ndarray, rid: str | None = None) -> np.ndarray:
-        """Append edges ``src -> dst`` (every ``dst`` owned here): their new global edge IDs."""
-        return self.live.add_edges(src, dst, rid)
+    def add_edges(
+        self, src: np.ndarray, dst: np.ndarray, rid: str | None = None, data: Mapping[str, Any] | None = None
+    ) -> np.ndarray:
+        """Append edges ``src -> dst`` (every ``dst`` owned here) with rows ``data`` of edge
+        tensors: their new global edge IDs."""
+        return self.live.add_edges(src, dst, rid, data)
 
-    def add_nodes(self, num: int, rid: str | None = None) -> np.ndarray:
-        """Add ``num`` nodes owned here: their new global IDs (``N_base + p + k * P``)."""
-        return self.live.add_nodes(num, rid)
+    def add_nodes(
+        self, num: int, rid: str | None = None, data: Mapping[str, Any] | None = None
+    ) -> np.ndarray:
+        """Add ``num`` nodes owned here with rows ``data`` of node tensors: their new global
+        IDs (``N_base + p + k * P``)."""
+        return self.live.add_nodes(num, rid, data)
 
     def remove_edges(self, eids: np.ndarray) -> None:
         """Remove the live edges ``eids`` owned here (``UnknownEdgeError`` if one is not live)."""
@@ -292,13 +301,16 @@ class PartitionService:
     def degrees(self, ids: np.ndarray | None, edge_dir: str) -> np.ndarray:
         if self.live.active and edge_dir == "in":
             return self.live.in_degrees(ids)
-        if edge_dir == "out":
-            self.live.refuse("out-degrees")
+        if self.live.active and edge_dir == "out":
+            return self.live.out_degrees(self.out_index.ptr, ids)
         self.live.check_mapped("degrees")
         return degrees(self.store, self.out_index if edge_dir == "out" else None, ids, edge_dir)
 
     def sample_edges(self, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
-        self.live.refuse("sample_edges (out-edges, prob, exclude, edge types)")
+        if self.live.active and args.etype_fanouts is None and args.etype_probs is None:
+            out = self.out_index if args.edge_dir == "out" else None
+            return self.live.sample_edges(out, args)
+        self.live.refuse("sample_edges with edge types")
         self.live.check_mapped("sample_edges")
         out_index = self.out_index if args.edge_dir == "out" else None
         return sample_edges(

@@ -23,13 +23,15 @@ import numpy as np
 
 from asyncgraph.errors import OutOfRangeError, UnknownEdgeError
 from asyncgraph.storage.memfd import SharedArray
+from asyncgraph.storage.overlay_data import DataAreas
 
 __all__ = ["HEADER", "MAPPED", "Overlay", "edge_owner", "new_edge_ids"]
 
 #: The header's words: appended edges, removed base edges, removed appended edges, version,
 #: the capacity of the appended arrays (a mapped view whose arrays are smaller is stale), added
-#: nodes and the capacity for them in the destination index.
-HEADER = ("added", "dead_base", "dead_added", "version", "capacity", "nodes", "node_capacity")
+#: nodes and the capacity for them in the destination index, and how many times an append area
+#: of tensor rows was made (a view mapped before the last one is stale).
+HEADER = ("added", "dead_base", "dead_added", "version", "capacity", "nodes", "node_capacity", "data_layout")
 #: The arrays a co-located process maps, read-only.
 MAPPED = ("header", "dead", "add_indptr", "add_src", "add_dst", "add_order", "add_dead")
 _FIRST_CAPACITY = 1024
@@ -58,7 +60,7 @@ def _doubled(capacity: int, need: int) -> int:
     return cap
 
 
-class Overlay:
+class Overlay(DataAreas):
     """One partition's appended and removed edges (see the module docstring)."""
 
     def __init__(
@@ -88,6 +90,10 @@ class Overlay:
         self._arrays: dict[str, SharedArray | np.ndarray] = {}
         self.header = self._new("header", len(HEADER), np.int64)
         self.dead = self._new("dead", max(1, num_base_edges), np.uint8)
+        #: Rows of tensors for new IDs: ``name -> (policy, rows)``, row ``k`` the ``k``-th added
+        #: node (policy "node") or appended edge ("edge"); grown with the overlay.
+        self.data: dict[str, tuple[str, np.ndarray]] = {}
+        self.data_layout = 0
         self.node_capacity = 0
         self.add_indptr = np.zeros(1, np.int64)
         self._grow_nodes(_FIRST_CAPACITY)
@@ -132,6 +138,7 @@ class Overlay:
             setattr(self, name, arr)
         self.capacity = cap
         self.header[4] = cap
+        self._grow_data("edge", n)
 
     def _grow_nodes(self, need: int) -> None:
         """Room in the destination index for ``need`` added nodes (doubling)."""
@@ -147,6 +154,7 @@ class Overlay:
         self.add_indptr = arr
         self.node_capacity = cap
         self.header[6] = cap
+        self._grow_data("node", self.nodes)
 
     @staticmethod
     def first_bytes(num_local_nodes: int, num_base_edges: int, edges: int = 0, nodes: int = 0) -> int:
@@ -159,15 +167,19 @@ class Overlay:
         allocate (new arrays, before the old ones are freed): what the memory budget checks."""
         need = 0
         if self.added + edges > self.capacity:
-            need += _doubled(self.capacity, self.added + edges) * _EDGE_BYTES
+            cap = _doubled(self.capacity, self.added + edges)
+            need += cap * _EDGE_BYTES + self.data_bytes("edge", cap)
         if self.nodes + nodes > self.node_capacity:
-            need += (self.num_local_nodes + _doubled(self.node_capacity, self.nodes + nodes) + 1) * 8
+            cap = _doubled(self.node_capacity, self.nodes + nodes)
+            need += (self.num_local_nodes + cap + 1) * 8 + self.data_bytes("node", cap)
         return need
 
     def params(self) -> dict[str, int]:
         """What a mapped view needs besides the arrays (``view``)."""
         names = ("part_id", "num_parts", "node_start", "num_local_nodes", "edge_base", "edge_start")
-        return {name: int(getattr(self, name)) for name in (*names, "num_base_edges", "node_base")}
+        return {
+            name: int(getattr(self, name)) for name in (*names, "num_base_edges", "node_base", "data_layout")
+        }
 
     @classmethod
     def view(cls, params: Mapping[str, Any], arrays: Mapping[str, SharedArray]) -> Overlay:
@@ -180,6 +192,11 @@ class Overlay:
         self._arrays = dict(arrays)
         for name in MAPPED:
             setattr(self, name, arrays[name].array)
+        self.data = {}
+        for key, sa in arrays.items():
+            if key.startswith("data:"):
+                _, policy, tensor = key.split(":", 2)
+                self.data[tensor] = (policy, sa.array)
         self.capacity = int(self.add_src.size)
         self.node_capacity = int(self.add_indptr.size) - 1 - self.num_local_nodes
         return self
@@ -187,7 +204,11 @@ class Overlay:
     @property
     def stale(self) -> bool:
         """True when the owner replaced the arrays (it grew them): this view must be re-mapped."""
-        return int(self.header[4]) != self.capacity or int(self.header[6]) != self.node_capacity
+        return (
+            int(self.header[4]) != self.capacity
+            or int(self.header[6]) != self.node_capacity
+            or int(self.header[7]) != self.data_layout
+        )
 
     @property
     def arrays(self) -> Mapping[str, SharedArray | np.ndarray]:
@@ -337,6 +358,10 @@ class Overlay:
             "add_dead": self.add_dead[:n],
             "dead_base": np.flatnonzero(self.dead[: self.num_base_edges]).astype(np.int64),
             "nodes": np.array([self.nodes], dtype=np.int64),
+            **{  # rows of new IDs, flat: ``load`` is given their tensors' shapes
+                self._data_key(policy, name): rows[: self.nodes if policy == "node" else n].reshape(-1)
+                for name, (policy, rows) in self.data.items()
+            },
         }
 
     def load(self, state: Mapping[str, np.ndarray], answers: Mapping[str, Any]) -> None:

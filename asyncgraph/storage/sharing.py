@@ -88,7 +88,8 @@ def export(
     overlay = store.overlay
     if names is None and overlay is not None and overlay.shared and not store.attached:
         desc["overlay"] = {"params": overlay.params(), "arrays": {}}  # a live graph's (issue 35)
-        for key in MAPPED:
+        data_keys = [key for key in overlay.arrays if key.startswith("data:")]  # rows of new IDs
+        for key in (*MAPPED, *data_keys):
             sa = overlay.arrays[key]
             assert isinstance(sa, SharedArray)
             desc["overlay"]["arrays"][key] = {

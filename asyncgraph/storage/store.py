@@ -19,6 +19,7 @@ import numpy as np
 
 from asyncgraph.errors import (
     InvalidRequestError,
+    OutOfRangeError,
     ReadOnlyTensorError,
     ShapeMismatchError,
     TensorExistsError,
@@ -238,6 +239,9 @@ class PartitionStore(StoreBase):
         self._get(name)
         self.rules.check_delete(name)
         self._drop(name)  # in-flight pulls keep their view alive: unmapped when they finish
+        if self.overlay is not None:
+            with self._lock.write():
+                self.overlay.drop_data(name)  # its rows of new IDs go with it
         self.catalog_changed()
 
     # --- data access ------------------------------------------------------------------------
@@ -258,7 +262,15 @@ class PartitionStore(StoreBase):
     def pull(self, name: str, ids: np.ndarray) -> np.ndarray:
         """Rows for global ``ids`` (owned by this partition) as a NEW array ``[len(ids), *row_shape]``."""
         acc = self._entry(name)
-        local, rows, pair = acc.check(ids)[0], acc.rows, self._read_pair
+        try:
+            local = acc.check(ids)[0]
+        except OutOfRangeError:
+            if self.overlay is None and not getattr(self, "live_elsewhere", False):
+                raise
+            from asyncgraph.storage.overlay_rows import pull_new  # it reads stores: imported here
+
+            return pull_new(self, acc, name, ids)  # a live graph's new IDs (issue 35)
+        rows, pair = acc.rows, self._read_pair
         if pair is None:
             with self._lock.read():
                 return rows.take(local, axis=0)
@@ -273,8 +285,18 @@ class PartitionStore(StoreBase):
         from asyncgraph.kernels.gather import gather_into  # kernels import this module
 
         acc = self._entry(name)
+        try:
+            local = acc.check(ids)[0]
+        except OutOfRangeError:
+            if self.overlay is None and not getattr(self, "live_elsewhere", False):
+                raise
+            from asyncgraph.storage.overlay_rows import pull_new
+
+            rows = pull_new(self, acc, name, ids)  # a live graph's new IDs (issue 35)
+            out[slice(0, rows.shape[0]) if where is None else where] = rows
+            return int(rows.nbytes)
         with self._lock.read():
-            return gather_into(acc.rows, acc.check(ids)[0], out, where)
+            return gather_into(acc.rows, local, out, where)
 
     def push(self, name: str, ids: np.ndarray, values: np.ndarray, op: str = "assign") -> None:
         """Write rows: ``op="assign"`` (duplicate IDs: last wins) or ``"add"`` (duplicates accumulate).
@@ -287,7 +309,16 @@ class PartitionStore(StoreBase):
             raise InvalidRequestError(
                 f"unknown push op {op!r} for tensor {name!r}; expected 'assign' or 'add'"
             )
-        local, vals = acc.check(ids, values)
+        try:
+            local, vals = acc.check(ids, values)
+        except OutOfRangeError:
+            if self.overlay is None and not getattr(self, "live_elsewhere", False):
+                raise
+            from asyncgraph.storage.overlay_rows import push_new
+
+            return push_new(
+                self, acc, name, ids, values, op, self.writable_rows
+            )  # a live graph's new IDs (issue 35)
         self.rules.check_write(name)
         if local.size == 0:
             return
