@@ -107,8 +107,8 @@ class NeighborLoader(DistNeighborLoader):
             data if self._in_memory is None else self._in_memory.graph, num_neighbors, input_nodes, **kwargs
         )
 
-    async def _build(self, positions: np.ndarray, batch_seed: int, stats: Any) -> dict[str, Any]:
-        return _map_back(self._in_memory, await super()._build(positions, batch_seed, stats))
+    def _payload(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return _map_back(self._in_memory, payload)
 
 
 class LinkNeighborLoader(DistLinkNeighborLoader):
@@ -121,5 +121,5 @@ class LinkNeighborLoader(DistLinkNeighborLoader):
         graph = data if self._in_memory is None else self._in_memory.graph
         super().__init__(graph, num_neighbors, edge_label_index, **kwargs)
 
-    async def _build(self, positions: np.ndarray, batch_seed: int, stats: Any) -> dict[str, Any]:
-        return _map_back(self._in_memory, await super()._build(positions, batch_seed, stats))
+    def _payload(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return _map_back(self._in_memory, payload)

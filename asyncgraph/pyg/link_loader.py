@@ -9,8 +9,7 @@ PyG's ``(edge type, tensor)`` form (``(None, tensor)`` on a homogeneous graph; P
 
 from __future__ import annotations
 
-import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -18,16 +17,14 @@ import torch
 from torch_geometric.sampler import NegativeSampling
 
 from asyncgraph.dataloading.fetch import AUTO, Auto, client_of
-from asyncgraph.dataloading.stats import LoaderStats
+from asyncgraph.dataloading.pyg_recipe import PyGLinkRecipe, link_task
 from asyncgraph.errors import InvalidRequestError, OutOfRangeError, UnknownTypeError
 
-from .loader import _graph_of, _hetero_payload, _PyGLoader, homo_payload, timed_sample
+from .loader import _graph_of, _PyGLoader
 from .local_stores import bind_partition_data
 from .sampler import DistNeighborSampler, check_options
 
 __all__ = ["DistLinkNeighborLoader"]
-
-_NEG_STREAM = 0x6E65675F  # keys the negatives' generator apart from the sampling seeds
 
 
 def _split_input(edge_label_index: Any, book: Any) -> tuple[tuple[str, str, str] | None, Any]:
@@ -85,7 +82,9 @@ class DistLinkNeighborLoader(_PyGLoader):
     batch carries PyG's ``edge_label_index`` (local, into ``n_id``) and ``edge_label`` (binary),
     or ``src_index``, ``dst_pos_index``, ``dst_neg_index`` (triplet), besides what
     :class:`DistNeighborLoader`'s have. Negatives are uniform random nodes, as PyG's
-    ``neg_sample`` draws them, seeded per batch. PyG's and PyTorch's other loader arguments are
+    ``neg_sample`` draws them, seeded per batch. ``num_workers``, ``worker_mode`` and
+    ``gather_threads`` are :class:`DistNeighborLoader`'s (batches built in loader worker
+    processes, equal to ``num_workers=0``'s); PyG's and PyTorch's other loader arguments are
     taken as ``options.py`` says.
     """
 
@@ -119,10 +118,19 @@ class DistLinkNeighborLoader(_PyGLoader):
         pin_memory: bool = False,
         prefetch_factor: int | None = None,
         transform: Callable[[Any], Any] | None = None,
+        worker_mode: str = "process",
+        gather_threads: int = 1,
         **kwargs: Any,
     ) -> None:
-        depth = self._pyg_options(
-            "DistLinkNeighborLoader", prefetch, num_workers, pin_memory, prefetch_factor, transform, kwargs
+        opts = self._pyg_options(
+            "DistLinkNeighborLoader",
+            prefetch,
+            num_workers,
+            pin_memory,
+            prefetch_factor,
+            transform,
+            worker_mode,
+            kwargs,
         )
         bind_partition_data(data, kwargs)  # LocalFeatureStore/LocalGraphStore.from_partition
         g = _graph_of(data)
@@ -180,81 +188,33 @@ class DistLinkNeighborLoader(_PyGLoader):
                 "neg_sampling with src_weight/dst_weight is not supported: negatives are uniform"
             )
         super().__init__(
-            client.loop, eli.shape[1], batch_size, shuffle, drop_last, depth, seed, device, overlap
+            client.loop,
+            eli.shape[1],
+            batch_size,
+            shuffle,
+            drop_last,
+            opts.prefetch,
+            seed,
+            device,
+            overlap,
+            num_workers=opts.workers,
+            gather_threads=gather_threads,
+            worker_mode=opts.worker_mode,
         )
-        self._after_init()
-        self.client = client
+        sampler = self.sampler
+        recipe = PyGLinkRecipe(
+            list(sampler.fanouts),
+            sampler.replace,
+            dict(sampler.attrs),
+            sampler.is_hetero,
+            input_type=et,
+            sizes=self._sizes,
+            neg_mode=None if neg is None else ("binary" if neg.is_binary() else "triplet"),
+            neg_amount=1.0 if neg is None else float(neg.amount),
+            label_dtype=None if label is None else str(label.dtype).removeprefix("torch."),
+            label_shape=() if label is None else tuple(label.shape[1:]),
+        )
+        self._after_init(client, recipe)
 
-    def _make_batch(self, positions: np.ndarray, epoch: int, index: int) -> Awaitable[dict[str, Any]]:
-        return self._build(positions, self._batch_seed(epoch, index), self.stats)
-
-    async def _build(self, positions: np.ndarray, batch_seed: int, stats: LoaderStats) -> dict[str, Any]:
-        pos = torch.from_numpy(positions.astype(np.int64))
-        src, dst = self.edge_label_index[0, pos], self.edge_label_index[1, pos]
-        num_pos = int(pos.numel())
-        label = torch.ones(num_pos) if self.edge_label is None else self.edge_label[pos]
-        neg = self.neg_sampling
-        rng = np.random.default_rng([batch_seed, _NEG_STREAM])
-        n_src, n_dst = self._sizes
-        if neg is not None:  # uniform negatives as PyG's neg_sample draws them, seeded per batch
-            num_neg = math.ceil(num_pos * neg.amount)
-            dst_neg = torch.from_numpy(rng.integers(0, n_dst, num_neg, dtype=np.int64))
-            if neg.is_binary():
-                src = torch.cat([src, torch.from_numpy(rng.integers(0, n_src, num_neg, dtype=np.int64))])
-                dst = torch.cat([dst, dst_neg])
-                label = torch.cat([label, label.new_zeros((num_neg, *label.shape[1:]))])
-            else:
-                dst = torch.cat([dst, dst_neg])
-        if self.input_type is not None:
-            return await self._build_hetero(pos, src, dst, label, num_pos, batch_seed, stats)
-        uniq, inv = np.unique(torch.cat([src, dst]).numpy(), return_inverse=True)
-        seeds, inverse = torch.from_numpy(uniq), torch.from_numpy(inv.reshape(-1))
-        out, feats = await timed_sample(self.sampler, stats, seeds, batch_seed)
-        payload = homo_payload(out, feats)
-        payload.update(input_id=pos, batch_size=num_pos)
-        if neg is None or neg.is_binary():
-            payload.update(edge_label_index=inverse.view(2, -1), edge_label=label)
-        else:
-            ns = src.numel()
-            payload.update(
-                src_index=inverse[:ns],
-                dst_pos_index=inverse[ns : ns + num_pos],
-                dst_neg_index=inverse[ns + num_pos :].view(num_pos, -1).squeeze(-1),
-            )
-        return payload
-
-    async def _build_hetero(
-        self,
-        pos: torch.Tensor,
-        src: torch.Tensor,
-        dst: torch.Tensor,
-        label: torch.Tensor,
-        num_pos: int,
-        batch_seed: int,
-        stats: LoaderStats,
-    ) -> dict[str, Any]:
-        """A heterogeneous batch laid out as PyG's ``LinkLoader`` lays it out."""
-        etype = self.input_type
-        assert etype is not None
-        st, dt = etype[0], etype[2]
-        if st == dt:
-            uniq, inv = np.unique(torch.cat([src, dst]).numpy(), return_inverse=True)
-            seeds = {st: uniq}
-            src_idx, dst_idx = torch.from_numpy(inv[: src.numel()]), torch.from_numpy(inv[src.numel() :])
-        else:
-            us, inv_s = np.unique(src.numpy(), return_inverse=True)
-            ud, inv_d = np.unique(dst.numpy(), return_inverse=True)
-            seeds = {st: us, dt: ud}
-            src_idx, dst_idx = torch.from_numpy(inv_s), torch.from_numpy(inv_d)
-        out, feats = await timed_sample(self.sampler, stats, seeds, batch_seed)
-        payload = _hetero_payload(out, feats)
-        neg = self.neg_sampling
-        edges = payload["edges"].setdefault(etype, {})
-        edges.update(input_id=pos)
-        if neg is None or neg.is_binary():
-            edges.update(edge_label_index=torch.stack([src_idx, dst_idx]), edge_label=label)
-        else:
-            payload["nodes"][st]["src_index"] = src_idx
-            payload["nodes"][dt]["dst_pos_index"] = dst_idx[:num_pos]
-            payload["nodes"][dt]["dst_neg_index"] = dst_idx[num_pos:].view(num_pos, -1).squeeze(-1)
-        return payload
+    def _worker_task(self, positions: np.ndarray, epoch: int, index: int) -> tuple[np.ndarray, int]:
+        return link_task(self.edge_label_index, self.edge_label, positions), self._batch_seed(epoch, index)

@@ -3,17 +3,19 @@
 ``DistNeighborLoader`` / ``DistLinkNeighborLoader`` (``link_loader.py``) run on asyncgraph's
 prefetch engine (``dataloading/prefetch.py``): while the model computes on batch ``k``, batches
 ``k+1..k+prefetch`` are sampled by the servers (:func:`~asyncgraph.pyg.sampler.sample_hops`) and
-their node attributes pulled, on the client's event loop; with ``device=`` each batch is also
-copied there in the background. A batch is prepared as plain dicts of tensors (what the device
-copier walks) and becomes a ``Data``/``HeteroData`` when the training loop receives it. PyG's
-and PyTorch's loader arguments are taken as ``options.py`` says.
+their node attributes pulled. With ``num_workers=N`` that runs in N asyncgraph loader worker
+processes (``dataloading/workers.py``, the recipes of ``dataloading/pyg_recipe.py``), each row pulled
+straight into memory the training process maps; with ``num_workers=0`` (or
+``worker_mode="loop"``) on the client's event loop. With ``device=`` each batch is also copied
+there in the background. A batch is prepared as plain dicts of tensors (what the device copier
+and the workers' slots carry) and becomes a ``Data``/``HeteroData`` when the training loop
+receives it. PyG's and PyTorch's loader arguments are taken as ``options.py`` says.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -21,14 +23,16 @@ import numpy as np
 import torch
 from torch_geometric.data import Data, HeteroData
 
+from asyncgraph.client.sync_client import Client
 from asyncgraph.dataloading.fetch import AUTO, Auto, client_of
 from asyncgraph.dataloading.prefetch import Prefetcher, PrefetchingLoader
+from asyncgraph.dataloading.pyg_recipe import PyGNodeRecipe, node_task
 from asyncgraph.dataloading.stats import LoaderStats
 from asyncgraph.errors import InvalidRequestError, UnknownTypeError
 
 from .attrs import input_ids
 from .local_stores import bind_partition_data
-from .options import loader_options
+from .options import LoaderOptions, loader_options
 from .sampler import DistNeighborSampler, check_options
 
 __all__ = ["DistNeighborLoader"]
@@ -45,34 +49,6 @@ def given_labels(data: Any) -> Any:
     """``labels`` set on the feature store of a ``(feature store, graph store)`` pair (PyG's
     ``LocalFeatureStore.labels``: every node's label, or the seed type's), else None."""
     return getattr(data[0], "labels", None) if isinstance(data, tuple) and len(data) == 2 else None
-
-
-def homo_payload(out: Any, feats: dict[str, Any]) -> dict[str, Any]:
-    """A homogeneous batch as a dict: the sample in PyG's layout and every node attribute."""
-    return {
-        "edge_index": torch.stack([out.row, out.col]),
-        **feats,
-        "n_id": out.node,
-        "e_id": out.edge,
-        "num_sampled_nodes": out.num_sampled_nodes,
-        "num_sampled_edges": out.num_sampled_edges,
-    }
-
-
-def _hetero_payload(out: Any, feats: dict[str, Any]) -> dict[str, Any]:
-    nodes = {t: {"n_id": n, "num_sampled_nodes": out.num_sampled_nodes[t]} for t, n in out.node.items()}
-    for name, per_type in feats.items():
-        for t, v in per_type.items():
-            nodes[t][name] = v
-    edges = {
-        c: {
-            "edge_index": torch.stack([out.row[c], out.col[c]]),
-            "e_id": out.edge[c],
-            "num_sampled_edges": out.num_sampled_edges[c],
-        }
-        for c in out.row
-    }
-    return {"nodes": nodes, "edges": edges}
 
 
 def to_data(payload: dict[str, Any]) -> Data | HeteroData:
@@ -95,24 +71,12 @@ def to_data(payload: dict[str, Any]) -> Data | HeteroData:
     return hd
 
 
-async def timed_sample(
-    sampler: DistNeighborSampler, stats: LoaderStats, seeds: Any, seed: int, input_type: str | None = None
-) -> tuple[Any, dict[str, Any]]:
-    """``sampler.sample_async`` with its seconds added to ``stats`` (``sample`` and ``pull``)."""
-    sample_box: list[float] = []
-    started = time.perf_counter()
-    out, feats = await sampler.sample_async(seeds, seed, input_type, sample_time=sample_box)
-    total = time.perf_counter() - started
-    sampled = sample_box[0] if sample_box else total
-    stats.sample += sampled
-    stats.pull += max(0.0, total - sampled)
-    return out, feats
-
-
 class _PyGLoader(PrefetchingLoader[Any]):
-    """What both loaders share: the sampler, the prefetch engine, dicts → ``Data`` on delivery."""
+    """What both loaders share: the sampler, the recipe, where batches are built, dicts → ``Data``."""
 
     sampler: DistNeighborSampler
+    client: Client
+    _recipe: Any  # dataloading/pyg_recipe.py: PyGNodeRecipe / PyGLinkRecipe
     transform: Callable[[Any], Any] | None = None
     pin_memory: bool = False
 
@@ -124,35 +88,64 @@ class _PyGLoader(PrefetchingLoader[Any]):
         pin_memory: bool,
         prefetch_factor: int | None,
         transform: Callable[[Any], Any] | None,
+        worker_mode: str,
         kwargs: dict[str, Any],
-    ) -> int:
-        """Record PyG's options; returns the prefetch depth (``options.py``)."""
-        opts = loader_options(name, prefetch, num_workers, pin_memory, prefetch_factor, kwargs)
+    ) -> LoaderOptions:
+        """Record PyG's options; returns what the engine is given (``options.py``)."""
+        opts = loader_options(name, prefetch, num_workers, pin_memory, prefetch_factor, kwargs, worker_mode)
         if transform is not None and not callable(transform):
             raise InvalidRequestError(f"transform must be callable, got {transform!r}")
         self.transform = transform
         self.pin_memory = opts.pin_memory and torch.cuda.is_available()
         self._pyg_workers = opts.num_workers
-        return opts.prefetch
+        return opts
 
-    def _after_init(self) -> None:
-        # PyTorch's attribute: what was asked for (the work runs on the event loop, options.py)
+    def _after_init(self, client: Client, recipe: Any) -> None:
+        """Keep the client and recipe; start the workers now, while the caller builds its model."""
+        self.client = client
+        self._recipe = recipe
+        self._in_workers = self.num_workers > 0  # processes (or threads) build the batches
+        # PyTorch's attribute: what was asked for (worker_mode="loop": a prefetch depth)
         self.num_workers = self._pyg_workers
+        if self._in_workers:
+            self._worker_pool()
 
     def enable_multithreading(self, num_threads: int) -> contextlib.AbstractContextManager[None]:
         """PyG's ``DistLoader`` context that gives sampler worker processes ``num_threads``
-        threads: batches are prepared on the client's event loop here, so it changes nothing."""
+        threads: asyncgraph prepares batches in its own workers or on its event loop; it changes
+        nothing."""
         logger.info("enable_multithreading(%r): batches are prepared on the event loop", num_threads)
         return contextlib.nullcontext()
 
     def _start_epoch(self) -> tuple[int, Any]:
-        """The event-loop prefetcher, whatever ``num_workers`` says (see ``options.py``)."""
+        """The workers' prefetcher with ``num_workers``, else the event loop's (``options.py``)."""
+        if self._in_workers:
+            return super()._start_epoch()
         self.stats = LoaderStats(epoch=self.epoch)
         count, make = self._epoch_maker()
         return count, Prefetcher(self._loop, make, count, self.prefetch)
 
+    def _client_for_workers(self) -> Client:
+        return self.client
+
+    def _worker_recipe(self) -> Any:
+        return self._recipe
+
+    def _make_batch(self, positions: np.ndarray, epoch: int, index: int) -> Awaitable[dict[str, Any]]:
+        """The batch a worker would build, built on the client's event loop (same recipe)."""
+        task, batch_seed = self._worker_task(positions, epoch, index)
+        return self._recipe.build(self.client.async_client, task, batch_seed, self.stats, None)  # type: ignore[no-any-return]
+
+    def _payload(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """A hook on each prepared batch before it becomes ``Data`` (``in_memory.py`` maps IDs)."""
+        return payload
+
     def _received(self, waited_since: float, result: Any) -> Any:
-        data = to_data(super()._received(waited_since, result))
+        data = to_data(self._payload(super()._received(waited_since, result)))
+        labels = getattr(self, "labels", None)  # PyG's LocalFeatureStore.labels (given_labels)
+        if labels is not None:
+            store = data if isinstance(data, Data) else data[getattr(self, "input_type", None)]
+            store.y = labels[store.n_id.to(labels.device)].to(store.n_id.device)
         if self.pin_memory and self.device is None:
             data = data.pin_memory()
         return data if self.transform is None else self.transform(data)
@@ -173,8 +166,13 @@ class DistNeighborLoader(_PyGLoader):
     tensors carried as ``x``/``y`` (default: tensors so named, else ``feat``/``label``); ``attrs``
     the others (default all; ``[]`` none). Options the servers do not offer raise
     ``InvalidRequestError`` naming them; PyG's and PyTorch's other loader arguments
-    (``num_workers``, ``pin_memory``, ``persistent_workers``, ...) are taken as ``options.py``
-    says. ``prefetch``, ``device``, ``overlap`` and ``seed`` are asyncgraph's loader options.
+    (``pin_memory``, ``persistent_workers``, ...) are taken as ``options.py`` says.
+    ``num_workers=N`` builds the batches in N asyncgraph loader worker processes (sampling,
+    relabelling and every attribute's rows gathered there, once, into memory this process
+    maps); the batches equal ``num_workers=0``'s. ``worker_mode="thread"`` runs those workers on
+    threads, ``"loop"`` keeps every batch on the client's event loop (``num_workers`` then only
+    deepens the prefetch, as before). ``prefetch``, ``device``, ``overlap``, ``seed`` and
+    ``gather_threads`` are asyncgraph's loader options (``DistNodeDataLoader``'s).
     """
 
     def __init__(
@@ -204,10 +202,19 @@ class DistNeighborLoader(_PyGLoader):
         pin_memory: bool = False,
         prefetch_factor: int | None = None,
         transform: Callable[[Any], Any] | None = None,
+        worker_mode: str = "process",
+        gather_threads: int = 1,
         **kwargs: Any,
     ) -> None:
-        depth = self._pyg_options(
-            "DistNeighborLoader", prefetch, num_workers, pin_memory, prefetch_factor, transform, kwargs
+        opts = self._pyg_options(
+            "DistNeighborLoader",
+            prefetch,
+            num_workers,
+            pin_memory,
+            prefetch_factor,
+            transform,
+            worker_mode,
+            kwargs,
         )
         bind_partition_data(data, kwargs)  # LocalFeatureStore/LocalGraphStore.from_partition
         g = _graph_of(data)
@@ -249,30 +256,24 @@ class DistNeighborLoader(_PyGLoader):
         nodes = np.arange(n, dtype=np.int64) if input_nodes is None else input_ids(input_nodes, n, what)
         self.input_nodes = nodes
         super().__init__(
-            client.loop, nodes.size, batch_size, shuffle, drop_last, depth, seed, device, overlap
+            client.loop,
+            nodes.size,
+            batch_size,
+            shuffle,
+            drop_last,
+            opts.prefetch,
+            seed,
+            device,
+            overlap,
+            num_workers=opts.workers,
+            gather_threads=gather_threads,
+            worker_mode=opts.worker_mode,
         )
-        self._after_init()
-        self.client = client
-
-    def _make_batch(self, positions: np.ndarray, epoch: int, index: int) -> Awaitable[dict[str, Any]]:
-        return self._build(positions, self._batch_seed(epoch, index), self.stats)
-
-    async def _build(self, positions: np.ndarray, batch_seed: int, stats: LoaderStats) -> dict[str, Any]:
-        seeds = self.input_nodes[positions]
-        input_id = torch.from_numpy(positions.astype(np.int64))
-        if self.input_type is None:
-            out, feats = await timed_sample(self.sampler, stats, seeds, batch_seed)
-            payload = homo_payload(out, feats)
-            payload.update(input_id=input_id, batch_size=int(seeds.size))
-            if self.labels is not None:
-                payload["y"] = self.labels[out.node]
-            return payload
-        out, feats = await timed_sample(
-            self.sampler, stats, {self.input_type: seeds}, batch_seed, self.input_type
+        sampler = self.sampler
+        recipe = PyGNodeRecipe(
+            list(sampler.fanouts), sampler.replace, dict(sampler.attrs), sampler.is_hetero, self.input_type
         )
-        payload = _hetero_payload(out, feats)
-        seed_type = payload["nodes"][self.input_type]
-        seed_type.update(input_id=input_id, batch_size=int(seeds.size))
-        if self.labels is not None:
-            seed_type["y"] = self.labels[out.node[self.input_type]]
-        return payload
+        self._after_init(client, recipe)
+
+    def _worker_task(self, positions: np.ndarray, epoch: int, index: int) -> tuple[np.ndarray, int]:
+        return node_task(self.input_nodes[positions], positions), self._batch_seed(epoch, index)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,11 +34,11 @@ from torch_geometric.sampler import (
 )
 from torch_geometric.sampler.neighbor_sampler import edge_sample, node_sample
 
-from asyncgraph.arrays import as_id_array, unique_sorted
-from asyncgraph.client.async_client import AsyncClient
+from asyncgraph.arrays import as_id_array
 from asyncgraph.client.sync_client import Client
 from asyncgraph.dataloading.fetch import AUTO, Auto, client_of
-from asyncgraph.dataloading.hetero_block import _type_local, pull_by_type
+from asyncgraph.dataloading.hetero_block import pull_by_type
+from asyncgraph.dataloading.hops import Hops, sample_hops, split_types
 from asyncgraph.errors import InvalidRequestError
 from asyncgraph.names import node_key
 from asyncgraph.partition.book import RangePartitionBook
@@ -81,70 +80,6 @@ def check_options(
         raise InvalidRequestError("replace=True is not supported on heterogeneous graphs")
 
 
-@dataclass
-class Hops:
-    """One sample in PyG's layout, homogeneous IDs: ``nodes[row[i]] -> nodes[col[i]]`` is edge ``edge[i]``."""
-
-    nodes: np.ndarray  # seeds first, then each hop's new nodes
-    row: np.ndarray  # local source (the sampled neighbour)
-    col: np.ndarray  # local destination (the node expanded)
-    edge: np.ndarray  # global edge IDs (per-type edge IDs on a heterogeneous graph)
-    etype: np.ndarray | None  # each edge's canonical type index (heterogeneous), else None
-    num_nodes: list[int]  # per hop, seeds first
-    num_edges: list[int]  # per hop
-
-
-async def sample_hops(
-    aio: AsyncClient, seeds: np.ndarray, fanouts: Sequence[Any], *, replace: bool, seed: int
-) -> Hops:
-    """Expand ``seeds`` hop by hop as PyG does (see the module docstring); seeds must be unique."""
-    seeds = as_id_array(seeds, "seeds")
-    if unique_sorted(seeds).size != seeds.size:
-        raise InvalidRequestError("seeds must be unique (disjoint sampling is not supported)")
-    order = np.argsort(seeds, kind="stable")
-    known, known_local = seeds[order], order.astype(np.int64)  # sorted IDs -> local index
-    nodes, rows, cols, edges, etypes = [seeds], [], [], [], []
-    num_nodes, num_edges = [int(seeds.size)], []
-    frontier, total = seeds, int(seeds.size)
-    hetero = not isinstance(fanouts[0], int)
-    for hop, fanout in enumerate(fanouts):
-        hop_seed = (seed * 8 + hop + 1) % (1 << 62)
-        if not frontier.size:
-            num_nodes.append(0)
-            num_edges.append(0)
-            continue
-        if hetero:
-            out = await aio.sample_etypes(frontier, fanout, seed=hop_seed)
-            src, dst, eid = out["src"], out["dst"], out["type_eid"]
-            etypes.append(out["etype"])
-        else:
-            src, dst, eid = await aio.sample_neighbors(frontier, fanout, replace=replace, seed=hop_seed)
-        pos = np.minimum(np.searchsorted(known, src), known.size - 1)
-        fresh = src[known[pos] != src]
-        uniq, first = np.unique(fresh, return_index=True)
-        appear = np.argsort(first, kind="stable")  # new nodes in order of first appearance
-        uniq_local = np.empty(uniq.size, dtype=np.int64)
-        uniq_local[appear] = total + np.arange(uniq.size, dtype=np.int64)
-        frontier = uniq[appear]
-        nodes.append(frontier)
-        total += int(uniq.size)
-        merged = np.concatenate([known, uniq])
-        by_id = np.argsort(merged, kind="stable")
-        known, known_local = merged[by_id], np.concatenate([known_local, uniq_local])[by_id]
-        rows.append(known_local[np.searchsorted(known, src)])
-        cols.append(known_local[np.searchsorted(known, dst)])
-        edges.append(eid)
-        num_nodes.append(int(uniq.size))
-        num_edges.append(int(src.size))
-
-    def cat(parts: list[np.ndarray]) -> np.ndarray:
-        return np.concatenate(parts) if parts else np.empty(0, np.int64)
-
-    return Hops(
-        cat(nodes), cat(rows), cat(cols), cat(edges), cat(etypes) if hetero else None, num_nodes, num_edges
-    )
-
-
 def to_sampler_output(hops: Hops) -> SamplerOutput:
     """PyG's homogeneous ``SamplerOutput`` of a sample."""
     t = torch.from_numpy
@@ -157,25 +92,6 @@ def to_sampler_output(hops: Hops) -> SamplerOutput:
         num_sampled_nodes=list(hops.num_nodes),
         num_sampled_edges=list(hops.num_edges),
     )
-
-
-def split_types(book: RangePartitionBook, hops: Hops) -> dict[str, Any]:
-    """The per-type pieces of a heterogeneous sample (vectorised; loops over types only)."""
-    nt, canon = len(book.ntypes), book.canonical_etypes
-    types, per_type = book.map_to_per_ntype(hops.nodes)
-    local, pos = _type_local(types, nt)
-    hop_of_node = np.repeat(np.arange(len(hops.num_nodes)), hops.num_nodes)
-    assert hops.etype is not None
-    hop_of_edge = np.repeat(np.arange(len(hops.num_edges)), hops.num_edges)
-    node, nsn, row, col, edge, nse = {}, {}, {}, {}, {}, {}
-    for t, name in enumerate(book.ntypes):
-        node[name] = per_type[pos[t]]
-        nsn[name] = np.bincount(hop_of_node[pos[t]], minlength=len(hops.num_nodes)).tolist()
-    for r, c in enumerate(canon):
-        m = hops.etype == r
-        row[c], col[c], edge[c] = local[hops.row[m]], local[hops.col[m]], hops.edge[m]
-        nse[c] = np.bincount(hop_of_edge[m], minlength=len(hops.num_edges)).tolist()
-    return {"node": node, "pos": pos, "row": row, "col": col, "edge": edge, "nsn": nsn, "nse": nse}
 
 
 def to_hetero_output(book: RangePartitionBook, hops: Hops) -> tuple[HeteroSamplerOutput, dict[str, Any]]:
