@@ -227,6 +227,11 @@ class LocalPartition:
             return await self.server.add_nodes(num)
         return self.service.add_nodes(num)
 
+    async def compact(self) -> dict[str, float]:
+        if self.server is not None:
+            return await self.server.compact()
+        return self.service.compact()
+
     async def remove_edges(self, eids: np.ndarray) -> None:
         if self.server is not None:
             return await self.server.remove_edges(eids)

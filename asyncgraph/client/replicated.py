@@ -153,6 +153,9 @@ class ReplicatedPartition:
     async def add_nodes(self, num: int) -> np.ndarray:
         return await self.primary.add_nodes(num)
 
+    async def compact(self) -> dict[str, float]:
+        return await self.primary.compact()
+
     async def remove_edges(self, eids: np.ndarray) -> None:
         await self.primary.remove_edges(eids)
 

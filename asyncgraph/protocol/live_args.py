@@ -12,7 +12,7 @@ import numpy as np
 from asyncgraph.errors import ShapeMismatchError
 from asyncgraph.protocol.args import _get, _ids, request_id
 
-__all__ = ["AddEdgesArgs", "AddNodesArgs", "RemoveEdgesArgs"]
+__all__ = ["AddEdgesArgs", "AddNodesArgs", "CompactArgs", "RemoveEdgesArgs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,3 +66,17 @@ class RemoveEdgesArgs:
 
     def encode(self) -> dict[str, Any]:
         return {"eids": self.eids}
+
+
+@dataclass(frozen=True, slots=True)
+class CompactArgs:
+    """Fold the partition's live overlay into a new CSC (``rid``: as ``AddEdgesArgs``)."""
+
+    rid: str | None = None
+
+    @classmethod
+    def decode(cls, args: Mapping[str, Any]) -> CompactArgs:
+        return cls(request_id(args, "compact"))
+
+    def encode(self) -> dict[str, Any]:
+        return {}

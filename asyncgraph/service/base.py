@@ -82,6 +82,10 @@ class Partition(Protocol):
         """Append edges ``src -> dst`` (every ``dst`` owned here): their new global edge IDs."""
         ...
 
+    async def compact(self) -> dict[str, float]:
+        """Fold this partition's live overlay into a new CSC; what it did."""
+        ...
+
     async def remove_edges(self, eids: np.ndarray) -> None:
         """Remove the live edges ``eids`` owned here."""
         ...

@@ -19,6 +19,7 @@ from asyncgraph.errors import InvalidRequestError, LiveGraphError, OutOfRangeErr
 from asyncgraph.kernels.overlay_sample import live_degrees, sample_live
 from asyncgraph.kernels.partition_sampling import keyed_rng
 from asyncgraph.service.limits import WorkLimits
+from asyncgraph.storage.compaction import CompactedOverlay
 from asyncgraph.storage.overlay import Overlay, new_edge_ids
 from asyncgraph.storage.store import PartitionStore
 
@@ -38,6 +39,8 @@ class LiveStructure:
 
     def __init__(self, store: PartitionStore) -> None:
         self.store = store
+        #: The IDs removed while a compaction folds (``service/live_compact.py``); None: none runs.
+        self.removed_meanwhile: list[np.ndarray] | None = None
 
     @property
     def overlay(self) -> Overlay | None:
@@ -52,9 +55,16 @@ class LiveStructure:
     def stats(self) -> dict[str, int]:
         """The overlay's size (a metric: when it holds a large share of the partition's edges,
         partition again): appended and removed edges, bytes held."""
-        if self.overlay is None:
-            return {"overlay_edges": 0, "overlay_removed": 0, "overlay_bytes": 0}
-        return self.overlay.stats()
+        overlay = self.overlay
+        if overlay is None:
+            return {
+                "overlay_edges": 0,
+                "overlay_removed": 0,
+                "overlay_dead": 0,
+                "overlay_bytes": 0,
+                "compactions": 0,
+            }
+        return {**overlay.stats(), "overlay_dead": overlay.removed, "compactions": overlay.compactions}
 
     def check_mapped(self, op: str) -> None:
         """``LiveGraphError`` on a store mapped from an owner whose graph is live (a replica
@@ -92,24 +102,36 @@ class LiveStructure:
             tensors = sum(size for _, size in store.local_sizes().values())
             store.rules.check_room(f"{what} (the live graph's overlay)", need, tensors)
 
+    @property
+    def label(self) -> str:
+        """The overlay's memfd label prefix."""
+        return f"asyncgraph.{self.store.graph_name}.p{self.store.part_id}.overlay"
+
+    def params(self) -> dict[str, int]:
+        """``Overlay``'s keyword arguments for this partition (besides label and sharing)."""
+        store, book = self.store, self.store.book
+        lo, hi = store.node_range
+        elo, ehi = store.edge_range
+        return {
+            "part_id": store.part_id,
+            "num_parts": book.num_partitions(),
+            "node_start": lo,
+            "num_local_nodes": hi - lo,
+            "edge_base": book.num_edges,
+            "edge_start": elo,
+            "num_base_edges": ehi - elo,
+            "node_base": book.num_nodes,
+        }
+
+    @property
+    def sharing(self) -> bool:
+        """Whether the overlay's arrays are memfds (a shared owner store)."""
+        return self.store.shared and not self.store.attached
+
     def _made(self) -> Overlay:
         store = self.store
         if store.overlay is None:
-            book = store.book
-            lo, hi = store.node_range
-            elo, ehi = store.edge_range
-            made = store.overlay = Overlay(
-                f"asyncgraph.{store.graph_name}.p{store.part_id}.overlay",
-                part_id=store.part_id,
-                num_parts=book.num_partitions(),
-                node_start=lo,
-                num_local_nodes=hi - lo,
-                edge_base=book.num_edges,
-                edge_start=elo,
-                num_base_edges=ehi - elo,
-                node_base=book.num_nodes,
-                shared=store.shared and not store.attached,
-            )
+            made = store.overlay = Overlay(self.label, shared=self.sharing, **self.params())
             store.catalog_changed()  # co-located readers re-sync: the graph is live now
             return made
         return store.overlay
@@ -193,6 +215,8 @@ class LiveStructure:
         base, slots = overlay.locate(ids)  # raises before anything changes
         with self.store.lock.write():
             overlay.kill(base, slots)
+        if self.removed_meanwhile is not None:  # a compaction folds: it marks them too
+            self.removed_meanwhile.append(ids.astype(np.int64))
 
     # --- reads of base + overlay (only when ``active``), under the store's read lock ------
     def _current(self) -> Overlay:
@@ -245,16 +269,15 @@ class LiveStructure:
         with store.lock.read():
             overlay = self._current()
             overlay.locate(ids)  # owned and live, else a typed error
-            above = ids >= overlay.edge_base
+            indptr, indices, _ = overlay.csc(store.indptr, store.indices, store.eids)
+            pos, idx = overlay.positions(ids)
+            folded = pos >= 0  # in the CSC (the base's, or a compaction's)
             src = np.empty(ids.size, np.int64)
             dst = np.empty(ids.size, np.int64)
-            base = ids[~above] - overlay.edge_start
-            src[~above] = store.indices[base]
-            row = np.searchsorted(store.indptr, base, side="right") - 1
-            dst[~above] = row + overlay.node_start
-            slots = (ids[above] - overlay.edge_base) // overlay.num_parts
-            src[above] = overlay.add_src[slots]
-            dst[above] = overlay.global_nodes(overlay.add_dst[slots])
+            src[folded] = indices[pos[folded]]
+            dst[folded] = overlay.global_nodes(np.searchsorted(indptr, pos[folded], side="right") - 1)
+            src[~folded] = overlay.add_src[idx[~folded]]
+            dst[~folded] = overlay.global_nodes(overlay.add_dst[idx[~folded]])
         return src, dst
 
     # --- snapshots ---------------------------------------------------------------------
@@ -270,6 +293,13 @@ class LiveStructure:
         if self.store.overlay is not None:
             self.store.overlay.close()
             self.store.overlay = None
+        if "compaction" in state:  # a compacted overlay: its CSC and ID maps
+            with self.store.lock.write():
+                self.store.overlay = CompactedOverlay.from_state(
+                    self.label, self.params(), self.sharing, state, answers
+                )
+            self.store.catalog_changed()
+            return
         overlay = self._made()
         with self.store.lock.write():
             overlay.load(state, answers)
