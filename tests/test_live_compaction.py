@@ -83,6 +83,11 @@ async def test_compaction_keeps_every_live_edge_and_id(
         assert [i["overlay_dead"] for i in info] == [0, 0]
         for client, model in ((shm, served), (sock, served), (standalone, alone)):
             await check_equals_model(client, model)  # base and new IDs, degrees, fanout -1 sets
+        seeds = np.arange(0, base_model.num_nodes, 3)  # nothing since the fold: the static kernels
+        want = await standalone.sample_neighbors(seeds, 2, seed=11)
+        for client in (shm, sock):
+            for a, b in zip(await client.sample_neighbors(seeds, 2, seed=11), want, strict=True):
+                np.testing.assert_array_equal(a, b)
         rng_s, rng_a = np.random.default_rng(9), np.random.default_rng(9)
         await more_updates(shm, served, rng_s)
         await more_updates(standalone, alone, rng_a)

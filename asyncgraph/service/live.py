@@ -16,8 +16,10 @@ import numpy as np
 
 from asyncgraph.arrays import as_id_array
 from asyncgraph.errors import InvalidRequestError, LiveGraphError, OutOfRangeError, ShapeMismatchError
+from asyncgraph.kernels import compiled
 from asyncgraph.kernels.overlay_sample import live_degrees, sample_live
 from asyncgraph.kernels.partition_sampling import keyed_rng
+from asyncgraph.kernels.sampling import FLOYD_MAX_FANOUT, sample_csc
 from asyncgraph.service.limits import WorkLimits
 from asyncgraph.storage.compaction import CompactedOverlay
 from asyncgraph.storage.overlay import Overlay, new_edge_ids
@@ -248,6 +250,10 @@ class LiveStructure:
                 if replace and fanout >= 0:
                     most = int(np.count_nonzero(deg)) * fanout
                 limits.check_sample(local.size, fanout, most)
+            indptr, indices, eids = overlay.csc(store.indptr, store.indices, store.eids)
+            if not (overlay.added or overlay.removed) and local.size and int(local.max()) < indptr.size - 1:
+                # nothing added or removed since the CSC was made (a compaction): its static kernels
+                return _sample_csc(indptr, indices, eids, local, seeds, fanout, replace, rng)
             return sample_live(
                 store.indptr, store.indices, store.eids, overlay, local, seeds, int(fanout), replace, rng
             )
@@ -303,3 +309,28 @@ class LiveStructure:
         overlay = self._made()
         with self.store.lock.write():
             overlay.load(state, answers)
+
+
+def _sample_csc(
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    eids: np.ndarray,
+    local: np.ndarray,
+    seeds: np.ndarray,
+    fanout: int,
+    replace: bool,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``sample_partition`` over a CSC of the caller's (the same kernels, the same answers)."""
+    global_seeds = np.asarray(seeds, dtype=np.int64)
+    if (
+        not replace
+        and type(fanout) is int
+        and 0 < fanout <= FLOYD_MAX_FANOUT
+        and all(type(a) is np.ndarray and a.dtype == np.int64 for a in (indptr, indices, eids, local))
+        and compiled.ready()
+    ):
+        src, dst, out = compiled.uniform_edges(indptr, indices, eids, local, global_seeds, fanout, rng)
+        return src, dst, out
+    src, pos, out = sample_csc(indptr, indices, eids, local, fanout, replace, rng)
+    return src, global_seeds[pos], out
