@@ -48,6 +48,11 @@ HEADLINE: list[tuple[str, str, str]] = [
      "(`python -m benchmarks.chunked_bench`)."),
     ("pyg_bench", "PyG's loaders over asyncgraph",
      "`asyncgraph.pyg` loaders against asyncgraph's own (`python -m benchmarks.pyg_bench`)."),
+    ("live_bench", "A live graph: updates, staleness, sampling under updates, compaction",
+     "On the 2^20-node graph with 2 servers: edges/s acknowledged for batches of 1, 100 and 10k "
+     "(with and without `--wal`), acknowledgement-to-sample staleness, sampling while 10k edges/s "
+     "are added beside the static rate, and compaction of a 10% overlay "
+     "(`python -m benchmarks.live_bench`)."),
 ]
 
 MAX_ROWS = 40  # rows of one table; the rest are counted

@@ -273,6 +273,17 @@ async def scenario_add_nodes(c: Cluster) -> Callable[[], Awaitable[None]]:
     return check
 
 
+async def scenario_compact(c: Cluster) -> Callable[[], Awaitable[None]]:
+    edges = await _in_edges(c, c.lo + 3)  # the edges add_edges appended, folded now
+    await _twice(c, Op.COMPACT, {}, "compact-1")  # one compaction, not two
+
+    async def check() -> None:
+        np.testing.assert_array_equal(await _in_edges(c, c.lo + 3), edges)
+        assert (await c.call(Op.STATS, {}))["compactions"] == 1
+
+    return check
+
+
 SCENARIOS: dict[Op, list[Callable[[Cluster], Awaitable[Callable[[], Awaitable[None]]]]]] = {
     Op.PUSH: [scenario_push],
     Op.CREATE_TENSOR: [scenario_create_tensor, scenario_create_takes_one_reference_when_resent],
@@ -282,6 +293,7 @@ SCENARIOS: dict[Op, list[Callable[[Cluster], Awaitable[Callable[[], Awaitable[No
     Op.ADD_EDGES: [scenario_add_edges],
     Op.REMOVE_EDGES: [scenario_remove_edges],
     Op.ADD_NODES: [scenario_add_nodes],
+    Op.COMPACT: [scenario_compact],
 }
 
 
@@ -346,6 +358,7 @@ MINIMAL_ARGS: dict[Op, dict[str, Any]] = {
     Op.ADD_EDGES: AddEdgesArgs(np.array([0]), np.array([0])).encode(),
     Op.REMOVE_EDGES: RemoveEdgesArgs(np.array([0])).encode(),
     Op.ADD_NODES: AddNodesArgs(1).encode(),
+    Op.COMPACT: {},
 }
 
 

@@ -246,6 +246,11 @@ class LocalPartition:
             return await self.server.add_nodes(num, data)
         return self.service.add_nodes(num, None, data)
 
+    async def compact(self) -> dict[str, float]:
+        if self.server is not None:
+            return await self.server.compact()
+        return self.service.compact()
+
     async def remove_edges(self, eids: np.ndarray) -> None:
         if self.server is not None:
             return await self.server.remove_edges(eids)

@@ -25,6 +25,7 @@ from asyncgraph.protocol.info import ServerInfo
 from asyncgraph.protocol.ops import (
     AddEdgesArgs,
     AddNodesArgs,
+    CompactArgs,
     CreateTensorArgs,
     DegreesArgs,
     DeleteTensorArgs,
@@ -215,6 +216,13 @@ class RemotePartition:
         args = AddNodesArgs(num, data=dict(data or {})).encode()
         args["rid"] = self._rid()
         return np.asarray(await self.conn.call(Op.ADD_NODES, args, self.timeout), dtype=np.int64)
+
+    async def compact(self) -> dict[str, float]:
+        """Fold the server's live overlay into a new CSC (a logged write; reads go on)."""
+        args = CompactArgs().encode()
+        args["rid"] = self._rid()
+        out = await self.conn.call(Op.COMPACT, args, max(self.timeout, 600.0))
+        return dict(out) if out else {}
 
     async def remove_edges(self, eids: np.ndarray) -> None:
         n = int(eids.size)

@@ -155,6 +155,9 @@ class ReplicatedPartition:
     async def add_nodes(self, num: int, data: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
         return await self.primary.add_nodes(num, data)
 
+    async def compact(self) -> dict[str, float]:
+        return await self.primary.compact()
+
     async def remove_edges(self, eids: np.ndarray) -> None:
         await self.primary.remove_edges(eids)
 

@@ -265,6 +265,7 @@ class Client:
     # --- coordination -------------------------------------------------------------------------
     barrier = blocking(AsyncClient.barrier)
     snapshot = blocking(AsyncClient.snapshot)
+    compact = blocking(AsyncClient.compact)
     retries = mirror(AsyncClient.retries)
     server_stats = blocking(AsyncClient.server_stats)
     shutdown_servers = blocking(AsyncClient.shutdown_servers)

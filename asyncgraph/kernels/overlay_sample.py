@@ -150,10 +150,11 @@ def _pick(
 
 
 def live_degrees(indptr: np.ndarray, overlay: Overlay, local: np.ndarray) -> np.ndarray:
-    """Live in-degrees of owned local nodes ``local`` (int64)."""
+    """Live in-degrees of owned local nodes ``local`` (int64); ``indptr``: the store's (a
+    compacted overlay reads its own)."""
     n = overlay.added
     out: np.ndarray = _live_counts(
-        np.asarray(indptr, dtype=np.int64),
+        np.asarray(overlay.csc(indptr, indptr, indptr)[0], dtype=np.int64),
         overlay.dead,
         overlay.add_indptr,
         overlay.add_order[:n],
@@ -176,6 +177,7 @@ def sample_live(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Global ``(src, dst, eids)`` of a uniform sample of the live in-edges of ``local``."""
     local = np.asarray(local, dtype=np.int64)
+    indptr, indices, eids = overlay.csc(indptr, indices, eids)  # a compacted overlay's own CSC
     indptr = np.asarray(indptr, dtype=np.int64)
     degs = live_degrees(indptr, overlay, local)
     fan = int(fanout)
@@ -196,7 +198,7 @@ def sample_live(
         overlay.add_order[:n],
         overlay.add_src[:n],
         overlay.add_dead[:n],
-        overlay.edge_base + overlay.part_id,
+        overlay.edge_base + overlay.part_id + overlay.slot_base * overlay.num_parts,
         overlay.num_parts,
         local,
         np.asarray(global_seeds, dtype=np.int64),

@@ -13,7 +13,7 @@ import numpy as np
 from asyncgraph.errors import InvalidRequestError, ShapeMismatchError
 from asyncgraph.protocol.args import _get, _ids, check_name, request_id
 
-__all__ = ["AddEdgesArgs", "AddNodesArgs", "RemoveEdgesArgs"]
+__all__ = ["AddEdgesArgs", "AddNodesArgs", "CompactArgs", "RemoveEdgesArgs"]
 
 #: Rows of tensors for the new IDs, by stored tensor name (one row per new ID, in order).
 RowData = dict[str, np.ndarray]
@@ -102,3 +102,17 @@ class RemoveEdgesArgs:
 
     def encode(self) -> dict[str, Any]:
         return {"eids": self.eids}
+
+
+@dataclass(frozen=True, slots=True)
+class CompactArgs:
+    """Fold the partition's live overlay into a new CSC (``rid``: as ``AddEdgesArgs``)."""
+
+    rid: str | None = None
+
+    @classmethod
+    def decode(cls, args: Mapping[str, Any]) -> CompactArgs:
+        return cls(request_id(args, "compact"))
+
+    def encode(self) -> dict[str, Any]:
+        return {}

@@ -29,7 +29,7 @@ from asyncgraph.protocol.args import (
     SparseUpdateArgs,
     request_id,
 )
-from asyncgraph.protocol.live_args import AddEdgesArgs, AddNodesArgs, RemoveEdgesArgs
+from asyncgraph.protocol.live_args import AddEdgesArgs, AddNodesArgs, CompactArgs, RemoveEdgesArgs
 
 __all__ = [
     "ANSWERED_AGAIN_OPS",
@@ -45,6 +45,7 @@ __all__ = [
     "AddNodesArgs",
     "AddReplicaArgs",
     "BarrierArgs",
+    "CompactArgs",
     "CreateTensorArgs",
     "DegreesArgs",
     "DeleteTensorArgs",
@@ -87,6 +88,7 @@ class Op(enum.StrEnum):
     ADD_EDGES = "add_edges"
     REMOVE_EDGES = "remove_edges"
     ADD_NODES = "add_nodes"
+    COMPACT = "compact"
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,7 @@ _TABLE = (
     OpSpec(Op.ADD_EDGES, AddEdgesArgs, writes=True, primary_only=True),
     OpSpec(Op.REMOVE_EDGES, RemoveEdgesArgs, writes=True, primary_only=True),
     OpSpec(Op.ADD_NODES, AddNodesArgs, writes=True, primary_only=True),
+    OpSpec(Op.COMPACT, CompactArgs, writes=True, primary_only=True),  # logged: replay folds again
 )
 
 #: One declaration per op (a test checks every ``Op`` has one).

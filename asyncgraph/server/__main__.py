@@ -193,6 +193,14 @@ def build_parser() -> Parser:
         "that verify and log what was skipped",
     )
     parser.add_argument(
+        "--compact-when-overlay-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="a live graph: fold the overlay into a new CSC (reads go on) once its added and removed "
+        "edges pass F times the partition's edges, e.g. 0.2 (0: only on request, the default)",
+    )
+    parser.add_argument(
         "--snapshot-interval",
         type=float,
         default=0.0,
@@ -288,6 +296,7 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         max_connections_per_holder=ns.max_connections_per_holder,
         holder_lease=ns.holder_lease,
         memory_budget=ns.memory_budget,
+        compact_fraction=ns.compact_when_overlay_fraction,
         max_queued_reply_bytes=ns.max_queued_reply_bytes,
         handshake_timeout=ns.handshake_timeout,
         max_pending_connections=ns.max_pending_connections,

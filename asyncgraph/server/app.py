@@ -157,6 +157,7 @@ class GraphServer:
         # issue 22: the partition's own tensors are read-only (after the replay: older logs may
         # hold writes to them) unless --writable-partition-data
         self.store.protect(writable_base=opts.writable_partition_data)
+        handlers.compactor.fraction = opts.compact_fraction  # after the replay, which folds where logged
         await self._listen(handlers, graph_name)
         assert self.address is not None
         log.info(

@@ -233,6 +233,13 @@ class DurableState:
         if state is not None and self.live is not None:
             self.live.load(*state)
 
+    def exclusive(self) -> asyncio.Lock:
+        """The lock a snapshot holds while it is written (a compaction holds it from its log
+        record to its swap, so no snapshot falls in between)."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
     def held(self) -> asyncio.Future[None] | None:
         """While a snapshot is being written: a future done when it is (await it before
         changing the store from the event loop); otherwise None."""

@@ -52,6 +52,7 @@ from asyncgraph.protocol.args import (
 from asyncgraph.protocol.info import ServerInfo, SharedMemoryInfo
 from asyncgraph.protocol.ops import OPS, Op
 from asyncgraph.server.barriers import Barriers
+from asyncgraph.server.compactor import Compactor
 from asyncgraph.server.durable import DurableState
 from asyncgraph.server.leases import HolderLeases
 from asyncgraph.server.live_handlers import live_applies
@@ -124,6 +125,7 @@ class RequestHandlers:
         self.on_shutdown = on_shutdown
         self.started = time.time()
         self.requests_served = 0
+        self.compactor = Compactor(self.partition.live, durable)  # a live graph's (issue 35)
         self.write_path = WritePath(
             {
                 Op.PUSH: self._apply_push,
@@ -131,10 +133,11 @@ class RequestHandlers:
                 Op.DELETE_TENSOR: self._apply_delete_tensor,
                 Op.RELEASE_TENSORS: self._apply_release_tensors,
                 Op.SPARSE_UPDATE: self._apply_sparse_update,
-                **live_applies(self.partition, metrics),
+                **live_applies(self.partition, metrics, self.compactor),
             },
             durable,
         )
+        self.compactor.write_path = self.write_path
         if durable is not None:
             durable.references = self.partition.references
             durable.live = self.partition.live
@@ -217,6 +220,10 @@ class RequestHandlers:
 
     def list_tensors(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
         return [meta.to_dict() for meta in self.partition.list_tensors()]
+
+    def compact(self, args: dict[str, Any]) -> Awaitable[dict[str, float]]:
+        """Fold the live overlay into a new CSC (``server/compactor.py``)."""
+        return self.compactor.request(args)  # type: ignore[no-any-return]
 
     def ping(self, args: Mapping[str, Any]) -> float:
         return time.time()

@@ -181,3 +181,16 @@ class _Collector(Collector):
                 n_rows.add_metric([name], float(count))
         yield nbytes
         yield n_rows
+        overlay = store.overlay.stats() if store is not None and store.overlay is not None else {}
+        for key, what in _OVERLAY:  # a live graph's (issue 35)
+            value = store.overlay.compactions if key == "compactions" and store and store.overlay else None
+            yield GaugeMetricFamily(f"asyncgraph_{key}", what, value=float(value or overlay.get(key, 0)))
+
+
+#: A live graph's overlay gauges: ``Overlay.stats`` keys (and the compactions counted).
+_OVERLAY = (
+    ("overlay_edges", "edges added since the last compaction (the overlay's appended edges)"),
+    ("overlay_removed", "edges removed since the last compaction (tombstones)"),
+    ("overlay_bytes", "bytes the live graph's overlay holds (its compacted CSC included)"),
+    ("compactions", "compactions that made the overlay's CSC"),
+)

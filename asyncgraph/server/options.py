@@ -76,6 +76,8 @@ class ServerOptions:
     max_queued_reply_bytes: int = DEFAULT_MAX_QUEUED_REPLY_BYTES
     #: Most bytes of all tensors together (issue 22); 0: the cgroup's limit, else physical memory.
     memory_budget: int = 0
+    #: Compact a live graph's overlay once it holds this share of the partition's edges (0: off).
+    compact_fraction: float = 0.0
     #: Serve as a replica of the primary at this address (same host): map its memory, hold
     #: no state of its own (``asyncgraph.server.replica``).
     replica_of: tuple[str, int] | None = None

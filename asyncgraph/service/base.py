@@ -85,6 +85,10 @@ class Partition(Protocol):
         tensors: their new global edge IDs."""
         ...
 
+    async def compact(self) -> dict[str, float]:
+        """Fold this partition's live overlay into a new CSC; what it did."""
+        ...
+
     async def remove_edges(self, eids: np.ndarray) -> None:
         """Remove the live edges ``eids`` owned here."""
         ...

@@ -16,15 +16,23 @@ import numpy as np
 
 from asyncgraph.arrays import as_id_array
 from asyncgraph.errors import InvalidRequestError, LiveGraphError, OutOfRangeError, ShapeMismatchError
+from asyncgraph.kernels import compiled
 from asyncgraph.kernels.edge_queries import OutIndex
 from asyncgraph.kernels.overlay_edges import sample_edges_live
 from asyncgraph.kernels.overlay_sample import live_degrees, sample_live
 from asyncgraph.kernels.partition_sampling import keyed_rng
+from asyncgraph.kernels.sampling import FLOYD_MAX_FANOUT, sample_csc
 from asyncgraph.protocol.ops import SampleEdgesArgs
 from asyncgraph.service.limits import WorkLimits
+from asyncgraph.storage.compaction import CompactedOverlay
 from asyncgraph.storage.overlay import Overlay, new_edge_ids
 from asyncgraph.storage.overlay_data import OverlayMovedError
-from asyncgraph.storage.overlay_rows import check_row_data, load_row_data, write_row_data
+from asyncgraph.storage.overlay_rows import (
+    check_row_data,
+    check_rows_allowed,
+    load_row_data,
+    write_row_data,
+)
 from asyncgraph.storage.store import PartitionStore
 
 __all__ = ["MAX_ADDED_NODES", "LiveStructure", "OverlayMovedError"]
@@ -38,6 +46,8 @@ class LiveStructure:
 
     def __init__(self, store: PartitionStore) -> None:
         self.store = store
+        #: The IDs removed while a compaction folds (``service/live_compact.py``); None: none runs.
+        self.removed_meanwhile: list[np.ndarray] | None = None
 
     @property
     def overlay(self) -> Overlay | None:
@@ -52,9 +62,16 @@ class LiveStructure:
     def stats(self) -> dict[str, int]:
         """The overlay's size (a metric: when it holds a large share of the partition's edges,
         partition again): appended and removed edges, bytes held."""
-        if self.overlay is None:
-            return {"overlay_edges": 0, "overlay_removed": 0, "overlay_bytes": 0}
-        return self.overlay.stats()
+        overlay = self.overlay
+        if overlay is None:
+            return {
+                "overlay_edges": 0,
+                "overlay_removed": 0,
+                "overlay_dead": 0,
+                "overlay_bytes": 0,
+                "compactions": 0,
+            }
+        return {**overlay.stats(), "overlay_dead": overlay.removed, "compactions": overlay.compactions}
 
     def check_mapped(self, op: str) -> None:
         """``LiveGraphError`` on a store mapped from an owner whose graph is live (a replica
@@ -92,24 +109,36 @@ class LiveStructure:
             tensors = sum(size for _, size in store.local_sizes().values())
             store.rules.check_room(f"{what} (the live graph's overlay)", need, tensors)
 
+    @property
+    def label(self) -> str:
+        """The overlay's memfd label prefix."""
+        return f"asyncgraph.{self.store.graph_name}.p{self.store.part_id}.overlay"
+
+    def params(self) -> dict[str, int]:
+        """``Overlay``'s keyword arguments for this partition (besides label and sharing)."""
+        store, book = self.store, self.store.book
+        lo, hi = store.node_range
+        elo, ehi = store.edge_range
+        return {
+            "part_id": store.part_id,
+            "num_parts": book.num_partitions(),
+            "node_start": lo,
+            "num_local_nodes": hi - lo,
+            "edge_base": book.num_edges,
+            "edge_start": elo,
+            "num_base_edges": ehi - elo,
+            "node_base": book.num_nodes,
+        }
+
+    @property
+    def sharing(self) -> bool:
+        """Whether the overlay's arrays are memfds (a shared owner store)."""
+        return self.store.shared and not self.store.attached
+
     def _made(self) -> Overlay:
         store = self.store
         if store.overlay is None:
-            book = store.book
-            lo, hi = store.node_range
-            elo, ehi = store.edge_range
-            made = store.overlay = Overlay(
-                f"asyncgraph.{store.graph_name}.p{store.part_id}.overlay",
-                part_id=store.part_id,
-                num_parts=book.num_partitions(),
-                node_start=lo,
-                num_local_nodes=hi - lo,
-                edge_base=book.num_edges,
-                edge_start=elo,
-                num_base_edges=ehi - elo,
-                node_base=book.num_nodes,
-                shared=store.shared and not store.attached,
-            )
+            made = store.overlay = Overlay(self.label, shared=self.sharing, **self.params())
             store.catalog_changed()  # co-located readers re-sync: the graph is live now
             return made
         return store.overlay
@@ -149,6 +178,8 @@ class LiveStructure:
         rows = check_row_data(self.store, "add_edges", "edge", int(s.size), data)
         self._check_room("add_edges", edges=int(s.size))
         overlay = self._made()
+        if rows:
+            check_rows_allowed(overlay, "edge")
         layout = overlay.capacity, overlay.data_layout
         with self.store.lock.write():
             first = overlay.append(s, local, rid)
@@ -167,6 +198,8 @@ class LiveStructure:
         rows = check_row_data(self.store, "add_nodes", "node", num, data)
         self._check_room("add_nodes", nodes=num)
         overlay = self._made()
+        if rows:
+            check_rows_allowed(overlay, "node")
         layout = overlay.node_capacity, overlay.data_layout
         with self.store.lock.write():
             first = overlay.add_nodes(num, rid)
@@ -202,6 +235,8 @@ class LiveStructure:
         base, slots = overlay.locate(ids)  # raises before anything changes
         with self.store.lock.write():
             overlay.kill(base, slots)
+        if self.removed_meanwhile is not None:  # a compaction folds: it marks them too
+            self.removed_meanwhile.append(ids.astype(np.int64))
 
     # --- reads of base + overlay (only when ``active``), under the store's read lock ------
     def _current(self) -> Overlay:
@@ -233,6 +268,10 @@ class LiveStructure:
                 if replace and fanout >= 0:
                     most = int(np.count_nonzero(deg)) * fanout
                 limits.check_sample(local.size, fanout, most)
+            indptr, indices, eids = overlay.csc(store.indptr, store.indices, store.eids)
+            if not (overlay.added or overlay.removed) and local.size and int(local.max()) < indptr.size - 1:
+                # nothing added or removed since the CSC was made (a compaction): its static kernels
+                return _sample_csc(indptr, indices, eids, local, seeds, fanout, replace, rng)
             return sample_live(
                 store.indptr, store.indices, store.eids, overlay, local, seeds, int(fanout), replace, rng
             )
@@ -255,6 +294,7 @@ class LiveStructure:
         store = self.store
         with store.lock.read():
             overlay = self._current()
+            _not_compacted(overlay, "out-degrees")
             n_base = store.book.num_nodes
             gids = np.arange(n_base, dtype=np.int64) if ids is None else as_id_array(ids, "ids")
             if gids.size and int(gids.min()) < 0:
@@ -274,9 +314,11 @@ class LiveStructure:
     def sample_edges(self, out_index: OutIndex | None, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
         """``sample_edges`` (in- or out-edges, ``prob``, ``exclude``) over base + overlay."""
         with self.store.lock.read():
+            overlay = self._current()
+            _not_compacted(overlay, "sample_edges")
             return sample_edges_live(
                 self.store,
-                self._current(),
+                overlay,
                 out_index,
                 args.seeds,
                 args.fanout,
@@ -294,16 +336,15 @@ class LiveStructure:
         with store.lock.read():
             overlay = self._current()
             overlay.locate(ids)  # owned and live, else a typed error
-            above = ids >= overlay.edge_base
+            indptr, indices, _ = overlay.csc(store.indptr, store.indices, store.eids)
+            pos, idx = overlay.positions(ids)
+            folded = pos >= 0  # in the CSC (the base's, or a compaction's)
             src = np.empty(ids.size, np.int64)
             dst = np.empty(ids.size, np.int64)
-            base = ids[~above] - overlay.edge_start
-            src[~above] = store.indices[base]
-            row = np.searchsorted(store.indptr, base, side="right") - 1
-            dst[~above] = row + overlay.node_start
-            slots = (ids[above] - overlay.edge_base) // overlay.num_parts
-            src[above] = overlay.add_src[slots]
-            dst[above] = overlay.global_nodes(overlay.add_dst[slots])
+            src[folded] = indices[pos[folded]]
+            dst[folded] = overlay.global_nodes(np.searchsorted(indptr, pos[folded], side="right") - 1)
+            src[~folded] = overlay.add_src[idx[~folded]]
+            dst[~folded] = overlay.global_nodes(overlay.add_dst[idx[~folded]])
         return src, dst
 
     # --- snapshots ---------------------------------------------------------------------
@@ -319,10 +360,23 @@ class LiveStructure:
         if self.store.overlay is not None:
             self.store.overlay.close()
             self.store.overlay = None
+        if "compaction" in state:  # a compacted overlay: its CSC and ID maps
+            with self.store.lock.write():
+                self.store.overlay = CompactedOverlay.from_state(
+                    self.label, self.params(), self.sharing, state, answers
+                )
+            self.store.catalog_changed()
+            return
         overlay = self._made()
         with self.store.lock.write():
             overlay.load(state, answers)
             load_row_data(self.store, overlay, state)
+
+
+def _not_compacted(overlay: Overlay, op: str) -> None:
+    """``op`` reads the partition's first CSC beside the overlay: not yet a compaction's."""
+    if isinstance(overlay, CompactedOverlay):
+        raise LiveGraphError(f"{op} on a compacted live partition is not supported yet")
 
 
 def _counts_of(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -332,3 +386,28 @@ def _counts_of(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
     uniq, counts = np.unique(values, return_counts=True)
     pos = np.minimum(np.searchsorted(uniq, ids), uniq.size - 1)
     return np.where(uniq[pos] == ids, counts[pos], 0).astype(np.int64)
+
+
+def _sample_csc(
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    eids: np.ndarray,
+    local: np.ndarray,
+    seeds: np.ndarray,
+    fanout: int,
+    replace: bool,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``sample_partition`` over a CSC of the caller's (the same kernels, the same answers)."""
+    global_seeds = np.asarray(seeds, dtype=np.int64)
+    if (
+        not replace
+        and type(fanout) is int
+        and 0 < fanout <= FLOYD_MAX_FANOUT
+        and all(type(a) is np.ndarray and a.dtype == np.int64 for a in (indptr, indices, eids, local))
+        and compiled.ready()
+    ):
+        src, dst, out = compiled.uniform_edges(indptr, indices, eids, local, global_seeds, fanout, rng)
+        return src, dst, out
+    src, pos, out = sample_csc(indptr, indices, eids, local, fanout, replace, rng)
+    return src, global_seeds[pos], out

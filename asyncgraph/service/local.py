@@ -291,6 +291,12 @@ class PartitionService:
         IDs (``N_base + p + k * P``)."""
         return self.live.add_nodes(num, rid, data)
 
+    def compact(self) -> dict[str, float]:
+        """Fold the live overlay into a new CSC (``service/live_compact.py``); what it did."""
+        from asyncgraph.service.live_compact import compact_now
+
+        return compact_now(self.live)
+
     def remove_edges(self, eids: np.ndarray) -> None:
         """Remove the live edges ``eids`` owned here (``UnknownEdgeError`` if one is not live)."""
         self.live.remove_edges(eids)

@@ -18,9 +18,9 @@ import numpy as np
 
 from asyncgraph.errors import InvalidRequestError
 from asyncgraph.partition.book import RangePartitionBook
+from asyncgraph.storage.compaction import overlay_view
 from asyncgraph.storage.memfd import SharedArray
 from asyncgraph.storage.meta import TensorMeta
-from asyncgraph.storage.overlay import Overlay
 from asyncgraph.storage.rwlock import SharedRWLock
 from asyncgraph.storage.sharing import check_descriptor, close_quietly, same_file
 from asyncgraph.storage.store import STRUCTURE_KEYS, PartitionStore
@@ -143,7 +143,7 @@ class AttachedStore(PartitionStore):
                 arrays[str(key)] = SharedArray.from_fd(
                     fds[i], tuple(ent["shape"]), ent["dtype"], writable=False
                 )
-            view = Overlay.view(entry["params"], arrays)
+            view = overlay_view(entry["params"], arrays)
         except BaseException:
             for sa in arrays.values():
                 sa.close()

@@ -63,6 +63,11 @@ def _doubled(capacity: int, need: int) -> int:
 class Overlay(DataAreas):
     """One partition's appended and removed edges (see the module docstring)."""
 
+    #: The global slot of appended entry 0 (edges folded by compaction keep slots below it;
+    #: ``storage/compaction.py``), and how many compactions made this overlay's CSC.
+    slot_base = 0
+    compactions = 0
+
     def __init__(
         self,
         label: str,
@@ -93,6 +98,7 @@ class Overlay(DataAreas):
         #: Rows of tensors for new IDs: ``name -> (policy, rows)``, row ``k`` the ``k``-th added
         #: node (policy "node") or appended edge ("edge"); grown with the overlay.
         self.data: dict[str, tuple[str, np.ndarray]] = {}
+        self.compacting = False  # a compaction captured it: rows of new IDs wait (overlay_rows)
         self.data_layout = 0
         self.node_capacity = 0
         self.add_indptr = np.zeros(1, np.int64)
@@ -292,6 +298,23 @@ class Overlay(DataAreas):
             bad = ids[above][self.add_dead[slots] != 0][0]
             raise UnknownEdgeError(f"edge {int(bad)} was removed")
         return np.unique(base), np.unique(slots)
+
+    def csc(self, indptr: np.ndarray, indices: np.ndarray, eids: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The CSC this overlay's ``dead`` bytes refer to: the store's (``indptr``, ...) until a
+        compaction folded the overlay into one of its own (``CompactedOverlay``)."""
+        return indptr, indices, eids
+
+    def positions(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(CSC position, appended index)`` of owned edge IDs ``ids`` (checked by ``locate``),
+        -1 where the other one applies."""
+        above = ids >= self.edge_base
+        pos = np.where(above, -1, ids - self.edge_start).astype(np.int64)
+        idx = np.where(above, (ids - self.edge_base) // self.num_parts - self.slot_base, -1)
+        return pos, idx.astype(np.int64)
+
+    def mapped_names(self) -> tuple[str, ...]:
+        """The arrays a co-located process maps (``MAPPED``, plus a compacted CSC's)."""
+        return MAPPED
 
     # --- updates (the owner, under the store's write lock) ------------------------------
     def append(self, src: np.ndarray, dst_local: np.ndarray, rid: str | None = None) -> int:

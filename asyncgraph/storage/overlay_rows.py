@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from asyncgraph.arrays import as_id_array, check_rows
-from asyncgraph.errors import InvalidRequestError, OutOfRangeError
+from asyncgraph.errors import InvalidRequestError, LiveGraphError, OutOfRangeError
 from asyncgraph.storage.accumulate import assign_rows, scatter_add
 from asyncgraph.storage.overlay_data import AskOwnerError, OverlayMovedError
 
@@ -41,11 +41,22 @@ def row_positions(
     base = (local >= 0) & (local < overlay.num_base_edges)
     rel = ids - overlay.edge_base
     slot = rel // overlay.num_parts
-    new = (rel >= 0) & (rel % overlay.num_parts == overlay.part_id) & (slot < overlay.added)
+    slots = int(getattr(overlay, "slot_base", 0)) + overlay.added  # a compaction keeps its slots
+    new = (rel >= 0) & (rel % overlay.num_parts == overlay.part_id) & (slot < slots)
     if not np.all(base | new):
         bad = int(ids[~(base | new)][0])
         raise OutOfRangeError(f"edge {bad} is not an edge partition {overlay.part_id} holds")
     return base, local, slot
+
+
+def check_rows_allowed(overlay: Overlay, policy: str) -> None:
+    """Rows of new IDs may be written now: not while a compaction folds the overlay (it does
+    not carry them: retry after it), and rows of new edges not after a compaction (their areas
+    are indexed by slot since the last one). ``LiveGraphError`` otherwise, nothing changed."""
+    if overlay.compacting:
+        raise LiveGraphError("a compaction is folding this partition's updates: write rows of new IDs later")
+    if policy == "edge" and int(getattr(overlay, "slot_base", 0)) > 0:
+        raise LiveGraphError("rows of new edges of a compacted partition are not supported yet")
 
 
 def _overlay(store: PartitionStore) -> Overlay:
@@ -92,6 +103,8 @@ def push_new(
         raise AskOwnerError(f"rows of new IDs of {name!r} are written by partition {store.part_id}'s server")
     overlay = _overlay(store)
     base, local, slot = row_positions(overlay, acc.policy, gids)
+    if not base.all():
+        check_rows_allowed(overlay, acc.policy)
     store.rules.check_write(name)
     if overlay.data_rows(name, acc.policy, acc.row_shape, acc.dtype) is None and store.rules.memory_budget:
         room = overlay.node_capacity if acc.policy == "node" else overlay.capacity

@@ -18,7 +18,6 @@ import numpy as np
 
 from asyncgraph.errors import InvalidRequestError
 from asyncgraph.storage.memfd import SharedArray
-from asyncgraph.storage.overlay import MAPPED
 from asyncgraph.storage.rwlock import SharedRWLock
 from asyncgraph.storage.store import PartitionStore
 
@@ -89,7 +88,7 @@ def export(
     if names is None and overlay is not None and overlay.shared and not store.attached:
         desc["overlay"] = {"params": overlay.params(), "arrays": {}}  # a live graph's (issue 35)
         data_keys = [key for key in overlay.arrays if key.startswith("data:")]  # rows of new IDs
-        for key in (*MAPPED, *data_keys):
+        for key in (*overlay.mapped_names(), *data_keys):  # MAPPED, a compacted overlay's CSC
             sa = overlay.arrays[key]
             assert isinstance(sa, SharedArray)
             desc["overlay"]["arrays"][key] = {
