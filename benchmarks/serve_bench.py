@@ -193,6 +193,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--name", default="serve_bench")
     ap.add_argument("--serve-args", default="", help="more options for the serve process, space-separated")
     ap.add_argument(
+        "--ingest-eps", type=float, default=0.0,
+        help="a writer process adds this many random edges/s (batches of 100) during every rate",
+    )  # fmt: skip
+    ap.add_argument(
         "--serve-procs", type=int, default=1,
         help="serve processes sharing one msgpack port (--reuse-port); metrics summed over them",
     )  # fmt: skip
@@ -204,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp)
         group = start_servers(part_config, work / "servers", num_parts=2)
         serves: list[subprocess.Popen[bytes]] = []
+        writer: subprocess.Popen[bytes] | None = None
+        ingest: dict[str, Any] | None = None
         try:
             fanouts = [int(f) for f in args.fanouts.split(",")]
             kwargs = {"in_feats": feat_dim, "hidden": args.hidden, "n_classes": 3, "n_layers": len(fanouts)}
@@ -235,6 +241,15 @@ def main(argv: list[str] | None = None) -> None:
             url = f"tcp://127.0.0.1:{wheres[0]['msgpack_port']}"
             http_ports = [w["port"] for w in wheres]
             asyncio.run(_offer(url, 50, 1.0, args.connections, num_nodes, 99))  # warm-up
+            if args.ingest_eps > 0:  # the live graph (issue 35) ingesting while requests are served
+                from benchmarks.live_bench import _helper, _wait_file
+
+                marks = {k: work / f"ingest-{k}" for k in ("ready", "stop", "out")}
+                writer = _helper(
+                    "pacer", [list(a) for a in group.addresses], marks["out"], num_nodes=num_nodes,
+                    batch=100, rate=args.ingest_eps, stop=str(marks["stop"]), ready=str(marks["ready"]),
+                )  # fmt: skip
+                _wait_file(marks["ready"], writer)
             points = []
             for i, rate in enumerate(float(r) for r in args.rates.split(",")):
                 before = _summed_metrics(http_ports)
@@ -256,7 +271,14 @@ def main(argv: list[str] | None = None) -> None:
                     json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in point.items()}),
                     flush=True,
                 )
+            if writer is not None:
+                marks["stop"].touch()
+                writer.wait(timeout=60)
+                ingest = json.loads(marks["out"].read_text())
+                print(f"ingested while serving: {ingest}", flush=True)
         finally:
+            if writer is not None and writer.poll() is None:
+                writer.kill()
             for serve in serves:
                 if serve.poll() is None:
                     serve.send_signal(signal.SIGTERM)
@@ -267,6 +289,7 @@ def main(argv: list[str] | None = None) -> None:
               "hidden": args.hidden,
               "max_batch": args.max_batch, "max_delay_ms": args.max_delay_ms, "connections": args.connections,
               "seconds": args.seconds, "serve_procs": args.serve_procs,
+              "ingest": ingest,
               "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "points": points}  # fmt: skip
     results = Path(args.results_dir)
