@@ -15,7 +15,7 @@ import numpy as np
 
 from asyncgraph.kernels.jit import BackgroundJit
 
-__all__ = ["RELABEL", "relabel", "wait_ready", "warm_up"]
+__all__ = ["RELABEL", "relabel", "wait_batch_kernels", "wait_ready", "warm_up"]
 
 
 def _build() -> Callable[..., Any] | None:
@@ -75,6 +75,16 @@ def warm_up() -> None:
 def wait_ready(timeout: float) -> bool:
     """Start loading the kernel and wait up to ``timeout`` s for it (benchmarks, tests)."""
     return RELABEL.wait_ready(timeout)
+
+
+def wait_batch_kernels(timeout: float) -> None:
+    """Wait up to ``timeout`` s each for every compiled kernel a batch needs (relabelling,
+    gather, sampling), so none compiles beside the first batches (loader workers, serving)."""
+    from asyncgraph.kernels import gather
+    from asyncgraph.kernels.compiled import wait_ready as sampling_ready
+
+    for ready in (wait_ready, gather.GATHER.wait_ready, sampling_ready):
+        ready(timeout)
 
 
 def relabel(

@@ -167,11 +167,9 @@ class _Worker:
                 self.client, spec.get("caches", []), inherited=bool(spec.get("process", True))
             )
             self.recipe = spec["recipe"]
-            from asyncgraph.dataloading import relabel_kernel
-            from asyncgraph.kernels.compiled import wait_ready as sampling_ready
+            from asyncgraph.dataloading.relabel_kernel import wait_batch_kernels
 
-            for ready in (relabel_kernel.wait_ready, gather.GATHER.wait_ready, sampling_ready):
-                ready(float(spec.get("jit_timeout", 120.0)))
+            wait_batch_kernels(float(spec.get("jit_timeout", 120.0)))
             self.send(("ready", os.getpid()))
         except BaseException as exc:
             self.send(("failed", _portable(exc)))

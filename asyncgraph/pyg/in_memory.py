@@ -108,7 +108,7 @@ class NeighborLoader(DistNeighborLoader):
         )
 
     def _payload(self, payload: dict[str, Any]) -> dict[str, Any]:
-        return _map_back(self._in_memory, payload)
+        return _map_back(self._in_memory, super()._payload(payload))
 
 
 class LinkNeighborLoader(DistLinkNeighborLoader):
@@ -122,4 +122,4 @@ class LinkNeighborLoader(DistLinkNeighborLoader):
         super().__init__(graph, num_neighbors, edge_label_index, **kwargs)
 
     def _payload(self, payload: dict[str, Any]) -> dict[str, Any]:
-        return _map_back(self._in_memory, payload)
+        return _map_back(self._in_memory, super()._payload(payload))

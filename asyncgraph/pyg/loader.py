@@ -142,10 +142,6 @@ class _PyGLoader(PrefetchingLoader[Any]):
 
     def _received(self, waited_since: float, result: Any) -> Any:
         data = to_data(self._payload(super()._received(waited_since, result)))
-        labels = getattr(self, "labels", None)  # PyG's LocalFeatureStore.labels (given_labels)
-        if labels is not None:
-            store = data if isinstance(data, Data) else data[getattr(self, "input_type", None)]
-            store.y = labels[store.n_id.to(labels.device)].to(store.n_id.device)
         if self.pin_memory and self.device is None:
             data = data.pin_memory()
         return data if self.transform is None else self.transform(data)
@@ -277,3 +273,11 @@ class DistNeighborLoader(_PyGLoader):
 
     def _worker_task(self, positions: np.ndarray, epoch: int, index: int) -> tuple[np.ndarray, int]:
         return node_task(self.input_nodes[positions], positions), self._batch_seed(epoch, index)
+
+    def _payload(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """``y`` from PyG's ``LocalFeatureStore.labels`` (``given_labels``), by the batch's ``n_id``."""
+        if self.labels is not None:
+            seeds = payload if self.input_type is None else payload["nodes"][self.input_type]
+            n_id = seeds["n_id"]
+            seeds["y"] = self.labels[n_id.to(self.labels.device)].to(n_id.device)
+        return payload

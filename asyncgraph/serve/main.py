@@ -213,12 +213,9 @@ def _settle() -> None:
     and everything made so far moved out of the garbage collector's sight (``gc.freeze``), so a
     full collection walks the requests' objects, not the start-up's (torch, numba, the model):
     both showed as latency spikes of 100-300 ms in the first seconds and under load."""
-    from asyncgraph.dataloading import relabel_kernel
-    from asyncgraph.kernels import gather
-    from asyncgraph.kernels.compiled import wait_ready as sampling_ready
+    from asyncgraph.dataloading.relabel_kernel import wait_batch_kernels
 
-    for ready in (relabel_kernel.wait_ready, gather.GATHER.wait_ready, sampling_ready):
-        ready(300.0)
+    wait_batch_kernels(300.0)
     gc.collect()
     gc.freeze()
 

@@ -33,27 +33,9 @@ from asyncgraph.protocol.framing import LENGTH_PREFIX
 from asyncgraph.serve.http import ServeState
 from asyncgraph.serve.inductive import NewNodesInput, run_request
 
-__all__ = ["FrameReader", "WireServer", "read_frame", "write_frame"]
+__all__ = ["FrameReader", "WireServer", "write_frame"]
 
 log = logging.getLogger(__name__)
-
-
-async def read_frame(reader: asyncio.StreamReader, max_size: int) -> Any:
-    """The next frame's value; ``None`` at a clean end of stream; ``ProtocolError`` if malformed."""
-    try:
-        prefix = await reader.readexactly(LENGTH_PREFIX.size)
-    except asyncio.IncompleteReadError as exc:
-        if not exc.partial:
-            return None
-        raise ProtocolError("the connection closed inside a frame's length") from None
-    (size,) = LENGTH_PREFIX.unpack(prefix)
-    if size > max_size:
-        raise ProtocolError(f"frame of {size} bytes is over the limit of {max_size}")
-    try:
-        body = await reader.readexactly(size)
-    except asyncio.IncompleteReadError:
-        raise ProtocolError("the connection closed inside a frame") from None
-    return decode_frame(body)
 
 
 class FrameReader:

@@ -41,7 +41,7 @@ def row_positions(
     base = (local >= 0) & (local < overlay.num_base_edges)
     rel = ids - overlay.edge_base
     slot = rel // overlay.num_parts
-    slots = int(getattr(overlay, "slot_base", 0)) + overlay.added  # a compaction keeps its slots
+    slots = overlay.slot_base + overlay.added  # a compaction keeps its slots
     new = (rel >= 0) & (rel % overlay.num_parts == overlay.part_id) & (slot < slots)
     if not np.all(base | new):
         bad = int(ids[~(base | new)][0])
@@ -55,7 +55,7 @@ def check_rows_allowed(overlay: Overlay, policy: str) -> None:
     are indexed by slot since the last one). ``LiveGraphError`` otherwise, nothing changed."""
     if overlay.compacting:
         raise LiveGraphError("a compaction is folding this partition's updates: write rows of new IDs later")
-    if policy == "edge" and int(getattr(overlay, "slot_base", 0)) > 0:
+    if policy == "edge" and overlay.slot_base > 0:
         raise LiveGraphError("rows of new edges of a compacted partition are not supported yet")
 
 
