@@ -1,12 +1,15 @@
 """Reads of a live partition, base CSC + overlay (``storage/overlay.py``), in numba kernels.
 
 A seed's live in-edges are its base positions whose ``dead`` byte is 0, then its live appended
-edges (in slot order). Uniform sampling draws numpy's uniforms from the request's keyed
-generator (``keyed_rng(seed, part)``), so a served and a standalone partition holding the same
-overlay return the same sample. Without replacement it runs Floyd's algorithm over the live
-candidates (as the base kernel does over a CSC row); with replacement ``fanout`` independent
-picks; ``fanout = -1`` (or a live degree within the fanout) every live edge. The caller holds
-the store's read lock. Without numba (``ASYNCGRAPH_NO_JIT``) the same functions run as Python.
+edges (in slot order). A row with no tombstones (``dead_deg`` 0, most rows) is read in place:
+its ``t``-th candidate is arithmetic, so sampling it costs ``fanout`` steps like the static
+kernel; only rows with removed edges copy their live candidates first. Uniform sampling draws
+numpy's uniforms from the request's keyed generator (``keyed_rng(seed, part)``), so a served
+and a standalone partition holding the same overlay return the same sample. Without
+replacement it runs Floyd's algorithm over the live candidates (as the base kernel does over a
+CSC row); with replacement ``fanout`` independent picks; ``fanout = -1`` (or a live degree
+within the fanout) every live edge. The caller holds the store's read lock. Without numba
+(``ASYNCGRAPH_NO_JIT``) the same functions run as Python.
 """
 
 from __future__ import annotations
@@ -36,27 +39,35 @@ def _jit(fn: Callable[..., Any]) -> Callable[..., Any]:
 @_jit
 def _live_counts(
     indptr: np.ndarray,
-    dead: np.ndarray,
+    dead_deg: np.ndarray,
+    touched: np.ndarray,
     add_indptr: np.ndarray,
-    add_order: np.ndarray,
-    add_dead: np.ndarray,
     local: np.ndarray,
 ) -> np.ndarray:  # pragma: no cover - compiled
     out = np.empty(local.size, np.int64)
+    rows = indptr.size - 1  # an added node past them: no base edges
     for i in range(local.size):
         v = local[i]
         d = 0
-        start, end = (
-            (indptr[v], indptr[v + 1]) if v < indptr.size - 1 else (0, 0)
-        )  # an added node: no base edges
-        for j in range(start, end):
-            if dead[j] == 0:
-                d += 1
-        for q in range(add_indptr[v], add_indptr[v + 1]):
-            if add_dead[add_order[q]] == 0:
-                d += 1
+        if v < rows:
+            d = indptr[v + 1] - indptr[v]
+        if touched[v]:
+            d += add_indptr[v + 1] - add_indptr[v] - dead_deg[v]
         out[i] = d
     return out
+
+
+@_jit
+def _candidate(
+    direct: bool, cand: np.ndarray, start: int, base_deg: int, add_order: np.ndarray, first: int, t: int
+) -> int:  # pragma: no cover - compiled
+    """The ``t``-th live candidate of a row: base position ``j`` as ``j``, appended slot ``k``
+    as ``-(k + 1)``; a row without tombstones is read in place, others from ``cand``."""
+    if not direct:
+        return int(cand[t])
+    if t < base_deg:
+        return start + t
+    return -(int(add_order[first + t - base_deg]) + 1)
 
 
 @_jit
@@ -65,6 +76,8 @@ def _pick(
     indices: np.ndarray,
     eids: np.ndarray,
     dead: np.ndarray,
+    dead_deg: np.ndarray,
+    touched: np.ndarray,
     add_indptr: np.ndarray,
     add_order: np.ndarray,
     add_src: np.ndarray,
@@ -82,7 +95,8 @@ def _pick(
     widest = 0
     for i in range(local.size):
         d = degs[i]
-        widest = max(widest, d)
+        if touched[local[i]] and dead_deg[local[i]] > 0:
+            widest = max(widest, d)
         if fanout < 0 or (not replace and d <= fanout):
             total += d
         elif d > 0:
@@ -90,27 +104,36 @@ def _pick(
     src = np.empty(total, np.int64)
     dst = np.empty(total, np.int64)
     eid = np.empty(total, np.int64)
-    cand = np.empty(widest, np.int64)  # base position j as j, appended slot k as -(k + 1)
+    cand = np.empty(widest, np.int64)  # rows with tombstones: their live candidates, copied
     chosen = np.empty(max(fanout, 0), np.int64)
+    rows = indptr.size - 1
     p = 0
     r = 0  # next uniform
     for i in range(local.size):
-        v = local[i]
-        d = 0
-        start, end = (indptr[v], indptr[v + 1]) if v < indptr.size - 1 else (0, 0)
-        for j in range(start, end):
-            if dead[j] == 0:
-                cand[d] = j
-                d += 1
-        for q in range(add_indptr[v], add_indptr[v + 1]):
-            k = add_order[q]
-            if add_dead[k] == 0:
-                cand[d] = -(k + 1)
-                d += 1
+        d = degs[i]
         if d == 0:
             continue
+        v = local[i]
+        start, end = (indptr[v], indptr[v + 1]) if v < rows else (0, 0)
+        first = 0
+        direct = True
+        if touched[v]:
+            first = add_indptr[v]
+            direct = dead_deg[v] == 0
+        if not direct:
+            n = 0
+            for j in range(start, end):
+                if dead[j] == 0:
+                    cand[n] = j
+                    n += 1
+            for q in range(first, add_indptr[v + 1]):
+                k = add_order[q]
+                if add_dead[k] == 0:
+                    cand[n] = -(k + 1)
+                    n += 1
+        base_deg = end - start
         take = d
-        picked = False  # True: the edges are chosen[:take], else cand[:d]
+        picked = False  # True: the edges are chosen[:take], else candidates 0..d-1
         if fanout >= 0 and replace:
             take = fanout
             picked = True
@@ -119,7 +142,7 @@ def _pick(
                 r += 1
                 if t > d - 1:  # the float rounding of u * d up to d
                     t = d - 1
-                chosen[step] = cand[t]
+                chosen[step] = _candidate(direct, cand, start, base_deg, add_order, first, t)
         elif fanout >= 0 and d > fanout:
             take = fanout
             picked = True
@@ -129,14 +152,14 @@ def _pick(
                 r += 1
                 if t > top:
                     t = top
-                pick = cand[t]
+                pick = _candidate(direct, cand, start, base_deg, add_order, first, t)
                 for s in range(step):
                     if chosen[s] == pick:
-                        pick = cand[top]
+                        pick = _candidate(direct, cand, start, base_deg, add_order, first, top)
                         break
                 chosen[step] = pick
         for step in range(take):
-            c = chosen[step] if picked else cand[step]
+            c = chosen[step] if picked else _candidate(direct, cand, start, base_deg, add_order, first, step)
             if c >= 0:
                 src[p] = indices[c]
                 eid[p] = eids[c]
@@ -152,13 +175,11 @@ def _pick(
 def live_degrees(indptr: np.ndarray, overlay: Overlay, local: np.ndarray) -> np.ndarray:
     """Live in-degrees of owned local nodes ``local`` (int64); ``indptr``: the store's (a
     compacted overlay reads its own)."""
-    n = overlay.added
     out: np.ndarray = _live_counts(
         np.asarray(overlay.csc(indptr, indptr, indptr)[0], dtype=np.int64),
-        overlay.dead,
+        overlay.dead_deg,
+        overlay.touched,
         overlay.add_indptr,
-        overlay.add_order[:n],
-        overlay.add_dead[:n],
         np.asarray(local, dtype=np.int64),
     )
     return out
@@ -194,6 +215,8 @@ def sample_live(
         np.asarray(indices, dtype=np.int64),
         np.asarray(eids, dtype=np.int64),
         overlay.dead,
+        overlay.dead_deg,
+        overlay.touched,
         overlay.add_indptr,
         overlay.add_order[:n],
         overlay.add_src[:n],

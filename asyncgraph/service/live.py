@@ -234,7 +234,7 @@ class LiveStructure:
         overlay = self._made()
         base, slots = overlay.locate(ids)  # raises before anything changes
         with self.store.lock.write():
-            overlay.kill(base, slots)
+            overlay.kill(base, slots, self.store.indptr)
         if self.removed_meanwhile is not None:  # a compaction folds: it marks them too
             self.removed_meanwhile.append(ids.astype(np.int64))
 
@@ -369,7 +369,7 @@ class LiveStructure:
             return
         overlay = self._made()
         with self.store.lock.write():
-            overlay.load(state, answers)
+            overlay.load(state, answers, self.store.indptr)
             load_row_data(self.store, overlay, state)
 
 

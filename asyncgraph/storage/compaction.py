@@ -180,7 +180,7 @@ class CompactedOverlay(Overlay):
         for name in FOLDED:
             data = np.asarray(state[name])
             getattr(self, name)[: data.size] = data
-        self.load(state, answers)
+        self.load(state, answers, self.csc_indptr)
         return self
 
 
@@ -312,7 +312,8 @@ def adopt(new: CompactedOverlay, old: Overlay, inp: FoldInput, removed: list[np.
     if removed:
         pos, _ = new.positions(np.concatenate(removed))
         gone_pos.append(pos[pos >= 0])  # folded edges removed meanwhile (later ones: add_dead)
-    new.kill(np.unique(np.concatenate(gone_pos)), np.flatnonzero(old.add_dead[n0:n]).astype(np.int64))
+    gone_slots = np.flatnonzero(old.add_dead[n0:n]).astype(np.int64)  # new's slots count from n0
+    new.kill(np.unique(np.concatenate(gone_pos)), gone_slots, new.csc_indptr)
     new.answers = dict(old.answers)
     new.header[3] = old.header[3] + 1
     old.header[4] = -1  # a view of the old overlay is stale from now on (OverlayMovedError)

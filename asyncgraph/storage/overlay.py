@@ -4,7 +4,11 @@ The base structure (``indptr``/``indices``/``eids``) never changes. Updates the 
 (edges whose destination it owns) land here: ``dead`` marks removed base edges (one byte per
 base edge), appended edges are kept in log order (``add_src`` global, ``add_dst`` local,
 ``add_dead``), and ``add_indptr``/``add_order`` index them by destination (a counting sort,
-rebuilt per applied batch). The ``k``-th appended edge of partition ``p`` has the global ID
+rebuilt per applied batch); ``dead_deg`` counts each node's removed in-edges (base and appended),
+so a reader knows a live degree, and whether a row has tombstones to skip, in O(1);
+``touched`` (one byte a node, small enough to stay in cache) marks the nodes with any appended or
+removed in-edge: a reader of an untouched node reads the base CSC alone. The ``k``-th appended
+edge of partition ``p`` has the global ID
 ``E_base + p + k * P`` (:func:`new_edge_ids`): owner and slot are arithmetic, the partition
 book stays as it is. ``header`` holds the counts (appended, removed base, removed appended)
 and a version that moves with every applied batch.
@@ -33,7 +37,17 @@ __all__ = ["HEADER", "MAPPED", "Overlay", "edge_owner", "new_edge_ids"]
 #: of tensor rows was made (a view mapped before the last one is stale).
 HEADER = ("added", "dead_base", "dead_added", "version", "capacity", "nodes", "node_capacity", "data_layout")
 #: The arrays a co-located process maps, read-only.
-MAPPED = ("header", "dead", "add_indptr", "add_src", "add_dst", "add_order", "add_dead")
+MAPPED = (
+    "header",
+    "dead",
+    "dead_deg",
+    "touched",
+    "add_indptr",
+    "add_src",
+    "add_dst",
+    "add_order",
+    "add_dead",
+)
 _FIRST_CAPACITY = 1024
 #: Bytes per appended edge: source, destination, index order (int64) and tombstone (uint8).
 _EDGE_BYTES = 8 * 3 + 1
@@ -67,6 +81,8 @@ class Overlay(DataAreas):
     #: ``storage/compaction.py``), and how many compactions made this overlay's CSC.
     slot_base = 0
     compactions = 0
+    dead_deg: np.ndarray
+    touched: np.ndarray
 
     def __init__(
         self,
@@ -158,6 +174,11 @@ class Overlay(DataAreas):
         arr[: old.size] = old
         arr[old.size :] = old[-1]
         self.add_indptr = arr
+        for name, dtype in (("dead_deg", np.int64), ("touched", np.uint8)):
+            kept = getattr(self, name, np.zeros(0, dtype))
+            grown = self._new(name, self.num_local_nodes + cap, dtype)
+            grown[: kept.size] = kept
+            setattr(self, name, grown)
         self.node_capacity = cap
         self.header[6] = cap
         self._grow_data("node", self.nodes)
@@ -165,7 +186,7 @@ class Overlay(DataAreas):
     @staticmethod
     def first_bytes(num_local_nodes: int, num_base_edges: int, edges: int = 0, nodes: int = 0) -> int:
         """Bytes a new overlay holds once it has room for ``edges`` and ``nodes``."""
-        index = (num_local_nodes + _doubled(0, nodes) + 1) * 8
+        index = (num_local_nodes + _doubled(0, nodes) + 1) * 17  # add_indptr, dead_deg, touched
         return len(HEADER) * 8 + max(1, num_base_edges) + index + _doubled(0, edges) * _EDGE_BYTES
 
     def growth_bytes(self, edges: int = 0, nodes: int = 0) -> int:
@@ -177,7 +198,7 @@ class Overlay(DataAreas):
             need += cap * _EDGE_BYTES + self.data_bytes("edge", cap)
         if self.nodes + nodes > self.node_capacity:
             cap = _doubled(self.node_capacity, self.nodes + nodes)
-            need += (self.num_local_nodes + cap + 1) * 8 + self.data_bytes("node", cap)
+            need += (self.num_local_nodes + cap + 1) * 17 + self.data_bytes("node", cap)
         return need
 
     def params(self) -> dict[str, int]:
@@ -326,6 +347,7 @@ class Overlay(DataAreas):
         self.add_src[n : n + m] = src
         self.add_dst[n : n + m] = dst_local
         self.add_dead[n : n + m] = 0
+        self.touched[dst_local] = 1
         self.header[0] = n + m
         self._reindex(n)
         if rid is not None:
@@ -363,8 +385,16 @@ class Overlay(DataAreas):
             self.answers.pop(next(iter(self.answers)))
         self.answers[rid] = (first, count)
 
-    def kill(self, base: np.ndarray, slots: np.ndarray) -> None:
-        """Mark live base positions ``base`` and appended ``slots`` removed (``locate``'s answer)."""
+    def kill(self, base: np.ndarray, slots: np.ndarray, indptr: np.ndarray) -> None:
+        """Mark live base positions ``base`` and appended ``slots`` removed (``locate``'s answer);
+        ``indptr``: the store's (whose rows ``base`` are in; a compacted overlay reads its own)."""
+        if base.size:
+            rows = self.csc(indptr, indptr, indptr)[0]
+            at = np.searchsorted(rows, base, side="right") - 1
+            np.add.at(self.dead_deg, at, 1)
+            self.touched[at] = 1
+        if slots.size:
+            np.add.at(self.dead_deg, self.add_dst[slots], 1)
         self.dead[base] = 1
         self.add_dead[slots] = 1
         self.header[1] += base.size
@@ -387,8 +417,9 @@ class Overlay(DataAreas):
             },
         }
 
-    def load(self, state: Mapping[str, np.ndarray], answers: Mapping[str, Any]) -> None:
-        """Make this (new) overlay hold a snapshot's ``state`` and request-id answers."""
+    def load(self, state: Mapping[str, np.ndarray], answers: Mapping[str, Any], indptr: np.ndarray) -> None:
+        """Make this (new) overlay hold a snapshot's ``state`` and request-id answers
+        (``indptr``: the store's, as ``kill`` takes it)."""
         nodes = int(np.asarray(state.get("nodes", np.zeros(1, np.int64)))[0])
         if nodes:
             self.add_nodes(nodes)
@@ -396,6 +427,6 @@ class Overlay(DataAreas):
         if n:
             self.append(np.asarray(state["add_src"]), np.asarray(state["add_dst"]))
         slots = np.flatnonzero(np.asarray(state["add_dead"]))
-        self.kill(np.asarray(state["dead_base"], dtype=np.int64), slots)
+        self.kill(np.asarray(state["dead_base"], dtype=np.int64), slots, indptr)
         for rid, (first, count) in answers.items():
             self.remember(str(rid), int(first), int(count))
