@@ -119,6 +119,13 @@ class UnknownEdgeError(OutOfRangeError):
     code = "unknown_edge"
 
 
+class NodeTypeMismatchError(InvalidRequestError):
+    """An edge of a heterogeneous graph joins nodes of other types than its relation names
+    (``add_edges(src, dst, etype=("author", "writes", "paper"))`` with a ``src`` that is no author)."""
+
+    code = "node_type_mismatch"
+
+
 class LiveGraphError(InvalidRequestError):
     """The op has no form that reads a live graph's overlay yet (added or removed edges), so it
     is refused rather than answered from the partition's original structure."""
@@ -266,6 +273,7 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         InvalidNameError,
         ForeignPartitionError,
         UnknownEdgeError,
+        NodeTypeMismatchError,
         LiveGraphError,
         PartitionFileError,
         FingerprintMismatchError,

@@ -47,6 +47,9 @@ class ClientState:
     #: Holds the secret: kept in memory, handed to workers over a socketpair only.
     origin: dict[str, Any] = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        self.book.grows = True  # a live graph's added IDs map by arithmetic (partition/added_ids.py)
+
     @property
     def num_partitions(self) -> int:
         return self.book.num_partitions()

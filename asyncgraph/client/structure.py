@@ -272,7 +272,7 @@ class StructureQueries:
             raise InvalidRequestError(
                 f"need one fanout per edge type ({len(self.state.book.canonical_etypes)}), got {fan.size}"
             )
-        parts = self.state.book.positions(gids, "node")
+        parts = node_positions(self.state.book, gids)  # added nodes too (issue 35)
 
         book = self.state.book
 

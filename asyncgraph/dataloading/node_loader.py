@@ -156,14 +156,25 @@ class DistNodeDataLoader(PrefetchingLoader[MiniBatch]):
     def add_seeds(self, ids: Any) -> None:
         """Add nodes to the seed set from the next epoch on (a live graph's added nodes, issue
         35): global IDs, e.g. this trainer's share of what ``add_nodes`` returned
-        (``new[rank::world_size]``). An epoch already running keeps its batches; the next one
-        shuffles the grown set (``len(loader)`` grows). ``OutOfRangeError`` (nothing added) for
-        an ID that is not a node; not for typed (heterogeneous) seeds yet."""
-        if self.typed is not None:
-            raise InvalidRequestError("add_seeds: typed (heterogeneous) seeds cannot grow yet")
-        gids = as_id_array(ids, "ids")
+        (``new[rank::world_size]``); ``{ntype: per-type IDs}`` for typed (heterogeneous) seeds.
+        An epoch already running keeps its batches; the next one shuffles the grown set
+        (``len(loader)`` grows). ``OutOfRangeError`` (nothing added) for an ID that is not a
+        node, ``UnknownTypeError`` for an unknown type."""
+        book = self.client.book
+        if self.typed is not None or isinstance(ids, Mapping):
+            if self.typed is None or not isinstance(ids, Mapping):
+                raise InvalidRequestError("add_seeds: {ntype: ids} exactly when the loader's nids are typed")
+            bad = [k for k in ids if k not in book.ntypes]
+            if bad:
+                raise UnknownTypeError(f"add_seeds: unknown node type(s) {bad}; known: {book.ntypes}")
+            typed = [(str(t), as_id_array(v, f"ids[{t!r}]")) for t, v in ids.items()]
+            gids = np.concatenate([book.map_to_homo_nid(v, t) for t, v in typed] or [np.empty(0, np.int64)])
+        else:
+            gids = as_id_array(ids, "ids")
         if gids.size:
             self.client.loop.run(self.async_client.degrees(gids, "in"))  # each owner: it exists
+        if self.typed is not None:
+            self.typed = [*self.typed, *typed]
         self.nids = np.concatenate([self.nids, gids])
         self._num_items = int(self.nids.size)
 

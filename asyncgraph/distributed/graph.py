@@ -11,8 +11,9 @@ import torch
 
 from asyncgraph.arrays import as_id_array, unique_sorted
 from asyncgraph.client.sync_client import Client
-from asyncgraph.errors import InvalidRequestError, LiveGraphError, UnknownTensorError
+from asyncgraph.errors import InvalidRequestError, OutOfRangeError, UnknownEdgeError, UnknownTensorError
 from asyncgraph.names import is_state_key, split_typed, tensor_prefix
+from asyncgraph.partition.added_ids import added_edges_to_homo
 from asyncgraph.partition.book import RangePartitionBook
 from asyncgraph.storage.store import PartitionStore, TensorMeta
 
@@ -349,44 +350,54 @@ class DistGraph:
                 book.etype_id(etype)  # UnknownTypeError for an unknown type
             src, dst = self._client.find_edges(eids)
             return torch.from_numpy(src), torch.from_numpy(dst)
-        homo = book.map_to_homo_eid(as_id_array(eids, "eids"), etype)
-        src, dst = self._client.find_edges(homo)
+        kind = book.canonical_etypes[book.etype_id(etype)]
+        try:
+            homo = added_edges_to_homo(book, as_id_array(eids, "eids"), etype)  # added edges too
+            src, dst = self._client.find_edges(homo)
+        except OutOfRangeError as err:  # say which type's IDs
+            raise type(err)(f"{kind} edge IDs: {err}") from err
         return typed_endpoints(book, src, dst)
-
-    def _homogeneous_update(self, op: str, etype: Any) -> None:
-        """This round of issue 35 updates homogeneous graphs' structure."""
-        book = self._client.book
-        if book.is_hetero:
-            raise LiveGraphError(f"{op}: heterogeneous graphs cannot be updated yet (issue 35)")
-        if etype is not None:
-            book.etype_id(etype)  # UnknownTypeError for an unknown type
 
     def add_edges(self, u: Any, v: Any, etype: Any = None, data: Any = None) -> torch.Tensor:
         """Add the edges ``u[i] -> v[i]`` while others sample (DGL's ``add_edges``); returns
         their new edge IDs (IDs of existing edges never change). Each destination's owner
         stores its share atomically, with its rows of ``data`` (``{name: rows}`` of edge data,
-        a row per edge; data not named reads zeros, as in DGL): see the README's "Live graph"."""
-        self._homogeneous_update("add_edges", etype)
-        return torch.from_numpy(self._client.add_edges(u, v, data))
+        a row per edge; data not named reads zeros, as in DGL): see the README's "Live graph".
+        A heterogeneous graph takes per-type node IDs of ``etype``'s end types and answers
+        per-type edge IDs (``E_etype + p + k * P``)."""
+        return torch.from_numpy(self._client.add_edges(u, v, data, etype))
 
     def add_nodes(
         self, num: int, ntype: Any = None, data: Any = None, part: int | None = None
     ) -> torch.Tensor:
         """Add ``num`` nodes (DGL's ``add_nodes``) owned by partition ``part`` (None: the one
-        with the fewest nodes); returns their IDs, ``num_nodes() + part + k * num_parts``.
+        with the fewest nodes); returns their IDs, ``num_nodes() + part + k * num_parts``
+        (of type ``ntype``: per-type IDs ``num_nodes(ntype) + part + k * num_parts``).
         They take edges at once; ``num_nodes()`` stays the base's. ``data`` (``{name: rows}``
         of node data, a row per node) is stored with them; data not named reads zeros (DGL's
         default), and ``g.ndata[name][ids]`` reads and writes their rows."""
-        if ntype is not None:
-            self._client.book.ntype_id(ntype)  # UnknownTypeError for an unknown type
-        self._homogeneous_update("add_nodes", None)
-        return torch.from_numpy(self._client.add_nodes(num, part, data))
+        return torch.from_numpy(self._client.add_nodes(num, part, data, ntype))
 
     def remove_edges(self, eids: Any, etype: Any = None) -> None:
-        """Remove edges ``eids`` (DGL's ``remove_edges``; the other edges keep their IDs).
-        ``UnknownEdgeError``, with nothing removed, for an ID that is not a live edge."""
-        self._homogeneous_update("remove_edges", etype)
-        self._client.remove_edges(eids)
+        """Remove edges ``eids`` (DGL's ``remove_edges``; the other edges keep their IDs; with
+        ``etype``, that type's per-type IDs). ``UnknownEdgeError``, with nothing removed, for
+        an ID that is not a live edge (of ``etype``)."""
+        book = self._client.book
+        ids = as_id_array(eids, "eids")
+        if etype is not None and book.is_hetero:
+            r = book.etype_id(etype)  # UnknownTypeError
+            try:
+                ids = added_edges_to_homo(book, ids, etype)
+                types, _ = book.map_to_per_etype(ids)  # the owners' rows (new edges' too)
+            except OutOfRangeError as err:
+                raise type(err)(f"{book.canonical_etypes[r]} edge IDs: {err}") from err
+            if types.size and bool((types != r).any()):
+                bad = int(as_id_array(eids, "eids")[types != r][0])
+                kind = book.canonical_etypes[r]
+                raise UnknownEdgeError(f"remove_edges: {bad} is not an edge of type {kind}")
+        elif etype is not None:
+            book.etype_id(etype)  # UnknownTypeError for an unknown type
+        self._client.remove_edges(ids)
 
     def compact(self) -> list[dict[str, float]]:
         """Fold every partition's added and removed edges into a new CSC while others read and

@@ -290,7 +290,8 @@ class DistTensor:
         if self.ntype is None and self.etype is None:
             return ids
         tid = as_id_array(ids, "ids")
-        if tid.size and (int(tid.min()) < 0 or int(tid.max()) >= len(self)):
+        past = self.etype is not None and tid.size and int(tid.max()) >= len(self)  # nodes: owners check
+        if tid.size and (int(tid.min()) < 0 or past):
             bad = int(tid.min()) if int(tid.min()) < 0 else int(tid.max())
             kind = f"{self.ntype} node" if self.ntype is not None else f"{self.etype} edge"
             raise OutOfRangeError(f"{kind} ID {bad} out of range [0, {len(self)}) of {self.name!r}")

@@ -16,6 +16,7 @@ import numpy as np
 from asyncgraph.arrays import IdArray, as_id_array
 from asyncgraph.errors import InvalidRequestError, OutOfRangeError, UnknownTypeError
 from asyncgraph.names import DEFAULT_ETYPE, DEFAULT_NTYPE, ETYPE, NTYPE, TYPE_EID, TYPE_ORDER
+from asyncgraph.partition.added_ids import added_nodes_to_homo, added_nodes_to_per_type
 
 __all__ = ["EdgeIdMap", "IdArray", "RangePartitionBook", "as_id_array", "split_by_owner"]
 
@@ -99,6 +100,9 @@ class RangePartitionBook:
         self.etype_feats = (
             {str(k): [str(n) for n in v] for k, v in etype_feats.items()} if etype_feats else None
         )
+        #: True for a client's book: IDs above the base counts are a live graph's added nodes and
+        #: edges, mapped by ``added_ids`` (their owners say whether they exist).
+        self.grows = False
         #: Set by ``DistGraph``: reads per-type edge IDs where the edges live (``map_to_homo_eid``).
         self.edge_id_map: EdgeIdMap | None = None
         # Per-type edge IDs are range-partitioned too: type t's IDs in part p are
@@ -293,6 +297,12 @@ class RangePartitionBook:
         t = self.ntype_id(ntype)
         tid = as_id_array(ids)
         tb = self._type_bounds[:, t]
+        if self.grows and tid.size and int(tid.max()) >= tb[-1]:
+            above = tid >= tb[-1]
+            mixed = np.empty(tid.size, np.int64)
+            mixed[~above] = self.map_to_homo_nid(tid[~above], ntype)
+            mixed[above] = added_nodes_to_homo(self, tid[above], t)
+            return mixed
         part = self._owner(tid, tb, f"{self._ntypes[t]} node")
         starts = self._type_starts[part * len(self._ntypes) + t]
         out: IdArray = tid - tb[part] + starts
@@ -301,6 +311,12 @@ class RangePartitionBook:
     def map_to_per_ntype(self, ids: Any) -> tuple[IdArray, IdArray]:
         """``(ntype index, per-type ID)`` of homogeneous node ``ids``."""
         hid = as_id_array(ids)
+        if self.grows and hid.size and int(hid.max()) >= self.num_nodes:
+            above = hid >= self.num_nodes
+            types, per = np.empty(hid.size, np.int64), np.empty(hid.size, np.int64)
+            types[~above], per[~above] = self.map_to_per_ntype(hid[~above])
+            types[above], per[above] = added_nodes_to_per_type(self, hid[above])
+            return types, per
         self._owner(hid, self._node_bounds, "node")
         nt = len(self._ntypes)
         flat = np.searchsorted(self._type_starts, hid, side="right").astype(np.int64) - 1
@@ -337,7 +353,8 @@ class RangePartitionBook:
         """``(edge type index, per-type ID)`` of homogeneous edge ``ids`` (read from the owners'
         ``_ETYPE`` / ``_TYPE_EID`` for a heterogeneous graph)."""
         eids = as_id_array(ids)
-        self._owner(eids, self._edge_bounds, "edge")
+        if not (self.grows and eids.size and int(eids.min()) >= 0):  # added: their owners' rows
+            self._owner(eids, self._edge_bounds, "edge")
         if not self._hetero:
             return np.zeros(eids.size, dtype=np.int64), eids.copy()
         return self._edge_ids().per_etype(eids)

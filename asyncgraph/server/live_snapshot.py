@@ -10,6 +10,7 @@ import hashlib
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 
@@ -25,7 +26,7 @@ def write_overlay(folder: Path, state: OverlayState) -> dict[str, Any]:
     entries: dict[str, Any] = {}
     for name, arr in arrays.items():
         data = np.ascontiguousarray(arr)
-        file = f"overlay-{name}.bin"
+        file = f"overlay-{quote(name, safe=':')}.bin"  # a per-type tensor's "/" is quoted
         raw = data.tobytes()
         with open(folder / file, "wb") as fh:
             fh.write(raw)

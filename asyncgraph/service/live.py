@@ -20,10 +20,12 @@ from asyncgraph.kernels import compiled
 from asyncgraph.kernels.edge_queries import OutIndex
 from asyncgraph.kernels.overlay_edges import sample_edges_live
 from asyncgraph.kernels.overlay_sample import live_degrees, sample_live
+from asyncgraph.kernels.overlay_typed import sample_typed_live
 from asyncgraph.kernels.partition_sampling import keyed_rng
 from asyncgraph.kernels.sampling import FLOYD_MAX_FANOUT, sample_csc
 from asyncgraph.protocol.ops import SampleEdgesArgs
 from asyncgraph.service.limits import WorkLimits
+from asyncgraph.service.live_typed import edge_types_of, node_type_of, type_eid_rows
 from asyncgraph.storage.compaction import CompactedOverlay
 from asyncgraph.storage.overlay import Overlay, new_edge_ids
 from asyncgraph.storage.overlay_data import OverlayMovedError
@@ -46,6 +48,7 @@ class LiveStructure:
 
     def __init__(self, store: PartitionStore) -> None:
         self.store = store
+        store.book.grows = True  # added IDs map by their arithmetic (partition/added_ids.py)
         #: The IDs removed while a compaction folds (``service/live_compact.py``); None: none runs.
         self.removed_meanwhile: list[np.ndarray] | None = None
 
@@ -67,6 +70,7 @@ class LiveStructure:
             return {
                 "overlay_edges": 0,
                 "overlay_removed": 0,
+                "overlay_nodes": 0,
                 "overlay_dead": 0,
                 "overlay_bytes": 0,
                 "compactions": 0,
@@ -128,6 +132,7 @@ class LiveStructure:
             "edge_start": elo,
             "num_base_edges": ehi - elo,
             "node_base": book.num_nodes,
+            "node_types": len(book.ntypes) if book.is_hetero else 1,
         }
 
     @property
@@ -176,6 +181,7 @@ class LiveStructure:
         tensors (others: zeros); their new global IDs."""
         s, local = self.check_add(src, dst)
         rows = check_row_data(self.store, "add_edges", "edge", int(s.size), data)
+        etypes = edge_types_of(self.store, s, as_id_array(dst, "dst"), rows)  # heterogeneous: checked
         self._check_room("add_edges", edges=int(s.size))
         overlay = self._made()
         if rows:
@@ -183,7 +189,8 @@ class LiveStructure:
         layout = overlay.capacity, overlay.data_layout
         with self.store.lock.write():
             first = overlay.append(s, local, rid)
-            write_row_data(overlay, rows, first)
+            typed = [] if etypes is None else [type_eid_rows(self.store, etypes, first)]
+            write_row_data(overlay, [*rows, *typed], first)
         if (overlay.capacity, overlay.data_layout) != layout:
             self.store.catalog_changed()  # new memfds: co-located readers map them again
         return self.ids_of(first, int(s.size))
@@ -196,21 +203,23 @@ class LiveStructure:
         if not 0 <= num <= MAX_ADDED_NODES:
             raise InvalidRequestError(f"add_nodes: num must be 0 to {MAX_ADDED_NODES}, got {num}")
         rows = check_row_data(self.store, "add_nodes", "node", num, data)
-        self._check_room("add_nodes", nodes=num)
+        ntype = node_type_of(self.store, rows, num)
+        self._check_room("add_nodes", nodes=num * (len(self.store.book.ntypes) if ntype else 1))
         overlay = self._made()
         if rows:
             check_rows_allowed(overlay, "node")
         layout = overlay.node_capacity, overlay.data_layout
         with self.store.lock.write():
-            first = overlay.add_nodes(num, rid)
-            write_row_data(overlay, rows, first)
+            first = overlay.add_nodes(num, rid, ntype)
+            write_row_data(overlay, rows, first, overlay.node_types)
         if (overlay.node_capacity, overlay.data_layout) != layout:
             self.store.catalog_changed()
         return self.node_ids_of(first, num)
 
     def node_ids_of(self, first: int, count: int) -> np.ndarray:
+        """Global IDs of ``count`` added nodes of one type from slot ``first`` (``add_nodes``)."""
         book, part = self.store.book, self.store.part_id
-        slots = np.arange(first, first + count, dtype=np.int64)
+        slots = first + np.arange(count, dtype=np.int64) * self._made().node_types
         return (book.num_nodes + part + slots * book.num_partitions()).astype(np.int64)
 
     def answered_nodes(self, rid: str) -> np.ndarray | None:
@@ -310,6 +319,23 @@ class LiveStructure:
             n = overlay.added
             deg += _counts_of(overlay.add_src[:n][overlay.add_dead[:n] == 0], gids)
         return deg
+
+    def sample_typed(self, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
+        """``sample_edges`` with a fanout per edge type over base + overlay (``overlay_typed``)."""
+        assert args.etype_fanouts is not None
+        with self.store.lock.read():
+            overlay = self._current()
+            _not_compacted(overlay, "sample_edges")
+            return sample_typed_live(
+                self.store,
+                overlay,
+                args.seeds,
+                args.etype_fanouts,
+                seed=args.seed,
+                prob=args.prob,
+                etype_probs=args.etype_probs,
+                exclude=args.exclude,
+            )
 
     def sample_edges(self, out_index: OutIndex | None, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
         """``sample_edges`` (in- or out-edges, ``prob``, ``exclude``) over base + overlay."""

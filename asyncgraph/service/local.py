@@ -316,7 +316,10 @@ class PartitionService:
         if self.live.active and args.etype_fanouts is None and args.etype_probs is None:
             out = self.out_index if args.edge_dir == "out" else None
             return self.live.sample_edges(out, args)
-        self.live.refuse("sample_edges with edge types")
+        if self.live.active:
+            if args.edge_dir != "in" or args.replace:
+                raise InvalidRequestError("per-edge-type fanouts need edge_dir='in' and replace=False")
+            return self.live.sample_typed(args)
         self.live.check_mapped("sample_edges")
         out_index = self.out_index if args.edge_dir == "out" else None
         return sample_edges(

@@ -194,6 +194,7 @@ _INIT = (
     "edge_start",
     "num_base_edges",
     "node_base",
+    "node_types",
 )
 
 
@@ -220,6 +221,7 @@ class FoldInput:
     slot_base: int
     compactions: int
     nodes: int
+    type_nodes: np.ndarray
 
 
 def capture(
@@ -242,6 +244,7 @@ def capture(
         overlay.slot_base,
         overlay.compactions,
         overlay.nodes,
+        overlay.type_nodes.copy(),
     )
 
 
@@ -294,8 +297,7 @@ def fold(inp: FoldInput) -> CompactedOverlay:
     new.base_pos[eid_b[is_base] - p["edge_start"]] = pos_b[is_base]
     new.slot_pos[(eid_b[~is_base] - p["edge_base"]) // p["num_parts"]] = pos_b[~is_base]
     new.slot_pos[inp.slot_base + order_a] = pos_a
-    if inp.nodes:
-        new.add_nodes(inp.nodes)
+    new.match_nodes(inp.type_nodes)
     return new
 
 
@@ -306,8 +308,7 @@ def adopt(new: CompactedOverlay, old: Overlay, inp: FoldInput, removed: list[np.
     n0, n = int(inp.add_src.size), old.added
     if n > n0:
         new.append(old.add_src[n0:n], old.add_dst[n0:n])
-    if old.nodes > new.nodes:
-        new.add_nodes(old.nodes - new.nodes)
+    new.match_nodes(old.type_nodes)
     gone_pos = [np.empty(0, np.int64)]
     if removed:
         pos, _ = new.positions(np.concatenate(removed))

@@ -47,6 +47,7 @@ MAPPED = (
     "add_dst",
     "add_order",
     "add_dead",
+    "type_nodes",
 )
 _FIRST_CAPACITY = 1024
 #: Bytes per appended edge: source, destination, index order (int64) and tombstone (uint8).
@@ -97,6 +98,7 @@ class Overlay(DataAreas):
         num_base_edges: int,
         node_base: int,
         shared: bool,
+        node_types: int = 1,
     ) -> None:
         self.label = label
         self.part_id = part_id
@@ -108,8 +110,11 @@ class Overlay(DataAreas):
         self.num_base_edges = num_base_edges
         self.node_base = node_base
         self.shared = shared
+        self.node_types = node_types
         self._arrays: dict[str, SharedArray | np.ndarray] = {}
         self.header = self._new("header", len(HEADER), np.int64)
+        #: Added nodes of each node type (one for a homogeneous graph): see ``add_nodes``.
+        self.type_nodes = self._new("type_nodes", max(1, node_types), np.int64)
         self.dead = self._new("dead", max(1, num_base_edges), np.uint8)
         #: Rows of tensors for new IDs: ``name -> (policy, rows)``, row ``k`` the ``k``-th added
         #: node (policy "node") or appended edge ("edge"); grown with the overlay.
@@ -205,7 +210,8 @@ class Overlay(DataAreas):
         """What a mapped view needs besides the arrays (``view``)."""
         names = ("part_id", "num_parts", "node_start", "num_local_nodes", "edge_base", "edge_start")
         return {
-            name: int(getattr(self, name)) for name in (*names, "num_base_edges", "node_base", "data_layout")
+            name: int(getattr(self, name))
+            for name in (*names, "num_base_edges", "node_base", "data_layout", "node_types")
         }
 
     @classmethod
@@ -255,7 +261,8 @@ class Overlay(DataAreas):
 
     @property
     def nodes(self) -> int:
-        """Nodes added here (their local indices follow the base's: ``num_local_nodes + k``)."""
+        """Slots of added nodes (their local indices follow the base's: ``num_local_nodes + s``);
+        with several node types some slots are not (yet) nodes (``add_nodes``)."""
         return int(self.header[5])
 
     @property
@@ -268,7 +275,7 @@ class Overlay(DataAreas):
         return {
             "overlay_edges": self.added,
             "overlay_removed": self.removed,
-            "overlay_nodes": self.nodes,
+            "overlay_nodes": int(self.type_nodes.sum()),
             "overlay_bytes": held,
         }
 
@@ -281,7 +288,8 @@ class Overlay(DataAreas):
         base = (local >= 0) & (local < self.num_local_nodes)
         rel = ids - self.node_base
         slot = rel // self.num_parts
-        new = (rel >= 0) & (rel % self.num_parts == self.part_id) & (slot < self.nodes)
+        kind, k = slot % self.node_types, slot // self.node_types
+        new = (rel >= 0) & (rel % self.num_parts == self.part_id) & (k < self.type_nodes[kind])
         if not np.all(base | new):
             bad = int(ids[~(base | new)][0])
             raise OutOfRangeError(f"node {bad} is not a node partition {self.part_id} holds")
@@ -370,15 +378,29 @@ class Overlay(DataAreas):
             self.add_order[:n] = merged[np.argsort(dst[merged], kind="stable")]
         self.header[3] += 1
 
-    def add_nodes(self, num: int, rid: str | None = None) -> int:
-        """Add ``num`` nodes (no in-edges yet); the first one's slot."""
-        first = self.nodes
-        self._grow_nodes(first + num)
-        self.header[5] = first + num
+    def add_nodes(self, num: int, rid: str | None = None, ntype: int = 0) -> int:
+        """Add ``num`` nodes of node type ``ntype`` (no in-edges yet); the first one's slot.
+
+        The ``k``-th node of type ``t`` added here takes slot ``k * T + t`` (``T`` node types;
+        its global ID is ``N_base + p + slot * P``), so type, per-type rank and owner of every
+        added ID are arithmetic; slots between them wait for the other types' nodes."""
+        nt = self.node_types
+        k0 = int(self.type_nodes[ntype])
+        first = k0 * nt + ntype
+        high = max(self.nodes, (k0 + num - 1) * nt + ntype + 1) if num else self.nodes
+        self._grow_nodes(high)
+        self.type_nodes[ntype] = k0 + num
+        self.header[5] = high
         self._reindex()
         if rid is not None:
             self.remember(f"nodes:{rid}", first, num)
         return first
+
+    def match_nodes(self, type_nodes: np.ndarray) -> None:
+        """Add nodes of each type until this overlay holds ``type_nodes[t]`` of type ``t``."""
+        for t, count in enumerate(np.asarray(type_nodes, dtype=np.int64).tolist()):
+            if count > int(self.type_nodes[t]):
+                self.add_nodes(count - int(self.type_nodes[t]), ntype=t)
 
     def remember(self, rid: str, first: int, count: int) -> None:
         if len(self.answers) >= _MAX_ANSWERS:
@@ -411,6 +433,7 @@ class Overlay(DataAreas):
             "add_dead": self.add_dead[:n],
             "dead_base": np.flatnonzero(self.dead[: self.num_base_edges]).astype(np.int64),
             "nodes": np.array([self.nodes], dtype=np.int64),
+            "type_nodes": self.type_nodes.copy(),
             **{  # rows of new IDs, flat: ``load`` is given their tensors' shapes
                 self._data_key(policy, name): rows[: self.nodes if policy == "node" else n].reshape(-1)
                 for name, (policy, rows) in self.data.items()
@@ -420,9 +443,8 @@ class Overlay(DataAreas):
     def load(self, state: Mapping[str, np.ndarray], answers: Mapping[str, Any], indptr: np.ndarray) -> None:
         """Make this (new) overlay hold a snapshot's ``state`` and request-id answers
         (``indptr``: the store's, as ``kill`` takes it)."""
-        nodes = int(np.asarray(state.get("nodes", np.zeros(1, np.int64)))[0])
-        if nodes:
-            self.add_nodes(nodes)
+        nodes = np.asarray(state.get("nodes", np.zeros(1, np.int64)))
+        self.match_nodes(np.asarray(state.get("type_nodes", nodes[:1])))
         n = int(state["add_src"].size)
         if n:
             self.append(np.asarray(state["add_src"]), np.asarray(state["add_dst"]))

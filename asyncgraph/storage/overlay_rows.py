@@ -73,9 +73,9 @@ def pull_new(store: PartitionStore, acc: TensorAccess, name: str, ids: Any) -> n
     gids = as_id_array(ids, "ids")
     with store.lock.read():
         overlay = _overlay(store)
-        base, local, slot = row_positions(overlay, acc.policy, gids)
+        base, _, slot = row_positions(overlay, acc.policy, gids)
         out = np.zeros((gids.size, *acc.row_shape), dtype=acc.dtype)
-        out[base] = acc.rows[local[base]]
+        out[base] = acc.rows[acc.check(gids[base])[0]]  # a per-type tensor: its own run of rows
         area = overlay.data_rows(name, acc.policy, acc.row_shape, acc.dtype)
         if area is not None:
             new = ~base
@@ -102,7 +102,7 @@ def push_new(
     if store.attached:
         raise AskOwnerError(f"rows of new IDs of {name!r} are written by partition {store.part_id}'s server")
     overlay = _overlay(store)
-    base, local, slot = row_positions(overlay, acc.policy, gids)
+    base, _, slot = row_positions(overlay, acc.policy, gids)
     if not base.all():
         check_rows_allowed(overlay, acc.policy)
     store.rules.check_write(name)
@@ -118,7 +118,7 @@ def push_new(
         if area is None:
             area, made = overlay.writable_data(name, acc.policy, acc.row_shape, acc.dtype), True
         if base.any():
-            write(rows, local[base], vals[base])
+            write(rows, acc.check(gids[base])[0], vals[base])  # a per-type tensor: its own rows
         new = ~base
         write(area, slot[new], vals[new])
     if made:
@@ -150,11 +150,12 @@ def check_row_data(store: PartitionStore, op: str, policy: str, count: int, data
     return out
 
 
-def write_row_data(overlay: Overlay, rows: RowData, first: int) -> None:
-    """Store checked ``rows`` at slots ``first...`` (under the store's write lock)."""
+def write_row_data(overlay: Overlay, rows: RowData, first: int, stride: int = 1) -> None:
+    """Store checked ``rows`` at slots ``first, first + stride, ...`` (added nodes of one type
+    are ``stride`` slots apart: ``Overlay.add_nodes``), under the store's write lock."""
     for name, policy, values in rows:
         area = overlay.writable_data(name, policy, values.shape[1:], values.dtype)
-        area[first : first + values.shape[0]] = values
+        area[first : first + values.shape[0] * stride : stride] = values
 
 
 def load_row_data(store: PartitionStore, overlay: Overlay, state: Mapping[str, np.ndarray]) -> None:
