@@ -90,3 +90,47 @@ async def test_out_degrees_and_sample_edges_of_a_compacted_partition(cora2: Any,
     finally:
         await standalone.close()
         group.stop()
+
+
+def test_the_out_index_of_a_compacted_partition_is_held_within_the_memory_budget(cora2: Any) -> None:
+    """The out-index over a compaction's CSC (16 B per folded edge) is refused with
+    ``MemoryBudgetError`` when it would pass the budget, and nothing is built: in-edge reads go
+    on, and with room the out-degrees equal those of the same updates left uncompacted. A
+    partition's real store and service, in this process."""
+    from asyncgraph.errors import MemoryBudgetError
+    from asyncgraph.partition import load_partition
+    from asyncgraph.protocol.args import SampleEdgesArgs
+    from asyncgraph.service import PartitionService
+    from asyncgraph.storage.compaction import CompactedOverlay
+    from asyncgraph.storage.store import PartitionStore
+
+    services = [
+        PartitionService(PartitionStore.from_partition(load_partition(cora2.part_config, 0), shared=False))
+        for _ in range(2)
+    ]
+    try:
+        compacted, plain = services
+        lo, hi = compacted.store.node_range
+        rng = np.random.default_rng(5)
+        src, dst = rng.integers(0, compacted.store.book.num_nodes, 80), rng.integers(lo, hi, 80)
+        for service in services:
+            service.add_edges(src, dst)
+        compacted.compact()
+        overlay = compacted.store.overlay
+        assert isinstance(overlay, CompactedOverlay)
+        store = compacted.store
+        tensors = sum(size for _, size in store.local_sizes().values())
+        ids = np.concatenate([np.arange(0, store.book.num_nodes, 7), src[:5]])
+        store.rules.memory_budget = tensors + 16 * overlay.folded_edges - 1
+        with pytest.raises(MemoryBudgetError, match="out-index"):
+            compacted.degrees(ids, "out")
+        with pytest.raises(MemoryBudgetError, match="out-index"):
+            compacted.sample_edges(SampleEdgesArgs(ids, 2, edge_dir="out", seed=1))
+        assert compacted.live.held_bytes() == overlay.stats()["overlay_bytes"]  # nothing built
+        np.testing.assert_array_equal(compacted.degrees(dst, "in"), plain.degrees(dst, "in"))
+        store.rules.memory_budget = tensors + 16 * overlay.folded_edges
+        np.testing.assert_array_equal(compacted.degrees(ids, "out"), plain.degrees(ids, "out"))
+        assert compacted.live.held_bytes() == overlay.stats()["overlay_bytes"] + 16 * overlay.folded_edges
+    finally:
+        for service in services:
+            service.store.close()

@@ -102,11 +102,17 @@ class LiveStructure:
     def _out_index(self, overlay: Overlay, base: Callable[[], OutIndex]) -> OutIndex | SourceIndex:
         """The out-index over ``overlay``'s CSC: the base's (``base()``, the service's) until a
         compaction made a CSC of its own, then one over that CSC, built once per compaction
-        (16 B per folded edge: counted in ``held_bytes``)."""
+        (16 B per folded edge, counted in ``held_bytes``; ``MemoryBudgetError``, nothing built,
+        when that does not fit in the store's memory budget)."""
         if not isinstance(overlay, CompactedOverlay):
             return base()
         folded = self._folded_out
         if folded is None or folded[0] is not overlay:
+            store = self.store
+            if store.rules.memory_budget:
+                tensors = sum(size for _, size in store.local_sizes().values())
+                need = 16 * overlay.folded_edges
+                store.rules.check_room("out-edge reads (an out-index over the compacted CSC)", need, tensors)
             folded = (overlay, SourceIndex.build(overlay.csc_indices[: overlay.folded_edges]))
             self._folded_out = folded
         return folded[1]
