@@ -4,13 +4,16 @@
 ``size`` set) without reading any edge. ``_get_edge_index`` assembles a whole edge type's
 ``edge_index`` from the servers (``find_edges`` over every edge ID, or each owner's in-edges of a
 type): only for PyG code that walks the store (PyG's own ``NeighborSampler`` builds a CSC from
-it). Training through :class:`~asyncgraph.pyg.DistNeighborSampler` never calls it: the servers
+it, with :meth:`DistGraphStore.csc`). A live graph's edges (issue 35) are listed in edge-ID
+order, which is no longer CSC order: the CSC groups them by destination and ``csc`` answers
+PyG's edge permutation, the global edge ID of each CSC position, so a loader's ``e_id`` names
+the sampled edges. Training through :class:`~asyncgraph.pyg.DistNeighborSampler` never calls it: the servers
 sample, and no trainer holds the topology.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -56,7 +59,7 @@ class DistGraphStore(LinkedStore, GraphStore):  # type: ignore[misc]
         return (self.book.num_nodes_of(etype[0]), self.book.num_nodes_of(etype[2]))
 
     def get_all_edge_attrs(self) -> list[EdgeAttr]:
-        """COO and CSC per edge type (edge IDs are in CSC order, so CSC needs no permutation)."""
+        """COO and CSC per edge type (a CSC's edge permutation: :meth:`csc`)."""
         types: list[tuple[str, str, str] | None] = list(self.book.canonical_etypes) if self.hetero else [None]
         return [
             EdgeAttr(edge_type=t, layout=layout, is_sorted=layout == EdgeLayout.CSC, size=self._size(t))
@@ -66,19 +69,25 @@ class DistGraphStore(LinkedStore, GraphStore):  # type: ignore[misc]
 
     def _coo(self, etype: tuple[str, str, str] | None) -> tuple[np.ndarray, np.ndarray]:
         """Every edge of the type as ``(src, dst)`` (per-type IDs), in (per-type) edge-ID order."""
+        src, dst, _ = self._edges(etype)
+        return src, dst
+
+    def _edges(self, etype: tuple[str, str, str] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every edge of the type as ``(src, dst, eids)`` (per-type IDs), in edge-ID order."""
         client = self.client
         if etype is None:
             live = client.live_edges()  # a live graph's edges (issue 35), in edge-ID order
             if live is not None:
-                return live[0], live[1]
+                return live[0], live[1], live[2]
             ne = self.book.num_edges
             parts = [
                 client.find_edges(np.arange(lo, min(lo + _CHUNK, ne), dtype=np.int64))
                 for lo in range(0, ne, _CHUNK)
             ]
             if not parts:
-                return np.empty(0, np.int64), np.empty(0, np.int64)
-            return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+                return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
+            src = np.concatenate([p[0] for p in parts])
+            return src, np.concatenate([p[1] for p in parts]), np.arange(ne, dtype=np.int64)
         book = self.book
         dtype_ids = np.arange(book.num_nodes_of(etype[2]), dtype=np.int64)
         seeds = book.map_to_homo_nid(dtype_ids, etype[2])
@@ -86,7 +95,21 @@ class DistGraphStore(LinkedStore, GraphStore):  # type: ignore[misc]
         order = np.argsort(out["type_eid"], kind="stable")
         _, src = book.map_to_per_ntype(out["src"][order])
         _, dst = book.map_to_per_ntype(out["dst"][order])
-        return src, dst
+        return src, dst, np.asarray(out["type_eid"], dtype=np.int64)[order]
+
+    def _csc(self, etype: tuple[str, str, str] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``(row, colptr, perm)`` of the type: sources grouped by destination (stable: by edge
+        ID within one), and the edge ID of each position (None when it is the position, as in a
+        graph nobody updated). ``colptr`` covers nodes added since partitioning too."""
+        src, dst, eids = self._edges(etype)
+        order = np.argsort(dst, kind="stable")
+        num_cols = max(self._size(etype)[1], int(dst.max()) + 1 if dst.size else 0)
+        colptr = np.zeros(num_cols + 1, dtype=np.int64)
+        np.cumsum(np.bincount(dst, minlength=num_cols), out=colptr[1:])
+        perm = eids[order]
+        if np.array_equal(perm, np.arange(perm.size)):
+            return src, colptr, None  # edge IDs are CSC positions: PyG needs no permutation
+        return src[order], colptr, perm
 
     def _get_edge_index(self, edge_attr: EdgeAttr) -> tuple[torch.Tensor, torch.Tensor]:
         """``(row, col)`` for COO; ``(row, colptr)`` for CSC (sources grouped by destination)."""
@@ -96,15 +119,31 @@ class DistGraphStore(LinkedStore, GraphStore):  # type: ignore[misc]
             raise InvalidRequestError(
                 "layout 'csr' is not served (out-edges are not indexed); use 'coo' or 'csc'"
             )
-        src, dst = self._coo(etype)
         if layout == EdgeLayout.COO:
+            src, dst = self._coo(etype)
             return torch.from_numpy(src), torch.from_numpy(dst)
-        if dst.size and bool((np.diff(dst) < 0).any()):  # edge IDs are in CSC order by construction
-            raise InvalidRequestError(f"edges of {etype} are not in CSC order; ask for layout 'coo'")
-        counts = np.bincount(dst, minlength=self._size(etype)[1])
-        colptr = np.zeros(counts.size + 1, dtype=np.int64)
-        np.cumsum(counts, out=colptr[1:])
-        return torch.from_numpy(src), torch.from_numpy(colptr)
+        row, colptr, _ = self._csc(etype)
+        return torch.from_numpy(row), torch.from_numpy(colptr)
+
+    def csc(self, edge_types: list[Any] | None = None, store: bool = False) -> Any:
+        """PyG's ``GraphStore.csc``: ``(row, colptr, perm)`` (dicts by edge type when
+        heterogeneous), ``perm`` the edge ID of each CSC position (PyG's loaders map sampled
+        positions through it to ``e_id``) or None where the two agree. ``store`` is ignored:
+        the store is read-only."""
+        if not self.hetero:
+            row, colptr, perm = self._csc(None)
+            return torch.from_numpy(row), torch.from_numpy(colptr), _tensor(perm)
+        wanted = [self._edge_type(t) for t in edge_types] if edge_types is not None else None
+        rows: dict[Any, torch.Tensor] = {}
+        cols: dict[Any, torch.Tensor] = {}
+        perms: dict[Any, torch.Tensor | None] = {}
+        for etype in cast(list[tuple[str, str, str]], list(self.book.canonical_etypes)):
+            if wanted is not None and etype not in wanted:
+                continue
+            row, colptr, perm = self._csc(etype)
+            rows[etype], cols[etype] = torch.from_numpy(row), torch.from_numpy(colptr)
+            perms[etype] = _tensor(perm)
+        return rows, cols, perms
 
     def _put_edge_index(self, edge_index: Any, edge_attr: EdgeAttr) -> bool:
         raise InvalidRequestError(
@@ -118,3 +157,7 @@ class DistGraphStore(LinkedStore, GraphStore):  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"DistGraphStore({self.graph!r})"
+
+
+def _tensor(values: np.ndarray | None) -> torch.Tensor | None:
+    return None if values is None else torch.from_numpy(values)

@@ -9,7 +9,7 @@ applied under the store's write lock; reads of the overlay hold its read lock.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -18,7 +18,7 @@ from asyncgraph.arrays import as_id_array
 from asyncgraph.errors import InvalidRequestError, LiveGraphError, OutOfRangeError, ShapeMismatchError
 from asyncgraph.kernels import compiled
 from asyncgraph.kernels.edge_queries import OutIndex
-from asyncgraph.kernels.overlay_edges import sample_edges_live
+from asyncgraph.kernels.overlay_edges import SourceIndex, live_out_degrees, sample_edges_live
 from asyncgraph.kernels.overlay_sample import live_degrees, sample_live
 from asyncgraph.kernels.overlay_typed import sample_typed_live
 from asyncgraph.kernels.partition_sampling import keyed_rng
@@ -51,6 +51,9 @@ class LiveStructure:
         store.book.grows = True  # added IDs map by their arithmetic (partition/added_ids.py)
         #: The IDs removed while a compaction folds (``service/live_compact.py``); None: none runs.
         self.removed_meanwhile: list[np.ndarray] | None = None
+        #: The out-index over a compacted overlay's CSC, and that overlay (built on the first
+        #: out-edge read after each compaction; the base's ``OutIndex`` serves until one).
+        self._folded_out: tuple[Overlay, SourceIndex] | None = None
 
     @property
     def overlay(self) -> Overlay | None:
@@ -94,7 +97,29 @@ class LiveStructure:
 
     def held_bytes(self) -> int:
         """Bytes the overlay holds (counted against the server's memory budget)."""
-        return self.overlay.stats()["overlay_bytes"] if self.overlay is not None else 0
+        if self.overlay is None:
+            return 0
+        folded = self._folded_out
+        index_bytes = folded[1].nbytes if folded is not None and folded[0] is self.overlay else 0
+        return self.overlay.stats()["overlay_bytes"] + index_bytes
+
+    def _out_index(self, overlay: Overlay, base: Callable[[], OutIndex]) -> OutIndex | SourceIndex:
+        """The out-index over ``overlay``'s CSC: the base's (``base()``, the service's) until a
+        compaction made a CSC of its own, then one over that CSC, built once per compaction
+        (16 B per folded edge, counted in ``held_bytes``; ``MemoryBudgetError``, nothing built,
+        when that does not fit in the store's memory budget)."""
+        if not isinstance(overlay, CompactedOverlay):
+            return base()
+        folded = self._folded_out
+        if folded is None or folded[0] is not overlay:
+            store = self.store
+            if store.rules.memory_budget:
+                tensors = sum(size for _, size in store.local_sizes().values())
+                need = 16 * overlay.folded_edges
+                store.rules.check_room("out-edge reads (an out-index over the compacted CSC)", need, tensors)
+            folded = (overlay, SourceIndex.build(overlay.csc_indices[: overlay.folded_edges]))
+            self._folded_out = folded
+        return folded[1]
 
     def _check_room(self, what: str, edges: int = 0, nodes: int = 0) -> None:
         """``MemoryBudgetError`` (nothing changes) when the overlay's growth would pass the
@@ -295,15 +320,15 @@ class LiveStructure:
                 local = overlay.local_nodes(as_id_array(ids, "ids"))
             return live_degrees(store.indptr, overlay, local)
 
-    def out_degrees(self, ptr: np.ndarray, ids: np.ndarray | None) -> np.ndarray:
+    def out_degrees(self, base_index: Callable[[], OutIndex], ids: np.ndarray | None) -> np.ndarray:
         """This partition's share of the out-degrees of ``ids`` (None: every base node) over
-        base + overlay: the base count (``ptr``, the out-index over base edges), less removed
-        base edges, plus live appended edges, by source. Added nodes of other partitions count
-        what this one holds from them (their owner checked they exist: the client asks it)."""
+        its CSC + overlay: the CSC's count by source (``base_index()``, the out-index over base
+        edges, or one over a compaction's CSC), less its removed edges, plus live appended
+        edges. Added nodes of other partitions count what this one holds from them (their
+        owner checked they exist: the client asks it)."""
         store = self.store
         with store.lock.read():
             overlay = self._current()
-            _not_compacted(overlay, "out-degrees")
             n_base = store.book.num_nodes
             gids = np.arange(n_base, dtype=np.int64) if ids is None else as_id_array(ids, "ids")
             if gids.size and int(gids.min()) < 0:
@@ -311,21 +336,14 @@ class LiveStructure:
             mine = (gids >= n_base) & ((gids - n_base) % overlay.num_parts == overlay.part_id)
             if mine.any():
                 overlay.local_nodes(gids[mine])  # our added nodes: they must exist
-            base = gids < n_base
-            deg = np.zeros(gids.size, np.int64)
-            deg[base] = ptr[gids[base] + 1] - ptr[gids[base]]
-            dead = np.flatnonzero(overlay.dead[: overlay.num_base_edges])
-            deg -= _counts_of(np.asarray(store.indices)[dead], gids)
-            n = overlay.added
-            deg += _counts_of(overlay.add_src[:n][overlay.add_dead[:n] == 0], gids)
-        return deg
+            csc = overlay.csc(store.indptr, store.indices, store.eids)
+            return live_out_degrees(csc, overlay, self._out_index(overlay, base_index), gids, n_base)
 
     def sample_typed(self, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
         """``sample_edges`` with a fanout per edge type over base + overlay (``overlay_typed``)."""
         assert args.etype_fanouts is not None
         with self.store.lock.read():
             overlay = self._current()
-            _not_compacted(overlay, "sample_edges")
             return sample_typed_live(
                 self.store,
                 overlay,
@@ -337,11 +355,14 @@ class LiveStructure:
                 exclude=args.exclude,
             )
 
-    def sample_edges(self, out_index: OutIndex | None, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
-        """``sample_edges`` (in- or out-edges, ``prob``, ``exclude``) over base + overlay."""
+    def sample_edges(
+        self, base_index: Callable[[], OutIndex], args: SampleEdgesArgs
+    ) -> dict[str, np.ndarray]:
+        """``sample_edges`` (in- or out-edges, ``prob``, ``exclude``) over the overlay's CSC +
+        the overlay (``base_index()``: the out-index over base edges, for out-edges)."""
         with self.store.lock.read():
             overlay = self._current()
-            _not_compacted(overlay, "sample_edges")
+            out_index = self._out_index(overlay, base_index) if args.edge_dir == "out" else None
             return sample_edges_live(
                 self.store,
                 overlay,
@@ -397,21 +418,6 @@ class LiveStructure:
         with self.store.lock.write():
             overlay.load(state, answers, self.store.indptr)
             load_row_data(self.store, overlay, state)
-
-
-def _not_compacted(overlay: Overlay, op: str) -> None:
-    """``op`` reads the partition's first CSC beside the overlay: not yet a compaction's."""
-    if isinstance(overlay, CompactedOverlay):
-        raise LiveGraphError(f"{op} on a compacted live partition is not supported yet")
-
-
-def _counts_of(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """How often each of ``ids`` occurs in ``values`` (sorted unique counts, then a search)."""
-    if not values.size or not ids.size:
-        return np.zeros(ids.size, np.int64)
-    uniq, counts = np.unique(values, return_counts=True)
-    pos = np.minimum(np.searchsorted(uniq, ids), uniq.size - 1)
-    return np.where(uniq[pos] == ids, counts[pos], 0).astype(np.int64)
 
 
 def _sample_csc(

@@ -308,14 +308,13 @@ class PartitionService:
         if self.live.active and edge_dir == "in":
             return self.live.in_degrees(ids)
         if self.live.active and edge_dir == "out":
-            return self.live.out_degrees(self.out_index.ptr, ids)
+            return self.live.out_degrees(lambda: self.out_index, ids)
         self.live.check_mapped("degrees")
         return degrees(self.store, self.out_index if edge_dir == "out" else None, ids, edge_dir)
 
     def sample_edges(self, args: SampleEdgesArgs) -> dict[str, np.ndarray]:
         if self.live.active and args.etype_fanouts is None and args.etype_probs is None:
-            out = self.out_index if args.edge_dir == "out" else None
-            return self.live.sample_edges(out, args)
+            return self.live.sample_edges(lambda: self.out_index, args)
         if self.live.active:
             if args.edge_dir != "in" or args.replace:
                 raise InvalidRequestError("per-edge-type fanouts need edge_dir='in' and replace=False")
