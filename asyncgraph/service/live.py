@@ -29,7 +29,6 @@ from asyncgraph.storage.overlay import Overlay, new_edge_ids
 from asyncgraph.storage.overlay_data import OverlayMovedError
 from asyncgraph.storage.overlay_rows import (
     check_row_data,
-    check_rows_allowed,
     load_row_data,
     write_row_data,
 )
@@ -178,8 +177,6 @@ class LiveStructure:
         rows = check_row_data(self.store, "add_edges", "edge", int(s.size), data)
         self._check_room("add_edges", edges=int(s.size))
         overlay = self._made()
-        if rows:
-            check_rows_allowed(overlay, "edge")
         layout = overlay.capacity, overlay.data_layout
         with self.store.lock.write():
             first = overlay.append(s, local, rid)
@@ -198,8 +195,6 @@ class LiveStructure:
         rows = check_row_data(self.store, "add_nodes", "node", num, data)
         self._check_room("add_nodes", nodes=num)
         overlay = self._made()
-        if rows:
-            check_rows_allowed(overlay, "node")
         layout = overlay.node_capacity, overlay.data_layout
         with self.store.lock.write():
             first = overlay.add_nodes(num, rid)
@@ -362,9 +357,10 @@ class LiveStructure:
             self.store.overlay = None
         if "compaction" in state:  # a compacted overlay: its CSC and ID maps
             with self.store.lock.write():
-                self.store.overlay = CompactedOverlay.from_state(
-                    self.label, self.params(), self.sharing, state, answers
-                )
+                params = self.params()
+                compacted = CompactedOverlay.from_state(self.label, params, self.sharing, state, answers)
+                load_row_data(self.store, compacted, state)  # its rows of new IDs, by slot
+                self.store.overlay = compacted
             self.store.catalog_changed()
             return
         overlay = self._made()
