@@ -17,6 +17,8 @@ from test_live_data import EMB, FEAT, Rows, W, _base_rows_of_w, updates
 from asyncgraph import failpoints
 from asyncgraph.client import AsyncClient
 from asyncgraph.errors import LiveGraphError
+from asyncgraph.net.connection import Connection
+from asyncgraph.protocol.ops import Op
 from asyncgraph.testing import ServerGroup, start_servers
 
 T = 20.0
@@ -157,6 +159,40 @@ async def test_rows_written_during_a_compaction_are_kept_and_survive_kill9(
             group.kill(index)
             group.restart(index)
         await check()
+        await client.close()
+    finally:
+        group.stop()
+
+
+@pytest.mark.timeout(180)
+async def test_replicas_serve_the_carried_rows(cora2: Any, tmp_path: Path) -> None:
+    """Same-host replicas map the primary's compacted overlay with its rows of new IDs."""
+    group = start_servers(
+        cora2.part_config, tmp_path / "run", num_parts=2, num_servers=2, extra_args=["--log-level", "WARNING"]
+    )
+    try:
+        client = await AsyncClient.connect(group.addresses, use_shared_memory=False, use_replicas=True)
+        await client.pull_numpy(FEAT, np.arange(10))  # replicas in use before the updates
+        rows = Rows()
+        got = [await updates(client, rows, np.random.default_rng(6))]
+        await _base_rows_of_w(client, rows)
+        await client.compact()
+        got.append(await updates(client, rows, np.random.default_rng(7)))
+        nodes, eids = (np.concatenate(parts) for parts in zip(*got, strict=True))
+        for _ in range(3):  # reads take turns over primary and replica
+            await check_all(rows, [client], nodes, eids)
+        for index in range(2, len(group.bound)):  # each replica, asked directly
+            host, port = group.bound[index]
+            conn = await Connection.open(host, port, graph_name=None, timeout=T)
+            try:
+                part = int((await conn.call(Op.INFO, {}, T))["part_id"])
+                book = client.book
+                for name, ids, base in ((FEAT, nodes, book.num_nodes), (W, eids, book.num_edges)):
+                    mine = ids[(ids >= base) & ((ids - base) % 2 == part)]
+                    answer = await conn.call(Op.PULL, {"name": name, "ids": mine}, T)
+                    np.testing.assert_array_equal(np.asarray(answer), await client.pull_numpy(name, mine))
+            finally:
+                conn.close()
         await client.close()
     finally:
         group.stop()
