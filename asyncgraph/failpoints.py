@@ -14,7 +14,8 @@ applies to the first ``N`` hits (every hit when ``N`` is left out), then the nex
 - ``off``: nothing;
 - ``crash``: the process ends at once with ``os._exit(CRASH_EXIT)`` (no cleanup, no flush of
   Python buffers: what ``kill -9`` at that instant would leave);
-- ``enospc`` / ``eio``: ``OSError`` with that errno is raised at the point.
+- ``enospc`` / ``eio``: ``OSError`` with that errno is raised at the point;
+- ``sleep``: the step waits ``SLEEP_SECONDS`` (a test acting while it runs; ``DELAY_POINTS``).
 
 This module does no I/O besides ``os._exit``; ``hits`` counts the hits per name (for tests run
 in-process).
@@ -24,12 +25,15 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from dataclasses import dataclass
 
 __all__ = [
     "CRASH_EXIT",
+    "DELAY_POINTS",
     "ENV",
     "POINTS",
+    "SLEEP_SECONDS",
     "START_POINTS",
     "FailpointSpecError",
     "configure",
@@ -70,7 +74,12 @@ POINTS: tuple[str, ...] = (
 #: Points hit only while a server starts (not by requests): a crash soak over requests skips them.
 START_POINTS: tuple[str, ...] = ("partition.rehash",)
 
-_ACTIONS = ("off", "crash", "enospc", "eio")
+#: Points a test slows (``sleep``) to act while the step runs, for instance a compaction's fold
+#: on its worker thread; not in ``POINTS``, which the crash soaks walk.
+DELAY_POINTS: tuple[str, ...] = ("compaction.fold",)
+SLEEP_SECONDS = 1.0
+
+_ACTIONS = ("off", "crash", "enospc", "eio", "sleep")
 
 
 class FailpointSpecError(ValueError):
@@ -93,9 +102,10 @@ def _parse(spec: str) -> dict[str, list[_Term]]:
     for entry in filter(None, (e.strip() for e in spec.split(";"))):
         name, sep, chain = entry.partition("=")
         name = name.strip()
-        if not sep or name not in POINTS:
+        known = (*POINTS, *DELAY_POINTS)
+        if not sep or name not in known:
             raise FailpointSpecError(
-                f"{ENV}: {entry!r} is not name=action with a known name ({', '.join(POINTS)})"
+                f"{ENV}: {entry!r} is not name=action with a known name ({', '.join(known)})"
             )
         terms = []
         for raw in chain.split("->"):
@@ -131,6 +141,8 @@ def hit(name: str) -> None:
             terms.pop(0)
     if term.action == "crash":
         os._exit(CRASH_EXIT)
+    if term.action == "sleep":
+        time.sleep(SLEEP_SECONDS)
     if term.action in ("enospc", "eio"):
         code = errno.ENOSPC if term.action == "enospc" else errno.EIO
         raise OSError(code, f"{os.strerror(code)} (failpoint {name})")

@@ -31,7 +31,6 @@ from asyncgraph.storage.overlay import Overlay, new_edge_ids
 from asyncgraph.storage.overlay_data import OverlayMovedError
 from asyncgraph.storage.overlay_rows import (
     check_row_data,
-    check_rows_allowed,
     load_row_data,
     write_row_data,
 )
@@ -209,8 +208,6 @@ class LiveStructure:
         etypes = edge_types_of(self.store, s, as_id_array(dst, "dst"), rows)  # heterogeneous: checked
         self._check_room("add_edges", edges=int(s.size))
         overlay = self._made()
-        if rows:
-            check_rows_allowed(overlay, "edge")
         layout = overlay.capacity, overlay.data_layout
         with self.store.lock.write():
             first = overlay.append(s, local, rid)
@@ -231,8 +228,6 @@ class LiveStructure:
         ntype = node_type_of(self.store, rows, num)
         self._check_room("add_nodes", nodes=num * (len(self.store.book.ntypes) if ntype else 1))
         overlay = self._made()
-        if rows:
-            check_rows_allowed(overlay, "node")
         layout = overlay.node_capacity, overlay.data_layout
         with self.store.lock.write():
             first = overlay.add_nodes(num, rid, ntype)
@@ -409,9 +404,10 @@ class LiveStructure:
             self.store.overlay = None
         if "compaction" in state:  # a compacted overlay: its CSC and ID maps
             with self.store.lock.write():
-                self.store.overlay = CompactedOverlay.from_state(
-                    self.label, self.params(), self.sharing, state, answers
-                )
+                params = self.params()
+                compacted = CompactedOverlay.from_state(self.label, params, self.sharing, state, answers)
+                load_row_data(self.store, compacted, state)  # its rows of new IDs, by slot
+                self.store.overlay = compacted
             self.store.catalog_changed()
             return
         overlay = self._made()

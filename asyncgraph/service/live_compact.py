@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from asyncgraph import failpoints
 from asyncgraph.errors import LiveGraphError
 from asyncgraph.storage.compaction import CompactedOverlay, adopt, capture, fold, fold_bytes
 
@@ -31,11 +32,6 @@ class Compaction:
             raise LiveGraphError(f"partition {store.part_id} was never updated: nothing to compact")
         if live.removed_meanwhile is not None:
             raise LiveGraphError(f"partition {store.part_id} is compacting already")
-        if overlay.data:  # storage/compaction.adopt does not carry rows of new IDs yet
-            raise LiveGraphError(
-                f"partition {store.part_id}'s new nodes or edges carry tensor rows: compacting them "
-                "is not supported yet (nothing changed)"
-            )
         if store.rules.memory_budget:  # the old overlay stays until the swap: both must fit
             tensors = sum(size for _, size in store.local_sizes().values())
             need = fold_bytes(overlay, store.indptr)
@@ -44,11 +40,13 @@ class Compaction:
         self.started = time.perf_counter()
         self.input = capture(overlay, store.indptr, store.indices, store.eids, live.label)
         self.before = overlay
-        overlay.compacting = True  # rows of new IDs wait until the swap (overlay_rows)
+        overlay.rows_meanwhile = []  # rows of new IDs written while it folds: adopt copies them
         live.removed_meanwhile = []
 
     def fold(self) -> CompactedOverlay:
         """The folded overlay (new arrays; the store does not change)."""
+        if failpoints.enabled:
+            failpoints.hit("compaction.fold")  # tests: a slow fold, to write while it runs
         return fold(self.input)
 
     def finish(self, new: CompactedOverlay) -> dict[str, float]:
@@ -65,7 +63,7 @@ class Compaction:
             self.abandon(new)
             raise
         live.removed_meanwhile = None
-        self.before.compacting = False
+        self.before.rows_meanwhile = None
         self.before.close()
         store.catalog_changed()  # co-located readers map the new overlay
         return {
@@ -78,7 +76,7 @@ class Compaction:
     def abandon(self, new: CompactedOverlay | None = None) -> None:
         """Give up (the fold failed): the overlay stays as it is."""
         self.live.removed_meanwhile = None
-        self.before.compacting = False
+        self.before.rows_meanwhile = None
         if new is not None:
             new.close()
 

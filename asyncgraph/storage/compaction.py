@@ -7,13 +7,15 @@ previously folded) edges in their order, then its live appended edges in slot or
 do not change: the CSC carries an ``eids`` column, ``base_pos`` maps a base edge ID to its new
 position and ``slot_pos`` a folded appended slot to its (-1: removed before the fold); edges
 appended afterwards take the next slots (``slot_base`` on), so strided IDs keep resolving.
+Rows of tensors for new IDs (``overlay_data.py``) are indexed by node slot and global edge slot,
+so the fold copies each area as it is and they keep answering for the same IDs.
 
 The owner runs it in three steps (``service/live_compact.py``): :func:`capture` copies what
 the fold reads (the tombstones and the appended prefix: small) on the thread that applies
 updates, :func:`fold` builds the new overlay on a worker thread (new memfds; numpy, no Python
 loop per edge) while reads and updates go on, and :func:`adopt`, under the store's write lock,
-carries over what changed meanwhile (edges appended, nodes added, edges removed) before the
-store's overlay is swapped. The same steps in a row replay a logged compaction.
+carries over what changed meanwhile (edges appended, nodes added, edges removed, rows of new IDs
+written) before the store's overlay is swapped. The same steps in a row replay a logged compaction.
 """
 
 from __future__ import annotations
@@ -222,6 +224,9 @@ class FoldInput:
     compactions: int
     nodes: int
     type_nodes: np.ndarray
+    #: ``(tensor, policy, rows in use)``: views of the areas of rows of new IDs, copied by the
+    #: fold (rows written meanwhile are recorded by the overlay and copied again by ``adopt``).
+    rows: list[tuple[str, str, np.ndarray]]
 
 
 def capture(
@@ -245,18 +250,23 @@ def capture(
         overlay.compactions,
         overlay.nodes,
         overlay.type_nodes.copy(),
+        [(name, policy, rows[: overlay.data_used(policy)]) for name, (policy, rows) in overlay.data.items()],
     )
 
 
 def fold_bytes(overlay: Overlay, indptr: np.ndarray) -> int:
     """Bytes a fold of ``overlay`` allocates (its new overlay), for the memory budget: the
-    live edges' CSC (16 B each, and a tombstone byte), the ID maps, the empty appended arrays."""
+    live edges' CSC (16 B each, and a tombstone byte), the ID maps, the destination index (17 B
+    a node), the empty appended arrays,
+    the carried rows of new IDs (an edge area: every global slot, and room for appended ones)."""
     ind = overlay.csc(indptr, indptr, indptr)[0]
     live = int(ind[-1]) - int(overlay.header[1]) + overlay.added - int(overlay.header[2])
     rows = overlay.num_local_nodes + overlay.nodes
     maps = overlay.num_base_edges + overlay.slot_base + overlay.added
-    fixed = len(HEADER) * 8 + (rows + overlay.node_capacity + 2) * 8 + _FIRST_CAPACITY * _EDGE_BYTES
-    return live * 17 + maps * 8 + rows * 8 + fixed
+    fixed = len(HEADER) * 8 + (rows + overlay.node_capacity + 2) * 17 + _FIRST_CAPACITY * _EDGE_BYTES
+    carried = overlay.data_bytes("node", overlay.node_capacity)
+    carried += overlay.data_bytes("edge", overlay.slot_base + overlay.added + _FIRST_CAPACITY)
+    return live * 17 + maps * 8 + rows * 8 + fixed + carried
 
 
 def fold(inp: FoldInput) -> CompactedOverlay:
@@ -298,17 +308,21 @@ def fold(inp: FoldInput) -> CompactedOverlay:
     new.slot_pos[(eid_b[~is_base] - p["edge_base"]) // p["num_parts"]] = pos_b[~is_base]
     new.slot_pos[inp.slot_base + order_a] = pos_a
     new.match_nodes(inp.type_nodes)
+    for name, policy, data in inp.rows:  # same slots: node slots, and edge slots below slot_base
+        new.put_data(name, policy, data)
     return new
 
 
 def adopt(new: CompactedOverlay, old: Overlay, inp: FoldInput, removed: list[np.ndarray]) -> None:
     """Carry into ``new`` what ``old`` took since ``inp`` was captured: appended edges (same
     slots), added nodes, removals (``removed``: the IDs removed meanwhile), the request-id
-    answers. Under the store's write lock; then ``old`` is marked stale for mapped views."""
+    answers, the rows of new IDs written. Under the store's write lock; then ``old`` is marked
+    stale for mapped views."""
     n0, n = int(inp.add_src.size), old.added
     if n > n0:
         new.append(old.add_src[n0:n], old.add_dst[n0:n])
     new.match_nodes(old.type_nodes)
+    _carry_rows(new, old)
     gone_pos = [np.empty(0, np.int64)]
     if removed:
         pos, _ = new.positions(np.concatenate(removed))
@@ -318,3 +332,24 @@ def adopt(new: CompactedOverlay, old: Overlay, inp: FoldInput, removed: list[np.
     new.answers = dict(old.answers)
     new.header[3] = old.header[3] + 1
     old.header[4] = -1  # a view of the old overlay is stale from now on (OverlayMovedError)
+
+
+def _carry_rows(new: CompactedOverlay, old: Overlay) -> None:
+    """Make ``new``'s rows of new IDs equal ``old``'s: the rows written while it folded
+    (``old.rows_meanwhile``) are copied again; an area made, dropped or made anew meanwhile
+    (another shape or dtype) is copied whole, or dropped. Slots are the same in both."""
+    written = old.rows_meanwhile or []
+    whole = {name for name, slots in written if slots is None}
+    for name in [name for name in new.data if name not in old.data]:
+        new.drop_data(name)  # its tensor was deleted meanwhile
+    copied: set[str] = set()
+    for name, (policy, rows) in old.data.items():
+        got = new.data.get(name)
+        like = (policy, rows.shape[1:], rows.dtype)
+        kept = got is not None and (got[0], got[1].shape[1:], got[1].dtype) == like
+        if name in whole or not kept:
+            new.put_data(name, policy, rows[: old.data_used(policy)])
+            copied.add(name)
+    for name in {name for name, _ in written} - copied - whole:
+        slots = np.concatenate([s for t, s in written if t == name and s is not None])
+        new.data[name][1][slots] = old.data[name][1][slots]

@@ -119,7 +119,7 @@ class Overlay(DataAreas):
         #: Rows of tensors for new IDs: ``name -> (policy, rows)``, row ``k`` the ``k``-th added
         #: node (policy "node") or appended edge ("edge"); grown with the overlay.
         self.data: dict[str, tuple[str, np.ndarray]] = {}
-        self.compacting = False  # a compaction captured it: rows of new IDs wait (overlay_rows)
+        self.rows_meanwhile = None  # a list while a compaction folds it (overlay_data.note_rows)
         self.data_layout = 0
         self.node_capacity = 0
         self.add_indptr = np.zeros(1, np.int64)
@@ -165,7 +165,7 @@ class Overlay(DataAreas):
             setattr(self, name, arr)
         self.capacity = cap
         self.header[4] = cap
-        self._grow_data("edge", n)
+        self._grow_data("edge", self.slot_base + n)
 
     def _grow_nodes(self, need: int) -> None:
         """Room in the destination index for ``need`` added nodes (doubling)."""
@@ -200,7 +200,7 @@ class Overlay(DataAreas):
         need = 0
         if self.added + edges > self.capacity:
             cap = _doubled(self.capacity, self.added + edges)
-            need += cap * _EDGE_BYTES + self.data_bytes("edge", cap)
+            need += cap * _EDGE_BYTES + self.data_bytes("edge", self.slot_base + cap)
         if self.nodes + nodes > self.node_capacity:
             cap = _doubled(self.node_capacity, self.nodes + nodes)
             need += (self.num_local_nodes + cap + 1) * 17 + self.data_bytes("node", cap)
@@ -435,7 +435,7 @@ class Overlay(DataAreas):
             "nodes": np.array([self.nodes], dtype=np.int64),
             "type_nodes": self.type_nodes.copy(),
             **{  # rows of new IDs, flat: ``load`` is given their tensors' shapes
-                self._data_key(policy, name): rows[: self.nodes if policy == "node" else n].reshape(-1)
+                self._data_key(policy, name): rows[: self.data_used(policy)].reshape(-1)
                 for name, (policy, rows) in self.data.items()
             },
         }

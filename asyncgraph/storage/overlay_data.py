@@ -2,11 +2,12 @@
 the partition's ``Overlay`` beside its appended edges.
 
 Row ``k`` of a node tensor's area is the ``k``-th node the partition added, row ``k`` of an edge
-tensor's the ``k``-th edge it appended, so a pull of a new ID reads ``area[slot]``, with no
-index. An area is made (zeros, DGL's default for new rows) on the first write of a new ID's
-row, grows with the overlay (doubling, a new memfd when shared), and is exported with it, so
-co-located readers map it; making or replacing one moves the header's ``data_layout`` word,
-which marks every view mapped before as stale.
+tensor's the edge in global slot ``k`` (folded by a compaction or appended since: a compacted
+overlay's areas hold ``slot_base + capacity`` rows, so folded edges keep their rows), so a pull
+of a new ID reads ``area[slot]``, with no index. An area is made (zeros, DGL's default for new
+rows) on the first write of a new ID's row, grows with the overlay (doubling, a new memfd when
+shared), and is exported with it, so co-located readers map it; making or replacing one moves
+the header's ``data_layout`` word, which marks every view mapped before as stale.
 """
 
 from __future__ import annotations
@@ -30,11 +31,15 @@ class DataAreas:
     header: np.ndarray
     capacity: int
     node_capacity: int
+    slot_base: int
     _arrays: dict[str, SharedArray | np.ndarray]
     #: ``name -> (policy, rows)``: row ``k`` is the ``k``-th added node or appended edge.
     data: dict[str, tuple[str, np.ndarray]]
     #: The header's ``data_layout`` when these areas were made (or, in a view, exported).
     data_layout: int
+    #: While a compaction folds this overlay: the rows written meanwhile, ``(tensor, slots)``
+    #: (slots None: the tensor's area was dropped), which ``compaction.adopt`` copies over.
+    rows_meanwhile: list[tuple[str, np.ndarray | None]] | None
 
     @property
     def nodes(self) -> int:
@@ -43,6 +48,23 @@ class DataAreas:
     @property
     def added(self) -> int:
         return int(self.header[0])
+
+    def data_capacity(self, policy: str) -> int:
+        """Rows an append area of ``policy`` holds: one per node slot, or per global edge slot."""
+        return self.node_capacity if policy == "node" else self.slot_base + self.capacity
+
+    def data_used(self, policy: str) -> int:
+        """Rows of ``policy``'s areas in use (added nodes, or edge slots ever given out)."""
+        return self.nodes if policy == "node" else self.slot_base + self.added
+
+    def note_rows(self, name: str, slots: np.ndarray | None) -> None:
+        """Record rows of ``name`` written (``None``: its area dropped) while a compaction folds."""
+        if self.rows_meanwhile is not None:
+            self.rows_meanwhile.append((name, None if slots is None else np.array(slots, np.int64)))
+
+    def put_data(self, name: str, policy: str, rows: np.ndarray) -> None:
+        """Make tensor ``name``'s area hold ``rows`` from slot 0 on (a compaction carrying them)."""
+        self._make_data(name, policy, rows.shape[1:], rows.dtype, rows)
 
     def _data_key(self, policy: str, name: str) -> str:
         return f"data:{policy}:{name}"
@@ -54,7 +76,7 @@ class DataAreas:
                 self._make_data(name, policy, rows.shape[1:], rows.dtype, rows[:used].copy())
 
     def _make_data(self, name: str, policy: str, row_shape: Any, dtype: Any, kept: np.ndarray) -> np.ndarray:
-        cap = self.node_capacity if policy == "node" else self.capacity
+        cap = self.data_capacity(policy)
         shape = (cap, *row_shape)
         key = self._data_key(policy, name)
         data: SharedArray | np.ndarray
@@ -100,6 +122,7 @@ class DataAreas:
             old = self._arrays.pop(self._data_key(got[0], name), None)
             if isinstance(old, SharedArray):
                 old.close()
+            self.note_rows(name, None)
             self.header[7] += 1
             self.data_layout = int(self.header[7])
 

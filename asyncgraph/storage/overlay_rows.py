@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from asyncgraph.arrays import as_id_array, check_rows
-from asyncgraph.errors import InvalidRequestError, LiveGraphError, OutOfRangeError
+from asyncgraph.errors import InvalidRequestError, OutOfRangeError
 from asyncgraph.storage.accumulate import assign_rows, scatter_add
 from asyncgraph.storage.overlay_data import AskOwnerError, OverlayMovedError
 
@@ -47,16 +47,6 @@ def row_positions(
         bad = int(ids[~(base | new)][0])
         raise OutOfRangeError(f"edge {bad} is not an edge partition {overlay.part_id} holds")
     return base, local, slot
-
-
-def check_rows_allowed(overlay: Overlay, policy: str) -> None:
-    """Rows of new IDs may be written now: not while a compaction folds the overlay (it does
-    not carry them: retry after it), and rows of new edges not after a compaction (their areas
-    are indexed by slot since the last one). ``LiveGraphError`` otherwise, nothing changed."""
-    if overlay.compacting:
-        raise LiveGraphError("a compaction is folding this partition's updates: write rows of new IDs later")
-    if policy == "edge" and overlay.slot_base > 0:
-        raise LiveGraphError("rows of new edges of a compacted partition are not supported yet")
 
 
 def _overlay(store: PartitionStore) -> Overlay:
@@ -103,11 +93,9 @@ def push_new(
         raise AskOwnerError(f"rows of new IDs of {name!r} are written by partition {store.part_id}'s server")
     overlay = _overlay(store)
     base, _, slot = row_positions(overlay, acc.policy, gids)
-    if not base.all():
-        check_rows_allowed(overlay, acc.policy)
     store.rules.check_write(name)
     if overlay.data_rows(name, acc.policy, acc.row_shape, acc.dtype) is None and store.rules.memory_budget:
-        room = overlay.node_capacity if acc.policy == "node" else overlay.capacity
+        room = overlay.data_capacity(acc.policy)
         tensors = sum(size for _, size in store.local_sizes().values())
         store.rules.check_room(f"rows of new IDs of {name!r}", room * acc.row_bytes, tensors)
     rows = acc.rows if acc.rows.flags.writeable or not base.any() else writable_rows(name)
@@ -121,6 +109,7 @@ def push_new(
             write(rows, acc.check(gids[base])[0], vals[base])  # a per-type tensor: its own rows
         new = ~base
         write(area, slot[new], vals[new])
+        overlay.note_rows(name, slot[new])  # a compaction folding now copies them over
     if made:
         store.catalog_changed()  # a new memfd: co-located readers map it again
 
@@ -156,6 +145,7 @@ def write_row_data(overlay: Overlay, rows: RowData, first: int, stride: int = 1)
     for name, policy, values in rows:
         area = overlay.writable_data(name, policy, values.shape[1:], values.dtype)
         area[first : first + values.shape[0] * stride : stride] = values
+        overlay.note_rows(name, np.arange(first, first + values.shape[0] * stride, stride))
 
 
 def load_row_data(store: PartitionStore, overlay: Overlay, state: Mapping[str, np.ndarray]) -> None:
