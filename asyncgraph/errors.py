@@ -119,6 +119,13 @@ class UnknownEdgeError(OutOfRangeError):
     code = "unknown_edge"
 
 
+class DuplicateEdgeError(InvalidRequestError):
+    """``add_edges`` of an edge that exists (or twice in one call) on a graph partitioned with
+    ``multigraph=False``: nothing was added."""
+
+    code = "duplicate_edge"
+
+
 class NodeTypeMismatchError(InvalidRequestError):
     """An edge of a heterogeneous graph joins nodes of other types than its relation names
     (``add_edges(src, dst, etype=("author", "writes", "paper"))`` with a ``src`` that is no author)."""
@@ -274,6 +281,7 @@ _BY_CODE: dict[str, type[AsyncGraphError]] = {
         ForeignPartitionError,
         UnknownEdgeError,
         NodeTypeMismatchError,
+        DuplicateEdgeError,
         LiveGraphError,
         PartitionFileError,
         FingerprintMismatchError,

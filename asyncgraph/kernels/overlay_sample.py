@@ -15,7 +15,7 @@ within the fanout) every live edge. The caller holds the store's read lock. With
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -25,15 +25,20 @@ from asyncgraph.storage.overlay import Overlay
 __all__ = ["live_degrees", "sample_live"]
 
 
-def _jit(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _jit(fn: Callable[..., Any], inline: Literal["never", "always"] = "never") -> Callable[..., Any]:
     if disabled():
         return fn
     try:
         import numba
     except ImportError:  # pragma: no cover - numba is a dependency
         return fn
-    compiled: Callable[..., Any] = numba.njit(cache=True, nogil=True)(fn)
+    compiled: Callable[..., Any] = numba.njit(cache=True, nogil=True, inline=inline)(fn)
     return compiled
+
+
+def _inlined(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A small helper compiled into its callers (no call per candidate)."""
+    return _jit(fn, inline="always")
 
 
 @_jit
@@ -57,7 +62,7 @@ def _live_counts(
     return out
 
 
-@_jit
+@_inlined
 def _candidate(
     direct: bool, cand: np.ndarray, start: int, base_deg: int, add_order: np.ndarray, first: int, t: int
 ) -> int:  # pragma: no cover - compiled
@@ -115,6 +120,35 @@ def _pick(
             continue
         v = local[i]
         start, end = (indptr[v], indptr[v + 1]) if v < rows else (0, 0)
+        if touched[v] == 0:  # the base row alone (most rows): the static kernel's steps
+            g = global_seeds[i]
+            if fanout < 0 or (not replace and d <= fanout):
+                for j in range(d):
+                    src[p] = start + j
+                    dst[p] = g
+                    p += 1
+            elif replace:
+                for _ in range(fanout):
+                    t = int(u[r] * d)
+                    r += 1
+                    src[p] = start + (t if t < d else d - 1)
+                    dst[p] = g
+                    p += 1
+            else:
+                for step in range(fanout):
+                    top = d - fanout + step  # Floyd's j
+                    t = int(u[r] * (top + 1))
+                    r += 1
+                    pick = start + (t if t <= top else top)
+                    for q in range(step):
+                        if chosen[q] == pick:
+                            pick = start + top
+                            break
+                    chosen[step] = pick
+                    src[p] = pick
+                    dst[p] = g
+                    p += 1
+            continue
         first = 0
         direct = True
         if touched[v]:
@@ -158,17 +192,22 @@ def _pick(
                         pick = _candidate(direct, cand, start, base_deg, add_order, first, top)
                         break
                 chosen[step] = pick
-        for step in range(take):
+        for step in range(take):  # the picks' codes first; ``src`` holds them until the gather
             c = chosen[step] if picked else _candidate(direct, cand, start, base_deg, add_order, first, step)
-            if c >= 0:
-                src[p] = indices[c]
-                eid[p] = eids[c]
-            else:
-                k = -c - 1
-                src[p] = add_src[k]
-                eid[p] = first_new + k * stride
+            src[p] = c
             dst[p] = global_seeds[i]
             p += 1
+    # one tight gather loop: the reads of ``indices``/``eids`` are cache misses, and a short
+    # loop body keeps many in flight (as the static kernel, ``compiled.edges``)
+    for q in range(total):
+        c = src[q]
+        if c >= 0:
+            src[q] = indices[c]
+            eid[q] = eids[c]
+        else:
+            k = -c - 1
+            src[q] = add_src[k]
+            eid[q] = first_new + k * stride
     return src, dst, eid
 
 

@@ -26,10 +26,10 @@ if TYPE_CHECKING:
     from asyncgraph.storage.overlay import Overlay
     from asyncgraph.storage.store import PartitionStore
 
-__all__ = ["sample_typed_live"]
+__all__ = ["edge_rows", "sample_typed_live"]
 
 
-def _edge_rows(store: PartitionStore, overlay: Overlay, key: str, eids: np.ndarray) -> np.ndarray:
+def edge_rows(store: PartitionStore, overlay: Overlay, key: str, eids: np.ndarray) -> np.ndarray:
     """Rows of 1-D edge tensor ``key`` of owned live edges ``eids`` (new edges: the overlay's)."""
     meta = store.tensor_meta(key)
     if meta.row_shape:
@@ -58,7 +58,7 @@ def _weights(
                 "give the weights as an edge tensor over all edges"
             )
         sel = np.flatnonzero(et == t)
-        w[sel] = _edge_rows(store, overlay, key, eids[sel])
+        w[sel] = edge_rows(store, overlay, key, eids[sel])
     if w.size and (not np.isfinite(w).all() or float(w.min()) < 0):
         raise InvalidRequestError("prob: the weights hold negative or non-finite values")
     return w
@@ -87,7 +87,7 @@ def sample_typed_live(
         store, overlay, None, seeds, -1, edge_dir="in", replace=False, seed=seed, prob=prob, exclude=exclude
     )
     eids, seg = every["eids"], every["seed_pos"]
-    et = _edge_rows(store, overlay, tensor_key("edge", ETYPE), eids).astype(np.int64)
+    et = edge_rows(store, overlay, tensor_key("edge", ETYPE), eids).astype(np.int64)
     keys = -np.log1p(-keyed_rng(seed, store.part_id).random(eids.size))
     if etype_probs is not None:
         keys /= _weights(store, overlay, list(etype_probs), et, eids)
@@ -99,7 +99,7 @@ def sample_typed_live(
     rank = np.arange(order.size, dtype=np.int64) - np.searchsorted(sg, sg, side="left")
     k = fan[et[order]]
     pick = np.sort(order[(k < 0) | (rank < k)])  # by seed, then candidate order
-    type_eid = _edge_rows(store, overlay, tensor_key("edge", TYPE_EID), eids[pick]).astype(np.int64)
+    type_eid = edge_rows(store, overlay, tensor_key("edge", TYPE_EID), eids[pick]).astype(np.int64)
     return {
         "src": every["src"][pick],
         "dst": every["dst"][pick],

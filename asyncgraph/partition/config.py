@@ -72,6 +72,8 @@ class PartitionConfig(BaseModel):
     orig_eids: str | None = None
     #: ``partition_graph``'s ``num_trainers_per_machine`` (node tensor ``trainer_id`` when > 1).
     num_trainers_per_machine: int = 1
+    #: False: no parallel edges (of one relation); a live graph's ``add_edges`` refuses one.
+    multigraph: bool = True
     # Heterogeneous graphs only: type names, per-part per-type counts, which tensors each type has.
     ntypes: list[str] | None = None
     canonical_etypes: list[tuple[str, str, str]] | None = None

@@ -31,6 +31,7 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from asyncgraph.errors import InvalidRequestError
+from asyncgraph.kernels.unique_edges import check_simple
 from asyncgraph.names import ETYPE, NTYPE, TYPE_EID
 from asyncgraph.partition.assign import METHODS, assign_parts, balance_categories
 from asyncgraph.partition.book import IdArray
@@ -139,6 +140,7 @@ def partition_graph(
     num_hops: int = ...,
     num_trainers_per_machine: int = ...,
     use_graphbolt: bool = ...,
+    multigraph: bool = ...,
 ) -> None: ...
 
 
@@ -159,6 +161,7 @@ def partition_graph(
     num_hops: int = ...,
     num_trainers_per_machine: int = ...,
     use_graphbolt: bool = ...,
+    multigraph: bool = ...,
 ) -> tuple[IdArray, IdArray]: ...
 
 
@@ -178,6 +181,7 @@ def partition_graph(
     num_hops: int = ...,
     num_trainers_per_machine: int = ...,
     use_graphbolt: bool = ...,
+    multigraph: bool = ...,
 ) -> tuple[IdArray, IdArray] | None: ...
 
 
@@ -196,6 +200,7 @@ def partition_graph(
     num_hops: int = 1,
     num_trainers_per_machine: int = 1,
     use_graphbolt: bool = False,
+    multigraph: bool = True,
 ) -> tuple[IdArray, IdArray] | None:
     """Partition ``graph`` into ``num_parts`` range-owned partitions written under ``out_path``.
 
@@ -216,7 +221,9 @@ def partition_graph(
     every edge's destination as edge tensor ``trainer_id``), which ``node_split(...,
     node_trainer_ids=g.ndata["trainer_id"])`` uses to give each trainer its own sub-range.
     ``use_graphbolt`` (DGL's partition scripts pass it) is accepted either way: partitions are
-    CSC arrays already, the form DGL converts to for GraphBolt.
+    CSC arrays already, the form DGL converts to for GraphBolt. ``multigraph=False`` declares a
+    graph without parallel edges (of one relation): checked here, and a live graph's
+    ``add_edges`` then refuses an edge that exists (``DuplicateEdgeError``).
     Invalid arguments raise ``InvalidRequestError`` (a ``ValueError``) before anything is written;
     a failed run leaves ``out_path`` as it was.
 
@@ -228,6 +235,8 @@ def partition_graph(
     if is_pyg_data(graph):  # PyG's Data / HeteroData, tensors under PyG's names
         graph = from_pyg(graph)
     if isinstance(graph, (str, os.PathLike)):
+        if not multigraph:
+            raise InvalidRequestError("multigraph=False is checked on an in-memory graph, not a chunked one")
         return _partition_path(graph, graph_name, num_parts, out_path, part_method, balance_ntypes,
                                balance_edges, return_mapping, seed, overwrite, progress,
                                num_trainers_per_machine)  # fmt: skip
@@ -261,6 +270,8 @@ def partition_graph(
             "its nodes (DGL's num_hops=1) and deeper layers are sampled from the nodes' owners at "
             "training time, so no deeper halo is needed; pass num_hops=1 (the default)"
         )
+    if not multigraph:
+        check_simple(graph.src, graph.dst, etype)
     tpm = num_trainers_per_machine
     if isinstance(tpm, bool) or not isinstance(tpm, (int, np.integer)) or tpm < 1:
         raise InvalidRequestError(f"num_trainers_per_machine must be an int >= 1, got {tpm!r}")
@@ -379,6 +390,7 @@ def partition_graph(
             orig_nids=ORIG_NIDS_FILE,
             orig_eids=ORIG_EIDS_FILE,
             num_trainers_per_machine=tpm,
+            multigraph=bool(multigraph),
         )
         np.save(tmp / ORIG_NIDS_FILE, orig_nids)
         np.save(tmp / ORIG_EIDS_FILE, orig_eids)

@@ -25,7 +25,7 @@ from asyncgraph.kernels.partition_sampling import keyed_rng
 from asyncgraph.kernels.sampling import FLOYD_MAX_FANOUT, sample_csc
 from asyncgraph.protocol.ops import SampleEdgesArgs
 from asyncgraph.service.limits import WorkLimits
-from asyncgraph.service.live_typed import edge_types_of, node_type_of, type_eid_rows
+from asyncgraph.service.live_typed import check_unique_adds, edge_types_of, node_type_of, type_eid_rows
 from asyncgraph.storage.compaction import CompactedOverlay
 from asyncgraph.storage.overlay import Overlay, new_edge_ids
 from asyncgraph.storage.overlay_data import OverlayMovedError
@@ -206,6 +206,8 @@ class LiveStructure:
         s, local = self.check_add(src, dst)
         rows = check_row_data(self.store, "add_edges", "edge", int(s.size), data)
         etypes = edge_types_of(self.store, s, as_id_array(dst, "dst"), rows)  # heterogeneous: checked
+        if not self.store.multigraph:
+            check_unique_adds(self.store, self.overlay, s, as_id_array(dst, "dst"), etypes)
         self._check_room("add_edges", edges=int(s.size))
         overlay = self._made()
         layout = overlay.capacity, overlay.data_layout

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from asyncgraph.errors import InvalidRequestError, NodeTypeMismatchError, UnknownTypeError
+from asyncgraph.errors import DuplicateEdgeError, InvalidRequestError, NodeTypeMismatchError, UnknownTypeError
+from asyncgraph.kernels.edge_queries import _candidates
+from asyncgraph.kernels.overlay_edges import sample_edges_live
+from asyncgraph.kernels.overlay_typed import edge_rows
+from asyncgraph.kernels.unique_edges import repeated_new_edge
 from asyncgraph.names import ETYPE, NTYPE, TYPE_EID, tensor_key
-from asyncgraph.storage.overlay import new_edge_ids
+from asyncgraph.storage.overlay import Overlay, new_edge_ids
 from asyncgraph.storage.overlay_rows import RowData
 from asyncgraph.storage.store import PartitionStore
 
-__all__ = ["edge_types_of", "node_type_of", "type_eid_rows"]
+__all__ = ["check_unique_adds", "edge_types_of", "node_type_of", "type_eid_rows"]
 
 NTYPE_KEY, ETYPE_KEY, TEID_KEY = (
     tensor_key("node", NTYPE),
@@ -97,3 +101,37 @@ def type_eid_rows(store: PartitionStore, etypes: np.ndarray, first: int) -> tupl
     meta = store.tensor_meta(TEID_KEY)
     values = (tops[etypes] + ids - book.num_edges).astype(meta.dtype).reshape(-1, *meta.row_shape)
     return TEID_KEY, "edge", values
+
+
+def check_unique_adds(
+    store: PartitionStore,
+    overlay: Overlay | None,
+    src: np.ndarray,
+    dst: np.ndarray,
+    etypes: np.ndarray | None,
+) -> None:
+    """``DuplicateEdgeError`` (nothing changes) when a new edge ``src -> dst`` (global IDs, of
+    relation ``etypes``) is live already or comes twice: a graph partitioned with
+    ``multigraph=False``. Reads the destinations' live in-edges under the read lock."""
+    seeds = np.unique(dst)
+    with store.lock.read():
+        if overlay is None:
+            indptr = np.asarray(store.indptr)
+            local = seeds - store.node_range[0]
+            seg, j = _candidates(indptr[local], indptr[local + 1] - indptr[local])
+            old_src, old_dst = np.asarray(store.indices)[j], seeds[seg]
+            rel = np.asarray(store.local_rows(ETYPE_KEY))[j] if etypes is not None else None
+        else:
+            every = sample_edges_live(
+                store, overlay, None, seeds, -1, edge_dir="in", replace=False, seed=0, prob=None, exclude=None
+            )
+            old_src, old_dst = every["src"], every["dst"]
+            rel = edge_rows(store, overlay, ETYPE_KEY, every["eids"]) if etypes is not None else None
+    old_rel = np.zeros(old_src.size, np.int64) if rel is None else np.asarray(rel, np.int64)
+    new_rel = np.zeros(src.size, np.int64) if etypes is None else etypes
+    at = repeated_new_edge((old_src, old_dst, old_rel), (src, dst, new_rel))
+    if at is not None:
+        raise DuplicateEdgeError(
+            f"add_edges: edge {int(src[at])} -> {int(dst[at])} exists already (this graph was "
+            "partitioned with multigraph=False)"
+        )

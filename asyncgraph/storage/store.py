@@ -62,6 +62,9 @@ class PartitionStore(StoreBase):
     clients call it in-process.
     """
 
+    #: False for a graph partitioned with ``multigraph=False``: ``add_edges`` refuses parallel edges.
+    multigraph = True
+
     # --- construction ----------------------------------------------------------------
     @classmethod
     def create(
@@ -124,7 +127,7 @@ class PartitionStore(StoreBase):
             arrays += [(f"node:{k}", a) for k, a in part.node_feats.items()]  # as check_features
             arrays += [(f"edge:{k}", a) for k, a in part.edge_feats.items()]
             files = {k: str(a.filename) for k, a in arrays if isinstance(a, np.memmap) and a.filename}
-        return cls.create(
+        store = cls.create(
             part.config.graph_name,
             part.part_id,
             part.book,
@@ -136,6 +139,8 @@ class PartitionStore(StoreBase):
             shared=shared,
             files=files,
         )
+        store.multigraph = part.config.multigraph
+        return store
 
     def _allocate(self, meta: TensorMeta, *, final: bool | None = None) -> StoredTensor:
         """Zeroed local rows for ``meta``, not registered (``final``: see ``SharedArray.create``)."""
