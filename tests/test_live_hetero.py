@@ -155,6 +155,19 @@ def test_acm_served_equals_standalone_after_the_same_typed_updates(
     assert rows >= 3  # every added paper was a seed, so an input, with its stored row
     with pytest.raises(UnknownTypeError):
         loader.add_seeds({"venue": [0]})
+    # a compaction folds typed updates too: the same edges, IDs and samples after it
+    for g in (alone, shm):
+        g.compact()
+    _update(alone, alone_model, alone_added, np.random.default_rng(8))  # typed slots go on
+    _update(shm, served_model, served_added, np.random.default_rng(8))
+    assert alone_model == served_model and alone_added == served_added
+    for g in (alone, shm, sock):
+        _check(g, served_model, served_added)
+    want = alone.sample_etype_neighbors(seeds, 2, seed=6)
+    got = sock.sample_etype_neighbors(seeds, 2, seed=6)
+    for c in alone.canonical_etypes:
+        for a, b in zip(got[c], want[c], strict=True):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
 @pytest.mark.timeout(180)
