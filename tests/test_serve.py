@@ -126,8 +126,8 @@ def test_full_neighbourhood_equals_layerwise_inference(graph: asyncgraph.DistGra
 def test_bad_node_ids_are_typed_errors(graph: asyncgraph.DistGraph, model_dir: Path) -> None:
     _, model = load_model(model_dir)
     core = InferenceCore(graph.client.async_client, model, [5, 10])
-    with pytest.raises(OutOfRangeError, match="unknown node ID 19717"):
-        core.check_nodes(np.array([1, 19717], dtype=np.int64))
+    with pytest.raises(OutOfRangeError, match="unknown node ID 19717"):  # no owner added it
+        graph.client.loop.run(core.added_exist(core.check_nodes(np.array([1, 19717], dtype=np.int64))))
     with pytest.raises(OutOfRangeError, match="unknown node ID -1"):
         core.check_nodes(np.array([-1], dtype=np.int64))
     with pytest.raises(DTypeMismatchError):

@@ -301,3 +301,8 @@ def test_an_answer_reflects_acknowledged_edges_and_stored_new_nodes(
     assert stored.node_ids is not None and stored.node_ids.size == 1 and int(stored.node_ids[0]) >= n
     s, d, _ = client.loop.run(client.async_client.sample_neighbors(stored.node_ids, -1))
     assert sorted(s.tolist()) == [4, node] and set(d.tolist()) == {int(stored.node_ids[0])}
+    # its features were stored with it: a request naming the stored node gets the same answer
+    np.testing.assert_array_equal(client.pull("node:feat", stored.node_ids).numpy(), np.asarray(feats))
+    status, named = full.infer([int(stored.node_ids[0])])
+    assert status == 200, named
+    np.testing.assert_allclose(_rows(named), stored.output, atol=1e-5, rtol=1e-5)

@@ -73,7 +73,7 @@ def test_typed_requests_equal_layerwise_inference(acm: tuple[Any, asyncgraph.Dis
     with pytest.raises(UnknownTypeError, match="unknown node type 'nope'"):
         core.check_nodes({"nope": np.array([0])})
     with pytest.raises(OutOfRangeError, match=f"unknown node ID {hg.num_nodes('paper')}"):
-        core.check_nodes({"paper": np.array([hg.num_nodes("paper")])})
+        g.client.loop.run(core.added_exist(core.check_nodes({"paper": np.array([hg.num_nodes("paper")])})))
     core.close()
 
 

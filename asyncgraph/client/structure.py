@@ -95,7 +95,7 @@ class StructureQueries:
         for meta in metas:
             if meta.policy != "node":
                 raise InvalidRequestError(f"sample_with_features: {meta.name!r} is not a node tensor")
-        parts = self.state.book.positions(gids, "node")
+        parts = node_positions(self.state.book, gids)  # added nodes too (issue 35)
         fan, rep = int(fanout), bool(replace)
         if traffic is not None:
             count_remote(self.state.partitions, parts, Op.SAMPLE, traffic)

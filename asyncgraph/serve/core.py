@@ -50,8 +50,10 @@ class BatchTimes:
     cache_hits: int = 0
 
 
-def _ids(nodes: Any, what: str, limit: int) -> np.ndarray:
-    """``nodes`` as 1-D int64 IDs in ``[0, limit)``, else a typed error naming the first bad one."""
+def _ids(nodes: Any, what: str, limit: int | None) -> np.ndarray:
+    """``nodes`` as 1-D int64 IDs in ``[0, limit)`` (``limit`` None: any ID >= 0, a live graph's
+    added nodes above the base; ``added_exist`` asks their owners), else a typed error naming
+    the first bad one."""
     arr = np.asarray(nodes)
     if arr.dtype.kind not in "iu":
         raise DTypeMismatchError(f"{what} must be integers, got {arr.dtype}")
@@ -59,10 +61,11 @@ def _ids(nodes: Any, what: str, limit: int) -> np.ndarray:
         raise ShapeMismatchError(f"{what} must be 1-D, got shape {list(arr.shape)}")
     ids = arr.astype(np.int64, copy=False)
     if ids.size:
-        bad = ids[(ids < 0) | (ids >= limit)]
+        bad = ids[(ids < 0) | (ids >= limit)] if limit is not None else ids[ids < 0]
         if bad.size:
             raise OutOfRangeError(
-                f"unknown node ID {int(bad[0])} ({what}): the graph has 0..{limit - 1}"
+                f"unknown node ID {int(bad[0])} ({what}): "
+                + (f"the graph has 0..{limit - 1}" if limit is not None else "IDs are >= 0")
                 + (f" ({bad.size} IDs out of range)" if bad.size > 1 else "")
             )
     return ids
@@ -124,11 +127,11 @@ class InferenceCore:
             for ntype, ids in nodes.items():
                 if ntype not in book.ntypes:
                     raise UnknownTypeError(f"unknown node type {ntype!r}; the graph has {book.ntypes}")
-                per_type = _ids(ids, f"{ntype!r} IDs", book.num_nodes_of(ntype))
+                per_type = _ids(ids, f"{ntype!r} IDs", None)  # added nodes too: added_exist
                 parts.append(np.asarray(book.map_to_homo_nid(per_type, ntype), dtype=np.int64))
             homo = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
         else:
-            homo = _ids(nodes, "node IDs", self.num_nodes)
+            homo = _ids(nodes, "node IDs", None)  # added nodes too: added_exist
         if self.target is not None and homo.size:
             types, _ = book.map_to_per_ntype(homo)
             other = np.flatnonzero(np.asarray(types) != book.ntypes.index(self.target))
@@ -136,6 +139,40 @@ class InferenceCore:
                 got = book.ntypes[int(types[other[0]])]
                 raise InvalidRequestError(f"the model answers {self.target!r} nodes only, got a {got!r} node")
         return homo
+
+    async def added_exist(self, homo: np.ndarray) -> None:
+        """``OutOfRangeError`` naming an ID above the base graph that no owner added (a live
+        graph's added nodes are answered like any): checked before the request joins a batch,
+        so a bad ID fails its own request only."""
+        above = homo[homo >= self.num_nodes]
+        if not above.size:
+            return
+        unique = np.unique(above)
+        try:
+            await self.async_client.degrees(unique, "in")  # each owner: they exist
+        except OutOfRangeError as err:
+            bad = await self._first_missing(unique)
+            book = self.async_client.book
+            if book.is_hetero:  # name it as the request did: per type
+                t, per = book.map_to_per_ntype(np.array([bad], np.int64))
+                kind = book.ntypes[int(t[0])]
+                raise OutOfRangeError(
+                    f"unknown node ID {int(per[0])} ({kind!r} IDs): the graph has "
+                    f"0..{book.num_nodes_of(kind) - 1} and the {kind} nodes added to it"
+                ) from err
+            raise OutOfRangeError(
+                f"unknown node ID {bad} (node IDs): the graph has 0..{self.num_nodes - 1} and the "
+                "nodes added to it"
+            ) from err
+
+    async def _first_missing(self, ids: np.ndarray) -> int:
+        """The first of ``ids`` no owner holds (the error path only: one ID a call, at most 64)."""
+        for gid in ids[:64].tolist():
+            try:
+                await self.async_client.degrees(np.array([gid], np.int64), "in")
+            except OutOfRangeError:
+                return int(gid)
+        return int(ids[0])
 
     async def build_cache(self, budget_bytes: int, *, batch_size: int) -> dict[str, int]:
         """Cache the input rows of remote partitions most often needed (the loaders' feature cache,

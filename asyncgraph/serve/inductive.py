@@ -9,8 +9,9 @@ Given neighbours are drawn with ``numpy.random.default_rng([layer_seed(seed, lay
 the request's ``i``-th new node (``choice`` of ``fanout`` positions, without replacement unless
 the sampler replaces, in the given order): a node's answer depends on its own request only.
 Within the blocks new node ``i`` is ID ``-1 - i`` (never a graph ID); its input row is the
-request's feature row. Nothing is stored unless ``store`` is asked: then ``add_nodes`` and
-``add_edges`` (neighbour -> new node) of the live graph, after the answer, give the new IDs.
+request's feature row. Nothing is stored unless ``store`` is asked: then ``add_nodes`` (with the
+feature rows) and ``add_edges`` (neighbour -> new node) of the live graph, after the answer,
+give the new IDs.
 """
 
 from __future__ import annotations
@@ -190,10 +191,11 @@ async def infer_new_nodes(core: InferenceCore, new: NewNodes, times: BatchTimes)
     return await core.forward(blocks, torch.from_numpy(x), times)
 
 
-async def store_new_nodes(aio: AsyncClient, new: NewNodes) -> np.ndarray:
-    """Add ``new``'s nodes and their in-edges to the live graph; their new IDs (request order).
-    The structure only: node data of added IDs is not stored by the live graph yet."""
-    ids = await aio.add_nodes(new.count)
+async def store_new_nodes(aio: AsyncClient, new: NewNodes, feat: str) -> np.ndarray:
+    """Add ``new``'s nodes, with their rows of the model's input tensor ``feat``, and their
+    in-edges to the live graph; their new IDs (request order). A later request naming such an
+    ID reads the stored row and edges, so it gets the answer this request got."""
+    ids = await aio.add_nodes(new.count, data={feat: new.features})
     if new.neighbors.size:
         await aio.add_edges(new.neighbors, np.repeat(ids, np.diff(new.offsets)))
     return np.asarray(ids, dtype=np.int64)
@@ -209,7 +211,9 @@ async def run_request(
     Node IDs are merged with other requests; new nodes run as a batch of their own, and are
     stored (``store``) only once their answer is computed, so a request that fails stores nothing."""
     if not isinstance(nodes, NewNodesInput):
-        return await batcher.submit(core.check_nodes(nodes), timeout), None
+        homo = core.check_nodes(nodes)
+        await core.added_exist(homo)
+        return await batcher.submit(homo, timeout), None
     if core.async_client.book.is_hetero:
         raise InvalidRequestError("inductive requests are for homogeneous graphs (typed: not yet)")
     new = check_new_nodes(
@@ -220,4 +224,4 @@ async def run_request(
         return await infer_new_nodes(core, new, times)
 
     rows = await batcher.submit_own(new.count, run, timeout)
-    return rows, (await store_new_nodes(core.async_client, new) if new.store else None)
+    return rows, (await store_new_nodes(core.async_client, new, core.feat) if new.store else None)
