@@ -306,3 +306,12 @@ def test_an_answer_reflects_acknowledged_edges_and_stored_new_nodes(
     status, named = full.infer([int(stored.node_ids[0])])
     assert status == 200, named
     np.testing.assert_allclose(_rows(named), stored.output, atol=1e-5, rtol=1e-5)
+    # and it can be the neighbour of the next new node (an added node is a node like any)
+    stored_id = int(stored.node_ids[0])
+    with asyncgraph.InferenceClient(f"tcp://127.0.0.1:{full.msgpack_port}", model="sage") as inference:
+        nxt = inference.infer_new(feats, [[stored_id]])
+        with pytest.raises(OutOfRangeError, match=f"unknown neighbour node ID {stored_id + 2}"):
+            inference.infer_new(feats, [[stored_id + 2]])  # never added
+    both = np.concatenate([feats, feats])  # the stored node as N, the next one as N + 1
+    want_next = _oracle(client, model_dir, both, [[node, 4], [n]])[n + 1 : n + 2]
+    np.testing.assert_allclose(nxt.output, want_next, atol=1e-5, rtol=1e-5)

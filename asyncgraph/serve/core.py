@@ -140,7 +140,7 @@ class InferenceCore:
                 raise InvalidRequestError(f"the model answers {self.target!r} nodes only, got a {got!r} node")
         return homo
 
-    async def added_exist(self, homo: np.ndarray) -> None:
+    async def added_exist(self, homo: np.ndarray, what: str = "node") -> None:
         """``OutOfRangeError`` naming an ID above the base graph that no owner added (a live
         graph's added nodes are answered like any): checked before the request joins a batch,
         so a bad ID fails its own request only."""
@@ -157,11 +157,11 @@ class InferenceCore:
                 t, per = book.map_to_per_ntype(np.array([bad], np.int64))
                 kind = book.ntypes[int(t[0])]
                 raise OutOfRangeError(
-                    f"unknown node ID {int(per[0])} ({kind!r} IDs): the graph has "
+                    f"unknown {what} ID {int(per[0])} ({kind!r} IDs): the graph has "
                     f"0..{book.num_nodes_of(kind) - 1} and the {kind} nodes added to it"
                 ) from err
             raise OutOfRangeError(
-                f"unknown node ID {bad} (node IDs): the graph has 0..{self.num_nodes - 1} and the "
+                f"unknown {what} ID {bad}: the graph has 0..{self.num_nodes - 1} and the "
                 "nodes added to it"
             ) from err
 

@@ -107,7 +107,8 @@ def check_new_nodes(
 ) -> NewNodes:
     """``given``'s new nodes, checked: ``features`` ``[n, *feat_shape]`` finite numbers,
     ``offsets`` ``n + 1`` non-decreasing integers from 0 to ``len(neighbors)``, every neighbour
-    an existing node ID in ``[0, num_nodes)``; else a typed error (``InvalidRequestError``)."""
+    a node ID >= 0 (one above ``num_nodes`` is checked with its owner: ``added_exist``); else a
+    typed error (``InvalidRequestError``)."""
     feats, nbrs, offs = _array(given.features), _array(given.neighbors), _array(given.offsets)
     if feats.dtype.kind not in "fiu" or feats.dtype == np.bool_:
         raise DTypeMismatchError(f"features must be numbers, got {feats.dtype}")
@@ -132,7 +133,7 @@ def check_new_nodes(
         raise InvalidRequestError(
             f"neighbor offsets must rise from 0 to len(neighbors) = {nbrs.size}, got {offs.tolist()[:8]}"
         )
-    bad = nbrs[(nbrs < 0) | (nbrs >= num_nodes)]
+    bad = nbrs[nbrs < 0]  # above the base: a live graph's added nodes (``InferenceCore.added_exist``)
     if bad.size:
         raise OutOfRangeError(f"unknown neighbour node ID {int(bad[0])}: the graph has 0..{num_nodes - 1}")
     return NewNodes(feats, nbrs, offs, bool(given.store))
@@ -219,6 +220,7 @@ async def run_request(
     new = check_new_nodes(
         nodes, feat_shape=core.feat_shape, feat_dtype=core.feat_dtype, num_nodes=core.num_nodes
     )
+    await core.added_exist(new.neighbors, "neighbour node")  # before it joins a batch
 
     async def run(times: BatchTimes) -> torch.Tensor:
         return await infer_new_nodes(core, new, times)
