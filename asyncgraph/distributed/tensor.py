@@ -290,8 +290,7 @@ class DistTensor:
         if self.ntype is None and self.etype is None:
             return ids
         tid = as_id_array(ids, "ids")
-        past = self.etype is not None and tid.size and int(tid.max()) >= len(self)  # nodes: owners check
-        if tid.size and (int(tid.min()) < 0 or past):
+        if tid.size and (int(tid.min()) < 0 or int(tid.max()) >= len(self)):
             bad = int(tid.min()) if int(tid.min()) < 0 else int(tid.max())
             kind = f"{self.ntype} node" if self.ntype is not None else f"{self.etype} edge"
             raise OutOfRangeError(f"{kind} ID {bad} out of range [0, {len(self)}) of {self.name!r}")

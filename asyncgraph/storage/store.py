@@ -139,7 +139,7 @@ class PartitionStore(StoreBase):
             shared=shared,
             files=files,
         )
-        store.multigraph = part.config.multigraph
+        store.multigraph = bool(getattr(part.config, "multigraph", True))
         return store
 
     def _allocate(self, meta: TensorMeta, *, final: bool | None = None) -> StoredTensor:
