@@ -386,14 +386,14 @@ class DistGraph:
         ids = as_id_array(eids, "eids")
         if etype is not None and book.is_hetero:
             r = book.etype_id(etype)  # UnknownTypeError
+            kind, per_type = book.canonical_etypes[r], ids
             try:
-                ids = added_edges_to_homo(book, ids, etype)
+                ids = added_edges_to_homo(book, per_type, etype)
                 types, _ = book.map_to_per_etype(ids)  # the owners' rows (new edges' too)
             except OutOfRangeError as err:
-                raise type(err)(f"{book.canonical_etypes[r]} edge IDs: {err}") from err
+                raise type(err)(f"{kind} edge IDs: {err}") from err
             if types.size and bool((types != r).any()):
-                bad = int(as_id_array(eids, "eids")[types != r][0])
-                kind = book.canonical_etypes[r]
+                bad = int(per_type[types != r][0])
                 raise UnknownEdgeError(f"remove_edges: {bad} is not an edge of type {kind}")
         elif etype is not None:
             book.etype_id(etype)  # UnknownTypeError for an unknown type

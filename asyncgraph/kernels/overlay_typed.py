@@ -20,7 +20,7 @@ from asyncgraph.kernels.overlay_edges import sample_edges_live
 from asyncgraph.kernels.partition_sampling import keyed_rng
 from asyncgraph.names import ETYPE, TYPE_EID, edge_key, tensor_key
 from asyncgraph.partition.typed import typed_range
-from asyncgraph.storage.overlay_rows import row_positions
+from asyncgraph.storage.overlay_rows import rows_of
 
 if TYPE_CHECKING:
     from asyncgraph.storage.overlay import Overlay
@@ -31,16 +31,10 @@ __all__ = ["edge_rows", "sample_typed_live"]
 
 def edge_rows(store: PartitionStore, overlay: Overlay, key: str, eids: np.ndarray) -> np.ndarray:
     """Rows of 1-D edge tensor ``key`` of owned live edges ``eids`` (new edges: the overlay's)."""
-    meta = store.tensor_meta(key)
-    if meta.row_shape:
-        raise InvalidRequestError(f"{key!r} must be a 1-D edge tensor, got rows of shape {meta.row_shape}")
-    base, local, slot = row_positions(overlay, "edge", eids)
-    out = np.zeros(eids.size, dtype=meta.dtype)
-    out[base] = np.asarray(store.local_rows(key))[local[base]]
-    area = overlay.data_rows(key, "edge", (), meta.dtype)
-    if area is not None:
-        out[~base] = area[slot[~base]]
-    return out
+    acc = store.access(key)
+    if acc.row_shape or acc.policy != "edge":
+        raise InvalidRequestError(f"{key!r} must be a 1-D edge tensor, got rows of shape {acc.row_shape}")
+    return rows_of(overlay, acc, key, eids)
 
 
 def _weights(

@@ -63,13 +63,19 @@ def pull_new(store: PartitionStore, acc: TensorAccess, name: str, ids: Any) -> n
     gids = as_id_array(ids, "ids")
     with store.lock.read():
         overlay = _overlay(store)
-        base, _, slot = row_positions(overlay, acc.policy, gids)
-        out = np.zeros((gids.size, *acc.row_shape), dtype=acc.dtype)
-        out[base] = acc.rows[acc.check(gids[base])[0]]  # a per-type tensor: its own run of rows
-        area = overlay.data_rows(name, acc.policy, acc.row_shape, acc.dtype)
-        if area is not None:
-            new = ~base
-            out[new] = area[slot[new]]
+        return rows_of(overlay, acc, name, gids)
+
+
+def rows_of(overlay: Overlay, acc: TensorAccess, name: str, gids: np.ndarray) -> np.ndarray:
+    """Rows ``gids`` of tensor ``name`` (``acc``) as a new array: base rows from the tensor,
+    new IDs' from the overlay's append area (zeros without one). The caller holds the read lock."""
+    base, _, slot = row_positions(overlay, acc.policy, gids)
+    out = np.zeros((gids.size, *acc.row_shape), dtype=acc.dtype)
+    out[base] = acc.rows[acc.check(gids[base])[0]]  # a per-type tensor: its own run of rows
+    area = overlay.data_rows(name, acc.policy, acc.row_shape, acc.dtype)
+    if area is not None:
+        new = ~base
+        out[new] = area[slot[new]]
     return out
 
 

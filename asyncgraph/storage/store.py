@@ -250,6 +250,11 @@ class PartitionStore(StoreBase):
         self.catalog_changed()
 
     # --- data access ------------------------------------------------------------------------
+    def access(self, name: str) -> TensorAccess:
+        """The published tensor's access record (its rows, dtype, owned range; UnknownTensorError
+        like ``_get``): for kernels that read rows under a lock the caller holds."""
+        return self._entry(name)
+
     def _entry(self, name: str) -> TensorAccess:
         """The published tensor's access record (UnknownTensorError like ``_get``)."""
         t = self._tensors.get(name)
