@@ -107,14 +107,16 @@ def test_dgl_graphsage_link_prediction_cora(tmp_path: Path) -> None:
     out = _launch(
         tmp_path, cfg, "node_classification_unsupervised.py", "--ip_config", "ip_config.txt",
         "--graph_name", "cora",
-        "--part_config", str(cfg), "--num_epochs", "3", "--remove_edge", "--debug",
-        "--batch_size", "500", "--log_every", "5",
+        "--part_config", str(cfg), "--num_epochs", "12", "--remove_edge", "--debug",
+        "--batch_size", "500", "--log_every", "5", "--lr", "0.01", "--num_hidden", "64",
     )  # fmt: skip
+    # 3 epochs at DGL's defaults left the embeddings near their random start: test accuracy ranged
+    # 0.21-0.51 over runs (one CI run failed at 0.243). 12 epochs, lr 0.01, 64 hidden: 0.43-0.58.
     losses = [float(x) for x in re.findall(r"\[trainer 0\] \[0\] Epoch \d+ \| Step \d+ \| Loss (\S+)", out)]
-    assert len(losses) == 9 and losses[-1] < losses[0] - 0.05, losses  # it learns
+    assert len(losses) == 36 and losses[-1] < losses[0] - 0.05, losses  # it learns
     m = re.search(r"\[trainer 0\] eval acc (\S+); test acc (\S+)", out)
     assert m is not None, out[-3000:]
-    assert float(m.group(2)) > 0.3, out[-3000:]  # 7 classes, logistic regression on the embeddings
+    assert float(m.group(2)) > 0.35, out[-3000:]  # 7 classes (the largest is 0.30 of the nodes), logistic regression on the embeddings
     assert (tmp_path / "emb.pt").is_file()  # torch.save of the DistTensor: a handle that re-attaches
 
 
