@@ -116,7 +116,7 @@ def test_dgl_graphsage_link_prediction_cora(tmp_path: Path) -> None:
     assert len(losses) == 36 and losses[-1] < losses[0] - 0.05, losses  # it learns
     m = re.search(r"\[trainer 0\] eval acc (\S+); test acc (\S+)", out)
     assert m is not None, out[-3000:]
-    assert float(m.group(2)) > 0.35, out[-3000:]  # 7 classes (the largest is 0.30 of the nodes), logistic regression on the embeddings
+    assert float(m.group(2)) > 0.35, out[-3000:]  # 7 classes, the largest 0.30: a logistic regression
     assert (tmp_path / "emb.pt").is_file()  # torch.save of the DistTensor: a handle that re-attaches
 
 

@@ -47,16 +47,24 @@ def start_agent(job: Job) -> subprocess.Popen[str]:
     return proc
 
 
-def read_until(proc: subprocess.Popen[str], prefix: str) -> list[str]:
+def read_until(proc: subprocess.Popen[str], *prefixes: str) -> list[str]:
+    """The agent's stdout lines up to the first line starting with each of ``prefixes``, in any
+    order: the child's own lines and the agent's ready report travel on different paths (a pipe
+    relayed, a file polled), so either may come first."""
     assert proc.stdout is not None
-    lines = []
+    lines, missing = [], set(prefixes)
     for line in proc.stdout:
         lines.append(line.rstrip("\n"))
-        if line.startswith(prefix):
+        missing -= {p for p in missing if line.startswith(p)}
+        if not missing:
             return lines
     raise AssertionError(
-        f"agent ended without {prefix!r}: {lines} {proc.stderr.read() if proc.stderr else ''}"
+        f"agent ended without {sorted(missing)!r}: {lines} {proc.stderr.read() if proc.stderr else ''}"
     )
+
+
+def first(lines: list[str], prefix: str) -> str:
+    return next(line for line in lines if line.startswith(prefix))
 
 
 def alive(pid: int) -> bool:
@@ -78,15 +86,15 @@ def test_agent_writes_private_files_reports_ready_and_stops_its_child_on_eof() -
     )
     agent = start_agent(job)
     try:
-        lines = read_until(agent, "pid ")
-        secret_line = next(line for line in lines if line.startswith("secret "))
+        lines = read_until(agent, "pid ", AGENT_PREFIX)
+        secret_line = first(lines, "secret ")
         _, value, mode, where = secret_line.split(" ", 3)
         folder = where.removeprefix("in ")
         assert (value, mode) == ("s3cret", "0o600") and Path(folder).is_dir()
         assert DIR_TOKEN not in where
-        child = int(lines[-1].split()[1])
+        child = int(first(lines, "pid ").split()[1])
         # the ready report follows the ready file
-        report = parse_report(read_until(agent, AGENT_PREFIX)[-1])
+        report = parse_report(first(lines, AGENT_PREFIX))
         assert report == {"ready": ["10.1.2.3", 4242]}
         assert agent.stdin is not None
         agent.stdin.close()  # the launcher or its ssh is gone
@@ -131,11 +139,11 @@ def test_a_sigkilled_agent_leaves_no_secret_and_no_process_behind(tmp_path: Path
     agent.stdin.flush()
     grandchild = 0
     try:
-        lines = read_until(agent, "pid ")
-        folder = Path(next(line for line in lines if line.startswith("folder ")).split(" ", 1)[1])
-        grandchild = int(lines[-1].split()[1])
+        lines = read_until(agent, "pid ", AGENT_PREFIX)
+        folder = Path(first(lines, "folder ").split(" ", 1)[1])
+        grandchild = int(first(lines, "pid ").split()[1])
         assert folder.parent == tmp_path
-        assert parse_report(read_until(agent, AGENT_PREFIX)[-1]) == {"ready": ["10.1.2.3", 4242]}
+        assert parse_report(first(lines, AGENT_PREFIX)) == {"ready": ["10.1.2.3", 4242]}
         assert (folder / "secret").read_text() == "s3cret" and (folder / "ready.json").exists()
         agent.kill()  # SIGKILL: the agent cleans nothing up itself
         agent.wait(timeout=10)
