@@ -28,7 +28,10 @@ ROW_GROUP = 300  # rows per row group: every chunk has several, and reads cross 
 
 
 def write_dgl_parquet(
-    arr: np.ndarray[Any, Any], path: Path, vector: bool = False, shape: bool = True,
+    arr: np.ndarray[Any, Any],
+    path: Path,
+    vector: bool = False,
+    shape: bool = True,
     row_group: int = ROW_GROUP,
 ) -> None:
     """An array as DGL's ``ParquetArrayParser.write`` lays it out (``vector``: one list a row)."""
