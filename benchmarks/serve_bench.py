@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import http.client
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
 from asyncgraph.errors import AsyncGraphError
@@ -87,10 +89,21 @@ def _metrics(port: int) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
+            stage = sample.labels.get("stage") or sample.labels.get("outcome") or ""
             if sample.name.endswith(("_sum", "_count")) or sample.name.endswith("_total"):
-                stage = sample.labels.get("stage") or sample.labels.get("outcome") or ""
                 out[f"{sample.name}{'/' + stage if stage else ''}"] = sample.value
+            elif sample.name.endswith("_bucket") and stage == "total":  # serve-side latency's tail
+                out[f"total_le/{float(sample.labels['le']):g}"] = sample.value
     return out
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc``; 0 where it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _delta(after: dict[str, float], before: dict[str, float], key: str) -> float:
@@ -240,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
             wheres = [json.loads(ready.read_text()) for ready in readies]
             url = f"tcp://127.0.0.1:{wheres[0]['msgpack_port']}"
             http_ports = [w["port"] for w in wheres]
-            asyncio.run(_offer(url, 50, 1.0, args.connections, num_nodes, 99))  # warm-up
+            uvloop.run(_offer(url, 50, 1.0, args.connections, num_nodes, 99))  # warm-up
             if args.ingest_eps > 0:  # the live graph (issue 35) ingesting while requests are served
                 from benchmarks.live_bench import _helper, _wait_file
 
@@ -253,7 +266,20 @@ def main(argv: list[str] | None = None) -> None:
             points = []
             for i, rate in enumerate(float(r) for r in args.rates.split(",")):
                 before = _summed_metrics(http_ports)
-                point = asyncio.run(_offer(url, rate, args.seconds, args.connections, num_nodes, i))
+                pids = {
+                    "serve": [p.pid for p in serves],
+                    "servers": [p.pid for p in group.procs],
+                    "generator": [os.getpid()],
+                    "writer": [writer.pid] if writer is not None else [],
+                }
+                cpu0 = {k: sum(map(_cpu_seconds, v)) for k, v in pids.items()}
+                wall0 = time.perf_counter()
+                point = uvloop.run(_offer(url, rate, args.seconds, args.connections, num_nodes, i))
+                wall = time.perf_counter() - wall0
+                # cores each kind of process used over the rate (of the 2 this machine has)
+                point["cores"] = {
+                    k: round((sum(map(_cpu_seconds, v)) - cpu0[k]) / wall, 3) for k, v in pids.items()
+                }
                 after = _summed_metrics(http_ports)
                 batches = _delta(after, before, "asyncgraph_serve_batch_nodes_count")
                 point["mean_batch_nodes"] = _delta(after, before, "asyncgraph_serve_batch_nodes_sum") / max(
@@ -266,6 +292,10 @@ def main(argv: list[str] | None = None) -> None:
                     n = _delta(after, before, f"asyncgraph_serve_latency_seconds_count/{stage}")
                     s = _delta(after, before, f"asyncgraph_serve_latency_seconds_sum/{stage}")
                     point[f"mean_{stage}_ms"] = 1e3 * s / max(n, 1)
+                n_total = _delta(after, before, "asyncgraph_serve_latency_seconds_count/total")
+                for le in ("0.01", "0.02"):  # where the tail is: in the serve process, or around it
+                    within = _delta(after, before, f"total_le/{float(le):g}")
+                    point[f"serve_total_over_{float(le) * 1e3:g}ms"] = 1.0 - within / max(n_total, 1)
                 points.append(point)
                 print(
                     json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in point.items()}),

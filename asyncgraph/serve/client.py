@@ -50,6 +50,11 @@ class NewNodesAnswer(NamedTuple):
     node_ids: np.ndarray | None
 
 
+def _expire(fut: asyncio.Future[Any]) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())
+
+
 def _new_nodes(features: Any, neighbors: Any, offsets: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(features, flat neighbours, offsets)``: ``neighbors`` is one ID list per new node, or a
     flat array with ``offsets`` (``n + 1`` values) saying where each node's run starts."""
@@ -183,18 +188,22 @@ class AsyncInferenceClient:
         assert self._writer is not None
         self._next_id += 1
         rid = request["id"] = self._next_id
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._pending[rid] = fut
+        # the server answers a late request with its own typed timeout; this bound is a backstop
+        # (a timer, not wait_for: no task per request)
+        timer = loop.call_later(wait + 1.0, _expire, fut)
         try:
             write_frame(self._writer, request)
             await self._writer.drain()
-            # the server answers a late request with its own typed timeout; this bound is a backstop
-            reply = await asyncio.wait_for(fut, wait + 1.0)
+            reply = await fut
         except TimeoutError:
             raise ServerUnavailableError(f"{self.url} did not answer within {wait + 1.0:.1f} s") from None
         except ConnectionError as exc:
             raise ServerUnavailableError(f"{self.url}: {exc}") from None
         finally:
+            timer.cancel()
             self._pending.pop(rid, None)
         if not reply.get("ok"):
             raise error_from_code(str(reply.get("code")), str(reply.get("error")))
