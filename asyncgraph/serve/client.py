@@ -125,7 +125,9 @@ class AsyncInferenceClient:
         and ``neighbors`` is ``{etype: lists or flat per-type source IDs}`` (each relation
         ending at ``ntype``), ``offsets`` then ``{etype: offsets}`` for the flat ones."""
         if isinstance(neighbors, dict):
-            offs_of = offsets if isinstance(offsets, dict) else {}
+            if offsets is not None and not isinstance(offsets, dict):
+                raise InvalidRequestError("with neighbours per relation, offsets is {etype: offsets}")
+            offs_of = offsets or {}
             per_rel = {str(r): _new_nodes(features, v, offs_of.get(r)) for r, v in neighbors.items()}
             feats = np.ascontiguousarray(
                 features.detach().cpu().numpy() if hasattr(features, "detach") else np.asarray(features)

@@ -120,10 +120,11 @@ async def check_typed_new_nodes(core: InferenceCore, given: NewNodesInput) -> Ty
         if r in relations:
             raise InvalidRequestError(f"relation {etype!r} is given twice")
         src_type = book.canonical_etypes[r][0] if r >= 0 else ntype
-        if offsets is None:  # the features alone: no neighbours
-            offsets = np.zeros(
-                int(np.shape(given.features)[0]) + 1 if np.ndim(given.features) else 1, np.int64
-            )
+        if offsets is None:  # the features alone: no neighbours (bad features raise below)
+            try:
+                offsets = np.zeros(int(np.shape(given.features)[0]) + 1, np.int64)
+            except (ValueError, IndexError, TypeError):
+                offsets = np.zeros(1, np.int64)
         try:
             new = check_new_nodes(
                 NewNodesInput(features if features is not None else given.features, ids, offsets),
@@ -211,9 +212,8 @@ async def infer_typed_new_nodes(core: InferenceCore, new: TypedNewNodes, times: 
     t1 = time.perf_counter()
     x = await typed_input_rows(core, new, blocks[0])
     times.sample, times.pull = t1 - t0, time.perf_counter() - t1
-    out = await core.forward(blocks, x, times)
-    # the last block's destinations of the new type are the new nodes in order (-1, -2, ...)
-    return out
+    # the last block's destinations are the new nodes in order (-1, -2, ...): rows in request order
+    return await core.forward(blocks, x, times)
 
 
 async def store_typed_new_nodes(aio: AsyncClient, new: TypedNewNodes, feat: str) -> np.ndarray:
