@@ -269,6 +269,8 @@ def test_bad_inductive_requests_over_msgpack_are_typed(full: ServeProcess) -> No
             inference.infer_new(np.zeros((1, IN_FEATS), np.float32), [[5000]])
         with pytest.raises(InvalidRequestError, match="must have shape"):
             inference.infer_new(np.zeros((2, 3), np.float32), [[1], [2]])
+        with pytest.raises(InvalidRequestError, match="are for typed graphs"):
+            inference.infer_new(np.zeros((1, IN_FEATS), np.float32), {"cites": [[1]]})
         assert inference.infer_new(np.zeros((1, IN_FEATS), np.float32), [[1]]).output.shape == (1, CLASSES)
 
 

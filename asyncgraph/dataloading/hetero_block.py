@@ -237,12 +237,15 @@ def to_hetero_block(
     etype: np.ndarray,
     type_eid: np.ndarray,
     dst_nodes: np.ndarray,
+    new_type: str | None = None,
 ) -> HeteroBlock:
     """A :class:`HeteroBlock` from homogeneous sampled edges (``etype`` indexes the book's
-    canonical types, ``type_eid`` are per-type edge IDs) whose destinations are ``dst_nodes``."""
+    canonical types, ``type_eid`` are per-type edge IDs) whose destinations are ``dst_nodes``.
+    Negative IDs are nodes the graph does not hold (an inductive request's, ``serve/
+    inductive_typed.py``): of type ``new_type``, their per-type ID the same negative ID."""
     homo = to_block(src, dst, dst_nodes)
     nt = len(book.ntypes)
-    s_types, s_ids = book.map_to_per_ntype(homo.srcnodes.numpy())
+    s_types, s_ids = _per_type(book, homo.srcnodes.numpy(), new_type)
     s_local, s_pos = _type_local(s_types, nt)
     ndst = homo.num_dst_nodes()
     srcnodes: dict[str, torch.Tensor] = {}
@@ -265,6 +268,21 @@ def to_hetero_block(
         )
     src_pos = {name: s_pos[t] for t, name in enumerate(book.ntypes)}
     return HeteroBlock(book.ntypes, book.canonical_etypes, srcnodes, dstnodes, edges, homo, src_pos)
+
+
+def _per_type(book: RangePartitionBook, homo_ids: np.ndarray, new_type: str | None) -> tuple[Any, Any]:
+    """``(type index, per-type ID)`` of ``homo_ids``; negative IDs are new nodes of ``new_type``."""
+    new = homo_ids < 0
+    if not new.any():
+        return book.map_to_per_ntype(homo_ids)
+    if new_type is None:
+        raise UnknownTypeError(f"node ID {int(homo_ids[new][0])} is negative and no new_type is given")
+    types = np.full(homo_ids.size, book.ntype_id(new_type), dtype=np.int64)
+    ids = homo_ids.astype(np.int64, copy=True)
+    if (~new).any():
+        t_real, i_real = book.map_to_per_ntype(homo_ids[~new])
+        types[~new], ids[~new] = t_real, i_real
+    return types, ids
 
 
 async def sample_and_pull_hetero(

@@ -117,22 +117,38 @@ class AsyncInferenceClient:
         neighbors: Any,
         offsets: Any = None,
         *,
+        ntype: str | None = None,
         store: bool = False,
         timeout: float | None = None,
     ) -> NewNodesAnswer:
         """The model's rows for new nodes (inductive: not in the graph): ``features[i]`` is node
         ``i``'s input row, its in-neighbours (existing node IDs) ``neighbors[i]`` (or
         ``neighbors[offsets[i]:offsets[i + 1]]`` of a flat array). ``store=True`` adds the nodes
-        and edges to the live graph after the answer and returns their IDs."""
-        feats, flat, offs = _new_nodes(features, neighbors, offsets)
+        and edges to the live graph after the answer and returns their IDs.
+
+        A typed graph: the new nodes are of type ``ntype`` (default: the model's target type)
+        and ``neighbors`` is ``{etype: lists or flat per-type source IDs}`` (each relation
+        ending at ``ntype``), ``offsets`` then ``{etype: offsets}`` for the flat ones."""
+        if isinstance(neighbors, dict):
+            if offsets is not None and not isinstance(offsets, dict):
+                raise InvalidRequestError("with neighbours per relation, offsets is {etype: offsets}")
+            offs_of = offsets or {}
+            per_rel = {str(r): _new_nodes(features, v, offs_of.get(r)) for r, v in neighbors.items()}
+            feats = np.ascontiguousarray(
+                features.detach().cpu().numpy() if hasattr(features, "detach") else np.asarray(features)
+            )
+            flat: Any = {r: v[1] for r, v in per_rel.items()}
+            offs: Any = {r: v[2] for r, v in per_rel.items()}
+        else:
+            feats, flat, offs = _new_nodes(features, neighbors, offsets)
         wait = self.timeout if timeout is None else timeout
         if self.scheme == "http":
-            return await self._infer_new_http(feats, flat, offs, store, wait)
-        reply = await self._call(
-            {"op": "infer_new", "model": self.model, "features": feats, "neighbors": flat,
-             "offsets": offs, "store": store, "timeout_ms": wait * 1e3},
-            wait,
-        )  # fmt: skip
+            return await self._infer_new_http(feats, flat, offs, store, wait, ntype)
+        request = {"op": "infer_new", "model": self.model, "features": feats, "neighbors": flat,
+                   "offsets": offs, "store": store, "timeout_ms": wait * 1e3}  # fmt: skip
+        if ntype is not None:
+            request["ntype"] = ntype
+        reply = await self._call(request, wait)
         out, ids = reply.get("output"), reply.get("node_ids")
         if not isinstance(out, np.ndarray) or out.ndim != 2 or out.shape[0] != feats.shape[0]:
             raise ProtocolError("the answer has no [n, d] 'output' array")
@@ -236,23 +252,28 @@ class AsyncInferenceClient:
             raise ProtocolError(f"malformed inference answer: {exc}") from None
 
     async def _infer_new_http(
-        self, feats: np.ndarray, flat: np.ndarray, offs: np.ndarray, store: bool, wait: float
+        self, feats: np.ndarray, flat: Any, offs: Any, store: bool, wait: float, ntype: str | None = None
     ) -> NewNodesAnswer:
         if self.model is None:
             raise InvalidRequestError("an http:// client needs the model's name (model=...)")
         if feats.dtype.kind != "f":
             feats = feats.astype(np.float32)
         ftype = {"float16": "FP16", "float64": "FP64"}.get(str(feats.dtype), "FP32")
-        body = {
-            "inputs": [
-                {"name": "features", "datatype": ftype, "shape": list(feats.shape),
-                 "data": feats.reshape(-1).tolist()},
-                {"name": "neighbors", "datatype": "INT64", "shape": [int(flat.size)], "data": flat.tolist()},
-                {"name": "neighbor_offsets", "datatype": "INT64", "shape": [int(offs.size)],
-                 "data": offs.tolist()},
-            ],
-            "parameters": {"timeout_ms": wait * 1e3, "store": store},
-        }  # fmt: skip
+        runs = flat.items() if isinstance(flat, dict) else [(None, flat)]
+
+        def ints(name: str, arr: np.ndarray) -> dict[str, Any]:
+            return {"name": name, "datatype": "INT64", "shape": [int(arr.size)], "data": arr.tolist()}
+
+        inputs = [{"name": "features", "datatype": ftype, "shape": list(feats.shape),
+                   "data": feats.reshape(-1).tolist()}]  # fmt: skip
+        for rel, ids in runs:  # per relation on a typed graph: neighbors:<etype>
+            tail = "" if rel is None else f":{rel}"
+            inputs += [ints(f"neighbors{tail}", ids),
+                       ints(f"neighbor_offsets{tail}", offs if rel is None else offs[rel])]  # fmt: skip
+        params: dict[str, Any] = {"timeout_ms": wait * 1e3, "store": store}
+        if ntype is not None:
+            params["ntype"] = ntype
+        body = {"inputs": inputs, "parameters": params}
         doc = await self._post_json(f"/v2/models/{self.model}/infer", body, wait)
         try:
             outputs = {o["name"]: o for o in doc["outputs"]}
@@ -336,12 +357,16 @@ class InferenceClient:
         neighbors: Any,
         offsets: Any = None,
         *,
+        ntype: str | None = None,
         store: bool = False,
         timeout: float | None = None,
     ) -> NewNodesAnswer:
         """``AsyncInferenceClient.infer_new``: rows for new nodes from their features and
-        in-neighbours (``store=True``: also added to the live graph; their IDs returned)."""
-        return self._loop.run(self._aio.infer_new(features, neighbors, offsets, store=store, timeout=timeout))
+        in-neighbours (per relation on a typed graph; ``store=True``: also added to the live
+        graph; their IDs returned)."""
+        return self._loop.run(
+            self._aio.infer_new(features, neighbors, offsets, ntype=ntype, store=store, timeout=timeout)
+        )
 
     def metadata(self) -> dict[str, Any]:
         return self._loop.run(self._aio.metadata())

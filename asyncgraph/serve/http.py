@@ -132,14 +132,42 @@ def _input_array(spec: Any) -> tuple[str, np.ndarray]:
         raise DTypeMismatchError(f"input {name!r}: a value does not fit {datatype}") from None
 
 
+def _new_nodes_input(arrays: list[tuple[str, np.ndarray]], params: Any) -> NewNodesInput:
+    """An inductive request's inputs: ``features``, ``neighbors`` and ``neighbor_offsets``, or on
+    a typed graph ``features`` and per relation ``neighbors:<etype>`` and
+    ``neighbor_offsets:<etype>`` (``parameters.ntype``: the new nodes' type, optional)."""
+    names = [name for name, _ in arrays]
+    named = dict(arrays)
+    typed = [n for n in names if n.startswith(("neighbors:", "neighbor_offsets:"))]
+    rels = [n.split(":", 1)[1] for n in typed if n.startswith("neighbors:")]
+    expected = ["features", *(f"{k}:{r}" for r in rels for k in ("neighbors", "neighbor_offsets"))]
+    if not (sorted(names) == sorted(NEW_NODE_INPUTS) or (typed and sorted(names) == sorted(expected))):
+        raise InvalidRequestError(
+            f"an inductive request has the inputs {list(NEW_NODE_INPUTS)} (on a typed graph "
+            f"'features' and per relation 'neighbors:<etype>' and 'neighbor_offsets:<etype>'), got {names}"
+        )
+    params = params if isinstance(params, dict) else {}
+    store, ntype = params.get("store", False), params.get("ntype")
+    if not isinstance(store, bool):
+        raise InvalidRequestError("parameters.store must be true or false")
+    if ntype is not None and not isinstance(ntype, str):
+        raise InvalidRequestError("parameters.ntype must be a node type's name")
+    if not typed:
+        return NewNodesInput(named["features"], named["neighbors"], named["neighbor_offsets"], store, ntype)
+    nbrs = {r: named[f"neighbors:{r}"] for r in rels}
+    offs = {r: named[f"neighbor_offsets:{r}"] for r in rels}
+    return NewNodesInput(named["features"], nbrs, offs, store, ntype)
+
+
 def parse_infer_body(
     body: bytes,
 ) -> tuple[np.ndarray | dict[str, np.ndarray] | NewNodesInput, Any, float | None]:
     """``(node IDs, request id, timeout in seconds or None)`` of an OIP v2 infer body, or a typed
     error naming what is wrong. The IDs are one input ``nodes`` (homogeneous IDs), or on a typed
     graph one input per node type named by it (per-type IDs; answered in the inputs' order). An
-    inductive request's inputs (``features``, ``neighbors``, ``neighbor_offsets``; ``parameters.
-    store``) come back as a ``NewNodesInput`` in the IDs' place."""
+    inductive request's inputs (``features``, ``neighbors``, ``neighbor_offsets``, or per
+    relation ``neighbors:<etype>``, ``neighbor_offsets:<etype>``; ``parameters.store``,
+    ``parameters.ntype``) come back as a ``NewNodesInput`` in the IDs' place."""
     try:
         doc = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -158,15 +186,7 @@ def parse_infer_body(
     params = doc.get("parameters") or {}
     nodes: np.ndarray | dict[str, np.ndarray] | NewNodesInput
     if NEW_NODE_INPUTS[0] in names:
-        if sorted(names) != sorted(NEW_NODE_INPUTS):
-            raise InvalidRequestError(
-                f"an inductive request has the inputs {list(NEW_NODE_INPUTS)}, got {names}"
-            )
-        store = params.get("store", False) if isinstance(params, dict) else False
-        if not isinstance(store, bool):
-            raise InvalidRequestError("parameters.store must be true or false")
-        named = dict(arrays)
-        nodes = NewNodesInput(named["features"], named["neighbors"], named["neighbor_offsets"], store)
+        nodes = _new_nodes_input(arrays, params)
     elif names == [INPUT_NAME]:
         nodes = arrays[0][1]
     elif INPUT_NAME in names or len(set(names)) != len(names):

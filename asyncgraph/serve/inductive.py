@@ -11,28 +11,28 @@ the sampler replaces, in the given order): a node's answer depends on its own re
 Within the blocks new node ``i`` is ID ``-1 - i`` (never a graph ID); its input row is the
 request's feature row. Nothing is stored unless ``store`` is asked: then ``add_nodes`` (with the
 feature rows) and ``add_edges`` (neighbour -> new node) of the live graph, after the answer,
-give the new IDs.
+give the new IDs. Typed graphs (neighbours per relation): ``serve/inductive_typed.py``; the
+request's types and checks: ``serve/new_nodes.py``.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from asyncgraph.dataloading.block import Block, to_block
 from asyncgraph.dataloading.sampler import layer_seed
-from asyncgraph.errors import (
-    DTypeMismatchError,
-    InvalidRequestError,
-    NonFiniteError,
-    OutOfRangeError,
-    ShapeMismatchError,
-)
+from asyncgraph.errors import InvalidRequestError
 from asyncgraph.names import node_key
+from asyncgraph.serve.inductive_typed import (
+    check_typed_new_nodes,
+    infer_typed_new_nodes,
+    store_typed_new_nodes,
+)
+from asyncgraph.serve.new_nodes import NEW_NODE_INPUTS, NewNodes, NewNodesInput, check_new_nodes
 
 if TYPE_CHECKING:
     from asyncgraph.client.async_client import AsyncClient
@@ -49,94 +49,6 @@ __all__ = [
     "run_request",
     "store_new_nodes",
 ]
-
-#: an inductive request's inputs (OIP v2 names, and the msgpack request's keys but ``offsets``)
-NEW_NODE_INPUTS = ("features", "neighbors", "neighbor_offsets")
-
-
-@dataclass(frozen=True)
-class NewNodesInput:
-    """An inductive request as it arrived (unchecked): see ``check_new_nodes``."""
-
-    features: Any
-    neighbors: Any
-    offsets: Any
-    store: bool = False
-
-
-@dataclass(frozen=True)
-class NewNodes:
-    """Checked new nodes: ``features[i]`` and in-neighbours ``neighbors[offsets[i]:offsets[i + 1]]``."""
-
-    features: np.ndarray  # [n, *feature shape], the graph's feature dtype
-    neighbors: np.ndarray  # int64 [m], existing node IDs
-    offsets: np.ndarray  # int64 [n + 1], offsets[0] == 0, offsets[-1] == m
-    store: bool = False
-
-    @property
-    def count(self) -> int:
-        return int(self.features.shape[0])
-
-    def sample_in_edges(
-        self, rows: np.ndarray, fanout: int, seed: int, *, replace: bool = False
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``(src, dst)`` in-edges of new nodes ``rows`` (request positions) sampled to ``fanout``
-        (-1: all) with the rule of the module's docstring; ``dst`` is the block ID ``-1 - row``."""
-        src_parts, dst_parts = [], []
-        for row in rows.tolist():
-            given = self.neighbors[self.offsets[row] : self.offsets[row + 1]]
-            if fanout != -1 and given.size and (replace or given.size > fanout):
-                rng = np.random.default_rng([seed, row])
-                pick = rng.choice(given.size, fanout, replace=replace)
-                given = given[pick if replace else np.sort(pick)]
-            src_parts.append(given)
-            dst_parts.append(np.full(given.size, -1 - row, dtype=np.int64))
-        if not src_parts:
-            return np.empty(0, np.int64), np.empty(0, np.int64)
-        return np.concatenate(src_parts), np.concatenate(dst_parts)
-
-
-def _array(value: Any) -> np.ndarray:
-    if hasattr(value, "detach"):  # a torch tensor
-        value = value.detach().cpu().numpy()
-    return np.asarray(value)
-
-
-def check_new_nodes(
-    given: NewNodesInput, *, feat_shape: tuple[int, ...], feat_dtype: np.dtype[Any], num_nodes: int
-) -> NewNodes:
-    """``given``'s new nodes, checked: ``features`` ``[n, *feat_shape]`` finite numbers,
-    ``offsets`` ``n + 1`` non-decreasing integers from 0 to ``len(neighbors)``, every neighbour
-    a node ID >= 0 (one above ``num_nodes`` is checked with its owner: ``added_exist``); else a
-    typed error (``InvalidRequestError``)."""
-    feats, nbrs, offs = _array(given.features), _array(given.neighbors), _array(given.offsets)
-    if feats.dtype.kind not in "fiu" or feats.dtype == np.bool_:
-        raise DTypeMismatchError(f"features must be numbers, got {feats.dtype}")
-    if feats.ndim != 1 + len(feat_shape) or tuple(feats.shape[1:]) != tuple(feat_shape) or not feats.shape[0]:
-        raise ShapeMismatchError(
-            f"features must have shape [n >= 1, {', '.join(map(str, feat_shape))}] (the model's "
-            f"input rows), got {list(feats.shape)}"
-        )
-    feats = np.ascontiguousarray(feats, dtype=feat_dtype)
-    if feats.dtype.kind == "f" and not bool(np.isfinite(feats).all()):
-        raise NonFiniteError("features hold NaN or infinity")
-    n = int(feats.shape[0])
-    for arr, what in ((nbrs, "neighbors"), (offs, "neighbor offsets")):
-        if arr.size and arr.dtype.kind not in "iu":
-            raise DTypeMismatchError(f"{what} must be integers, got {arr.dtype}")
-        if arr.ndim != 1:
-            raise ShapeMismatchError(f"{what} must be 1-D, got shape {list(arr.shape)}")
-    nbrs, offs = nbrs.astype(np.int64), offs.astype(np.int64)
-    if offs.size != n + 1:
-        raise ShapeMismatchError(f"neighbor offsets must hold n + 1 = {n + 1} values, got {offs.size}")
-    if offs[0] != 0 or offs[-1] != nbrs.size or bool((np.diff(offs) < 0).any()):
-        raise InvalidRequestError(
-            f"neighbor offsets must rise from 0 to len(neighbors) = {nbrs.size}, got {offs.tolist()[:8]}"
-        )
-    bad = nbrs[nbrs < 0]  # above the base: a live graph's added nodes (``InferenceCore.added_exist``)
-    if bad.size:
-        raise OutOfRangeError(f"unknown neighbour node ID {int(bad[0])}: the graph has 0..{num_nodes - 1}")
-    return NewNodes(feats, nbrs, offs, bool(given.store))
 
 
 async def new_node_blocks(
@@ -216,7 +128,11 @@ async def run_request(
         await core.added_exist(homo)
         return await batcher.submit(homo, timeout), None
     if core.async_client.book.is_hetero:
-        raise InvalidRequestError("inductive requests are for homogeneous graphs (typed: not yet)")
+        return await _run_typed(core, batcher, nodes, timeout)
+    if isinstance(nodes.neighbors, dict) or isinstance(nodes.offsets, dict) or nodes.ntype is not None:
+        raise InvalidRequestError(
+            "neighbours per relation and ntype are for typed graphs; this one has no types"
+        )
     new = check_new_nodes(
         nodes, feat_shape=core.feat_shape, feat_dtype=core.feat_dtype, num_nodes=core.num_nodes
     )
@@ -227,3 +143,16 @@ async def run_request(
 
     rows = await batcher.submit_own(new.count, run, timeout)
     return rows, (await store_new_nodes(core.async_client, new, core.feat) if new.store else None)
+
+
+async def _run_typed(
+    core: InferenceCore, batcher: DynamicBatcher, nodes: NewNodesInput, timeout: float | None
+) -> tuple[torch.Tensor, np.ndarray | None]:
+    """``run_request`` of new nodes on a typed graph (``serve/inductive_typed.py``)."""
+    new = await check_typed_new_nodes(core, nodes)  # every neighbour exists: before it joins a batch
+
+    async def run(times: BatchTimes) -> torch.Tensor:
+        return await infer_typed_new_nodes(core, new, times)
+
+    rows = await batcher.submit_own(new.count, run, timeout)
+    return rows, (await store_typed_new_nodes(core.async_client, new, core.feat) if new.store else None)

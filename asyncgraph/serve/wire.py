@@ -7,7 +7,9 @@ Request ``{"op": "infer", "id": int, "model": str | None, "nodes": int array [n]
 "output": float32 array [n, d]}`` or ``{"id", "ok": False, "code", "error"}``. An inductive
 request (``serve/inductive.py``) is ``{"op": "infer_new", "id", "model", "features": [n, d],
 "neighbors": int [m], "offsets": int [n + 1], "store": bool, "timeout_ms"}``; its answer adds
-``"node_ids"`` (int64 [n]) when ``store`` is true. A malformed frame
+``"node_ids"`` (int64 [n]) when ``store`` is true. On a typed graph ``neighbors`` and
+``offsets`` are ``{relation: array}`` (per-type source IDs) and ``"ntype"`` may name the new
+nodes' type (default: the model's target type); ``node_ids`` are then per-type IDs. A malformed frame
 or one over the size limit is answered with a ``protocol`` error and the connection closed.
 """
 
@@ -85,12 +87,22 @@ def _request_nodes(msg: dict[str, Any]) -> np.ndarray | dict[str, np.ndarray] | 
     """The IDs of an ``infer`` request, or the new nodes of an ``infer_new`` one (unchecked)."""
     if msg["op"] == "infer_new":
         feats, nbrs, offs = (msg.get(key) for key in ("features", "neighbors", "offsets"))
-        if not all(isinstance(a, np.ndarray) for a in (feats, nbrs, offs)):
-            raise InvalidRequestError("'features', 'neighbors' and 'offsets' must be arrays")
-        store = msg.get("store", False)
+
+        def arrays(value: Any) -> bool:  # one array, or {etype: array} (a typed graph's)
+            if isinstance(value, dict):
+                return all(isinstance(k, str) and isinstance(v, np.ndarray) for k, v in value.items())
+            return isinstance(value, np.ndarray)
+
+        if not (isinstance(feats, np.ndarray) and arrays(nbrs) and arrays(offs)):
+            raise InvalidRequestError(
+                "'features' must be an array, 'neighbors' and 'offsets' arrays or {relation: array}"
+            )
+        store, ntype = msg.get("store", False), msg.get("ntype")
         if not isinstance(store, bool):
             raise InvalidRequestError("'store' must be true or false")
-        return NewNodesInput(feats, nbrs, offs, store)
+        if ntype is not None and not isinstance(ntype, str):
+            raise InvalidRequestError("'ntype' must be a node type's name")
+        return NewNodesInput(feats, nbrs, offs, store, ntype)
     nodes: Any = msg.get("nodes")
     typed = isinstance(nodes, dict) and all(
         isinstance(t, str) and isinstance(v, np.ndarray) for t, v in nodes.items()
