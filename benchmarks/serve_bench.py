@@ -92,8 +92,8 @@ def _metrics(port: int) -> dict[str, float]:
             stage = sample.labels.get("stage") or sample.labels.get("outcome") or ""
             if sample.name.endswith(("_sum", "_count")) or sample.name.endswith("_total"):
                 out[f"{sample.name}{'/' + stage if stage else ''}"] = sample.value
-            elif sample.name.endswith("_bucket") and stage == "total":  # serve-side latency's tail
-                out[f"total_le/{float(sample.labels['le']):g}"] = sample.value
+            elif sample.name.endswith("_bucket") and stage:  # the tail of each serve-side stage
+                out[f"{stage}_le/{float(sample.labels['le']):g}"] = sample.value
     return out
 
 
@@ -292,10 +292,11 @@ def main(argv: list[str] | None = None) -> None:
                     n = _delta(after, before, f"asyncgraph_serve_latency_seconds_count/{stage}")
                     s = _delta(after, before, f"asyncgraph_serve_latency_seconds_sum/{stage}")
                     point[f"mean_{stage}_ms"] = 1e3 * s / max(n, 1)
-                n_total = _delta(after, before, "asyncgraph_serve_latency_seconds_count/total")
-                for le in ("0.01", "0.02"):  # where the tail is: in the serve process, or around it
-                    within = _delta(after, before, f"total_le/{float(le):g}")
-                    point[f"serve_total_over_{float(le) * 1e3:g}ms"] = 1.0 - within / max(n_total, 1)
+                for stage in ("queue", "sample", "pull", "forward", "total"):  # where the tail is
+                    n = _delta(after, before, f"asyncgraph_serve_latency_seconds_count/{stage}")
+                    for le in (0.01, 0.02):
+                        within = _delta(after, before, f"{stage}_le/{le:g}")
+                        point[f"serve_{stage}_over_{le * 1e3:g}ms"] = 1.0 - within / max(n, 1)
                 points.append(point)
                 print(
                     json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in point.items()}),

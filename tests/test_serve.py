@@ -189,3 +189,37 @@ def test_an_idle_batcher_does_not_wait_for_company(graph: asyncgraph.DistGraph, 
 
     assert graph.client.loop.run(scenario()) < 2.0  # not the 5 s max_delay: nothing else was running
     core.close()
+
+
+def test_with_one_batch_in_flight_requests_that_came_during_a_batch_are_merged() -> None:
+    """The batcher alone (a pure part): with one slot, requests that arrive while a batch runs
+    wait (up to ``max_delay``) and go as one batch after it; a request that comes when nothing
+    runs is cut at once (``idle_delay`` 0)."""
+    sizes: list[int] = []
+
+    async def run(seeds: np.ndarray, times: BatchTimes) -> torch.Tensor:
+        sizes.append(int(seeds.size))
+        await asyncio.sleep(0.2)
+        return torch.from_numpy(seeds.astype(np.float32)).unsqueeze(1)
+
+    async def scenario() -> float:
+        batcher = DynamicBatcher(run, BatchOptions(max_delay=0.5, idle_delay=0.0, in_flight=1, deadline=30))
+        batcher.start()
+        first = asyncio.ensure_future(batcher.submit(np.array([1])))
+        await asyncio.sleep(0.05)  # the first batch runs
+        during = []
+        for node in (2, 3, 4):
+            during.append(asyncio.ensure_future(batcher.submit(np.array([node]))))
+            await asyncio.sleep(0.02)
+        rows = await asyncio.gather(first, *during)
+        assert [float(r[0, 0]) for r in rows] == [1.0, 2.0, 3.0, 4.0]
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await batcher.submit(np.array([5]))  # idle: not the 0.5 s max_delay
+        took = loop.time() - t0
+        assert await batcher.drain(5.0)
+        return took
+
+    took = asyncio.run(scenario())
+    assert sizes == [1, 3, 1], sizes
+    assert took < 0.45, took

@@ -2,8 +2,9 @@
 
 A batch is cut when a batch slot is free (``in_flight`` batches run at once: one sampling while
 another computes) and either ``max_batch`` nodes are queued or its oldest request has waited
-``max_delay`` seconds while another batch runs, or ``idle_delay`` (default 0) while none does:
-waiting for company pays only while the process is busy; idle, it would only add latency.
+``max_delay`` seconds while the process is busy (a batch runs, or ran when that request
+came), or ``idle_delay`` (default 0) while it is not: waiting for company pays only
+while the process is busy; idle, it would only add latency.
 More than ``queue_limit`` queued nodes refuses a request at once (``OverloadedError``) rather
 than letting latency grow without bound. Each request has a deadline: a queued request past it
 is dropped before it is sampled, and its caller gets ``RequestTimeoutError``; a batch that
@@ -95,6 +96,7 @@ class DynamicBatcher:
         self._batches: set[asyncio.Task[None]] = set()
         self._closing = False
         self._cutter: asyncio.Task[None] | None = None
+        self._last_end = float("-inf")  # perf_counter() when the last batch ended
 
     def start(self) -> None:
         """Start cutting batches (on the running loop)."""
@@ -149,7 +151,10 @@ class DynamicBatcher:
             while not self._queue:
                 self._arrived.clear()
                 await self._arrived.wait()
-            delay = opts.max_delay if self._batches else opts.idle_delay
+            # busy: a batch runs, or the oldest request came while one ran (with one batch in
+            # flight the next is always cut after the last has ended)
+            busy = bool(self._batches) or self._queue[0].enqueued <= self._last_end
+            delay = opts.max_delay if busy else opts.idle_delay
             cut_at = self._queue[0].enqueued + delay
             while (
                 self._queue
@@ -223,6 +228,7 @@ class DynamicBatcher:
                     item.future.set_exception(error)
                     item.future.exception()  # retrieved: a caller that timed out never reads it
         finally:
+            self._last_end = time.perf_counter()
             self._slots.release()
 
     async def drain(self, timeout: float) -> bool:
