@@ -83,7 +83,7 @@ class InferenceCore:
         feat: str = "feat",
         device: str | torch.device = "cpu",
         seed: int = 0,
-        carry_features: bool = True,
+        carry_features: bool | None = None,
         inline_rows: int = 0,
     ) -> None:
         self.async_client = aio
@@ -92,7 +92,12 @@ class InferenceCore:
         self.feat = feat
         self.device = torch.device(device)
         self.seed = int(seed)
-        self.carry_features = carry_features
+        #: the last sampling layer's answers carry the sampled nodes' input rows (no pull wave
+        #: of their own), where some partition is read from a server; where every partition is
+        #: read in this process a pull is one local gather and carrying only costs (0.35 ms of a
+        #: 4-seed PubMed batch's 1.6 ms sample + pull, same outputs)
+        everything_here = len(aio.local_partitions()) == aio.num_partitions
+        self.carry_features = (not everything_here) if carry_features is None else carry_features
         #: batches with at most this many input rows run their forward on the event loop
         self.inline_rows = int(inline_rows)
         self.num_nodes = int(aio.book.num_nodes)
