@@ -364,19 +364,14 @@ class Overlay(DataAreas):
             self.remember(rid, n, m)
         return n
 
-    def _reindex(self, first: int | None = None) -> None:
+    def _reindex(self, first: int) -> None:
         """Take appended edges ``first...`` into the destination index: each goes after the
         earlier edges of its destination in ``add_order`` (one insertion pass, linear in the
         appended edges), and ``add_indptr`` moves by the new edges' running count (linear in
-        the nodes); no sort of what was indexed already. ``first=None`` rebuilds it all."""
+        the nodes); no sort of what was indexed already."""
         n = self.added
         dst = self.add_dst[:n]
-        if first is None:
-            counts = np.bincount(dst, minlength=self.add_indptr.size - 1)
-            self.add_indptr[0] = 0
-            np.cumsum(counts, out=self.add_indptr[1:])
-            self.add_order[:n] = np.argsort(dst, kind="stable")
-        elif first < n:
+        if first < n:
             new = np.argsort(dst[first:], kind="stable")  # by destination, then slot
             at = self.add_indptr[dst[first:][new] + 1]  # after the earlier edges of each
             self.add_order[:n] = np.insert(self.add_order[:first], at, first + new)
@@ -401,7 +396,7 @@ class Overlay(DataAreas):
         self._grow_nodes(high)
         self.type_nodes[ntype] = k0 + num
         self.header[5] = high
-        self._reindex()
+        self.header[3] += 1  # the index holds them already: no in-edges, rows past the last edge
         if rid is not None:
             self.remember(f"nodes:{rid}", first, num)
         return first
