@@ -261,14 +261,32 @@ def run_stage(
 
 
 def _end_group(proc: subprocess.Popen[str], grace: float = 15.0) -> None:
-    """SIGTERM the process group ``proc`` leads (started by :func:`run_stage`), then SIGKILL."""
+    """SIGTERM the process group ``proc`` leads (started by :func:`run_stage`), then SIGKILL;
+    returns once the leader has exited and no other member of the group is left running (a
+    child signalled with the leader may still be alive for a moment after the leader is reaped)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             return
+        deadline = time.monotonic() + grace
         try:
             proc.wait(grace)
-            return
         except subprocess.TimeoutExpired:
             continue
+        while _group_running(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not _group_running(proc.pid):
+            return
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is alive and not a zombie (``/proc``)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[2]) == pgid and fields[0] not in "ZX":
+            return True
+    return False
