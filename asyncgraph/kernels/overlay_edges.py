@@ -100,8 +100,8 @@ def _in_candidates(indptr: np.ndarray, overlay: Overlay, seeds: IdArray) -> tupl
     starts[inside] = indptr[local[inside]]
     counts[inside] = indptr[local[inside] + 1] - starts[inside]
     seg, j = _candidates(starts, counts)
-    ap = overlay.add_indptr
-    aseg, apos = _candidates(ap[local], ap[local + 1] - ap[local])
+    first = overlay.add_starts(local)
+    aseg, apos = _candidates(first, overlay.add_starts(local + 1) - first)
     idx = overlay.add_order[apos]
     return np.concatenate([seg, aseg]), np.concatenate([j, int(indptr[-1]) + idx])
 

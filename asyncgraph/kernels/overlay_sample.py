@@ -20,7 +20,7 @@ from typing import Any, Literal
 import numpy as np
 
 from asyncgraph.kernels.jit import disabled
-from asyncgraph.storage.overlay import Overlay
+from asyncgraph.storage.overlay import INDEX_SHIFT, Overlay
 
 __all__ = ["live_degrees", "sample_live"]
 
@@ -41,11 +41,18 @@ def _inlined(fn: Callable[..., Any]) -> Callable[..., Any]:
     return _jit(fn, inline="always")
 
 
+@_inlined
+def _add_start(add_block: np.ndarray, add_indptr: np.ndarray, v: int) -> int:  # pragma: no cover - compiled
+    """Where node ``v``'s appended in-edges start in ``add_order`` (two-level offsets)."""
+    return int(add_block[v >> INDEX_SHIFT] + add_indptr[v])
+
+
 @_jit
 def _live_counts(
     indptr: np.ndarray,
     dead_deg: np.ndarray,
     touched: np.ndarray,
+    add_block: np.ndarray,
     add_indptr: np.ndarray,
     local: np.ndarray,
 ) -> np.ndarray:  # pragma: no cover - compiled
@@ -57,7 +64,7 @@ def _live_counts(
         if v < rows:
             d = indptr[v + 1] - indptr[v]
         if touched[v]:
-            d += add_indptr[v + 1] - add_indptr[v] - dead_deg[v]
+            d += _add_start(add_block, add_indptr, v + 1) - _add_start(add_block, add_indptr, v) - dead_deg[v]
         out[i] = d
     return out
 
@@ -83,6 +90,7 @@ def _pick(
     dead: np.ndarray,
     dead_deg: np.ndarray,
     touched: np.ndarray,
+    add_block: np.ndarray,
     add_indptr: np.ndarray,
     add_order: np.ndarray,
     add_src: np.ndarray,
@@ -152,7 +160,7 @@ def _pick(
         first = 0
         direct = True
         if touched[v]:
-            first = add_indptr[v]
+            first = _add_start(add_block, add_indptr, v)
             direct = dead_deg[v] == 0
         if not direct:
             n = 0
@@ -160,7 +168,7 @@ def _pick(
                 if dead[j] == 0:
                     cand[n] = j
                     n += 1
-            for q in range(first, add_indptr[v + 1]):
+            for q in range(first, _add_start(add_block, add_indptr, v + 1)):
                 k = add_order[q]
                 if add_dead[k] == 0:
                     cand[n] = -(k + 1)
@@ -218,6 +226,7 @@ def live_degrees(indptr: np.ndarray, overlay: Overlay, local: np.ndarray) -> np.
         np.asarray(overlay.csc(indptr, indptr, indptr)[0], dtype=np.int64),
         overlay.dead_deg,
         overlay.touched,
+        overlay.add_block,
         overlay.add_indptr,
         np.asarray(local, dtype=np.int64),
     )
@@ -256,6 +265,7 @@ def sample_live(
         overlay.dead,
         overlay.dead_deg,
         overlay.touched,
+        overlay.add_block,
         overlay.add_indptr,
         overlay.add_order[:n],
         overlay.add_src[:n],

@@ -3,15 +3,15 @@
 The base structure (``indptr``/``indices``/``eids``) never changes. Updates the partition owns
 (edges whose destination it owns) land here: ``dead`` marks removed base edges (one byte per
 base edge), appended edges are kept in log order (``add_src`` global, ``add_dst`` local,
-``add_dead``), and ``add_indptr``/``add_order`` index them by destination (a counting sort,
-rebuilt per applied batch); ``dead_deg`` counts each node's removed in-edges (base and appended),
-so a reader knows a live degree, and whether a row has tombstones to skip, in O(1);
-``touched`` (one byte a node, small enough to stay in cache) marks the nodes with any appended or
-removed in-edge: a reader of an untouched node reads the base CSC alone. The ``k``-th appended
-edge of partition ``p`` has the global ID
-``E_base + p + k * P`` (:func:`new_edge_ids`): owner and slot are arithmetic, the partition
-book stays as it is. ``header`` holds the counts (appended, removed base, removed appended)
-and a version that moves with every applied batch.
+``add_dead``), and ``add_block``/``add_indptr``/``add_order`` index them by destination (two-
+level offsets, ``kernels/overlay_index.py``, moved per applied batch); ``dead_deg`` counts each
+node's removed in-edges (base and appended), so a reader knows a live degree, and whether a row
+has tombstones to skip, in O(1); ``touched`` (one byte a node, small enough to stay in cache)
+marks the nodes with any appended or removed in-edge: a reader of an untouched node reads the
+base CSC alone. The ``k``-th appended edge of partition ``p`` has the global ID ``E_base + p + k
+* P`` (:func:`new_edge_ids`): owner and slot are arithmetic, the partition book stays as it is.
+``header`` holds the counts (appended, removed base, removed appended) and a version that moves
+with every applied batch.
 
 Only the owner (the server, or a standalone store) writes, under the store's write lock;
 readers hold the read lock, so they see whole batches. With ``shared`` every array is a memfd
@@ -29,7 +29,7 @@ from asyncgraph.errors import OutOfRangeError, UnknownEdgeError
 from asyncgraph.storage.memfd import SharedArray
 from asyncgraph.storage.overlay_data import DataAreas
 
-__all__ = ["HEADER", "MAPPED", "Overlay", "edge_owner", "new_edge_ids"]
+__all__ = ["HEADER", "INDEX_SHIFT", "MAPPED", "Overlay", "edge_owner", "new_edge_ids"]
 
 #: The header's words: appended edges, removed base edges, removed appended edges, version,
 #: the capacity of the appended arrays (a mapped view whose arrays are smaller is stale), added
@@ -43,6 +43,7 @@ MAPPED = (
     "dead_deg",
     "touched",
     "add_indptr",
+    "add_block",
     "add_src",
     "add_dst",
     "add_order",
@@ -50,6 +51,8 @@ MAPPED = (
     "type_nodes",
 )
 _FIRST_CAPACITY = 1024
+#: log2 of the nodes a block of the destination index covers (``kernels/overlay_index.py``).
+INDEX_SHIFT = 8
 #: Bytes per appended edge: source, destination, index order (int64) and tombstone (uint8).
 _EDGE_BYTES = 8 * 3 + 1
 #: Most request-id answers kept (``rid -> first slot, count``); older resends answer nothing.
@@ -66,6 +69,17 @@ def edge_owner(eids: np.ndarray, edge_base: int, base_owner: np.ndarray, num_par
     caller on the clipped IDs), ``(eid - E_base) % P`` above the base."""
     above = eids >= edge_base
     return np.where(above, (eids - edge_base) % num_parts, base_owner).astype(np.int64)
+
+
+def _blocks(size: int) -> int:
+    """Blocks of the destination index over ``size`` offsets (``kernels/overlay_index.py``)."""
+    return ((size - 1) >> INDEX_SHIFT) + 1
+
+
+def _index_bytes(size: int) -> int:
+    """Bytes of the destination index over ``size`` offsets: ``add_indptr``, ``dead_deg`` and
+    ``touched`` per node, ``add_block`` per block."""
+    return size * 17 + _blocks(size) * 8
 
 
 def _doubled(capacity: int, need: int) -> int:
@@ -123,6 +137,7 @@ class Overlay(DataAreas):
         self.data_layout = 0
         self.node_capacity = 0
         self.add_indptr = np.zeros(1, np.int64)
+        self.add_block = np.zeros(1, np.int64)
         self._grow_nodes(_FIRST_CAPACITY)
         self.capacity = 0
         self.add_src = self.add_dst = self.add_order = np.empty(0, np.int64)
@@ -174,11 +189,15 @@ class Overlay(DataAreas):
         cap = max(_FIRST_CAPACITY, self.node_capacity)
         while cap < need:
             cap *= 2
-        old = self.add_indptr
-        arr = self._new("add_indptr", self.num_local_nodes + cap + 1, np.int64)
-        arr[: old.size] = old
-        arr[old.size :] = old[-1]
-        self.add_indptr = arr
+        starts = self.add_starts(np.arange(self.add_indptr.size, dtype=np.int64))
+        size = self.num_local_nodes + cap + 1
+        flat = np.full(size, starts[-1], np.int64)  # the new nodes: no in-edges yet
+        flat[: starts.size] = starts
+        block = self._new("add_block", _blocks(size), np.int64)
+        block[:] = flat[:: 1 << INDEX_SHIFT]
+        within = self._new("add_indptr", size, np.int64)
+        within[:] = flat - np.repeat(block, 1 << INDEX_SHIFT)[:size]
+        self.add_block, self.add_indptr = block, within
         for name, dtype in (("dead_deg", np.int64), ("touched", np.uint8)):
             kept = getattr(self, name, np.zeros(0, dtype))
             grown = self._new(name, self.num_local_nodes + cap, dtype)
@@ -191,7 +210,7 @@ class Overlay(DataAreas):
     @staticmethod
     def first_bytes(num_local_nodes: int, num_base_edges: int, edges: int = 0, nodes: int = 0) -> int:
         """Bytes a new overlay holds once it has room for ``edges`` and ``nodes``."""
-        index = (num_local_nodes + _doubled(0, nodes) + 1) * 17  # add_indptr, dead_deg, touched
+        index = _index_bytes(num_local_nodes + _doubled(0, nodes) + 1)
         return len(HEADER) * 8 + max(1, num_base_edges) + index + _doubled(0, edges) * _EDGE_BYTES
 
     def growth_bytes(self, edges: int = 0, nodes: int = 0) -> int:
@@ -203,7 +222,7 @@ class Overlay(DataAreas):
             need += cap * _EDGE_BYTES + self.data_bytes("edge", self.slot_base + cap)
         if self.nodes + nodes > self.node_capacity:
             cap = _doubled(self.node_capacity, self.nodes + nodes)
-            need += (self.num_local_nodes + cap + 1) * 17 + self.data_bytes("node", cap)
+            need += _index_bytes(self.num_local_nodes + cap + 1) + self.data_bytes("node", cap)
         return need
 
     def params(self) -> dict[str, int]:
@@ -364,23 +383,36 @@ class Overlay(DataAreas):
             self.remember(rid, n, m)
         return n
 
+    def add_starts(self, local: np.ndarray) -> np.ndarray:
+        """Where local nodes' appended in-edges start in ``add_order`` (a node's run ends where
+        the next node's starts): ``add_block[v >> INDEX_SHIFT] + add_indptr[v]``."""
+        return np.asarray(self.add_block[local >> INDEX_SHIFT] + self.add_indptr[local], dtype=np.int64)
+
     def _reindex(self, first: int) -> None:
         """Take appended edges ``first...`` into the destination index: each goes after the
-        earlier edges of its destination in ``add_order`` (one insertion pass, linear in the
-        appended edges), and ``add_indptr`` moves by the new edges' running count (linear in
-        the nodes); no sort of what was indexed already."""
+        earlier edges of its destination in ``add_order`` (one insertion pass from the back,
+        linear in the appended edges), and the two-level offsets move by the new edges' running
+        counts (the blocks of nodes the batch touches, and a word a block after them); no sort
+        of what was indexed already. Compiled (``kernels/overlay_index.py``); numpy without numba."""
         n = self.added
         dst = self.add_dst[:n]
         if first < n:
             new = np.argsort(dst[first:], kind="stable")  # by destination, then slot
-            at = self.add_indptr[dst[first:][new] + 1]  # after the earlier edges of each
-            self.add_order[:n] = np.insert(self.add_order[:first], at, first + new)
-            # add_indptr[i] counts edges to nodes below i: each new destination d adds one to
-            # add_indptr[d + 1:], a step function written by runs (np.cumsum over every node
-            # costs ~7 ns a node, milliseconds under the write lock)
-            heads, counts = np.unique(dst[first:], return_counts=True)
-            runs = np.diff(np.append(heads + 1, self.add_indptr.size))
-            self.add_indptr[int(heads[0]) + 1 :] += np.repeat(np.cumsum(counts), runs)
+            sorted_dst = dst[first:][new]
+            at = self.add_starts(sorted_dst + 1)  # after the earlier edges of each
+            from asyncgraph.kernels.jit import disabled  # kernels import this module
+            from asyncgraph.kernels.overlay_index import merge_order, shift_offsets
+
+            if not disabled():
+                merge_order(self.add_order, first, at, first + new)
+                shift_offsets(self.add_block, self.add_indptr, sorted_dst, INDEX_SHIFT)
+            else:
+                self.add_order[:n] = np.insert(self.add_order[:first], at, first + new)
+                size = self.add_indptr.size
+                flat = self.add_starts(np.arange(size, dtype=np.int64))
+                flat += np.cumsum(np.bincount(sorted_dst + 1, minlength=size)[:size])
+                self.add_block[:] = flat[:: 1 << INDEX_SHIFT]
+                self.add_indptr[:] = flat - np.repeat(self.add_block, 1 << INDEX_SHIFT)[:size]
         self.header[3] += 1
 
     def add_nodes(self, num: int, rid: str | None = None, ntype: int = 0) -> int:
