@@ -208,7 +208,8 @@ async def sample_and_pull(
         else aio.pull_numpy(key, ids, traffic, out=out)
         for (key, ids), out in zip(wanted, outs, strict=True)
     ]
-    tensors = [torch.from_numpy(t) for t in await asyncio.gather(*pulls)]
+    pulled = [await pulls[0]] if len(pulls) == 1 else await asyncio.gather(*pulls)  # one: no task
+    tensors = [torch.from_numpy(t) for t in pulled]
     feature_bytes = sum(t.numel() * t.element_size() for t in tensors)
     stats.feature_bytes += feature_bytes
     if allocate is None:  # the pull gathered each row into an array of its own
