@@ -8,7 +8,9 @@ then offers single-node requests open-loop at each ``--rates`` value for ``--sec
 ``--connections`` msgpack connections (``InferenceClient``'s protocol). Latency is measured from
 each request's *scheduled* time (coordinated-omission-correct, HdrHistogram), so a saturated
 server shows its queueing. Per rate: achieved rate, p50/p90/p99/max, errors by type, and from the
-serve process's ``/metrics`` the mean batch (nodes, requests) and the mean seconds per stage.
+serve process's ``/metrics`` the mean batch (nodes, requests) and the mean seconds per stage,
+and a timeline: p50/p99/max and the requests over 20 ms per half second of the run (a warm-up
+or a hiccup shows where it happened).
 Writes ``benchmarks/results/<--name>.json`` (``--results-dir``) and a latency-vs-load plot next to it.
 Run it alone: ``flock -x /tmp/asyncgraph-bench.lock python -m benchmarks.serve_bench``.
 """
@@ -126,11 +128,14 @@ async def _offer(
     inflight: set[asyncio.Task[None]] = set()
     dropped = 0
 
+    latencies = np.full(total, np.nan)
+
     async def one(k: int, scheduled: float) -> None:
         nonlocal done
         try:
             await clients[k % connections].infer([int(nodes[k])])
-            hist.record(time.perf_counter() - scheduled)
+            latencies[k] = time.perf_counter() - scheduled
+            hist.record(latencies[k])
             done += 1
         except AsyncGraphError as exc:
             errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
@@ -162,7 +167,25 @@ async def _offer(
         "p90_ms": hist.percentile(90) * 1e3,
         "p99_ms": hist.percentile(99) * 1e3,
         "max_ms": hist.max_s * 1e3,
+        "timeline": timeline(latencies, rate),
     }
+
+
+def timeline(latencies: np.ndarray, rate: float, window_s: float = 0.5) -> list[dict[str, float]]:
+    """Per ``window_s`` of scheduled time: answered requests, p50/p99/max (ms) and how many took
+    over 20 ms (``latencies[k]``: request ``k``'s, scheduled at ``k / rate``; NaN if it failed)."""
+    per = max(1, round(rate * window_s))
+    out = []
+    for start in range(0, latencies.size, per):
+        ms = latencies[start : start + per] * 1e3
+        ms = ms[~np.isnan(ms)]
+        row = {"t_s": round(start / rate, 2), "answered": int(ms.size)}
+        if ms.size:
+            p50, p99 = np.percentile(ms, [50, 99])
+            row |= {"p50_ms": round(float(p50), 2), "p99_ms": round(float(p99), 2)}
+            row |= {"max_ms": round(float(ms.max()), 2), "over_20ms": int((ms > 20).sum())}
+        out.append(row)
+    return out
 
 
 def _plot(points: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -298,10 +321,10 @@ def main(argv: list[str] | None = None) -> None:
                         within = _delta(after, before, f"{stage}_le/{le:g}")
                         point[f"serve_{stage}_over_{le * 1e3:g}ms"] = 1.0 - within / max(n, 1)
                 points.append(point)
-                print(
-                    json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in point.items()}),
-                    flush=True,
-                )
+                shown = {k: round(v, 2) if isinstance(v, float) else v for k, v in point.items()}
+                print(json.dumps({k: v for k, v in shown.items() if k != "timeline"}), flush=True)
+                p99s = " ".join(str(w.get("p99_ms", "-")) for w in point["timeline"])
+                print(f"  p99 (ms) per 0.5 s: {p99s}", flush=True)
             if writer is not None:
                 marks["stop"].touch()
                 writer.wait(timeout=60)

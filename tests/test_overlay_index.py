@@ -6,8 +6,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from asyncgraph.kernels.overlay_index import merge_order, shift_offsets
+from asyncgraph.kernels import overlay_index
+from asyncgraph.kernels.overlay_index import INDEX
 from asyncgraph.storage.overlay import INDEX_SHIFT, Overlay
+
+
+@pytest.fixture(params=["compiled", "python", "numpy"])
+def kernels(request: pytest.FixtureRequest) -> overlay_index.IndexKernels:
+    """The compiled pair (loaded in the background, waited for), its Python source, and the
+    numpy form of the offsets' update."""
+    if request.param == "python":
+        return overlay_index.IndexKernels(overlay_index.merge_order, overlay_index.shift_offsets)
+    if request.param == "numpy":
+        return overlay_index.IndexKernels(overlay_index.merge_order, overlay_index.shift_offsets_numpy)
+    if not INDEX.wait_ready(120.0):
+        pytest.skip("numba kernels unavailable (ASYNCGRAPH_NO_JIT or no numba)")
+    assert INDEX.kernels is not None
+    return INDEX.kernels
 
 
 def _starts(block: np.ndarray, within: np.ndarray) -> np.ndarray:
@@ -23,7 +38,9 @@ def _rebuilt(dst: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_appending_in_batches_builds_the_index_of_all_edges_at_once(seed: int) -> None:
+def test_appending_in_batches_builds_the_index_of_all_edges_at_once(
+    seed: int, kernels: overlay_index.IndexKernels
+) -> None:
     rng = np.random.default_rng(seed)
     nodes = int(rng.integers(1, 2000))
     size = nodes + 1
@@ -43,8 +60,8 @@ def test_appending_in_batches_builds_the_index_of_all_edges_at_once(seed: int) -
         new = np.argsort(batch, kind="stable")
         sorted_dst = batch[new].astype(np.int64)
         at = _starts(block, within)[sorted_dst + 1]
-        merge_order(order, first, at, first + new)
-        shift_offsets(block, within, sorted_dst, INDEX_SHIFT)
+        kernels.merge_order(order, first, at, first + new)
+        kernels.shift_offsets(block, within, sorted_dst, INDEX_SHIFT)
         want_order, want_starts = _rebuilt(dst, size)
         np.testing.assert_array_equal(order[: dst.size], want_order)
         np.testing.assert_array_equal(_starts(block, within), want_starts)
@@ -57,7 +74,12 @@ def test_an_overlay_indexes_its_appended_edges_with_and_without_numba(
 ) -> None:
     """``Overlay.append`` (compiled, and numpy's form) and a growth of the node index keep the
     offsets equal to a rebuild; nodes added later have no appended edges."""
-    monkeypatch.setenv("ASYNCGRAPH_NO_JIT", "0" if jit == "1" else "1")
+    if jit == "1":
+        if not INDEX.wait_ready(120.0):
+            pytest.skip("numba kernels unavailable (ASYNCGRAPH_NO_JIT or no numba)")
+    else:
+        monkeypatch.setattr(INDEX, "kernels", None)
+        monkeypatch.setattr(INDEX, "started", True)  # not loading: numpy's form throughout
     rng = np.random.default_rng(7)
     n = 700
     ov = Overlay("t", part_id=0, num_parts=1, node_start=0, num_local_nodes=n, edge_base=0,

@@ -16,31 +16,16 @@ of their destinations, from the back, with no temporary array. Without numba
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from asyncgraph.kernels.jit import disabled
+from asyncgraph.kernels.jit import BackgroundJit
 
-__all__ = ["merge_order", "shift_offsets"]
-
-
-def _jit(fn: Callable[..., Any]) -> Callable[..., Any]:
-    if disabled():
-        return fn
-    try:
-        import numba
-    except ImportError:  # pragma: no cover - numba is a dependency
-        return fn
-    compiled: Callable[..., Any] = numba.njit(cache=True, nogil=True)(fn)
-    return compiled
+__all__ = ["INDEX", "IndexKernels", "merge_order", "shift_offsets", "shift_offsets_numpy"]
 
 
-@_jit
-def merge_order(
-    order: np.ndarray, first: int, at: np.ndarray, new_slots: np.ndarray
-) -> None:  # pragma: no cover - compiled
+def merge_order(order: np.ndarray, first: int, at: np.ndarray, new_slots: np.ndarray) -> None:
     """``order[:first + m] = np.insert(order[:first], at, new_slots)``, in place (``at``
     non-decreasing; ``order`` holds at least ``first + m`` entries)."""
     i = first - 1
@@ -56,10 +41,7 @@ def merge_order(
         w -= 1
 
 
-@_jit
-def shift_offsets(
-    block: np.ndarray, within: np.ndarray, sorted_dst: np.ndarray, shift: int
-) -> None:  # pragma: no cover - compiled
+def shift_offsets(block: np.ndarray, within: np.ndarray, sorted_dst: np.ndarray, shift: int) -> None:
     """Count new edges to ``sorted_dst`` (non-decreasing) into the two-level offsets, in place:
     ``within[v]`` gains the new edges to the nodes below ``v`` in its block, ``block[b]`` those
     to the blocks below ``b``. Between two new destinations each increment is constant."""
@@ -80,3 +62,43 @@ def shift_offsets(
         hi_block = (sorted_dst[j + 1] >> shift) + 1 if j + 1 < m else block.size
         for c in range(b + 1, hi_block):
             block[c] += j + 1
+
+
+def shift_offsets_numpy(block: np.ndarray, within: np.ndarray, sorted_dst: np.ndarray, shift: int) -> None:
+    """``shift_offsets`` in numpy (while the compiled pair loads, or without numba): the touched
+    blocks' running counts as one ``[blocks, 2**shift]`` cumulative sum, then one add a block."""
+    width = 1 << shift
+    blocks, rank = np.unique(sorted_dst >> shift, return_inverse=True)
+    counts = np.zeros((blocks.size, width + 1), np.int64)
+    np.add.at(counts, (rank, (sorted_dst & (width - 1)) + 1), 1)
+    rows = (blocks[:, None] << shift) + np.arange(width)  # every node of each touched block
+    inside = rows < within.size
+    within[rows[inside]] += np.cumsum(counts, axis=1)[:, :width][inside]
+    step = np.bincount(blocks + 1, weights=counts.sum(axis=1), minlength=block.size + 1)
+    block += np.cumsum(step[: block.size]).astype(np.int64)
+
+
+class IndexKernels(NamedTuple):
+    """``merge_order`` and ``shift_offsets``, compiled."""
+
+    merge_order: Any
+    shift_offsets: Any
+
+
+def _build() -> IndexKernels | None:
+    try:
+        import numba
+    except ImportError:  # pragma: no cover - numba is a dependency
+        return None
+    kernels = IndexKernels(
+        numba.njit(cache=True, nogil=True)(merge_order),
+        numba.njit(cache=True, nogil=True)(shift_offsets),
+    )
+    one, two = np.zeros(1, np.int64), np.zeros(2, np.int64)  # the signatures the overlay uses
+    kernels.merge_order(two, 1, one, one + 1)
+    kernels.shift_offsets(one.copy(), two, one, 8)
+    return kernels
+
+
+#: The compiled pair, loaded in the background (``INDEX.kernels`` once ``INDEX.ready()``).
+INDEX: BackgroundJit[IndexKernels] = BackgroundJit("asyncgraph.kernels.overlay_index", "_build")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from asyncgraph.errors import AsyncGraphError
-from asyncgraph.kernels import compiled
+from asyncgraph.kernels import compiled, overlay_index
 from asyncgraph.launch.processes import process_alive
 from asyncgraph.partition import load_partition
 from asyncgraph.partition.fingerprint import verify_partition
@@ -235,6 +235,7 @@ class GraphServer:
                 opts.ready_file, self.address[0], self.address[1], opts.part_id, metrics_port=metrics_port
             )
         compiled.warm_up()  # the compiled sampling kernel loads in the background (~1.5 s)
+        overlay_index.INDEX.warm_up()  # and the live graph's index update (applied under the lock)
         self._trimmer = asyncio.ensure_future(self._trim_when_idle())
         return self.address
 

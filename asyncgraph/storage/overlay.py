@@ -26,8 +26,10 @@ from typing import Any
 import numpy as np
 
 from asyncgraph.errors import OutOfRangeError, UnknownEdgeError
+from asyncgraph.storage import overlay_offsets as offsets
 from asyncgraph.storage.memfd import SharedArray
 from asyncgraph.storage.overlay_data import DataAreas
+from asyncgraph.storage.overlay_offsets import INDEX_SHIFT
 
 __all__ = ["HEADER", "INDEX_SHIFT", "MAPPED", "Overlay", "edge_owner", "new_edge_ids"]
 
@@ -51,8 +53,6 @@ MAPPED = (
     "type_nodes",
 )
 _FIRST_CAPACITY = 1024
-#: log2 of the nodes a block of the destination index covers (``kernels/overlay_index.py``).
-INDEX_SHIFT = 8
 #: Bytes per appended edge: source, destination, index order (int64) and tombstone (uint8).
 _EDGE_BYTES = 8 * 3 + 1
 #: Most request-id answers kept (``rid -> first slot, count``); older resends answer nothing.
@@ -69,17 +69,6 @@ def edge_owner(eids: np.ndarray, edge_base: int, base_owner: np.ndarray, num_par
     caller on the clipped IDs), ``(eid - E_base) % P`` above the base."""
     above = eids >= edge_base
     return np.where(above, (eids - edge_base) % num_parts, base_owner).astype(np.int64)
-
-
-def _blocks(size: int) -> int:
-    """Blocks of the destination index over ``size`` offsets (``kernels/overlay_index.py``)."""
-    return ((size - 1) >> INDEX_SHIFT) + 1
-
-
-def _index_bytes(size: int) -> int:
-    """Bytes of the destination index over ``size`` offsets: ``add_indptr``, ``dead_deg`` and
-    ``touched`` per node, ``add_block`` per block."""
-    return size * 17 + _blocks(size) * 8
 
 
 def _doubled(capacity: int, need: int) -> int:
@@ -189,15 +178,11 @@ class Overlay(DataAreas):
         cap = max(_FIRST_CAPACITY, self.node_capacity)
         while cap < need:
             cap *= 2
-        starts = self.add_starts(np.arange(self.add_indptr.size, dtype=np.int64))
         size = self.num_local_nodes + cap + 1
-        flat = np.full(size, starts[-1], np.int64)  # the new nodes: no in-edges yet
-        flat[: starts.size] = starts
-        block = self._new("add_block", _blocks(size), np.int64)
-        block[:] = flat[:: 1 << INDEX_SHIFT]
-        within = self._new("add_indptr", size, np.int64)
-        within[:] = flat - np.repeat(block, 1 << INDEX_SHIFT)[:size]
-        self.add_block, self.add_indptr = block, within
+        flat = offsets.grown(self.add_block, self.add_indptr, size)
+        self.add_block = self._new("add_block", offsets.blocks(size), np.int64)
+        self.add_indptr = self._new("add_indptr", size, np.int64)
+        offsets.split(flat, self.add_block, self.add_indptr)
         for name, dtype in (("dead_deg", np.int64), ("touched", np.uint8)):
             kept = getattr(self, name, np.zeros(0, dtype))
             grown = self._new(name, self.num_local_nodes + cap, dtype)
@@ -210,7 +195,7 @@ class Overlay(DataAreas):
     @staticmethod
     def first_bytes(num_local_nodes: int, num_base_edges: int, edges: int = 0, nodes: int = 0) -> int:
         """Bytes a new overlay holds once it has room for ``edges`` and ``nodes``."""
-        index = _index_bytes(num_local_nodes + _doubled(0, nodes) + 1)
+        index = offsets.index_bytes(num_local_nodes + _doubled(0, nodes) + 1)
         return len(HEADER) * 8 + max(1, num_base_edges) + index + _doubled(0, edges) * _EDGE_BYTES
 
     def growth_bytes(self, edges: int = 0, nodes: int = 0) -> int:
@@ -222,7 +207,7 @@ class Overlay(DataAreas):
             need += cap * _EDGE_BYTES + self.data_bytes("edge", self.slot_base + cap)
         if self.nodes + nodes > self.node_capacity:
             cap = _doubled(self.node_capacity, self.nodes + nodes)
-            need += _index_bytes(self.num_local_nodes + cap + 1) + self.data_bytes("node", cap)
+            need += offsets.index_bytes(self.num_local_nodes + cap + 1) + self.data_bytes("node", cap)
         return need
 
     def params(self) -> dict[str, int]:
@@ -385,34 +370,28 @@ class Overlay(DataAreas):
 
     def add_starts(self, local: np.ndarray) -> np.ndarray:
         """Where local nodes' appended in-edges start in ``add_order`` (a node's run ends where
-        the next node's starts): ``add_block[v >> INDEX_SHIFT] + add_indptr[v]``."""
-        return np.asarray(self.add_block[local >> INDEX_SHIFT] + self.add_indptr[local], dtype=np.int64)
+        the next node's starts; ``storage/overlay_offsets.py``)."""
+        return offsets.starts(self.add_block, self.add_indptr, local)
 
     def _reindex(self, first: int) -> None:
-        """Take appended edges ``first...`` into the destination index: each goes after the
-        earlier edges of its destination in ``add_order`` (one insertion pass from the back,
-        linear in the appended edges), and the two-level offsets move by the new edges' running
-        counts (the blocks of nodes the batch touches, and a word a block after them); no sort
-        of what was indexed already. Compiled (``kernels/overlay_index.py``); numpy without numba."""
+        """Take appended edges ``first...`` into the destination index, in place: each after the
+        earlier edges of its destination in ``add_order``, and the offsets moved by the new
+        edges' running counts (``kernels/overlay_index.py``); nothing indexed is sorted again."""
         n = self.added
         dst = self.add_dst[:n]
         if first < n:
             new = np.argsort(dst[first:], kind="stable")  # by destination, then slot
             sorted_dst = dst[first:][new]
             at = self.add_starts(sorted_dst + 1)  # after the earlier edges of each
-            from asyncgraph.kernels.jit import disabled  # kernels import this module
-            from asyncgraph.kernels.overlay_index import merge_order, shift_offsets
+            from asyncgraph.kernels.overlay_index import INDEX, shift_offsets_numpy  # (a cycle)
 
-            if not disabled():
-                merge_order(self.add_order, first, at, first + new)
-                shift_offsets(self.add_block, self.add_indptr, sorted_dst, INDEX_SHIFT)
+            kernels = INDEX.kernels if INDEX.ready() else None  # loading: numpy's form meanwhile
+            if kernels is not None:
+                kernels.merge_order(self.add_order, first, at, first + new)
+                kernels.shift_offsets(self.add_block, self.add_indptr, sorted_dst, INDEX_SHIFT)
             else:
                 self.add_order[:n] = np.insert(self.add_order[:first], at, first + new)
-                size = self.add_indptr.size
-                flat = self.add_starts(np.arange(size, dtype=np.int64))
-                flat += np.cumsum(np.bincount(sorted_dst + 1, minlength=size)[:size])
-                self.add_block[:] = flat[:: 1 << INDEX_SHIFT]
-                self.add_indptr[:] = flat - np.repeat(self.add_block, 1 << INDEX_SHIFT)[:size]
+                shift_offsets_numpy(self.add_block, self.add_indptr, sorted_dst, INDEX_SHIFT)
         self.header[3] += 1
 
     def add_nodes(self, num: int, rid: str | None = None, ntype: int = 0) -> int:

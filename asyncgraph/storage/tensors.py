@@ -159,6 +159,7 @@ def check_features(
     """``(stored key, policy, rows)`` of a partition's features, each checked: a supported dtype
     and one row per node (edge) the partition owns (of its type, for a per-type tensor)."""
     from asyncgraph.partition.typed import typed_range
+
     n_lo, n_hi = book.node_range(part_id)
     e_lo, e_hi = book.edge_range(part_id)
     feats: list[tuple[str, Policy, np.ndarray]] = []
