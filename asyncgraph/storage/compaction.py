@@ -28,7 +28,8 @@ import numpy as np
 
 from asyncgraph.errors import OutOfRangeError, UnknownEdgeError
 from asyncgraph.storage.memfd import SharedArray
-from asyncgraph.storage.overlay import _EDGE_BYTES, _FIRST_CAPACITY, HEADER, Overlay
+from asyncgraph.storage.overlay import _EDGE_BYTES, HEADER, Overlay
+from asyncgraph.storage.overlay_layout import first_edge_capacity
 
 __all__ = [
     "FOLDED",
@@ -263,9 +264,10 @@ def fold_bytes(overlay: Overlay, indptr: np.ndarray) -> int:
     live = int(ind[-1]) - int(overlay.header[1]) + overlay.added - int(overlay.header[2])
     rows = overlay.num_local_nodes + overlay.nodes
     maps = overlay.num_base_edges + overlay.slot_base + overlay.added
-    fixed = len(HEADER) * 8 + (rows + overlay.node_capacity + 2) * 17 + _FIRST_CAPACITY * _EDGE_BYTES
+    room = first_edge_capacity(overlay.num_base_edges)
+    fixed = len(HEADER) * 8 + (rows + overlay.node_capacity + 2) * 17 + room * _EDGE_BYTES
     carried = overlay.data_bytes("node", overlay.node_capacity)
-    carried += overlay.data_bytes("edge", overlay.slot_base + overlay.added + _FIRST_CAPACITY)
+    carried += overlay.data_bytes("edge", overlay.slot_base + overlay.added + room)
     return live * 17 + maps * 8 + rows * 8 + fixed + carried
 
 

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 from asyncgraph.errors import OutOfRangeError, UnknownEdgeError
-from asyncgraph.storage import overlay_offsets as offsets
+from asyncgraph.storage import overlay_layout as layout
 from asyncgraph.storage.memfd import SharedArray
 from asyncgraph.storage.overlay_data import DataAreas
-from asyncgraph.storage.overlay_offsets import INDEX_SHIFT
+from asyncgraph.storage.overlay_layout import FIRST_CAPACITY, INDEX_SHIFT, doubled, first_edge_capacity
 
 __all__ = ["HEADER", "INDEX_SHIFT", "MAPPED", "Overlay", "edge_owner", "new_edge_ids"]
 
@@ -52,7 +52,6 @@ MAPPED = (
     "add_dead",
     "type_nodes",
 )
-_FIRST_CAPACITY = 1024
 #: Bytes per appended edge: source, destination, index order (int64) and tombstone (uint8).
 _EDGE_BYTES = 8 * 3 + 1
 #: Most request-id answers kept (``rid -> first slot, count``); older resends answer nothing.
@@ -69,13 +68,6 @@ def edge_owner(eids: np.ndarray, edge_base: int, base_owner: np.ndarray, num_par
     caller on the clipped IDs), ``(eid - E_base) % P`` above the base."""
     above = eids >= edge_base
     return np.where(above, (eids - edge_base) % num_parts, base_owner).astype(np.int64)
-
-
-def _doubled(capacity: int, need: int) -> int:
-    cap = max(_FIRST_CAPACITY, capacity)
-    while cap < need:
-        cap *= 2
-    return cap
 
 
 class Overlay(DataAreas):
@@ -127,11 +119,11 @@ class Overlay(DataAreas):
         self.node_capacity = 0
         self.add_indptr = np.zeros(1, np.int64)
         self.add_block = np.zeros(1, np.int64)
-        self._grow_nodes(_FIRST_CAPACITY)
+        self._grow_nodes(FIRST_CAPACITY)
         self.capacity = 0
         self.add_src = self.add_dst = self.add_order = np.empty(0, np.int64)
         self.add_dead = np.empty(0, np.uint8)
-        self._grow(_FIRST_CAPACITY)
+        self._grow(first_edge_capacity(num_base_edges))
         #: ``rid -> (first slot, count)`` of applied ``add_edges``: a resend answers the same IDs.
         self.answers: dict[str, tuple[int, int]] = {}
 
@@ -152,9 +144,7 @@ class Overlay(DataAreas):
         """Make room for ``need`` appended edges (doubling), copying what is there."""
         if need <= self.capacity:
             return
-        cap = max(_FIRST_CAPACITY, self.capacity)
-        while cap < need:
-            cap *= 2
+        cap = doubled(self.capacity, need, first_edge_capacity(self.num_base_edges))
         n = self.added
         grown = (
             ("add_src", np.int64),
@@ -175,14 +165,12 @@ class Overlay(DataAreas):
         """Room in the destination index for ``need`` added nodes (doubling)."""
         if need <= self.node_capacity:
             return
-        cap = max(_FIRST_CAPACITY, self.node_capacity)
-        while cap < need:
-            cap *= 2
+        cap = doubled(self.node_capacity, need)
         size = self.num_local_nodes + cap + 1
-        flat = offsets.grown(self.add_block, self.add_indptr, size)
-        self.add_block = self._new("add_block", offsets.blocks(size), np.int64)
+        flat = layout.grown(self.add_block, self.add_indptr, size)
+        self.add_block = self._new("add_block", layout.blocks(size), np.int64)
         self.add_indptr = self._new("add_indptr", size, np.int64)
-        offsets.split(flat, self.add_block, self.add_indptr)
+        layout.split(flat, self.add_block, self.add_indptr)
         for name, dtype in (("dead_deg", np.int64), ("touched", np.uint8)):
             kept = getattr(self, name, np.zeros(0, dtype))
             grown = self._new(name, self.num_local_nodes + cap, dtype)
@@ -195,19 +183,20 @@ class Overlay(DataAreas):
     @staticmethod
     def first_bytes(num_local_nodes: int, num_base_edges: int, edges: int = 0, nodes: int = 0) -> int:
         """Bytes a new overlay holds once it has room for ``edges`` and ``nodes``."""
-        index = offsets.index_bytes(num_local_nodes + _doubled(0, nodes) + 1)
-        return len(HEADER) * 8 + max(1, num_base_edges) + index + _doubled(0, edges) * _EDGE_BYTES
+        index = layout.index_bytes(num_local_nodes + doubled(0, nodes) + 1)
+        room = doubled(0, edges, first_edge_capacity(num_base_edges))
+        return len(HEADER) * 8 + max(1, num_base_edges) + index + room * _EDGE_BYTES
 
     def growth_bytes(self, edges: int = 0, nodes: int = 0) -> int:
         """Bytes more that ``edges`` more appended edges and ``nodes`` more added nodes would
         allocate (new arrays, before the old ones are freed): what the memory budget checks."""
         need = 0
         if self.added + edges > self.capacity:
-            cap = _doubled(self.capacity, self.added + edges)
+            cap = doubled(self.capacity, self.added + edges, first_edge_capacity(self.num_base_edges))
             need += cap * _EDGE_BYTES + self.data_bytes("edge", self.slot_base + cap)
         if self.nodes + nodes > self.node_capacity:
-            cap = _doubled(self.node_capacity, self.nodes + nodes)
-            need += offsets.index_bytes(self.num_local_nodes + cap + 1) + self.data_bytes("node", cap)
+            cap = doubled(self.node_capacity, self.nodes + nodes)
+            need += layout.index_bytes(self.num_local_nodes + cap + 1) + self.data_bytes("node", cap)
         return need
 
     def params(self) -> dict[str, int]:
@@ -370,8 +359,8 @@ class Overlay(DataAreas):
 
     def add_starts(self, local: np.ndarray) -> np.ndarray:
         """Where local nodes' appended in-edges start in ``add_order`` (a node's run ends where
-        the next node's starts; ``storage/overlay_offsets.py``)."""
-        return offsets.starts(self.add_block, self.add_indptr, local)
+        the next node's starts; ``storage/overlay_layout.py``)."""
+        return layout.starts(self.add_block, self.add_indptr, local)
 
     def _reindex(self, first: int) -> None:
         """Take appended edges ``first...`` into the destination index, in place: each after the
