@@ -20,9 +20,9 @@ from typing import Any, Literal
 import numpy as np
 
 from asyncgraph.kernels.jit import disabled
-from asyncgraph.storage.overlay import INDEX_SHIFT, Overlay
+from asyncgraph.storage.overlay import INDEX_SHIFT, MAPPED, Overlay
 
-__all__ = ["live_degrees", "sample_live"]
+__all__ = ["live_degrees", "sample_live", "warm_up"]
 
 
 def _jit(fn: Callable[..., Any], inline: Literal["never", "always"] = "never") -> Callable[..., Any]:
@@ -280,3 +280,28 @@ def sample_live(
         u,
     )
     return out
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) the live sampling kernels for the array kinds their
+    readers pass (numba types read-only and writable arrays apart): read-only base and overlay
+    (a co-located process's mapped views), read-only base with the owner's overlay, and both
+    writable; so the first sample of a graph that became live compiles nothing under the lock
+    and in front of its requests. Types, not values, pick the code: an empty overlay does."""
+    if disabled():
+        return
+    overlay = Overlay(
+        "warm-up", part_id=0, num_parts=1, node_start=0, num_local_nodes=2, edge_base=2,
+        edge_start=0, num_base_edges=2, node_base=2, shared=False,
+    )  # fmt: skip
+    arrays = [getattr(overlay, name) for name in MAPPED]
+    for base_writable, overlay_writable in ((False, False), (False, True), (True, True)):
+        indptr, indices, eids = np.array([0, 1, 2]), np.array([1, 0]), np.arange(2)
+        for a in (indptr, indices, eids):
+            a.flags.writeable = base_writable
+        for a in arrays:
+            a.flags.writeable = overlay_writable
+        seeds, rng = np.arange(2), np.random.default_rng(0)
+        sample_live(indptr, indices, eids, overlay, seeds, seeds, 1, False, rng)
+    for a in arrays:
+        a.flags.writeable = True

@@ -230,10 +230,14 @@ def _settle() -> None:
     """Before readiness: the compiled kernels loaded (not compiling beside the first requests),
     and everything made so far moved out of the garbage collector's sight (``gc.freeze``), so a
     full collection walks the requests' objects, not the start-up's (torch, numba, the model):
-    both showed as latency spikes of 100-300 ms in the first seconds and under load."""
+    both showed as latency spikes of 100-300 ms in the first seconds and under load. The live
+    graph's sampling kernels too (~45 ms from numba's cache): loaded at the first sample of a
+    graph that became live, they held the first requests after its first update."""
     from asyncgraph.dataloading.relabel_kernel import wait_batch_kernels
+    from asyncgraph.kernels import overlay_sample
 
     wait_batch_kernels(300.0)
+    overlay_sample.warm_up()  # a graph that becomes live while serving: its sampler is ready
     gc.collect()
     gc.freeze()
 
