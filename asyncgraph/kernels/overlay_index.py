@@ -1,17 +1,11 @@
-"""The writer's side of a live partition's destination index (``storage/overlay.py``): appended
-edges taken into ``add_order`` and the two-level offsets ``add_block``/``add_indptr``, in place,
-in compiled passes.
-
-A node ``v``'s appended in-edges are ``add_order[start(v):start(v + 1)]`` with ``start(v) =
-add_block[v >> INDEX_SHIFT] + add_indptr[v]`` (``storage.overlay.INDEX_SHIFT``): the edges to
-the blocks below ``v``'s block of ``2**INDEX_SHIFT`` nodes, plus those to the nodes below ``v``
-in its block. A batch of ``m`` edges then moves the offsets of the blocks it touches and one
-word a block after them, not one word a node after its lowest destination (a one-level prefix
-over DGL's 2^20-node graph is 4 MiB written under the write lock per batch: at 10k edges/s in
-batches of 100 it was the servers' largest cost, and the co-located readers waited for it).
-``merge_order`` inserts the new slots (sorted by destination, then slot) after the earlier edges
-of their destinations, from the back, with no temporary array. Without numba
-(``ASYNCGRAPH_NO_JIT``) ``storage/overlay.py`` takes its numpy form instead.
+"""The writer's side of a live partition's destination index: appended edges taken into
+``add_order`` and the two-level offsets ``add_block``/``add_indptr`` (their layout:
+``storage/overlay_layout.py``), in place. ``merge_order`` inserts the new slots (sorted by
+destination, then slot) after the earlier edges of their destinations, from the back, with no
+temporary array; ``shift_offsets`` moves the offsets of the blocks a batch touches and one word a
+block after them. The compiled pair loads in the background (``INDEX``, started with the server);
+until then, and without numba (``ASYNCGRAPH_NO_JIT``), ``storage/overlay.py`` uses ``np.insert``
+and ``shift_offsets_numpy``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The base structure (``indptr``/``indices``/``eids``) never changes. Updates the 
 (edges whose destination it owns) land here: ``dead`` marks removed base edges (one byte per
 base edge), appended edges are kept in log order (``add_src`` global, ``add_dst`` local,
 ``add_dead``), and ``add_block``/``add_indptr``/``add_order`` index them by destination (two-
-level offsets, ``kernels/overlay_index.py``, moved per applied batch); ``dead_deg`` counts each
+level offsets, ``storage/overlay_layout.py``, moved per applied batch); ``dead_deg`` counts each
 node's removed in-edges (base and appended), so a reader knows a live degree, and whether a row
 has tombstones to skip, in O(1); ``touched`` (one byte a node, small enough to stay in cache)
 marks the nodes with any appended or removed in-edge: a reader of an untouched node reads the
