@@ -108,6 +108,16 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _steal_seconds() -> float:
+    """CPU seconds the hypervisor took from this machine's CPUs so far (``/proc/stat``'s steal; 0
+    where there is none)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return 0.0
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
+
+
 def _delta(after: dict[str, float], before: dict[str, float], key: str) -> float:
     return after.get(key, 0.0) - before.get(key, 0.0)
 
@@ -129,9 +139,11 @@ async def _offer(
     dropped = 0
 
     latencies = np.full(total, np.nan)
+    late = np.full(total, np.nan)  # how late the generator sent each request (its own share)
 
     async def one(k: int, scheduled: float) -> None:
         nonlocal done
+        late[k] = time.perf_counter() - scheduled
         try:
             await clients[k % connections].infer([int(nodes[k])])
             latencies[k] = time.perf_counter() - scheduled
@@ -167,13 +179,30 @@ async def _offer(
         "p90_ms": hist.percentile(90) * 1e3,
         "p99_ms": hist.percentile(99) * 1e3,
         "max_ms": hist.max_s * 1e3,
-        "timeline": timeline(latencies, rate),
+        **_lateness(late),
+        "timeline": timeline(latencies, rate, late=late),
     }
 
 
-def timeline(latencies: np.ndarray, rate: float, window_s: float = 0.5) -> list[dict[str, float]]:
+def _lateness(late: np.ndarray) -> dict[str, float]:
+    """How late the generator itself sent requests (p50/p99/max ms after their scheduled time):
+    the part of the measured latency that is the load generator's, not the service's."""
+    ms = late[~np.isnan(late)] * 1e3
+    if not ms.size:
+        return {}
+    p50, p99 = np.percentile(ms, [50, 99])
+    worst = float(ms.max())
+    return {"send_late_p50_ms": float(p50), "send_late_p99_ms": float(p99), "send_late_max_ms": worst}
+
+
+def timeline(
+    latencies: np.ndarray, rate: float, window_s: float = 0.5, late: np.ndarray | None = None
+) -> list[dict[str, float]]:
     """Per ``window_s`` of scheduled time: answered requests, p50/p99/max (ms) and how many took
-    over 20 ms (``latencies[k]``: request ``k``'s, scheduled at ``k / rate``; NaN if it failed)."""
+    over 20 ms (``latencies[k]``: request ``k``'s, scheduled at ``k / rate``; NaN if it failed),
+    and with ``late`` (seconds each request was sent after its time) the generator's worst
+    lateness: a window where the generator was late too was a stall of the machine, not only
+    of the service."""
     per = max(1, round(rate * window_s))
     out = []
     for start in range(0, latencies.size, per):
@@ -184,6 +213,11 @@ def timeline(latencies: np.ndarray, rate: float, window_s: float = 0.5) -> list[
             p50, p99 = np.percentile(ms, [50, 99])
             row |= {"p50_ms": round(float(p50), 2), "p99_ms": round(float(p99), 2)}
             row |= {"max_ms": round(float(ms.max()), 2), "over_20ms": int((ms > 20).sum())}
+        if late is not None:
+            sent = late[start : start + per]
+            sent = sent[~np.isnan(sent)]
+            if sent.size:
+                row["send_late_max_ms"] = round(float(sent.max()) * 1e3, 2)
         out.append(row)
     return out
 
@@ -296,6 +330,7 @@ def main(argv: list[str] | None = None) -> None:
                     "writer": [writer.pid] if writer is not None else [],
                 }
                 cpu0 = {k: sum(map(_cpu_seconds, v)) for k, v in pids.items()}
+                steal0 = _steal_seconds()
                 wall0 = time.perf_counter()
                 point = uvloop.run(_offer(url, rate, args.seconds, args.connections, num_nodes, i))
                 wall = time.perf_counter() - wall0
@@ -303,6 +338,7 @@ def main(argv: list[str] | None = None) -> None:
                 point["cores"] = {
                     k: round((sum(map(_cpu_seconds, v)) - cpu0[k]) / wall, 3) for k, v in pids.items()
                 }
+                point["steal_s"] = round(_steal_seconds() - steal0, 3)  # the hypervisor's, all CPUs
                 after = _summed_metrics(http_ports)
                 batches = _delta(after, before, "asyncgraph_serve_batch_nodes_count")
                 point["mean_batch_nodes"] = _delta(after, before, "asyncgraph_serve_batch_nodes_sum") / max(
@@ -325,6 +361,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(json.dumps({k: v for k, v in shown.items() if k != "timeline"}), flush=True)
                 p99s = " ".join(str(w.get("p99_ms", "-")) for w in point["timeline"])
                 print(f"  p99 (ms) per 0.5 s: {p99s}", flush=True)
+                lates = " ".join(str(w.get("send_late_max_ms", "-")) for w in point["timeline"])
+                print(f"  generator's worst lateness (ms) per 0.5 s: {lates}", flush=True)
             if writer is not None:
                 marks["stop"].touch()
                 writer.wait(timeout=60)

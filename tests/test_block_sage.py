@@ -243,3 +243,41 @@ def test_sageconv_csr_gradients_equal_the_gather_path(
     torch.testing.assert_close(g1, g2)
     for a, b in zip(p1, p2, strict=True):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("aggregator", ["mean", "sum", "gcn"])
+@pytest.mark.parametrize(("in_feats", "out_feats"), [(6, 4), (3, 5)])
+def test_inference_neighbour_sums_equal_the_csr_product(
+    aggregator: str, in_feats: int, out_feats: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ``no_grad`` on CPU float32 a small block is summed by the compiled kernel (not a CSR
+    product): the same outputs (multi-edges, an isolated destination), the kernel really used,
+    bit for bit the same as its numpy form before it loads, and a block over the size bound
+    takes the CSR product."""
+    import asyncgraph.nn.sage as sage
+    from asyncgraph.inference_kernel import NEIGHBOUR_SUM, wait_ready
+
+    assert wait_ready(300.0)
+    src, dst = random_edges(60, 300, 7)
+    dst_nodes = np.concatenate([np.unique(dst), [1000]])
+    torch.manual_seed(2)
+    conv = SAGEConv(in_feats, out_feats, aggregator=aggregator)
+    h = torch.randn(to_block(src, dst, dst_nodes).num_src_nodes(), in_feats)
+    calls = []
+    kernel = NEIGHBOUR_SUM.kernels
+    assert kernel is not None
+    monkeypatch.setattr(NEIGHBOUR_SUM, "kernels", lambda *a: (calls.append(1), kernel(*a))[1])
+    outs = []
+    for bound in (1 << 22, 0):  # kernel, then the CSR product
+        monkeypatch.setattr(sage, "_SMALL_BLOCK", bound)
+        with torch.no_grad():
+            outs.append(conv(to_block(src, dst, dst_nodes), h))
+    assert len(calls) == 1  # the kernel ran for the small bound only
+    monkeypatch.setattr(sage, "_SMALL_BLOCK", 1 << 22)
+    monkeypatch.setattr(NEIGHBOUR_SUM, "kernels", None)  # not loaded (yet): its numpy form
+    monkeypatch.setattr(NEIGHBOUR_SUM, "ready", lambda: False)
+    with torch.no_grad():
+        torch.testing.assert_close(conv(to_block(src, dst, dst_nodes), h), outs[0], atol=0, rtol=0)
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-6, atol=1e-6)
+    ref = dense_reference(to_block(src, dst, dst_nodes), h.double(), conv.double()).float()
+    torch.testing.assert_close(outs[0], ref, rtol=1e-5, atol=1e-5)

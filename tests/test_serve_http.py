@@ -23,7 +23,7 @@ from asyncgraph.client import Client
 from asyncgraph.dataloading.fetch import sample_and_pull
 from asyncgraph.dataloading.sampler import NeighborSampler
 from asyncgraph.dataloading.stats import LoaderStats
-from asyncgraph.errors import OutOfRangeError, UnknownModelError
+from asyncgraph.errors import OutOfRangeError, RequestTimeoutError, UnknownModelError
 from asyncgraph.nn import GraphSAGE
 from asyncgraph.serve.artifact import load_model, save_model
 
@@ -148,6 +148,37 @@ def test_queue_full_is_429_and_sigterm_drains(
         assert proc.proc.wait(timeout=30) == 0
         with pytest.raises(ConnectionRefusedError):
             proc.request("GET", "/v2/health/live")
+    finally:
+        proc.stop()
+
+
+def test_msgpack_requests_in_flight_drain_on_sigterm_and_late_ones_time_out_typed(
+    served: Any, model_dir: Path, tmp_path: Path
+) -> None:
+    """Over the msgpack port (requests answered from their batch, no task each): a request past
+    its deadline in the queue gets ``RequestTimeoutError``, and one queued when SIGTERM comes is
+    answered before the process exits 0."""
+    proc = ServeProcess(
+        tmp_path,
+        ["--servers", str(served.ip_config()), "--model", str(model_dir), "--msgpack-port", "0",
+         "--max-delay-ms", "1500", "--idle-delay-ms", "1500", "--deadline-ms", "20000"],
+    )  # fmt: skip
+
+    async def run() -> np.ndarray:
+        url = f"tcp://127.0.0.1:{proc.msgpack_port}"
+        async with asyncgraph.AsyncInferenceClient(url, timeout=30) as client:
+            first = asyncio.ensure_future(client.infer([1, 2, 3]))  # waits 1.5 s for company
+            started = time.perf_counter()
+            with pytest.raises(RequestTimeoutError):
+                await client.infer([4], timeout=0.2)  # its deadline passes while it is queued
+            assert time.perf_counter() - started < 1.4  # answered at its deadline, not the batch's
+            proc.proc.send_signal(signal.SIGTERM)
+            return await first
+
+    try:
+        rows = asyncio.run(run())
+        assert rows.shape == (3, 3) and np.isfinite(rows).all()
+        assert proc.proc.wait(timeout=30) == 0
     finally:
         proc.stop()
 

@@ -70,6 +70,7 @@ class _Pending:
     dropped: bool = False
     started: float = field(default=0.0)
     run: RunOwn | None = None  # set: a batch of its own (not merged)
+    timer: asyncio.TimerHandle | None = None  # the deadline's
 
 
 def _expire(item: _Pending, wait: float) -> None:
@@ -117,7 +118,20 @@ class DynamicBatcher:
         slot is free, under the queue limit and deadline of every request."""
         return await self._enqueue(np.zeros(count, dtype=np.int64), timeout, run)
 
+    def submit_nowait(self, nodes: np.ndarray, timeout: float | None = None) -> asyncio.Future[torch.Tensor]:
+        """``submit`` without a coroutine: the future of the rows (typed errors at once, or set
+        on it), for callers that answer from a callback (the msgpack port: no task per request)."""
+        return self._put(nodes, timeout, None).future
+
     async def _enqueue(self, nodes: np.ndarray, timeout: float | None, run: RunOwn | None) -> torch.Tensor:
+        item = self._put(nodes, timeout, run)
+        try:
+            return await item.future
+        finally:  # a caller cancelled meanwhile cancels the future, which the batch then skips
+            assert item.timer is not None
+            item.timer.cancel()
+
+    def _put(self, nodes: np.ndarray, timeout: float | None, run: RunOwn | None) -> _Pending:
         if self._closing:
             raise ServerUnavailableError("the serving process is draining (SIGTERM): send to another")
         opts = self.options
@@ -136,13 +150,9 @@ class DynamicBatcher:
         self._queue.append(item)
         self._queued_nodes += nodes.size
         self._arrived.set()
-        # A timer, not wait_for(shield()): two tasks and futures fewer per request. A caller
-        # cancelled meanwhile cancels the future, which the batch then skips (done()).
-        timer = loop.call_later(wait, _expire, item, wait)
-        try:
-            return await item.future
-        finally:
-            timer.cancel()
+        # A timer, not wait_for(shield()): two tasks and futures fewer per request
+        item.timer = loop.call_later(wait, _expire, item, wait)
+        return item
 
     async def _cut_batches(self) -> None:
         opts = self.options
@@ -206,12 +216,17 @@ class DynamicBatcher:
                 self.metrics.batch_nodes.observe(seeds.size)
                 self.metrics.batch_requests.observe(len(batch))
                 out = await asyncio.wait_for(self._run(seeds, times), max(budget, 0.0))
-                rows = out[torch.from_numpy(inverse.reshape(-1))]
+                inverse = inverse.reshape(-1)
+                if inverse.size != seeds.size or (inverse[1:] <= inverse[:-1]).any():  # else in order
+                    out = torch.index_select(out, 0, torch.from_numpy(inverse))
+                rows = out
             offset = 0
             for item in batch:
                 n = item.nodes.size
                 if not item.future.done():
                     item.future.set_result(rows[offset : offset + n])
+                if item.timer is not None:
+                    item.timer.cancel()
                 offset += n
             for stage in ("sample", "pull", "forward"):
                 self.metrics.observe_stage(stage, getattr(times, stage))
@@ -227,6 +242,8 @@ class DynamicBatcher:
                 if not item.future.done():
                     item.future.set_exception(error)
                     item.future.exception()  # retrieved: a caller that timed out never reads it
+                if item.timer is not None:
+                    item.timer.cancel()
         finally:
             self._last_end = time.perf_counter()
             self._slots.release()

@@ -232,11 +232,14 @@ def _settle() -> None:
     full collection walks the requests' objects, not the start-up's (torch, numba, the model):
     both showed as latency spikes of 100-300 ms in the first seconds and under load. The live
     graph's sampling kernels too (~45 ms from numba's cache): loaded at the first sample of a
-    graph that became live, they held the first requests after its first update."""
+    graph that became live, they held the first requests after its first update. And the
+    neighbour sums of a CPU forward (``nn.sage``: until loaded, a CSR product ~0.25 ms slower)."""
+    from asyncgraph import inference_kernel
     from asyncgraph.dataloading.relabel_kernel import wait_batch_kernels
     from asyncgraph.kernels import overlay_sample
 
     wait_batch_kernels(300.0)
+    inference_kernel.wait_ready(300.0)
     overlay_sample.warm_up()  # a graph that becomes live while serving: its sampler is ready
     gc.collect()
     gc.freeze()
