@@ -17,11 +17,14 @@ from asyncgraph.testing import PACKAGE_ROOT, subprocess_env
 
 
 @pytest.mark.timeout(400)
-def test_serve_bench_runs_on_a_synthetic_graph(tmp_path: Path) -> None:
+@pytest.mark.parametrize("generator", ["frames", "client"])
+def test_serve_bench_runs_on_a_synthetic_graph(tmp_path: Path, generator: str) -> None:
+    """Both load generators (pre-encoded frames on sockets; ``AsyncInferenceClient``)."""
     cmd = [
         sys.executable, "-m", "benchmarks.serve_bench", "--scale", "10", "--data-dir", str(tmp_path / "data"),
         "--results-dir", str(tmp_path / "results"), "--partition-method", "random", "--rates", "20",
         "--seconds", "0.5", "--connections", "4", "--hidden", "8", "--name", "t", "--serve-procs", "2",
+        "--generator", generator,
     ]  # fmt: skip
     done = subprocess.run(
         cmd, cwd=PACKAGE_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=380
@@ -31,7 +34,8 @@ def test_serve_bench_runs_on_a_synthetic_graph(tmp_path: Path) -> None:
     assert result["graph"] == "synth10.npz" and result["partition_method"] == "random"
     assert result["serve_procs"] == 2  # two processes on one msgpack port, their metrics summed
     (point,) = result["points"]
-    assert point["ok"] >= 5 and not point["errors"] and point["p99_ms"] > 0
+    assert point["ok"] == 10 and not point["errors"] and point["p99_ms"] > 0  # 20/s for 0.5 s
+    assert result["generator"] == generator and len(point["timeline"]) == 1
     assert (tmp_path / "results" / "t.png").is_file()
     from benchmarks.serve_bench import npz_shape
 
