@@ -6,8 +6,10 @@ partition, sampled in-process through shared memory), so both give identical res
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -44,22 +46,29 @@ def keyed_rng(seed: int | None, part_id: int) -> np.random.Generator:
             fresh = (pid, np.random.default_rng())
             _local.entropy_rng = fresh
         return fresh[1]
+    bit_generator: np.random.PCG64 | None = getattr(_local, "bit_generator", None)
+    if bit_generator is None:
+        bit_generator = np.random.PCG64(0)
+        _local.bit_generator = bit_generator
+    bit_generator.state = _keyed_state(seed, part_id)
+    return np.random.Generator(bit_generator)
+
+
+@functools.lru_cache(maxsize=1024)
+def _keyed_state(seed: int, part_id: int) -> Any:  # numpy types it as a private TypedDict
+    """The PCG64 state keyed by ``(seed, part_id)`` (cached: online inference samples every
+    batch with the same seed; the setter copies it, so sharing one dict is safe)."""
     h = 0
     for word in (seed & _MASK64, (seed >> 64) & _MASK64, part_id & _MASK64):
         h = _splitmix64(h ^ word)
     lo = _splitmix64(h ^ 0x5851F42D4C957F2D)
     inc = (_splitmix64(lo) << 65 | _splitmix64(h ^ lo) << 1 | 1) & ((1 << 128) - 1)
-    bit_generator: np.random.PCG64 | None = getattr(_local, "bit_generator", None)
-    if bit_generator is None:
-        bit_generator = np.random.PCG64(0)
-        _local.bit_generator = bit_generator
-    bit_generator.state = {
+    return {
         "bit_generator": "PCG64",
         "state": {"state": h << 64 | lo, "inc": inc},
         "has_uint32": 0,
         "uinteger": 0,
     }
-    return np.random.Generator(bit_generator)
 
 
 def sample_partition(
