@@ -38,6 +38,7 @@ import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
 from asyncgraph.errors import AsyncGraphError
+from asyncgraph.launch.lifeline import die_with_parent
 from asyncgraph.nn import GraphSAGE
 from asyncgraph.serve.artifact import save_model
 from asyncgraph.serve.client import AsyncInferenceClient
@@ -317,6 +318,7 @@ def main(argv: list[str] | None = None) -> None:
                      "--max-batch", str(args.max_batch), "--max-delay-ms", str(args.max_delay_ms),
                      *args.serve_args.split()],
                     env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                    preexec_fn=die_with_parent(signal.SIGTERM),  # a killed bench leaves none behind
                 ))  # fmt: skip
             end = time.monotonic() + 180
             while not all(ready.exists() for ready in readies):
