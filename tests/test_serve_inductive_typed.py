@@ -24,6 +24,7 @@ from asyncgraph.client import Client
 from asyncgraph.dataloading.hetero_block import to_hetero_block, typed_node_keys
 from asyncgraph.dataloading.sampler import layer_seed
 from asyncgraph.errors import InvalidRequestError, OutOfRangeError, ShapeMismatchError, UnknownTypeError
+from asyncgraph.kernels.partition_sampling import keyed_words
 from asyncgraph.nn import HeteroGraphSAGE
 from asyncgraph.serve.artifact import load_model, save_model
 from asyncgraph.testing import ServerGroup, start_servers
@@ -95,7 +96,7 @@ def _paper_features(client: Client, row: int) -> np.ndarray:
 def _by_hand(client: Client, model_dir: Path, feats: np.ndarray, given: dict[str, np.ndarray]) -> np.ndarray:
     """The model on blocks built by hand: graph nodes' hops sampled by the servers with the
     layer seeds of ``--seed 0``, the new paper's (ID -1) hops its given neighbours drawn with
-    ``default_rng([layer seed, 0])`` to each layer's fanout."""
+    ``keyed_words(layer seed, 0, position)`` to each layer's fanout (the smallest words)."""
     spec, model = load_model(model_dir)
     aio, book = client.async_client, client.book
     canon = book.canonical_etypes
@@ -110,8 +111,8 @@ def _by_hand(client: Client, model_dir: Path, feats: np.ndarray, given: dict[str
             r = book.etype_id(tuple(name.split(":")) if name.count(":") == 2 else name)
             homo = np.asarray(book.map_to_homo_nid(ids, canon[r][0]), dtype=np.int64)
             if homo.size > fanout:
-                pick = np.random.default_rng([seed, 0]).choice(homo.size, fanout, replace=False)
-                homo = homo[np.sort(pick)]
+                words = keyed_words(seed, np.zeros(homo.size, np.int64), np.arange(homo.size))
+                homo = homo[np.sort(np.argsort(words, kind="stable")[:fanout])]  # the smallest words
             src.append(homo)
             dst.append(np.full(homo.size, -1))
             et.append(np.full(homo.size, r))

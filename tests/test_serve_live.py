@@ -24,6 +24,7 @@ from asyncgraph.client import Client
 from asyncgraph.dataloading.block import to_block
 from asyncgraph.dataloading.sampler import layer_seed
 from asyncgraph.errors import InvalidRequestError, OutOfRangeError
+from asyncgraph.kernels.partition_sampling import keyed_words
 from asyncgraph.nn import GraphSAGE
 from asyncgraph.serve.artifact import load_model, save_model
 from asyncgraph.testing import ServerGroup, start_servers
@@ -183,8 +184,8 @@ def test_sampled_inductive_answer_equals_blocks_built_by_hand(
     aio = client.async_client
 
     def given(fanout: int, layer: int) -> np.ndarray:
-        pick = np.random.default_rng([layer_seed(0, layer), 0]).choice(nbrs.size, fanout, replace=False)
-        return nbrs[np.sort(pick)]
+        words = keyed_words(layer_seed(0, layer), np.zeros(nbrs.size, np.int64), np.arange(nbrs.size))
+        return nbrs[np.sort(np.argsort(words, kind="stable")[:fanout])]  # the smallest words
 
     hop1 = given(3, 1)
     last = to_block(hop1, np.full(3, -1), np.array([-1]), np.full(3, -1))

@@ -54,6 +54,23 @@ def keyed_rng(seed: int | None, part_id: int) -> np.random.Generator:
     return np.random.Generator(bit_generator)
 
 
+def keyed_words(seed: int, rows: np.ndarray, counters: np.ndarray) -> np.ndarray:
+    """The uint64 word of each ``(seed, rows[i], counters[i])``: SplitMix64 over the key folded
+    in a word at a time, so a draw keyed by a node's position needs no generator per node."""
+    key = np.uint64(_splitmix64(_splitmix64(seed & _MASK64) ^ ((seed >> 64) & _MASK64)))
+    folded = _splitmix64_array(key ^ rows.astype(np.uint64))
+    return _splitmix64_array(folded ^ counters.astype(np.uint64))
+
+
+def _splitmix64_array(x: np.ndarray) -> np.ndarray:
+    """``_splitmix64`` of every word of a uint64 array (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
 @functools.lru_cache(maxsize=1024)
 def _keyed_state(seed: int, part_id: int) -> Any:  # numpy types it as a private TypedDict
     """The PCG64 state keyed by ``(seed, part_id)`` (cached: online inference samples every

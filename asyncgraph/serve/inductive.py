@@ -5,9 +5,11 @@ A new node's in-edges are its given neighbours (existing node IDs) in every laye
 is them, sampled to the layer's fanout, and so is its hop in every deeper block (it is one of
 each block's destinations, as every seed is); the neighbours' own hops come from the graph,
 sampled by their owners exactly as an ordinary batch samples (``layer_seed(seed, layer)``).
-Given neighbours are drawn with ``numpy.random.default_rng([layer_seed(seed, layer), i])`` for
-the request's ``i``-th new node (``choice`` of ``fanout`` positions, without replacement unless
-the sampler replaces, in the given order): a node's answer depends on its own request only.
+Given neighbours are drawn by ``NewNodes.sample_in_edges`` with ``layer_seed(seed, layer)``:
+without replacement (unless the sampler replaces) the ``fanout`` whose keyed words
+(``keyed_words(layer seed, i, position)`` for the request's ``i``-th new node) are smallest,
+kept in the given order, all at once for the request's nodes: a node's answer depends on its
+own position and neighbours only.
 Within the blocks new node ``i`` is ID ``-1 - i`` (never a graph ID); its input row is the
 request's feature row. Nothing is stored unless ``store`` is asked: then ``add_nodes`` (with the
 feature rows) and ``add_edges`` (neighbour -> new node) of the live graph, after the answer,

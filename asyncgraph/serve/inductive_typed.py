@@ -1,16 +1,16 @@
-"""Inductive requests on typed (heterogeneous) graphs: the model's output for new nodes of one
-node type from their input rows and their in-neighbours given per relation (issue 36).
+"""Inductive requests on typed (heterogeneous) graphs: the model's output for new nodes of one node
+type from their input rows and their in-neighbours given per relation (issue 36).
 
-The new nodes are of one type (``ntype``; default the model's target type). Their in-neighbours
-are given per relation ``{etype: per-type source IDs}`` with ``{etype: offsets}`` (``n + 1``
-each); every relation must end at the new nodes' type and its neighbours are per-type IDs of its
-source type (a live graph's added nodes too). Blocks are built as ``sample_and_pull_hetero``
-builds them (``layer_seed(seed, layer)``, layer 0 the one nearest the inputs' far end, a fanout
-per relation from ``etype_fanouts``): graph nodes are sampled by their owners, and a new node's
-in-edges of relation ``r`` in every layer are its given ``r``-neighbours sampled to ``r``'s
-fanout by the homogeneous rule, ``numpy.random.default_rng([layer_seed(seed, layer), i])`` for
-the request's ``i``-th new node (``choice`` without replacement, kept in the given order; each
-relation draws with that generator afresh). In the blocks new node ``i`` is ID ``-1 - i`` of its
+The new nodes are of one type (``ntype``; default the model's target type). Their in-neighbours are
+given per relation ``{etype: per-type source IDs}`` with ``{etype: offsets}`` (``n + 1`` each);
+every relation must end at the new nodes' type and its neighbours are per-type IDs of its source
+type (a live graph's added nodes too). Blocks are built as ``sample_and_pull_hetero`` builds them
+(``layer_seed(seed, layer)``, layer 0 the one nearest the inputs' far end, a fanout per relation
+from ``etype_fanouts``): graph nodes are sampled by their owners, and a new node's in-edges of
+relation ``r`` in every layer are its given ``r``-neighbours sampled to ``r``'s fanout by the
+homogeneous rule (``NewNodes.sample_in_edges``: the smallest ``keyed_words(layer_seed(seed, layer),
+i, position)`` for the request's ``i``-th new node, without replacement, kept in the given order;
+each relation draws with those words afresh). In the blocks new node ``i`` is ID ``-1 - i`` of its
 type (``to_hetero_block(new_type=)``); its input row is the request's. ``store`` adds the nodes
 (``add_nodes(ntype=, data={feat: rows})``) and then each relation's edges (``add_edges(etype=)``)
 after the answer, and answers the new per-type IDs.

@@ -17,6 +17,7 @@ from asyncgraph.errors import (
     OutOfRangeError,
     ShapeMismatchError,
 )
+from asyncgraph.kernels.partition_sampling import keyed_words
 
 __all__ = ["NEW_NODE_INPUTS", "NewNodes", "NewNodesInput", "check_new_nodes"]
 
@@ -54,19 +55,43 @@ class NewNodes:
         self, rows: np.ndarray, fanout: int, seed: int, *, replace: bool = False
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(src, dst)`` in-edges of new nodes ``rows`` (request positions) sampled to ``fanout``
-        (-1: all) with the rule of the module's docstring; ``dst`` is the block ID ``-1 - row``."""
-        src_parts, dst_parts = [], []
-        for row in rows.tolist():
-            given = self.neighbors[self.offsets[row] : self.offsets[row + 1]]
-            if fanout != -1 and given.size and (replace or given.size > fanout):
-                rng = np.random.default_rng([seed, row])
-                pick = rng.choice(given.size, fanout, replace=replace)
-                given = given[pick if replace else np.sort(pick)]
-            src_parts.append(given)
-            dst_parts.append(np.full(given.size, -1 - row, dtype=np.int64))
-        if not src_parts:
-            return np.empty(0, np.int64), np.empty(0, np.int64)
-        return np.concatenate(src_parts), np.concatenate(dst_parts)
+        (-1: all), row after row; ``dst`` is the block ID ``-1 - row``. The draw (``keyed_words``:
+        one word per ``(seed, row, counter)``, no generator per node) depends only on ``seed``, the
+        node's position and its given neighbours: without replacement a node with more than
+        ``fanout`` neighbours keeps the ``fanout`` whose words are smallest, in the given order;
+        with replacement draw ``k`` takes neighbour ``floor(u_k * degree)``, ``u_k`` the
+        word's top 53 bits as a fraction."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        starts = self.offsets[rows]
+        degree = self.offsets[rows + 1] - starts
+        if replace and fanout != -1:
+            drawn = np.where(degree > 0, fanout, 0)
+            owner = np.repeat(np.arange(rows.size), drawn)
+            counter = _ranges(drawn)
+            fraction = (keyed_words(seed, rows[owner], counter) >> np.uint64(11)) * 2.0**-53
+            picked = starts[owner] + np.floor(fraction * degree[owner]).astype(np.int64)
+        else:
+            owner = np.repeat(np.arange(rows.size), degree)
+            position = _ranges(degree)
+            picked = starts[owner] + position
+            thinned = degree > fanout if fanout != -1 else np.zeros(rows.size, dtype=bool)
+            if thinned.any():
+                words = keyed_words(seed, rows[owner], position)
+                order = np.lexsort((words, owner))  # by row, then by word
+                first = np.cumsum(degree) - degree  # each row's first place in that order
+                rank = np.empty(order.size, dtype=np.int64)
+                rank[order] = np.arange(order.size) - first[owner[order]]  # 0.. within a row
+                keep = ~thinned[owner] | (rank < fanout)
+                owner, picked = owner[keep], picked[keep]
+        return self.neighbors[picked], -1 - rows[owner]
+
+
+def _ranges(lengths: np.ndarray) -> np.ndarray:
+    """``0..lengths[i] - 1`` for every ``i``, concatenated."""
+    total = int(lengths.sum())
+    ends = np.cumsum(lengths)
+    ranges: np.ndarray = np.arange(total, dtype=np.int64) - np.repeat(ends - lengths, lengths)
+    return ranges
 
 
 def _array(value: Any) -> np.ndarray:
