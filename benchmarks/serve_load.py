@@ -25,13 +25,15 @@ from asyncgraph.protocol.framing import FrameReader
 @dataclass
 class Offered:
     """What one rate's requests got: per request the latency and how late it was sent (seconds,
-    NaN where it failed or was not sent), errors by code, and the seconds the rate took."""
+    NaN where it failed or was not sent), errors by code, the seconds the rate took, and when
+    its first request was scheduled (``perf_counter``)."""
 
     latencies: np.ndarray
     late: np.ndarray
     errors: dict[str, int] = field(default_factory=dict)
     dropped: int = 0
     elapsed: float = 0.0
+    start: float = 0.0
 
 
 class _Answers(asyncio.BufferedProtocol):
@@ -88,6 +90,7 @@ async def offer_frames(
     ]
     t0 = time.perf_counter() + 0.05
     scheduled = t0 + np.arange(total) / rate
+    offered.start = t0
     done = asyncio.Event()
     conns: list[_Answers] = []
     for _ in range(connections):

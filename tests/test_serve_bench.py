@@ -36,6 +36,8 @@ def test_serve_bench_runs_on_a_synthetic_graph(tmp_path: Path, generator: str) -
     (point,) = result["points"]
     assert point["ok"] == 10 and not point["errors"] and point["p99_ms"] > 0  # 20/s for 0.5 s
     assert result["generator"] == generator and len(point["timeline"]) == 1
+    assert {"steal_ms", "steal_max_cpu_ms"} <= set(point["timeline"][0])  # the VM's, per window
+    assert point["windows"] == 1 and point["quiet_windows"] in (0, 1)
     assert (tmp_path / "results" / "t.png").is_file()
     from benchmarks.serve_bench import npz_shape
 
