@@ -55,25 +55,25 @@ def _expire(fut: asyncio.Future[Any]) -> None:
         fut.set_exception(TimeoutError())
 
 
-def _new_nodes(features: Any, neighbors: Any, offsets: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(features, flat neighbours, offsets)``: ``neighbors`` is one ID list per new node, or a
-    flat array with ``offsets`` (``n + 1`` values) saying where each node's run starts."""
+def _numpy(x: Any) -> np.ndarray:
+    """``x`` (a tensor on any device, an array, a list) as a numpy array."""
+    return np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x)
 
-    def numpy(x: Any) -> np.ndarray:
-        return np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x)
 
-    feats = np.ascontiguousarray(numpy(features))
+def _neighbour_runs(neighbors: Any, offsets: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(flat neighbours, offsets)``: ``neighbors`` is one ID list per new node, or a flat array
+    with ``offsets`` (``n + 1`` values) saying where each node's run starts."""
     if offsets is None:
-        runs = [np.asarray(numpy(r), dtype=np.int64).reshape(-1) for r in neighbors]
+        runs = [np.asarray(_numpy(r), dtype=np.int64).reshape(-1) for r in neighbors]
         counts = [r.size for r in runs]
         flat = np.concatenate(runs) if runs else np.empty(0, dtype=np.int64)
         offs = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
     else:
-        flat, offs = numpy(neighbors), numpy(offsets)
+        flat, offs = _numpy(neighbors), _numpy(offsets)
     for arr, what in ((flat, "neighbors"), (offs, "offsets")):
         if arr.size and (arr.dtype.kind not in "iu" or arr.ndim != 1):
             raise InvalidRequestError(f"{what} must be 1-D integer IDs, got {arr.dtype} {arr.shape}")
-    return feats, np.ascontiguousarray(flat, dtype=np.int64), np.ascontiguousarray(offs, dtype=np.int64)
+    return np.ascontiguousarray(flat, dtype=np.int64), np.ascontiguousarray(offs, dtype=np.int64)
 
 
 class AsyncInferenceClient:
@@ -133,14 +133,12 @@ class AsyncInferenceClient:
             if offsets is not None and not isinstance(offsets, dict):
                 raise InvalidRequestError("with neighbours per relation, offsets is {etype: offsets}")
             offs_of = offsets or {}
-            per_rel = {str(r): _new_nodes(features, v, offs_of.get(r)) for r, v in neighbors.items()}
-            feats = np.ascontiguousarray(
-                features.detach().cpu().numpy() if hasattr(features, "detach") else np.asarray(features)
-            )
-            flat: Any = {r: v[1] for r, v in per_rel.items()}
-            offs: Any = {r: v[2] for r, v in per_rel.items()}
+            per_rel = {str(r): _neighbour_runs(v, offs_of.get(r)) for r, v in neighbors.items()}
+            flat: Any = {r: v[0] for r, v in per_rel.items()}
+            offs: Any = {r: v[1] for r, v in per_rel.items()}
         else:
-            feats, flat, offs = _new_nodes(features, neighbors, offsets)
+            flat, offs = _neighbour_runs(neighbors, offsets)
+        feats = np.ascontiguousarray(_numpy(features))
         wait = self.timeout if timeout is None else timeout
         if self.scheme == "http":
             return await self._infer_new_http(feats, flat, offs, store, wait, ntype)

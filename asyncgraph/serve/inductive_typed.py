@@ -29,7 +29,7 @@ import torch
 from asyncgraph.dataloading.hetero_block import HeteroBlock, pull_by_type, to_hetero_block, typed_node_keys
 from asyncgraph.dataloading.sampler import layer_seed
 from asyncgraph.errors import AsyncGraphError, InvalidRequestError, UnknownTensorError, UnknownTypeError
-from asyncgraph.serve.new_nodes import NewNodes, NewNodesInput, check_new_nodes
+from asyncgraph.serve.new_nodes import NewNodes, NewNodesInput, check_features, check_neighbours
 
 if TYPE_CHECKING:
     from asyncgraph.client.async_client import AsyncClient
@@ -110,40 +110,24 @@ async def check_typed_new_nodes(core: InferenceCore, given: NewNodesInput) -> Ty
             f"neighbors and offsets must name the same relations, got {list(nbrs)} and {list(offs)}"
         )
     feat_shape, feat_dtype = await _feature_meta(core, ntype)
+    features = check_features(given.features, feat_shape=feat_shape, feat_dtype=feat_dtype)  # once
     relations: dict[int, NewNodes] = {}
     per_type: dict[int, np.ndarray] = {}
-    runs: list[tuple[Any, Any, Any]] = [(None, np.empty(0, np.int64), None)]
-    runs += [(etype, nbrs[etype], offs[etype]) for etype in nbrs]
-    features: np.ndarray | None = None
-    for etype, ids, offsets in runs:
-        r = _relation(book, etype, ntype) if etype is not None else -1
+    for etype in nbrs:
+        r = _relation(book, etype, ntype)
         if r in relations:
             raise InvalidRequestError(f"relation {etype!r} is given twice")
-        src_type = book.canonical_etypes[r][0] if r >= 0 else ntype
-        if offsets is None:  # the features alone: no neighbours (bad features raise below)
-            try:
-                offsets = np.zeros(int(np.shape(given.features)[0]) + 1, np.int64)
-            except (ValueError, IndexError, TypeError):
-                offsets = np.zeros(1, np.int64)
+        src_type = book.canonical_etypes[r][0]
         try:
-            new = check_new_nodes(
-                NewNodesInput(features if features is not None else given.features, ids, offsets),
-                feat_shape=feat_shape,
-                feat_dtype=feat_dtype,
-                num_nodes=book.num_nodes_of(src_type),
+            ids, offsets = check_neighbours(
+                nbrs[etype], offs[etype], count=int(features.shape[0]), num_nodes=book.num_nodes_of(src_type)
             )
         except AsyncGraphError as err:
-            if etype is None:
-                raise
             raise type(err)(f"relation {etype!r}: {err}") from None
-        features = new.features
-        if r < 0:
-            continue
-        homo = np.asarray(book.map_to_homo_nid(new.neighbors, src_type), dtype=np.int64)
+        homo = np.asarray(book.map_to_homo_nid(ids, src_type), dtype=np.int64)
         await core.added_exist(homo, "neighbour node")
-        relations[r] = NewNodes(new.features, homo, new.offsets)
-        per_type[r] = new.neighbors
-    assert features is not None
+        relations[r] = NewNodes(features, homo, offsets)
+        per_type[r] = ids
     return TypedNewNodes(ntype, features, relations, per_type, bool(given.store))
 
 

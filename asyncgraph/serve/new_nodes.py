@@ -19,7 +19,14 @@ from asyncgraph.errors import (
 )
 from asyncgraph.kernels.partition_sampling import keyed_words
 
-__all__ = ["NEW_NODE_INPUTS", "NewNodes", "NewNodesInput", "check_new_nodes"]
+__all__ = [
+    "NEW_NODE_INPUTS",
+    "NewNodes",
+    "NewNodesInput",
+    "check_features",
+    "check_neighbours",
+    "check_new_nodes",
+]
 
 #: an inductive request's inputs (OIP v2 names, and the msgpack request's keys but ``offsets``)
 NEW_NODE_INPUTS = ("features", "neighbors", "neighbor_offsets")
@@ -107,7 +114,17 @@ def check_new_nodes(
     ``offsets`` ``n + 1`` non-decreasing integers from 0 to ``len(neighbors)``, every neighbour
     a node ID >= 0 (one above ``num_nodes`` is checked with its owner: ``added_exist``); else a
     typed error (``InvalidRequestError``)."""
-    feats, nbrs, offs = _array(given.features), _array(given.neighbors), _array(given.offsets)
+    feats = check_features(given.features, feat_shape=feat_shape, feat_dtype=feat_dtype)
+    nbrs, offs = check_neighbours(
+        given.neighbors, given.offsets, count=int(feats.shape[0]), num_nodes=num_nodes
+    )
+    return NewNodes(feats, nbrs, offs, bool(given.store))
+
+
+def check_features(features: Any, *, feat_shape: tuple[int, ...], feat_dtype: np.dtype[Any]) -> np.ndarray:
+    """New nodes' input rows ``[n >= 1, *feat_shape]``, finite numbers, as a contiguous array of
+    the graph's feature dtype; else a typed error."""
+    feats = _array(features)
     if feats.dtype.kind not in "fiu" or feats.dtype == np.bool_:
         raise DTypeMismatchError(f"features must be numbers, got {feats.dtype}")
     if feats.ndim != 1 + len(feat_shape) or tuple(feats.shape[1:]) != tuple(feat_shape) or not feats.shape[0]:
@@ -118,7 +135,15 @@ def check_new_nodes(
     feats = np.ascontiguousarray(feats, dtype=feat_dtype)
     if feats.dtype.kind == "f" and not bool(np.isfinite(feats).all()):
         raise NonFiniteError("features hold NaN or infinity")
-    n = int(feats.shape[0])
+    return feats
+
+
+def check_neighbours(
+    neighbors: Any, offsets: Any, *, count: int, num_nodes: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(neighbours, offsets)`` of ``count`` new nodes as int64: ``offsets`` ``count + 1``
+    non-decreasing from 0 to ``len(neighbors)``, every neighbour >= 0; else a typed error."""
+    nbrs, offs, n = _array(neighbors), _array(offsets), count
     for arr, what in ((nbrs, "neighbors"), (offs, "neighbor offsets")):
         if arr.size and arr.dtype.kind not in "iu":
             raise DTypeMismatchError(f"{what} must be integers, got {arr.dtype}")
@@ -134,4 +159,4 @@ def check_new_nodes(
     bad = nbrs[nbrs < 0]  # above the base: a live graph's added nodes (``InferenceCore.added_exist``)
     if bad.size:
         raise OutOfRangeError(f"unknown neighbour node ID {int(bad[0])}: the graph has 0..{num_nodes - 1}")
-    return NewNodes(feats, nbrs, offs, bool(given.store))
+    return nbrs, offs
