@@ -47,7 +47,7 @@ from asyncgraph.testing import start_servers
 from benchmarks.common import DATA, RESULTS, partitioned, subprocess_env
 from benchmarks.loadgen.worker import LatencyHistogram
 from benchmarks.serve_load import Offered, offer_frames
-from benchmarks.vm_steal import StealProbe, steal_per_window
+from benchmarks.vm_steal import StealProbe, read_steal, steal_per_window
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIM = 3  # the served model's classes
@@ -113,16 +113,6 @@ def _cpu_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _steal_seconds() -> float:
-    """CPU seconds the hypervisor took from this machine's CPUs so far (``/proc/stat``'s steal; 0
-    where there is none)."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-    except OSError:
-        return 0.0
-    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
 
 
 def _delta(after: dict[str, float], before: dict[str, float], key: str) -> float:
@@ -381,7 +371,7 @@ def main(argv: list[str] | None = None) -> None:
                     "writer": [writer.pid] if writer is not None else [],
                 }
                 cpu0 = {k: sum(map(_cpu_seconds, v)) for k, v in pids.items()}
-                steal0 = _steal_seconds()
+                steal0 = float(read_steal().sum())
                 wall0 = time.perf_counter()
                 offer = _offer(url, rate, args.seconds, args.connections, num_nodes, i, args.generator)
                 point = uvloop.run(offer)
@@ -390,7 +380,7 @@ def main(argv: list[str] | None = None) -> None:
                 point["cores"] = {
                     k: round((sum(map(_cpu_seconds, v)) - cpu0[k]) / wall, 3) for k, v in pids.items()
                 }
-                point["steal_s"] = round(_steal_seconds() - steal0, 3)  # the hypervisor's, all CPUs
+                point["steal_s"] = round(float(read_steal().sum()) - steal0, 3)  # the hypervisor's, all CPUs
                 after = _summed_metrics(http_ports)
                 batches = _delta(after, before, "asyncgraph_serve_batch_nodes_count")
                 point["mean_batch_nodes"] = _delta(after, before, "asyncgraph_serve_batch_nodes_sum") / max(

@@ -32,6 +32,7 @@ __all__ = [
     "degrees",
     "merge_samples",
     "sample_edges",
+    "segment_positions",
     "segment_topk",
 ]
 
@@ -81,7 +82,7 @@ def degrees(
     return (ptr[gids + 1] - ptr[gids]).astype(np.int64, copy=False)
 
 
-def _candidates(starts: IdArray, counts: IdArray) -> tuple[IdArray, IdArray]:
+def segment_positions(starts: IdArray, counts: IdArray) -> tuple[IdArray, IdArray]:
     """(segment of each candidate, position in the concatenated ranges ``starts[i] + 0..counts[i]``)."""
     offsets = np.zeros(counts.size + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
@@ -175,11 +176,11 @@ def sample_edges(
     gseeds = as_id_array(seeds, "seeds")
     if edge_dir == "in":
         local = store.book.nid2localnid(gseeds, store.part_id)
-        seg, j = _candidates(indptr[local], indptr[local + 1] - indptr[local])
+        seg, j = segment_positions(indptr[local], indptr[local + 1] - indptr[local])
     elif edge_dir == "out" and out_index is not None:
         gseeds = _check_nodes(gseeds, store.book.num_nodes)
         ptr = out_index.ptr
-        seg, pos = _candidates(ptr[gseeds], ptr[gseeds + 1] - ptr[gseeds])
+        seg, pos = segment_positions(ptr[gseeds], ptr[gseeds + 1] - ptr[gseeds])
         j = out_index.order[pos]
     else:
         raise InvalidRequestError(f"edge_dir must be 'in' or 'out', got {edge_dir!r}")

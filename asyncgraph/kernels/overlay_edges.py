@@ -21,7 +21,7 @@ import numpy as np
 
 from asyncgraph.arrays import as_id_array
 from asyncgraph.errors import DTypeMismatchError, InvalidRequestError, OutOfRangeError
-from asyncgraph.kernels.edge_queries import OutIndex, _candidates, choose
+from asyncgraph.kernels.edge_queries import OutIndex, choose, segment_positions
 from asyncgraph.names import edge_key
 from asyncgraph.storage.overlay import new_edge_ids
 
@@ -99,9 +99,9 @@ def _in_candidates(indptr: np.ndarray, overlay: Overlay, seeds: IdArray) -> tupl
     counts = np.zeros(local.size, np.int64)
     starts[inside] = indptr[local[inside]]
     counts[inside] = indptr[local[inside] + 1] - starts[inside]
-    seg, j = _candidates(starts, counts)
+    seg, j = segment_positions(starts, counts)
     first = overlay.add_starts(local)
-    aseg, apos = _candidates(first, overlay.add_starts(local + 1) - first)
+    aseg, apos = segment_positions(first, overlay.add_starts(local + 1) - first)
     idx = overlay.add_order[apos]
     return np.concatenate([seg, aseg]), np.concatenate([j, int(indptr[-1]) + idx])
 
@@ -110,7 +110,7 @@ def _out_candidates(
     nb: int, overlay: Overlay, index: OutIndex | SourceIndex, seeds: IdArray, n_base: int
 ) -> tuple[IdArray, IdArray]:
     starts, counts = _out_ranges(index, seeds, n_base)
-    seg, pos = _candidates(starts, counts)
+    seg, pos = segment_positions(starts, counts)
     j = index.order[pos]
     # appended edges by source: every seed position whose ID is the edge's source
     n = overlay.added
@@ -120,7 +120,7 @@ def _out_candidates(
     src = overlay.add_src[idx]
     lo = np.searchsorted(sorted_seeds, src, side="left")
     hi = np.searchsorted(sorted_seeds, src, side="right")
-    which, at = _candidates(lo, hi - lo)
+    which, at = segment_positions(lo, hi - lo)
     aseg = order[at]
     return np.concatenate([seg, aseg]), np.concatenate([j, nb + idx[which]])
 

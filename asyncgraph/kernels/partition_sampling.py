@@ -29,6 +29,11 @@ def _splitmix64(x: int) -> int:
     return z ^ (z >> 31)
 
 
+def _seed_key(seed: int) -> int:
+    """``seed`` (any Python int) folded into one word, a 64-bit word at a time."""
+    return _splitmix64(_splitmix64(seed & _MASK64) ^ ((seed >> 64) & _MASK64))
+
+
 def keyed_rng(seed: int | None, part_id: int) -> np.random.Generator:
     """A generator keyed by ``(seed, part_id)``: the same key gives the same stream anywhere.
 
@@ -57,7 +62,7 @@ def keyed_rng(seed: int | None, part_id: int) -> np.random.Generator:
 def keyed_words(seed: int, rows: np.ndarray, counters: np.ndarray) -> np.ndarray:
     """The uint64 word of each ``(seed, rows[i], counters[i])``: SplitMix64 over the key folded
     in a word at a time, so a draw keyed by a node's position needs no generator per node."""
-    key = np.uint64(_splitmix64(_splitmix64(seed & _MASK64) ^ ((seed >> 64) & _MASK64)))
+    key = np.uint64(_seed_key(seed))
     folded = _splitmix64_array(key ^ rows.astype(np.uint64))
     return _splitmix64_array(folded ^ counters.astype(np.uint64))
 
@@ -75,9 +80,7 @@ def _splitmix64_array(x: np.ndarray) -> np.ndarray:
 def _keyed_state(seed: int, part_id: int) -> Any:  # numpy types it as a private TypedDict
     """The PCG64 state keyed by ``(seed, part_id)`` (cached: online inference samples every
     batch with the same seed; the setter copies it, so sharing one dict is safe)."""
-    h = 0
-    for word in (seed & _MASK64, (seed >> 64) & _MASK64, part_id & _MASK64):
-        h = _splitmix64(h ^ word)
+    h = _splitmix64(_seed_key(seed) ^ (part_id & _MASK64))
     lo = _splitmix64(h ^ 0x5851F42D4C957F2D)
     inc = (_splitmix64(lo) << 65 | _splitmix64(h ^ lo) << 1 | 1) & ((1 << 128) - 1)
     return {

@@ -17,6 +17,7 @@ from asyncgraph.errors import (
     OutOfRangeError,
     ShapeMismatchError,
 )
+from asyncgraph.kernels.edge_queries import segment_positions, segment_topk
 from asyncgraph.kernels.partition_sampling import keyed_words
 
 __all__ = [
@@ -73,32 +74,16 @@ class NewNodes:
         degree = self.offsets[rows + 1] - starts
         if replace and fanout != -1:
             drawn = np.where(degree > 0, fanout, 0)
-            owner = np.repeat(np.arange(rows.size), drawn)
-            counter = _ranges(drawn)
+            owner, counter = segment_positions(np.zeros(rows.size, np.int64), drawn)
             fraction = (keyed_words(seed, rows[owner], counter) >> np.uint64(11)) * 2.0**-53
             picked = starts[owner] + np.floor(fraction * degree[owner]).astype(np.int64)
         else:
-            owner = np.repeat(np.arange(rows.size), degree)
-            position = _ranges(degree)
-            picked = starts[owner] + position
-            thinned = degree > fanout if fanout != -1 else np.zeros(rows.size, dtype=bool)
-            if thinned.any():
-                words = keyed_words(seed, rows[owner], position)
-                order = np.lexsort((words, owner))  # by row, then by word
-                first = np.cumsum(degree) - degree  # each row's first place in that order
-                rank = np.empty(order.size, dtype=np.int64)
-                rank[order] = np.arange(order.size) - first[owner[order]]  # 0.. within a row
-                keep = ~thinned[owner] | (rank < fanout)
+            owner, picked = segment_positions(starts, degree)
+            if fanout != -1 and bool((degree > fanout).any()):
+                words = keyed_words(seed, rows[owner], picked - starts[owner])
+                keep = np.sort(segment_topk(owner, words, fanout))  # the smallest, in the given order
                 owner, picked = owner[keep], picked[keep]
         return self.neighbors[picked], -1 - rows[owner]
-
-
-def _ranges(lengths: np.ndarray) -> np.ndarray:
-    """``0..lengths[i] - 1`` for every ``i``, concatenated."""
-    total = int(lengths.sum())
-    ends = np.cumsum(lengths)
-    ranges: np.ndarray = np.arange(total, dtype=np.int64) - np.repeat(ends - lengths, lengths)
-    return ranges
 
 
 def _array(value: Any) -> np.ndarray:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from asyncgraph.errors import DuplicateEdgeError, InvalidRequestError, NodeTypeMismatchError, UnknownTypeError
-from asyncgraph.kernels.edge_queries import _candidates
+from asyncgraph.kernels.edge_queries import segment_positions
 from asyncgraph.kernels.overlay_edges import sample_edges_live
 from asyncgraph.kernels.overlay_typed import edge_rows
 from asyncgraph.kernels.unique_edges import repeated_new_edge
@@ -118,7 +118,7 @@ def check_unique_adds(
         if overlay is None:
             indptr = np.asarray(store.indptr)
             local = seeds - store.node_range[0]
-            seg, j = _candidates(indptr[local], indptr[local + 1] - indptr[local])
+            seg, j = segment_positions(indptr[local], indptr[local + 1] - indptr[local])
             old_src, old_dst = np.asarray(store.indices)[j], seeds[seg]
             rel = np.asarray(store.local_rows(ETYPE_KEY))[j] if etypes is not None else None
         else:
